@@ -1,0 +1,270 @@
+"""The training job's hyperparameters: one dataclass, decoded the same whichever SDK wrote them.
+
+`hyperparameters.json` is a flat string -> string map, but each SDK encodes values differently:
+- SageMaker SDK v2 `Estimator` without `source_dir`: `str(v)`, so `True` -> "True", 5e-5 -> "5e-05",
+  ['a'] -> "['a']";
+- framework estimators and anything with `source_dir`: `json.dumps(v)`, so strings arrive quoted;
+- SDK v3 `ModelTrainer`: strings raw, everything else `json.dumps`.
+`parse_hyperparameters` accepts all three by decoding each value against the type of its field
+(JSON first, then the raw string), so "True", "true", "1" and true all
+mean True, and '"bert"' and 'bert' both mean bert. Names follow the public tutorials and
+`run_glue.py`; aliases map to one canonical field. Keys SageMaker adds (`sagemaker_*`) are kept
+apart for the launcher. Anything else unknown is an error that suggests the closest name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import logging
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+logger = logging.getLogger(__name__)
+
+
+class HyperparameterError(ValueError):
+    """A bad hyperparameter. The message names it and says what would be valid."""
+
+
+def _hp(default: Any, help: str, aliases: tuple[str, ...] = (), choices: tuple[str, ...] = ()) -> Any:
+    return field(default=default, metadata={"help": help, "aliases": aliases, "choices": choices})
+
+
+@dataclass
+class TrainArguments:
+    """Every hyperparameter `byoc train` understands (the README's table is generated from this)."""
+
+    # Model
+    model_name_or_path: str | None = _hp(
+        None,
+        "Model folder (or a Hub id where the Hub is reachable). Default: the `model` channel, "
+        "else the bundled all-MiniLM-L6-v2 when installed.",
+        ("model_id", "model_name", "model"),
+    )
+    tokenizer_name_or_path: str | None = _hp(None, "Tokenizer, when not stored with the model.", ("tokenizer_name", "tokenizer"))
+    trust_remote_code: bool = _hp(False, "Allow model code shipped with the checkpoint to run. Off unless asked.")
+    # Schedule
+    epochs: float = _hp(3.0, "Training epochs.", ("num_train_epochs", "num_epochs", "n_epochs"))
+    max_steps: int = _hp(-1, "Total optimizer steps; overrides `epochs` when > 0 (as in the tutorials).", ("max_train_steps",))
+    learning_rate: float = _hp(1e-4, "Peak learning rate (AdamW).", ("lr",))
+    per_device_train_batch_size: int = _hp(32, "Training batch size per device (GPU, NeuronCore or CPU process).", ("train_batch_size", "batch_size"))
+    per_device_eval_batch_size: int = _hp(64, "Evaluation batch size per device.", ("eval_batch_size",))
+    gradient_accumulation_steps: int = _hp(1, "Batches accumulated per optimizer step.")
+    weight_decay: float = _hp(0.01, "AdamW weight decay (not applied to biases and LayerNorm).")
+    warmup_ratio: float = _hp(0.1, "Fraction of the steps spent warming the learning rate up.")
+    warmup_steps: int = _hp(0, "Warm-up steps; overrides `warmup_ratio` when > 0.")
+    lr_scheduler_type: str = _hp(
+        "linear", "Learning-rate schedule after warm-up.", ("lr_scheduler", "scheduler"),
+        ("linear", "cosine", "constant", "constant_with_warmup", "polynomial", "cosine_with_restarts"),
+    )
+    max_grad_norm: float = _hp(1.0, "Gradient clipping norm (0 disables).")
+    label_smoothing: float = _hp(0.0, "Label smoothing factor.", ("label_smoothing_factor",))
+    seed: int = _hp(42, "Random seed (data order, head initialisation, dropout).")
+    # Inputs
+    max_length: int = _hp(256, "Longest sequence in tokens; longer texts are truncated.", ("max_seq_length", "max_seq_len", "seq_len"))
+    pad_to_max_length: bool = _hp(False, "Pad every batch to `max_length` (the tutorials' recipe; slow). Default: pad each batch to its longest text.")
+    group_by_length: bool = _hp(True, "Batch texts of similar length together, which cuts padding.")
+    text_column: str | None = _hp(None, "Text column. Default: detected (text, sentence, review, tweet, content, ...).")
+    text_pair_column: str | None = _hp(None, "Second text column for sentence-pair tasks. Default: detected (sentence2, hypothesis, ...).")
+    label_column: str | None = _hp(None, "Label column. Default: detected (label, labels, target, class, ...).")
+    validation_split: float = _hp(0.0, "Without eval data, hold out this fraction of train (stratified) to evaluate on. 0 = none.")
+    max_train_samples: int | None = _hp(None, "Use only the first N training examples (quick runs).")
+    max_eval_samples: int | None = _hp(None, "Use only the first N eval and test examples.")
+    # Speed (see README: measured on CPU, they keep accuracy)
+    freeze_embeddings: bool = _hp(True, "Freeze the embeddings (the word-embedding matrix is most of a small model's parameters): faster steps, same accuracy.")
+    freeze_layers: int = _hp(0, "Also freeze the bottom N transformer layers (faster; may cost accuracy).")
+    dropout: float | None = _hp(0.0, "Dropout probability for hidden and attention layers; empty/null keeps the model's own.")
+    bf16: bool = _hp(False, "bfloat16 mixed precision (GPUs from Ampere on, Trainium; slower on CPUs without AMX).")
+    fp16: bool = _hp(False, "float16 mixed precision (CUDA GPUs only; ignored with a warning elsewhere).")
+    torch_compile: bool = _hp(False, "torch.compile the model (pays a one-off compilation of a minute or more).")
+    gradient_checkpointing: bool = _hp(False, "Trade compute for memory on long sequences.")
+    attn_implementation: str | None = _hp(None, "Attention kernel: sdpa or eager. Default: the library's.", (), ("sdpa", "eager"))
+    dataloader_num_workers: int = _hp(0, "Data-loader worker processes.")
+    # Evaluation, logging, checkpoints
+    do_eval: bool = _hp(True, "Evaluate when there is eval (or test) data.")
+    do_predict: bool = _hp(False, "Also write per-example predictions on the test data to output/data/test_predictions.jsonl.")
+    do_train: bool = _hp(True, "Accepted for run_glue.py compatibility; must be true.")
+    eval_strategy: str = _hp(
+        "auto", "When to evaluate during training: auto (every epoch when training several epochs, else at the end), no, steps, epoch.",
+        ("evaluation_strategy",), ("auto", "no", "steps", "epoch"),
+    )
+    eval_steps: int | None = _hp(None, "Evaluate every N steps (with eval_strategy=steps). Default: logging_steps.")
+    logging_steps: int = _hp(50, "Log loss, learning rate and throughput every N steps.")
+    save_strategy: str = _hp("no", "When to write Trainer checkpoints to the checkpoint folder: no, steps, epoch.", (), ("no", "steps", "epoch"))
+    save_steps: int = _hp(500, "Checkpoint every N steps (with save_strategy=steps).")
+    save_total_limit: int = _hp(2, "Checkpoints kept.")
+    output_dir: str | None = _hp(None, "Accepted for tutorial compatibility; the model always goes to SM_MODEL_DIR (/opt/ml/model).")
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def framework(self) -> dict[str, Any]:
+        """The `sagemaker_*` keys SageMaker added (launcher settings), decoded."""
+        return getattr(self, "_framework", {})
+
+
+def _validate(args: TrainArguments) -> None:
+    positive = ("learning_rate", "per_device_train_batch_size", "per_device_eval_batch_size",
+                "gradient_accumulation_steps", "max_length", "logging_steps", "save_steps", "save_total_limit")
+    for name in positive:
+        if not getattr(args, name) > 0:
+            raise HyperparameterError(f"hyperparameter {name} must be greater than 0, got {getattr(args, name)!r}")
+    if args.max_steps <= 0 and not args.epochs > 0:
+        raise HyperparameterError(f"hyperparameter epochs must be greater than 0 (or set max_steps), got {args.epochs!r}")
+    for name in ("warmup_ratio", "validation_split", "label_smoothing"):
+        value = getattr(args, name)
+        if not 0 <= value < 1:
+            raise HyperparameterError(f"hyperparameter {name} must be in [0, 1), got {value!r}")
+    if args.dropout is not None and not 0 <= args.dropout < 1:
+        raise HyperparameterError(f"hyperparameter dropout must be in [0, 1) or null, got {args.dropout!r}")
+    for name in ("warmup_steps", "weight_decay", "max_grad_norm", "dataloader_num_workers", "freeze_layers"):
+        if getattr(args, name) < 0:
+            raise HyperparameterError(f"hyperparameter {name} must not be negative, got {getattr(args, name)!r}")
+    for name in ("max_train_samples", "max_eval_samples", "eval_steps"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise HyperparameterError(f"hyperparameter {name} must be greater than 0 when set, got {value!r}")
+    if not args.do_train:
+        raise HyperparameterError("hyperparameter do_train=false: `byoc train` always trains; remove it or set it to true")
+    if args.bf16 and args.fp16:
+        raise HyperparameterError("hyperparameters bf16 and fp16 are both true: choose one")
+
+
+def _fields() -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(TrainArguments)}
+
+
+def _names() -> dict[str, str]:
+    """Every accepted name (canonical and alias) -> canonical name."""
+    names = {}
+    for f in dataclasses.fields(TrainArguments):
+        names[f.name] = f.name
+        for alias in f.metadata["aliases"]:
+            names[alias] = f.name
+    return names
+
+
+def parse_hyperparameters(raw: Mapping[str, Any]) -> TrainArguments:
+    """Decode a hyperparameters.json mapping (any SDK's encoding) into `TrainArguments`."""
+    names, fields = _names(), _fields()
+    values: dict[str, Any] = {}
+    given_as: dict[str, str] = {}
+    framework: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key.startswith("sagemaker_"):
+            framework[key] = _loads(value)
+            continue
+        name = key.lstrip("-").replace("-", "_")
+        if name not in names:
+            raise HyperparameterError(_unknown_message(key, names))
+        canonical = names[name]
+        decoded = _decode(key, value, fields[canonical])
+        if canonical in values and values[canonical] != decoded:
+            raise HyperparameterError(
+                f"hyperparameters {given_as[canonical]}={values[canonical]!r} and {key}={decoded!r} set the "
+                f"same setting ({canonical}) differently: keep one"
+            )
+        values[canonical], given_as[canonical] = decoded, key
+    args = TrainArguments(**values)
+    args._framework = framework
+    if args.output_dir:
+        logger.info("output_dir=%s is ignored: the model is written to SM_MODEL_DIR", args.output_dir)
+    return args
+
+
+def _unknown_message(key: str, names: Mapping[str, str]) -> str:
+    close = difflib.get_close_matches(key.lstrip("-").replace("-", "_"), list(names), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown hyperparameter {key!r}: {hint}See the README's hyperparameter table for the valid names"
+
+
+def _loads(value: Any) -> Any:
+    """JSON first (framework estimators, v3), else the raw string (v2 `str(v)`)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def _decode(key: str, value: Any, f: dataclasses.Field) -> Any:
+    kind, optional = _base_type(typing.get_type_hints(TrainArguments)[f.name])
+    if optional and (value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null"))):
+        return None
+    try:
+        decoded = _coerce(value, kind)
+    except (ValueError, TypeError):
+        raise HyperparameterError(
+            f"hyperparameter {key} must be {_describe(kind)}, got {value!r}"
+        ) from None
+    choices = f.metadata["choices"]
+    if choices and decoded not in choices:
+        raise HyperparameterError(f"hyperparameter {key} must be one of {', '.join(choices)}, got {decoded!r}")
+    return decoded
+
+
+def _coerce(value: Any, kind: type) -> Any:
+    if kind is str:
+        parsed = _loads(value)
+        # A quoted JSON string (framework estimators) is unquoted; anything else keeps its raw text,
+        # so a v3 raw "1.0" or "123" stays exactly what the user typed.
+        return parsed if isinstance(parsed, str) else (value if isinstance(value, str) else json.dumps(value))
+    parsed = _loads(value)
+    if isinstance(parsed, str):
+        parsed = parsed.strip()
+    if kind is bool:
+        if isinstance(parsed, bool):
+            return parsed
+        if isinstance(parsed, (int, float)) and parsed in (0, 1):
+            return bool(parsed)
+        if isinstance(parsed, str) and parsed.lower() in ("true", "yes", "y", "on", "t"):
+            return True
+        if isinstance(parsed, str) and parsed.lower() in ("false", "no", "n", "off", "f"):
+            return False
+        raise ValueError(value)
+    if kind is int:
+        if isinstance(parsed, bool):
+            raise TypeError(value)
+        number = float(parsed) if isinstance(parsed, str) else parsed
+        if isinstance(number, float) and not number.is_integer():
+            raise ValueError(value)
+        return int(number)
+    if kind is float:
+        if isinstance(parsed, bool):
+            raise TypeError(value)
+        number = float(parsed)
+        if not math.isfinite(number):
+            raise ValueError(value)
+        return number
+    raise TypeError(kind)
+
+
+def _base_type(hint: Any) -> tuple[type, bool]:
+    """`int | None` -> (int, True)."""
+    args = typing.get_args(hint)
+    if args and type(None) in args:
+        inner = [a for a in args if a is not type(None)][0]
+        return (typing.get_origin(inner) or inner), True
+    return (typing.get_origin(hint) or hint), False
+
+
+def _describe(kind: type) -> str:
+    return {bool: "a boolean (true/false, True/False or 1/0)", int: "an integer", float: "a number",
+            str: "a string"}.get(kind, kind.__name__)
+
+
+def hyperparameter_table() -> str:
+    """A Markdown table of every hyperparameter, its aliases, default and meaning (for the README)."""
+    rows = ["| name | aliases | default | meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(TrainArguments):
+        aliases = ", ".join(f"`{a}`" for a in f.metadata["aliases"])
+        default = "" if f.default is None else f"`{f.default}`"
+        text = f.metadata["help"] + (f" One of: {', '.join(f.metadata['choices'])}." if f.metadata["choices"] else "")
+        rows.append(f"| `{f.name}` | {aliases} | {default} | {text} |")
+    return "\n".join(rows)

@@ -1,0 +1,206 @@
+"""A typed view of the SageMaker training contract: the `/opt/ml` tree and its config files.
+
+SageMaker writes `input/config/{hyperparameters,inputdataconfig,resourceconfig,checkpointconfig}.json`
+under `/opt/ml` (relocated by `SAGEMAKER_BASE_DIR`, as the sagemaker-training toolkit does),
+mounts each channel at `input/data/<channel>`, and collects `model/` and `output/`.
+This module reads all of that once, at call time (the toolkit freezes its paths at import time,
+which breaks tests and relocated roots), and counts devices with the toolkit's own functions
+so that `byoc` sees the machine exactly as the AWS images do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BASE_DIR = "/opt/ml"
+INPUT_MODES = ("File", "FastFile", "Pipe")
+
+
+class ContractError(ValueError):
+    """The job's configuration files are missing or malformed. The message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Every location of the contract, derived from one base directory."""
+
+    base: Path
+
+    @property
+    def config_dir(self) -> Path:
+        return self.base / "input" / "config"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.base / "input" / "data"
+
+    @property
+    def model_dir(self) -> Path:
+        return Path(os.environ.get("SM_MODEL_DIR", self.base / "model"))
+
+    @property
+    def output_dir(self) -> Path:
+        return self.base / "output"
+
+    @property
+    def output_data_dir(self) -> Path:
+        return Path(os.environ.get("SM_OUTPUT_DATA_DIR", self.output_dir / "data"))
+
+    @property
+    def failure_file(self) -> Path:
+        return self.output_dir / "failure"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.output_dir / "tensorboard"
+
+
+@dataclass(frozen=True)
+class Channel:
+    """One input channel as `inputdataconfig.json` describes it."""
+
+    name: str
+    path: Path
+    input_mode: str = "File"
+    distribution: str = "FullyReplicated"
+    content_type: str | None = None
+
+
+@dataclass
+class TrainingContract:
+    """What a training container learns from SageMaker at start."""
+
+    paths: Paths
+    hyperparameters: dict[str, Any]  # raw values as found in hyperparameters.json
+    channels: dict[str, Channel]
+    current_host: str = "algo-1"
+    hosts: list[str] = field(default_factory=lambda: ["algo-1"])
+    network_interface_name: str = "eth0"
+    instance_type: str = "local"
+    checkpoint_dir: Path | None = None
+    checkpoint_s3_uri: str | None = None
+    job_name: str = "local"
+
+    @property
+    def channel_dirs(self) -> dict[str, Path]:
+        return {name: ch.path for name, ch in self.channels.items()}
+
+
+def base_dir() -> Path:
+    """The root of the contract: `$SAGEMAKER_BASE_DIR`, else `/opt/ml`."""
+    return Path(os.environ.get("SAGEMAKER_BASE_DIR") or DEFAULT_BASE_DIR)
+
+
+def read_training_contract(root: Path | None = None) -> TrainingContract:
+    """Read the config files under `root` (default: `base_dir()`) into a `TrainingContract`."""
+    paths = Paths(root or base_dir())
+    if not paths.config_dir.is_dir():
+        raise ContractError(
+            f"{paths.config_dir} does not exist: run inside a SageMaker training job, mount a prepared "
+            "tree at /opt/ml, or point SAGEMAKER_BASE_DIR at one (it needs input/config/hyperparameters.json)"
+        )
+    hyperparameters = _read_json(paths.config_dir / "hyperparameters.json", default={})
+    if not isinstance(hyperparameters, dict):
+        raise ContractError("hyperparameters.json must hold a JSON object of name -> value")
+    channels = _read_channels(paths)
+    resources = _read_json(paths.config_dir / "resourceconfig.json", default=None)
+    if resources is None:
+        logger.warning("no resourceconfig.json: assuming a single host 'algo-1'")
+        resources = {}
+    hosts = list(resources.get("hosts") or [resources.get("current_host", "algo-1")])
+    current = resources.get("current_host", hosts[0])
+    if current not in hosts:
+        raise ContractError(f"resourceconfig.json: current_host {current!r} is not in hosts {hosts}")
+    checkpoint_dir, checkpoint_s3 = _read_checkpoint_config(paths)
+    return TrainingContract(
+        paths=paths,
+        hyperparameters=hyperparameters,
+        channels=channels,
+        current_host=current,
+        hosts=sorted(hosts),
+        network_interface_name=resources.get("network_interface_name", "eth0"),
+        instance_type=resources.get("current_instance_type", "local"),
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_s3_uri=checkpoint_s3,
+        job_name=os.environ.get("TRAINING_JOB_NAME", "local"),
+    )
+
+
+def _read_json(path: Path, default: Any) -> Any:
+    if not path.exists():
+        return default
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ContractError(f"{path.name} is not valid JSON ({err}); fix or regenerate it") from None
+
+
+def _read_channels(paths: Paths) -> dict[str, Channel]:
+    """Channels from inputdataconfig.json; without it, every folder under input/data (local runs)."""
+    config = _read_json(paths.config_dir / "inputdataconfig.json", default=None)
+    if config is None:
+        found = sorted(p for p in paths.data_dir.iterdir() if p.is_dir()) if paths.data_dir.is_dir() else []
+        return {p.name: Channel(p.name, p) for p in found}
+    if not isinstance(config, dict):
+        raise ContractError("inputdataconfig.json must hold a JSON object of channel -> settings")
+    channels = {}
+    for name, spec in config.items():
+        spec = spec or {}
+        mode = spec.get("TrainingInputMode", "File")
+        if mode not in INPUT_MODES:
+            raise ContractError(f"channel {name!r}: unknown TrainingInputMode {mode!r} (expected File or FastFile)")
+        if mode == "Pipe":
+            raise ContractError(
+                f"channel {name!r} uses Pipe input mode, which this image does not read: "
+                "use input_mode='File' (or 'FastFile') for the channel in your TrainingInput"
+            )
+        channels[name] = Channel(
+            name=name,
+            path=paths.data_dir / name,
+            input_mode=mode,
+            distribution=spec.get("S3DistributionType", "FullyReplicated"),
+            content_type=spec.get("ContentType"),
+        )
+    return channels
+
+
+def _read_checkpoint_config(paths: Paths) -> tuple[Path | None, str | None]:
+    config = _read_json(paths.config_dir / "checkpointconfig.json", default=None)
+    if config:
+        local = Path(config.get("LocalPath") or "/opt/ml/checkpoints")
+        if paths.base != Path(DEFAULT_BASE_DIR) and local.is_relative_to(DEFAULT_BASE_DIR):
+            local = paths.base / local.relative_to(DEFAULT_BASE_DIR)  # relocated root
+        return local, config.get("S3Uri")
+    # Without checkpointconfig.json SageMaker still syncs /opt/ml/checkpoints when configured
+    # through the SDK; a relocated root keeps its checkpoints beside its other folders.
+    return paths.base / "checkpoints", None
+
+
+def count_devices() -> dict[str, int]:
+    """GPUs, NeuronCores and CPUs, counted as the sagemaker-training toolkit counts them."""
+    from sagemaker_training import environment as toolkit  # slow-ish import, only when needed
+
+    instance_type = os.environ.get("SM_CURRENT_INSTANCE_TYPE", "local")
+    return {
+        "gpus": toolkit.num_gpus(),
+        "neurons": toolkit.num_neurons(instance_type),
+        "cpus": toolkit.num_cpus(),
+    }
+
+
+def write_failure(paths: Paths, message: str) -> None:
+    """Write `output/failure` (SageMaker shows its first 1024 characters as the FailureReason).
+
+    Like the toolkit, an existing failure file is kept: the first, most specific reason wins.
+    """
+    paths.output_dir.mkdir(parents=True, exist_ok=True)
+    if paths.failure_file.exists() and paths.failure_file.stat().st_size > 0:
+        return
+    paths.failure_file.write_text(message.strip() + "\n", encoding="utf-8")

@@ -1,0 +1,122 @@
+"""Hyperparameters decode identically whichever SageMaker SDK wrote them."""
+
+import json
+
+import pytest
+
+from byoc.arguments import HyperparameterError, TrainArguments, hyperparameter_table, parse_hyperparameters
+
+
+def v2_estimator(values: dict) -> dict:
+    """SDK v2 `Estimator` without source_dir: str(v)."""
+    return {k: str(v) for k, v in values.items()}
+
+
+def framework_estimator(values: dict) -> dict:
+    """Framework estimators and anything with source_dir: json.dumps(v)."""
+    return {k: json.dumps(v) for k, v in values.items()}
+
+
+def v3_model_trainer(values: dict) -> dict:
+    """SDK v3 ModelTrainer (safe_serialize): strings raw, the rest json.dumps."""
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
+
+
+TUTORIAL = {"model_name_or_path": "bert-base-uncased", "epochs": 2, "learning_rate": 5e-5,
+            "per_device_train_batch_size": 16, "bf16": True, "max_length": 128, "text_column": "1.0"}
+
+
+@pytest.mark.parametrize("encode", [v2_estimator, framework_estimator, v3_model_trainer])
+def test_every_sdk_encoding_decodes_the_same(encode):
+    args = parse_hyperparameters(encode(TUTORIAL))
+    assert args.model_name_or_path == "bert-base-uncased"
+    assert args.epochs == 2.0 and args.learning_rate == 5e-5
+    assert args.per_device_train_batch_size == 16 and args.max_length == 128
+    assert args.bf16 is True
+    assert args.text_column == "1.0"  # a string field keeps its text, even when it looks like a number
+
+
+@pytest.mark.parametrize("raw,expected", [("True", True), ("true", True), ("1", True), ('"true"', True),
+                                          ("False", False), ("false", False), ("0", False), (True, True)])
+def test_booleans(raw, expected):
+    assert parse_hyperparameters({"fp16": raw}).fp16 is expected
+
+
+def test_bad_boolean_names_the_key():
+    with pytest.raises(HyperparameterError, match="fp16 must be a boolean"):
+        parse_hyperparameters({"fp16": "maybe"})
+
+
+@pytest.mark.parametrize("alias,field,value", [
+    ("model_id", "model_name_or_path", "x"), ("num_train_epochs", "epochs", 4.0), ("lr", "learning_rate", 0.001),
+    ("max_train_steps", "max_steps", 7), ("train_batch_size", "per_device_train_batch_size", 8),
+    ("eval_batch_size", "per_device_eval_batch_size", 8), ("max_seq_length", "max_length", 64),
+    ("evaluation_strategy", "eval_strategy", "epoch"),
+])
+def test_tutorial_aliases(alias, field, value):
+    assert getattr(parse_hyperparameters({alias: str(value)}), field) == value
+
+
+def test_dash_and_double_dash_keys_are_accepted():
+    assert parse_hyperparameters({"--learning-rate": "0.1"}).learning_rate == 0.1
+
+
+def test_max_steps_and_epochs_together():
+    args = parse_hyperparameters({"epochs": "3", "max_steps": "10"})
+    assert args.max_steps == 10 and args.epochs == 3.0  # the Trainer lets max_steps win, as the tutorials expect
+
+
+def test_unknown_key_suggests_the_closest_name():
+    with pytest.raises(HyperparameterError) as err:
+        parse_hyperparameters({"learnig_rate": "0.1"})
+    assert "'learnig_rate'" in str(err.value) and "'learning_rate'" in str(err.value)
+
+
+def test_unknown_key_without_close_match():
+    with pytest.raises(HyperparameterError, match="unknown hyperparameter 'zzz'"):
+        parse_hyperparameters({"zzz": "1"})
+
+
+def test_sagemaker_keys_are_kept_apart():
+    args = parse_hyperparameters({"sagemaker_program": '"train.py"', "sagemaker_region": '"us-east-1"',
+                                  "sagemaker_submit_directory": '"s3://b/k.tar.gz"', "epochs": "1"})
+    assert args.framework == {"sagemaker_program": "train.py", "sagemaker_region": "us-east-1",
+                              "sagemaker_submit_directory": "s3://b/k.tar.gz"}
+
+
+def test_alias_conflict_is_an_error():
+    with pytest.raises(HyperparameterError, match="same setting"):
+        parse_hyperparameters({"epochs": "1", "num_train_epochs": "2"})
+    assert parse_hyperparameters({"epochs": "2", "num_train_epochs": "2.0"}).epochs == 2.0
+
+
+@pytest.mark.parametrize("values,words", [
+    ({"epochs": "abc"}, "epochs must be a number"),
+    ({"per_device_train_batch_size": "1.5"}, "must be an integer"),
+    ({"learning_rate": "0"}, "learning_rate must be greater than 0"),
+    ({"validation_split": "1.5"}, "validation_split must be in [0, 1)"),
+    ({"eval_strategy": "sometimes"}, "must be one of auto, no, steps, epoch"),
+    ({"bf16": "true", "fp16": "true"}, "choose one"),
+    ({"do_train": "false"}, "always trains"),
+    ({"epochs": "nan"}, "epochs must be a number"),
+])
+def test_invalid_values(values, words):
+    with pytest.raises(HyperparameterError) as err:
+        parse_hyperparameters(values)
+    assert words in str(err.value)
+
+
+def test_optional_values_accept_null_spellings():
+    for raw in ("None", "null", ""):
+        assert parse_hyperparameters({"dropout": raw}).dropout is None
+    assert parse_hyperparameters({"max_train_samples": "100"}).max_train_samples == 100
+
+
+def test_defaults_are_valid():
+    assert parse_hyperparameters({}) == TrainArguments()
+
+
+def test_table_lists_every_field_and_alias():
+    table = hyperparameter_table()
+    for name in ("learning_rate", "`lr`", "max_steps", "`max_train_steps`", "text_column", "freeze_embeddings"):
+        assert name in table

@@ -1,0 +1,67 @@
+"""The /opt/ml contract: config files, channels, checkpoints, failure file."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from byoc.contract import ContractError, Paths, read_training_contract, write_failure
+
+
+def test_reads_all_config_files(job):
+    job.hyperparameters({"epochs": "1"})
+    job.channel("train")
+    job.channel("test", mode="FastFile")
+    job.resources("algo-2", ["algo-2", "algo-1"])
+    (job.root / "input/config/checkpointconfig.json").write_text(
+        json.dumps({"LocalPath": "/opt/ml/checkpoints", "S3Uri": "s3://bucket/ckpt"}))
+    contract = read_training_contract()
+    assert contract.paths.base == job.root
+    assert contract.hyperparameters == {"epochs": "1"}
+    assert contract.channels["test"].input_mode == "FastFile"
+    assert contract.channel_dirs == {"train": job.root / "input/data/train", "test": job.root / "input/data/test"}
+    assert contract.hosts == ["algo-1", "algo-2"] and contract.current_host == "algo-2"
+    # A relocated root keeps its checkpoints beside its other folders.
+    assert contract.checkpoint_dir == job.root / "checkpoints"
+    assert contract.checkpoint_s3_uri == "s3://bucket/ckpt"
+
+
+def test_pipe_mode_is_refused_with_a_fix(job):
+    job.hyperparameters({})
+    job.channel("train", mode="Pipe")
+    with pytest.raises(ContractError, match="Pipe input mode.*input_mode='File'"):
+        read_training_contract()
+
+
+def test_missing_config_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAGEMAKER_BASE_DIR", str(tmp_path / "nothing"))
+    with pytest.raises(ContractError, match="SAGEMAKER_BASE_DIR"):
+        read_training_contract()
+
+
+def test_without_inputdataconfig_channels_are_the_data_folders(job):
+    job.hyperparameters({})
+    (job.root / "input/data/train").mkdir(parents=True)
+    (job.root / "input/config/resourceconfig.json").unlink()
+    contract = read_training_contract()
+    assert list(contract.channels) == ["train"] and contract.hosts == ["algo-1"]
+
+
+def test_bad_json_names_the_file(job):
+    (job.root / "input/config/hyperparameters.json").write_text("{not json")
+    with pytest.raises(ContractError, match="hyperparameters.json is not valid JSON"):
+        read_training_contract()
+
+
+def test_current_host_must_be_listed(job):
+    job.hyperparameters({})
+    job.resources("algo-3", ["algo-1", "algo-2"])
+    with pytest.raises(ContractError, match="algo-3"):
+        read_training_contract()
+
+
+def test_failure_file_keeps_the_first_reason(tmp_path):
+    paths = Paths(tmp_path)
+    write_failure(paths, "first reason")
+    write_failure(paths, "second reason")
+    assert (tmp_path / "output/failure").read_text() == "first reason\n"
