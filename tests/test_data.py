@@ -1,0 +1,559 @@
+"""Tests for byoc.data: SageMaker channels -> normalised datasets."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import datasets
+import pandas as pd
+import pytest
+
+try:
+    import byoc.data  # noqa: F401
+except ImportError:  # running from a checkout without the package installed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "container"))
+
+from byoc.data import DataError, DataSpec, TaskData, load_task_data
+
+SHARED_DATA = next(
+    (p for p in (Path(__file__).resolve().parents[2] / "shared" / "data", Path("/work/shared/data")) if p.is_dir()),
+    None,
+)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(text.encode("utf-8")))
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+def load(tmp_path: Path, spec: DataSpec | None = None, **channels: Path) -> TaskData:
+    return load_task_data(channels, spec or DataSpec(), tmp_path / "cache")
+
+
+def error(tmp_path: Path, spec: DataSpec | None = None, **channels: Path) -> str:
+    with pytest.raises(DataError) as info:
+        load(tmp_path, spec, **channels)
+    message = str(info.value)
+    assert "Traceback" not in message and "\n" not in message
+    return message
+
+
+def rows(ds: datasets.Dataset) -> list[tuple]:
+    return [tuple(r.values()) for r in ds]
+
+
+def snapshot(root: Path) -> dict[str, float]:
+    """Every path under root with its mtime (directories included)."""
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in [root, *root.rglob("*")]}
+
+
+CSV = "id,text,label\n1,good movie,pos\n2,bad movie,neg\n3,great film,pos\n4,awful,neg\n"
+
+
+# --------------------------------------------------------------------------- file formats
+
+
+def test_csv_detects_columns_and_drops_others(tmp_path):
+    write(tmp_path / "train" / "data.csv", CSV)
+    data = load(tmp_path, train=tmp_path / "train")
+    assert data.train.column_names == ["text", "label"]
+    assert data.train.features["label"] == datasets.Value("int64")
+    assert data.label_names == ["neg", "pos"]
+    assert rows(data.train) == [("good movie", 1), ("bad movie", 0), ("great film", 1), ("awful", 0)]
+    assert data.eval is None and data.test is None and data.pretokenized is False
+
+
+@pytest.mark.parametrize("sep", [",", ";", "\t", "|"])
+def test_csv_delimiter_is_sniffed(tmp_path, sep):
+    other = ";" if sep == "," else ","  # the text holds another candidate delimiter
+    lines = ["sentence{0}sentiment", "it is fine{1} really{0}1", "no{0}0", "meh{1} ok{0}1"]
+    write(tmp_path / "train" / "data.csv", "\n".join(line.format(sep, other) for line in lines) + "\n")
+    data = load(tmp_path, train=tmp_path / "train")
+    assert rows(data.train) == [(f"it is fine{other} really", 1), ("no", 0), (f"meh{other} ok", 1)]
+    assert data.label_names == ["0", "1"]
+
+
+def test_csv_quoted_fields_and_na_text(tmp_path):
+    write(tmp_path / "train" / "d.csv", 'text,label\n"hello, ""world""\nbye",a\nNA,b\n')
+    data = load(tmp_path, train=tmp_path / "train")
+    assert rows(data.train) == [('hello, "world"\nbye', 0), ("NA", 1)]
+
+
+@pytest.mark.parametrize("content", ["text,label\nx,y,1\nw,0\n", "text,label\nx,1\ny,z,0\n"])
+def test_csv_row_longer_than_header(tmp_path, content):
+    write(tmp_path / "train" / "d.csv", content)
+    message = error(tmp_path, train=tmp_path / "train")
+    assert "d.csv" in message and "quote" in message
+
+
+def test_tsv_keeps_quotes_literally(tmp_path):
+    write(tmp_path / "train" / "d.tsv", 'sentence\tlabel\n"quoted" start\t1\nend "x\t0\n')
+    data = load(tmp_path, train=tmp_path / "train")
+    assert rows(data.train) == [('"quoted" start', 1), ('end "x', 0)]
+
+
+def test_headerless_csv_first_row_is_data(tmp_path):
+    write(tmp_path / "train" / "d.tsv", "What a lovely little film\t1\nnope\t0\n")
+    data = load(tmp_path, train=tmp_path / "train")
+    assert rows(data.train) == [("What a lovely little film", 1), ("nope", 0)]
+
+
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("d.json", json.dumps([{"text": "a", "label": "x"}, {"text": "b", "label": "y"}])),
+        ("d.json", json.dumps({"version": 1, "data": [{"text": "a", "label": "x"}, {"text": "b", "label": "y"}]})),
+        ("d.json", json.dumps({"text": ["a", "b"], "label": ["x", "y"]})),
+        ("d.json", '{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n'),
+        ("d.jsonl", '{"text": "a", "label": "x"}\n\n{"text": "b", "label": "y"}\n'),
+        ("d.ndjson", '{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}'),
+    ],
+    ids=["array", "data-key", "columnar", "json-lines-named-json", "jsonl", "ndjson"],
+)
+def test_json_variants(tmp_path, name, content):
+    write(tmp_path / "train" / name, content)
+    data = load(tmp_path, train=tmp_path / "train")
+    assert rows(data.train) == [("a", 0), ("b", 1)]
+    assert data.label_names == ["x", "y"]
+
+
+def test_parquet_keeps_classlabel_names_from_metadata(tmp_path):
+    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])})
+    ds = datasets.Dataset.from_dict({"text": ["a", "b", "c"], "label": [1, 1, 1]}, features=features)
+    (tmp_path / "train").mkdir()
+    ds.to_parquet(str(tmp_path / "train" / "part.parquet"))
+    data = load(tmp_path, train=tmp_path / "train")
+    assert data.label_names == ["neg", "pos"]  # not just the labels train happens to use
+    assert rows(data.train) == [("a", 1), ("b", 1), ("c", 1)]
+
+
+def test_gzipped_files(tmp_path):
+    train = tmp_path / "train"
+    write(train / "a.csv.gz", "text,label\nfrom csv,a\n")
+    write(train / "b.jsonl.gz", '{"text": "from jsonl", "label": "b"}\n')
+    write(train / "c.txt.gz", "from txt;a\n")
+    buf = io.BytesIO()
+    pd.DataFrame({"text": ["from parquet"], "label": ["b"]}).to_parquet(buf)
+    (train / "d.parquet.gz").write_bytes(gzip.compress(buf.getvalue()))
+    data = load(tmp_path, train=train)
+    assert rows(data.train) == [("from csv", 0), ("from jsonl", 1), ("from txt", 0), ("from parquet", 1)]
+
+
+def test_txt_with_header_splits_on_last_separator(tmp_path):
+    write(tmp_path / "train" / "d.txt", "text;label_name\na;b;c;joy\r\nplain;sad\n\n")
+    data = load(tmp_path, train=tmp_path / "train")
+    assert rows(data.train) == [("a;b;c", 0), ("plain", 1)]
+    assert data.label_names == ["joy", "sad"]
+
+
+def test_txt_tab_without_header_numeric_labels_and_nel(tmp_path):
+    write(tmp_path / "train" / "d.txt", "one\u0085still one; really  \t10\nx;y\t2\nz\t1\n")
+    data = load(tmp_path, train=tmp_path / "train")
+    assert rows(data.train) == [("one\u0085still one; really  ", 2), ("x;y", 1), ("z", 0)]
+    assert data.label_names == ["1", "2", "10"]  # numeric order, not string order
+
+
+def test_several_files_recursive_sorted_and_junk_skipped(tmp_path):
+    train = tmp_path / "train"
+    write(train / "b.csv", "text,label\nb,1\n")
+    write(train / "a" / "z.csv", "text,label\naz,0\n")
+    write(train / "c.jsonl", '{"text": "c", "label": 0}\n')
+    for junk in ("_SUCCESS", ".hidden.csv", ".git/x.csv", "README.md", "manifest.json", "b.csv.crc", "notes.xlsx"):
+        write(train / junk, "junk")
+    data = load(tmp_path, train=train)
+    assert rows(data.train) == [("az", 0), ("b", 1), ("c", 0)]
+
+
+# --------------------------------------------------------------------------- channels and splits
+
+
+def test_split_named_files_in_train_channel(tmp_path):
+    train = tmp_path / "train"
+    write(train / "train.csv", CSV)
+    write(train / "dev.csv", "text,label\nok,pos\n")
+    write(train / "test-00000.csv", "text,label\nmeh,neg\nfine,pos\n")
+    write(train / "testimonials.csv", "text,label\nextra,pos\n")  # not a split name: train data
+    data = load(tmp_path, train=train)
+    assert len(data.train) == 5 and rows(data.eval) == [("ok", 1)] and len(data.test) == 2
+
+
+def test_split_folders_in_train_channel(tmp_path):
+    train = tmp_path / "train"
+    write(train / "train" / "part-0.csv", CSV)
+    write(train / "validation" / "part-0.csv", "text,label\nok,pos\n")
+    data = load(tmp_path, train=train)
+    assert len(data.train) == 4 and len(data.eval) == 1 and data.test is None
+
+
+def test_separate_channel_wins_over_split_file(tmp_path):
+    write(tmp_path / "train" / "train.csv", CSV)
+    write(tmp_path / "train" / "val.csv", "text,label\nfrom train channel,pos\n")
+    write(tmp_path / "validation" / "val.csv", "text,label\nfrom eval channel,neg\n")
+    data = load(tmp_path, train=tmp_path / "train", validation=tmp_path / "validation")
+    assert rows(data.eval) == [("from eval channel", 0)]
+
+
+@pytest.mark.parametrize("eval_name", ["validation", "valid", "val", "eval", "dev", "evaluation"])
+def test_separate_channels(tmp_path, eval_name):
+    write(tmp_path / "tr" / "x.csv", CSV)
+    write(tmp_path / "ev" / "train.csv", "text,label\ne,pos\n")  # names inside a separate channel don't matter
+    write(tmp_path / "te" / "y.jsonl", '{"text": "t", "label": "neg"}\n')
+    (tmp_path / "model").mkdir()
+    channels = {"train": tmp_path / "tr", eval_name: tmp_path / "ev", "test": tmp_path / "te", "model": tmp_path / "model"}
+    data = load_task_data(channels, DataSpec(), tmp_path / "cache")
+    assert len(data.train) == 4 and rows(data.eval) == [("e", 1)] and rows(data.test) == [("t", 0)]
+
+
+def _classlabel_dict() -> datasets.DatasetDict:
+    features = datasets.Features(
+        {"idx": datasets.Value("int32"), "sentence": datasets.Value("string"),
+         "label": datasets.ClassLabel(names=["negative", "neutral", "positive"])}
+    )
+
+    def split(n: int, label: int) -> datasets.Dataset:
+        return datasets.Dataset.from_dict(
+            {"idx": list(range(n)), "sentence": [f"s{i}" for i in range(n)], "label": [label] * n}, features=features
+        )
+
+    return datasets.DatasetDict({"train": split(6, 2), "validation": split(2, 0), "test": split(3, 2), "extra": split(1, 0)})
+
+
+def test_saved_datasetdict_in_train_channel(tmp_path):
+    _classlabel_dict().save_to_disk(str(tmp_path / "train"))
+    data = load(tmp_path, train=tmp_path / "train")
+    assert data.label_names == ["negative", "neutral", "positive"]
+    assert data.train.column_names == ["text", "label"]
+    assert (len(data.train), len(data.eval), len(data.test)) == (6, 2, 3)
+    assert set(data.train["label"]) == {2} and set(data.eval["label"]) == {0}
+
+
+def test_saved_dataset_and_dict_in_separate_channels(tmp_path):
+    dd = _classlabel_dict()
+    dd["train"].save_to_disk(str(tmp_path / "train" / "nested"))  # one level of nesting is fine
+    datasets.DatasetDict({"validation": dd["validation"], "test": dd["test"]}).save_to_disk(str(tmp_path / "val"))
+    datasets.DatasetDict({"whatever": dd["test"]}).save_to_disk(str(tmp_path / "test"))
+    data = load(tmp_path, train=tmp_path / "train", val=tmp_path / "val", test=tmp_path / "test")
+    assert (len(data.train), len(data.eval), len(data.test)) == (6, 2, 3)
+
+
+def test_saved_dict_without_matching_split_in_eval_channel(tmp_path):
+    dd = _classlabel_dict()
+    dd["train"].save_to_disk(str(tmp_path / "train"))
+    datasets.DatasetDict({"a": dd["test"], "b": dd["test"]}).save_to_disk(str(tmp_path / "val"))
+    message = error(tmp_path, train=tmp_path / "train", validation=tmp_path / "val")
+    assert "splits a, b" in message and "validation" in message
+
+
+def test_sentence_pairs(tmp_path):
+    write(tmp_path / "train" / "train.jsonl", '{"premise": "p", "hypothesis": "h", "label": "entailment", "text": "x"}\n')
+    write(tmp_path / "train" / "test.csv", "Sentence1,Sentence2,label\na,b,entailment\n")
+    data = load(tmp_path, train=tmp_path / "train")
+    assert data.train.column_names == ["text", "text_pair", "label"]
+    assert rows(data.train) == [("p", "h", 0)] and rows(data.test) == [("a", "b", 0)]
+
+
+def test_pair_in_one_split_only_is_an_error(tmp_path):
+    write(tmp_path / "train" / "train.csv", "sentence1,sentence2,label\na,b,x\n")
+    write(tmp_path / "train" / "test.csv", "text,label\na,x\n")
+    assert "sentence pairs" in error(tmp_path, train=tmp_path / "train")
+
+
+def test_explicit_columns_override_detection(tmp_path):
+    write(tmp_path / "train" / "d.csv", "text,body,label,stars\nignored,used,x,5\nignored,used too,y,4\n")
+    spec = DataSpec(text_column="body", label_column="STARS")  # case-insensitive match
+    data = load(tmp_path, spec, train=tmp_path / "train")
+    assert rows(data.train) == [("used", 1), ("used too", 0)] and data.label_names == ["4", "5"]
+    spec = DataSpec(text_column="text", text_pair_column="body")
+    assert load(tmp_path, spec, train=tmp_path / "train").train.column_names == ["text", "text_pair", "label"]
+
+
+def test_two_column_fallback(tmp_path):
+    write(tmp_path / "train" / "d.csv", "words,outcome\nsome text,1\nmore text,0\n")
+    data = load(tmp_path, train=tmp_path / "train")
+    assert rows(data.train) == [("some text", 1), ("more text", 0)]
+
+
+# --------------------------------------------------------------------------- labels
+
+
+def test_integer_labels_zero_based_keep_ids(tmp_path):
+    write(tmp_path / "train" / "d.jsonl", "".join(json.dumps({"text": "t", "label": i}) + "\n" for i in (2, 0, 1)))
+    data = load(tmp_path, train=tmp_path / "train")
+    assert data.train["label"] == [2, 0, 1] and data.label_names == ["0", "1", "2"]
+
+
+def test_sparse_integer_and_integral_float_labels_are_mapped(tmp_path):
+    write(tmp_path / "train" / "d.csv", "text,rating\na,5.0\nb,1.0\nc,3.0\n")
+    write(tmp_path / "validation" / "v.txt", "d;3\n")
+    data = load(tmp_path, train=tmp_path / "train", validation=tmp_path / "validation")
+    assert data.train["label"] == [2, 0, 1] and data.label_names == ["1", "3", "5"]
+    assert data.eval["label"] == [1]
+
+
+def test_fractional_labels_are_rejected(tmp_path):
+    write(tmp_path / "train" / "d.csv", "text,label\na,0.5\nb,1\n")
+    message = error(tmp_path, train=tmp_path / "train")
+    assert "regression" in message and "0.5" in message
+
+
+def test_unknown_label_in_eval(tmp_path):
+    write(tmp_path / "train" / "train.csv", CSV)
+    write(tmp_path / "train" / "val.csv", "text,label\na,pos\nb,meh\nc,meh\n")
+    message = error(tmp_path, train=tmp_path / "train")
+    assert "'meh'" in message and "eval" in message and "neg, pos" in message and "row 2" in message
+
+
+def test_classlabel_eval_with_plain_string_labels(tmp_path):
+    _classlabel_dict()["train"].save_to_disk(str(tmp_path / "train"))
+    write(tmp_path / "test" / "t.csv", "sentence,label\na,neutral\nb,positive\n")
+    data = load(tmp_path, train=tmp_path / "train", test=tmp_path / "test")
+    assert data.test["label"] == [1, 2]
+
+
+def test_missing_label(tmp_path):
+    write(tmp_path / "train" / "d.csv", "text,label\na,x\nb,\nc,y\nd,\n")
+    message = error(tmp_path, train=tmp_path / "train")
+    assert "train" in message and "'label'" in message and "2 of 4 rows" in message and "row 2" in message
+
+
+def test_empty_text(tmp_path):
+    write(tmp_path / "train" / "d.jsonl", '{"text": "a", "label": 1}\n{"text": "  ", "label": 0}\n{"label": 0}\n')
+    message = error(tmp_path, train=tmp_path / "train")
+    assert "'text'" in message and "2 of 3 rows" in message and "row 2" in message
+
+
+def test_classlabel_minus_one_is_missing(tmp_path):
+    dd = _classlabel_dict()
+    dd["test"] = dd["test"].map(lambda r: {"label": -1}, features=dd["test"].features)
+    dd.save_to_disk(str(tmp_path / "train"))
+    message = error(tmp_path, train=tmp_path / "train")
+    assert "test" in message and "'label'" in message and "3 of 3 rows" in message
+
+
+# --------------------------------------------------------------------------- pretokenized
+
+
+def test_pretokenized_saved_dataset_with_classlabel(tmp_path):
+    features = datasets.Features({
+        "input_ids": datasets.Sequence(datasets.Value("int32")),
+        "attention_mask": datasets.Sequence(datasets.Value("int8")),
+        "label": datasets.ClassLabel(names=["no", "yes"]),
+        "text": datasets.Value("string"),
+    })
+    ds = datasets.Dataset.from_dict(
+        {"input_ids": [[1, 2], [3]] * 5, "attention_mask": [[1, 1], [1]] * 5, "label": [0, 1] * 5, "text": ["t"] * 10},
+        features=features,
+    )
+    datasets.DatasetDict({"train": ds, "test": ds.select(range(2))}).save_to_disk(str(tmp_path / "train"))
+    before = snapshot(tmp_path / "train")
+    data = load(tmp_path, DataSpec(validation_split=0.2), train=tmp_path / "train")
+    assert data.pretokenized and data.label_names == ["no", "yes"]
+    assert data.train.column_names == ["input_ids", "attention_mask", "labels"]
+    assert data.train.features["labels"] == datasets.Value("int64")
+    assert (len(data.train), len(data.eval), len(data.test)) == (8, 2, 2)
+    assert sorted(data.eval["labels"]) == [0, 1]  # stratified
+    assert snapshot(tmp_path / "train") == before
+
+
+def test_pretokenized_jsonl_label_names_from_max(tmp_path):
+    lines = [{"input_ids": [1, 2], "token_type_ids": [0, 0], "labels": 3, "note": "x"},
+             {"input_ids": [5], "token_type_ids": [0], "labels": 1, "note": "y"}]
+    write(tmp_path / "train" / "train.jsonl", "".join(json.dumps(r) + "\n" for r in lines))
+    write(tmp_path / "train" / "test.jsonl", json.dumps({"input_ids": [1], "token_type_ids": [0], "labels": 4}) + "\n")
+    message = error(tmp_path, train=tmp_path / "train")
+    assert "label id 4" in message and "test" in message
+    (tmp_path / "train" / "test.jsonl").unlink()
+    data = load(tmp_path, train=tmp_path / "train")
+    assert data.label_names == ["0", "1", "2", "3"]
+    assert data.train.column_names == ["input_ids", "token_type_ids", "labels"] and data.train["labels"] == [3, 1]
+
+
+def test_pretokenized_parquet_and_separate_channel_over_saved_split(tmp_path):
+    frame = pd.DataFrame({"input_ids": [[1, 2], [3]], "attention_mask": [[1, 1], [1]], "label": [0, 2]})
+    (tmp_path / "train").mkdir()
+    frame.to_parquet(tmp_path / "train" / "train.parquet")
+    ds = datasets.Dataset.from_pandas(frame)
+    datasets.DatasetDict({"train": ds, "test": ds.select([0])}).save_to_disk(str(tmp_path / "saved"))
+    (tmp_path / "test").mkdir()
+    frame.to_parquet(tmp_path / "test" / "test.parquet")
+    for _ in range(2):  # a second load with the same cache_dir must not clobber the first one's copy
+        first = load(tmp_path, train=tmp_path / "train")
+        data = load(tmp_path, train=tmp_path / "saved", test=tmp_path / "test")
+    assert first.label_names == ["0", "1", "2"] and first.train["labels"] == [0, 2]
+    assert first.train.features["labels"] == datasets.Value("int64")
+    assert len(data.train) == 2 and len(data.test) == 2  # the test channel wins over the saved 'test' split
+
+
+def test_pretokenized_without_labels(tmp_path):
+    write(tmp_path / "train" / "d.jsonl", '{"input_ids": [1, 2], "target": 1}\n')
+    message = error(tmp_path, train=tmp_path / "train")
+    assert "labels" in message and "label_column" in message and "target" in message
+
+
+def test_pretokenized_and_text_splits_mixed(tmp_path):
+    write(tmp_path / "train" / "train.jsonl", '{"input_ids": [1, 2], "label": 1}\n')
+    write(tmp_path / "train" / "test.csv", "text,label\na,1\n")
+    assert "pretokenized" in error(tmp_path, train=tmp_path / "train")
+
+
+# --------------------------------------------------------------------------- eval hold-out and limits
+
+
+def test_validation_split_is_stratified_and_seeded(tmp_path):
+    lines = "".join(f"text {i};{'a' if i % 4 else 'b'}\n" for i in range(100))
+    write(tmp_path / "train" / "d.txt", lines)
+    spec = DataSpec(validation_split=0.2, seed=7)
+    first, second = load(tmp_path, spec, train=tmp_path / "train"), load(tmp_path, spec, train=tmp_path / "train")
+    assert (len(first.train), len(first.eval)) == (80, 20)
+    assert first.eval["text"] == second.eval["text"]
+    assert sorted(first.eval["label"]).count(1) == 5  # 'b' is 25% of train and of eval
+    assert not set(first.eval["text"]) & set(first.train["text"])
+    other = load(tmp_path, DataSpec(validation_split=0.2, seed=8), train=tmp_path / "train")
+    assert other.eval["text"] != first.eval["text"]
+
+
+def test_validation_split_not_used_when_eval_exists(tmp_path):
+    write(tmp_path / "train" / "train.csv", CSV)
+    write(tmp_path / "train" / "val.csv", "text,label\nv,pos\n")
+    data = load(tmp_path, DataSpec(validation_split=0.5), train=tmp_path / "train")
+    assert len(data.train) == 4 and len(data.eval) == 1
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0, 1.5])
+def test_invalid_validation_split(tmp_path, value):
+    write(tmp_path / "train" / "d.csv", CSV)
+    assert "validation_split" in error(tmp_path, DataSpec(validation_split=value), train=tmp_path / "train")
+
+
+def test_validation_split_too_small_for_data(tmp_path):
+    write(tmp_path / "train" / "d.csv", CSV)
+    assert "validation_split" in error(tmp_path, DataSpec(validation_split=0.01), train=tmp_path / "train")
+
+
+def test_max_samples(tmp_path):
+    write(tmp_path / "train" / "train.txt", "".join(f"t{i};{i % 2}\n" for i in range(10)))
+    write(tmp_path / "train" / "val.txt", "".join(f"v{i};{i % 2}\n" for i in range(10)))
+    write(tmp_path / "train" / "test.txt", "".join(f"s{i};{i % 2}\n" for i in range(10)))
+    data = load(tmp_path, DataSpec(max_train_samples=3, max_eval_samples=2), train=tmp_path / "train")
+    assert data.train["text"] == ["t0", "t1", "t2"] and data.eval["text"] == ["v0", "v1"] and len(data.test) == 2
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_no_train_channel(tmp_path):
+    (tmp_path / "validation").mkdir()
+    message = error(tmp_path, validation=tmp_path / "validation", code=tmp_path)
+    assert "'train' channel" in message and "validation" in message and "code" not in message
+
+
+def test_empty_channel(tmp_path):
+    (tmp_path / "train").mkdir()
+    assert "empty" in error(tmp_path, train=tmp_path / "train")
+
+
+def test_no_readable_files(tmp_path):
+    write(tmp_path / "train" / "data.xlsx", "x")
+    write(tmp_path / "train" / "README.md", "x")
+    message = error(tmp_path, train=tmp_path / "train")
+    assert "No readable data files" in message and "data.xlsx" in message and ".csv" in message and ".parquet" in message
+
+
+def test_only_eval_files_in_train_channel(tmp_path):
+    write(tmp_path / "train" / "test.csv", CSV)
+    assert "training data" in error(tmp_path, train=tmp_path / "train")
+
+
+@pytest.mark.parametrize("content", ["", "text,label\n"])
+def test_empty_dataset(tmp_path, content):
+    write(tmp_path / "train" / "d.csv", content)
+    assert "no rows" in error(tmp_path, train=tmp_path / "train")
+
+
+@pytest.mark.parametrize(
+    "name, content, expected",
+    [
+        ("bad.json", '[{"text": "a", "label": 1},', "bad.json"),
+        ("bad.jsonl", '{"text": "a", "label": 1}\n{"text": oops}\n', "line 2"),
+        ("bad.parquet", "not parquet at all", "bad.parquet"),
+        ("bad.csv.gz", "not gzip", "bad.csv.gz"),
+        ("bad.txt", "no separator here\n", "separator"),
+        ("bad.json", '{"a": 1}', "list of records"),
+    ],
+)
+def test_unparseable_file(tmp_path, name, content, expected):
+    path = tmp_path / "train" / name
+    path.parent.mkdir()
+    path.write_text(content)
+    assert expected in error(tmp_path, train=tmp_path / "train")
+
+
+def test_not_utf8(tmp_path):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "d.csv").write_bytes("text,label\ncaf\xe9,1\n".encode("latin-1"))
+    assert "UTF-8" in error(tmp_path, train=tmp_path / "train")
+
+
+def test_explicit_column_missing_suggests_closest(tmp_path):
+    write(tmp_path / "train" / "d.csv", CSV)
+    message = error(tmp_path, DataSpec(label_column="lable"), train=tmp_path / "train")
+    assert "label_column 'lable'" in message and "id, text, label" in message and "Did you mean 'label'" in message
+
+
+def test_no_text_column(tmp_path):
+    write(tmp_path / "train" / "d.csv", "a,b,label\n1,2,x\n")
+    message = error(tmp_path, train=tmp_path / "train")
+    assert "text column" in message and "a, b, label" in message and "text_column" in message
+
+
+def test_no_label_column(tmp_path):
+    write(tmp_path / "train" / "d.csv", "text,a,b\nx,1,2\n")
+    message = error(tmp_path, train=tmp_path / "train")
+    assert "label column" in message and "text, a, b" in message and "label_column" in message
+
+
+def test_channel_directory_is_left_untouched(tmp_path):
+    train = tmp_path / "train"
+    write(train / "train.csv.gz", CSV.replace("pos", "positive").replace("neg", "negative"))
+    write(train / "val.jsonl", '{"text": "a", "label": "positive"}\n')
+    _classlabel_dict()["test"].save_to_disk(str(tmp_path / "test"))
+    before = snapshot(train), snapshot(tmp_path / "test")
+    data = load(tmp_path, DataSpec(), train=train, test=tmp_path / "test")
+    data.test.map(lambda r: {"text": r["text"].upper()})  # later processing must not write there either
+    assert (snapshot(train), snapshot(tmp_path / "test")) == before
+
+
+# --------------------------------------------------------------------------- real sample data
+
+
+@pytest.mark.skipif(SHARED_DATA is None, reason="shared sample data (shared/data or /work/shared/data) not available")
+def test_real_emotion_files(tmp_path):
+    for name in ("train.txt", "val.txt", "test.txt"):
+        shutil.copy(SHARED_DATA / "emotion" / name, tmp_path / name)
+    data = load(tmp_path, train=tmp_path)
+    assert (len(data.train), len(data.eval), len(data.test)) == (16000, 2000, 2000)
+    assert data.label_names == ["anger", "fear", "joy", "love", "sadness", "surprise"]
+    assert data.train[0] == {"text": "i didnt feel humiliated", "label": 4}
+    assert data.train["label"].count(data.label_names.index("surprise")) == 572
+
+
+@pytest.mark.skipif(SHARED_DATA is None, reason="shared sample data (shared/data or /work/shared/data) not available")
+def test_real_uci_yelp_and_imdb(tmp_path):
+    for name in ("yelp_labelled.txt", "imdb_labelled.txt"):
+        shutil.copy(SHARED_DATA / "uci-sentiment" / name, tmp_path / name)
+    data = load(tmp_path, train=tmp_path)
+    assert len(data.train) == 2000  # the U+0085 characters in imdb must not split rows
+    assert data.label_names == ["0", "1"] and data.train["label"].count(1) == 1000
+    assert sum("\u0085" in t for t in data.train["text"]) == 2
