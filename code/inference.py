@@ -1,0 +1,133 @@
+"""Default inference handlers for a text classifier trained by `byoc train`.
+
+SageMaker's handler contract (as in the AWS inference toolkits): `model_fn(model_dir)`,
+`input_fn(body, content_type)`, `predict_fn(data, model)`, `output_fn(prediction, accept)`.
+Every trained model carries a copy of this file as `model/code/inference.py`; copy it, change
+any of the four functions, and keep the rest.
+
+Request and response follow the Hugging Face inference DLC, so existing clients keep working:
+    {"inputs": "text" | ["t1", ...] | [{"text": ..., "text_pair": ...}], "parameters": {"top_k": 2}}
+    -> [{"label": "joy", "score": 0.98}]  (one entry per input; a list per input with top_k)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+MAX_BATCH = 64  # texts run through the model at once; larger requests are split
+
+
+class InputError(ValueError):
+    """A malformed request; the server answers 400 with this message."""
+
+
+def model_fn(model_dir: str) -> dict[str, Any]:
+    """Load tokenizer and classifier. Weights load from safetensors only (nothing is unpickled)."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False)
+    model.eval()
+    return {"model": model, "tokenizer": tokenizer}
+
+
+def input_fn(body: bytes | str, content_type: str = "application/json") -> dict[str, Any]:
+    """Parse a request into {"inputs": [text or (text, text_pair)], "parameters": {...}}."""
+    text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else body
+    kind = (content_type or "application/json").split(";")[0].strip().lower()
+    if kind == "application/json":
+        try:
+            payload = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise InputError(f"the body is not valid JSON: {err}") from None
+        if isinstance(payload, dict) and "inputs" in payload:
+            inputs, parameters = payload["inputs"], payload.get("parameters") or {}
+        else:
+            inputs, parameters = payload, {}
+    elif kind in ("application/jsonlines", "application/x-jsonlines", "application/jsonl"):
+        inputs, parameters = [_jsonline(line) for line in text.split("\n") if line.strip()], {}
+    elif kind == "text/csv":
+        inputs, parameters = [row if len(row) > 1 else row[0] for row in csv.reader(io.StringIO(text)) if row], {}
+    elif kind == "text/plain":
+        inputs, parameters = [line for line in text.split("\n") if line.strip()], {}
+    else:
+        raise InputError(f"unsupported content type {content_type!r}")
+    if not isinstance(parameters, dict):
+        raise InputError('"parameters" must be a JSON object')
+    return {"inputs": _normalise(inputs), "parameters": parameters}
+
+
+def _jsonline(line: str) -> Any:
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise InputError(f"a JSON Lines record is not valid JSON: {err}") from None
+    return value.get("inputs", value) if isinstance(value, dict) and "inputs" in value else value
+
+
+def _normalise(inputs: Any) -> list[str | tuple[str, str]]:
+    items = inputs if isinstance(inputs, list) else [inputs]
+    if not items:
+        raise InputError('"inputs" is empty: send a text or a list of texts')
+    out: list[str | tuple[str, str]] = []
+    for item in items:
+        if isinstance(item, dict) and isinstance(item.get("text"), str):
+            pair = item.get("text_pair")
+            out.append((item["text"], pair) if isinstance(pair, str) else item["text"])
+        elif isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(t, str) for t in item):
+            out.append((item[0], item[1]))
+        elif isinstance(item, str):
+            out.append(item)
+        else:
+            raise InputError('each input must be a string, [text, text_pair] or {"text": ..., "text_pair": ...}')
+    return out
+
+
+def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
+    """Classify; returns, per input, the best {"label", "score"} or the top_k of them."""
+    tokenizer, classifier = model["tokenizer"], model["model"]
+    inputs, parameters = data["inputs"], data.get("parameters", {})
+    top_k = parameters.get("top_k")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        raise InputError('"top_k" must be a positive integer')
+    id2label = classifier.config.id2label
+    results: list[Any] = []
+    # Sorted by length so each batch pads little; answers go back in request order.
+    order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]) if isinstance(inputs[i], str) else len(inputs[i][0]))
+    scores: list[torch.Tensor | None] = [None] * len(inputs)
+    with torch.inference_mode():
+        for start in range(0, len(order), MAX_BATCH):
+            chunk = order[start:start + MAX_BATCH]
+            first = [inputs[i] if isinstance(inputs[i], str) else inputs[i][0] for i in chunk]
+            second = [inputs[i][1] for i in chunk] if all(not isinstance(inputs[i], str) for i in chunk) else None
+            enc = tokenizer(first, second, truncation=True, padding=True, return_tensors="pt")
+            probs = classifier(**enc).logits.float().softmax(dim=-1)
+            for row, i in enumerate(chunk):
+                scores[i] = probs[row]
+    for row in scores:
+        k = min(top_k or 1, row.numel())
+        values, indices = row.topk(k)
+        entries = [{"label": id2label[int(j)], "score": float(v)} for v, j in zip(values, indices)]
+        results.append(entries if top_k else entries[0])
+    return results
+
+
+def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[str, str]:
+    """Serialise as JSON (default), JSON Lines or CSV (label,score per line)."""
+    kind = (accept or "application/json").split(";")[0].strip().lower()
+    if kind in ("application/json", "*/*"):
+        return json.dumps(prediction), "application/json"
+    if kind in ("application/jsonlines", "application/x-jsonlines", "application/jsonl"):
+        return "\n".join(json.dumps(p) for p in prediction) + "\n", kind
+    if kind == "text/csv":
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        for p in prediction:
+            best = p[0] if isinstance(p, list) else p
+            writer.writerow([best["label"], f"{best['score']:.6f}"])
+        return out.getvalue(), "text/csv"
+    raise InputError(f"unsupported accept type {accept!r}")

@@ -1,0 +1,128 @@
+"""`byoc train`: the container's entry point, and the failure contract.
+
+Every failure ends with a non-zero exit and a one-line `output/failure` saying what is wrong and
+how to fix it (SageMaker shows its first 1024 characters as the job's FailureReason); the full
+traceback of an unexpected error goes to the log, not the failure file.
+
+`toolkit_train` is the `SAGEMAKER_TRAINING_MODULE` hook (`byoc.cli:toolkit_train`), so the
+sagemaker-training toolkit's own `train` command runs the same job, as in the AWS images.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+
+from byoc import __version__
+
+logger = logging.getLogger("byoc")
+
+EXIT_FAILURE = 1
+FAILURE_LIMIT = 1024
+
+
+def configure_logging() -> None:
+    level = os.environ.get("BYOC_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%Y-%m-%d %H:%M:%S", stream=sys.stdout, force=True)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    # Progress bars are carriage-return noise in CloudWatch; byoc logs progress as lines instead.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+
+
+def failure_message(err: BaseException) -> str:
+    """One line for output/failure: the user-facing message of known errors, a summary otherwise."""
+    from byoc.arguments import HyperparameterError
+    from byoc.contract import ContractError
+    from byoc.data import DataError
+    from byoc.train import ModelError
+
+    if isinstance(err, (HyperparameterError, ContractError, DataError, ModelError)):
+        text = str(err)
+    elif _is_out_of_memory(err):
+        text = ("out of memory while training: lower per_device_train_batch_size or max_length "
+                "(or raise gradient_accumulation_steps to keep the effective batch), or use an instance with more memory")
+    else:
+        text = f"unexpected error: {type(err).__name__}: {err} (the full traceback is in the job's log)"
+    text = " ".join(text.split())
+    return text[: FAILURE_LIMIT - 3] + "..." if len(text) > FAILURE_LIMIT else text
+
+
+def _is_out_of_memory(err: BaseException) -> bool:
+    if isinstance(err, MemoryError):
+        return True
+    try:
+        import torch
+
+        if isinstance(err, torch.OutOfMemoryError):
+            return True
+    except ImportError:
+        pass
+    text = str(err).lower()  # CPU allocator: "not enough memory"; CUDA/XLA: "out of memory"
+    return isinstance(err, RuntimeError) and ("out of memory" in text or "not enough memory" in text)
+
+
+def train() -> int:
+    """Run the training job; return the process exit code."""
+    from byoc.contract import base_dir, Paths, read_training_contract, write_failure
+
+    paths = Paths(base_dir())
+    try:
+        from byoc.arguments import parse_hyperparameters
+        from byoc.train import run_training
+
+        contract = read_training_contract()
+        paths = contract.paths
+        args = parse_hyperparameters(contract.hyperparameters)
+        logger.info("byoc %s: training job %s on %s (%d host(s))", __version__, contract.job_name,
+                    contract.current_host, len(contract.hosts))
+        run_training(contract, args)
+    except Exception as err:  # every failure must reach output/failure, whatever raised it
+        message = failure_message(err)
+        if not _is_user_error(err):
+            logger.error("%s", traceback.format_exc())
+        logger.error("training failed: %s", message)
+        write_failure(paths, message)
+        return EXIT_FAILURE
+    logger.info("training finished")
+    return 0
+
+
+def _is_user_error(err: BaseException) -> bool:
+    from byoc.arguments import HyperparameterError
+    from byoc.contract import ContractError
+    from byoc.data import DataError
+    from byoc.train import ModelError
+
+    return isinstance(err, (HyperparameterError, ContractError, DataError, ModelError))
+
+
+def toolkit_train() -> None:
+    """`SAGEMAKER_TRAINING_MODULE=byoc.cli:toolkit_train`: run under the toolkit's `train` command.
+
+    The toolkit turns a SystemExit raised here into exit 0 (its `finally` exits with its own code),
+    so a failure leaves through `os._exit` with the real code, after flushing the logs.
+    """
+    configure_logging()
+    code = train()
+    if code:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="byoc", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"byoc {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("train", help="run the training job described by /opt/ml (or $SAGEMAKER_BASE_DIR)")
+    options = parser.parse_args(argv)
+    configure_logging()
+    if options.command == "train":
+        sys.exit(train())

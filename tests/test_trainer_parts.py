@@ -1,0 +1,61 @@
+"""Pieces of the trainer: the length-bucket sampler, freezing, precision flags, model resolution."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from byoc.arguments import parse_hyperparameters
+from byoc.train import LengthBucketSampler, ModelError, freeze_bottom, length_order
+
+
+def test_length_buckets_cover_every_row_once_with_little_padding():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 80, size=1000).tolist()
+    sampler = LengthBucketSampler(lengths, batch_size=16, seed=1)
+    order = list(sampler)
+    assert sorted(order) == list(range(1000)) and len(sampler) == 1000
+    batches = [order[i:i + 16] for i in range(0, 1000, 16)]
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
+    assert padded / sum(lengths) < 1.05  # a global sort pads almost nothing
+    assert len(batches[-1]) == 1000 % 16  # the partial batch stays last, so batch boundaries hold
+
+
+def test_length_buckets_are_seeded_and_change_every_epoch():
+    lengths = list(range(100)) * 3
+    first, second = list(LengthBucketSampler(lengths, 8, 3)), list(LengthBucketSampler(lengths, 8, 3))
+    assert first == second
+    sampler = LengthBucketSampler(lengths, 8, 3)
+    assert list(sampler) != list(sampler)
+    sampler.set_epoch(0)
+    assert list(sampler) == first
+
+
+def test_length_order():
+    import datasets
+
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [1], [1, 2]]})
+    assert length_order(ds) == [1, 2, 0]
+
+
+def test_freezing(tiny_model_dir):
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2)
+    freeze_bottom(model, embeddings=True, layers=1)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert all(n.startswith(("bert.embeddings.", "bert.encoder.layer.0.")) for n in frozen)
+    assert any(n.startswith("bert.embeddings.word_embeddings") for n in frozen)
+    assert any(n.startswith("bert.encoder.layer.0.") for n in frozen)
+    assert all(p.requires_grad for n, p in model.named_parameters() if n.startswith(("bert.encoder.layer.1.", "classifier")))
+    with pytest.raises(ModelError, match="at most 1"):
+        freeze_bottom(model, embeddings=True, layers=2)
+
+
+def test_fp16_without_cuda_falls_back_to_fp32(caplog):
+    from byoc.train import precision_flags
+
+    flags = precision_flags(parse_hyperparameters({"fp16": "true"}))
+    if not torch.cuda.is_available():
+        assert flags == {"bf16": False, "fp16": False} and "fp32" in caplog.text
