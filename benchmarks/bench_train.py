@@ -1,0 +1,157 @@
+"""Training speed: byoc's recipe against the tutorials' recipe and a plain dynamic-padding Trainer.
+
+Same machine, same run, same data (emotion train split), same model (all-MiniLM-L6-v2), same batch
+size (16) and learning rate (5e-5); the recipes are run alternately, each in a fresh process, for
+`--rounds` rounds, and each run is timed over `--steps` optimizer steps after `--warmup` steps.
+
+  tutorial  HF Trainer, padding="max_length", max_length=128 (the public tutorials' recipe)
+  dynamic   HF Trainer, dynamic padding + length-grouped batches
+  byoc      byoc's trainer with its defaults (frozen embeddings, dropout 0, dynamic padding,
+            length buckets), built by the same functions `byoc train` uses; `byoc:key=value:...`
+            adds hyperparameters (e.g. `byoc:freeze_layers=1`)
+
+Reports samples/s (median over rounds), tokens fed per sample, the ratio to each baseline and the
+achieved fp32 GFLOP/s (6 x non-embedding parameters x tokens fed). Run it alone: a second busy
+process on these 2 cores slows every run several-fold.
+
+    .venv/bin/python benchmarks/bench_train.py [--rounds 2] [--steps 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = next((p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None)
+RECIPES = ("tutorial", "dynamic", "byoc")
+BATCH, LR = 16, 5e-5
+
+
+def load_rows(limit: int) -> tuple[list[str], list[int], list[str]]:
+    lines = (DATA / "train.txt").read_text(encoding="utf-8").split("\n")[1:]
+    rows = [line.rsplit(";", 1) for line in lines if line.strip()][:limit]
+    names = sorted({label for _, label in rows})
+    return [t for t, _ in rows], [names.index(label) for _, label in rows], names
+
+
+def run_one(recipe: str, steps: int, warmup: int) -> dict:
+    """One timed run in this process."""
+    import datasets
+    import torch
+    import transformers
+    from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding,
+                              Trainer, TrainerCallback, TrainingArguments)
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    from byoc.train import bundled_model_dir
+
+    model_dir = str(bundled_model_dir())
+    total = steps + warmup
+    texts, labels, names = load_rows(max(total * BATCH, 50 * BATCH) + 1000)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    raw = datasets.Dataset.from_dict({"text": texts, "label": labels})
+
+    class Clock(TrainerCallback):
+        marks: dict[int, float] = {}
+
+        def on_step_end(self, args, state, control, **kwargs):
+            Clock.marks[state.global_step] = time.perf_counter()
+
+    tokens = {"fed": 0, "samples": 0}
+
+    def counting(collator):
+        def collate(features):
+            batch = collator(features)
+            if tokens["samples"] < total * BATCH:
+                tokens["fed"] += batch["input_ids"].numel()
+                tokens["samples"] += batch["input_ids"].shape[0]
+            return batch
+        return collate
+
+    common = dict(output_dir="/tmp/byoc-bench", max_steps=total, per_device_train_batch_size=BATCH, learning_rate=LR,
+                  seed=42, report_to="none", disable_tqdm=True, logging_strategy="no", save_strategy="no",
+                  dataloader_pin_memory=False)
+    if recipe.startswith("byoc"):
+        from byoc.arguments import parse_hyperparameters
+        from byoc.contract import Paths, TrainingContract
+        from byoc.data import TaskData
+        from byoc.train import ModelSource, build_trainer, load_model, tokenize_splits
+
+        args = parse_hyperparameters({"max_steps": str(total), "per_device_train_batch_size": str(BATCH),
+                                      "learning_rate": str(LR), "logging_steps": "1000000", "eval_strategy": "no",
+                                      **dict(kv.split("=", 1) for kv in recipe.split(":")[1:])})
+        cache = Path("/tmp/byoc-bench/cache")
+        task = TaskData(train=raw, eval=None, test=None, label_names=names, pretokenized=False)
+        tokenized = tokenize_splits(task, tokenizer, args, cache)
+        model = load_model(ModelSource(model_dir, "bundled"), args, names)
+        contract = TrainingContract(paths=Paths(Path("/tmp/byoc-bench/opt-ml")), hyperparameters={}, channels={})
+        trainer = build_trainer(model, tokenizer, tokenized, args, contract, len(names))
+        trainer.data_collator = counting(trainer.data_collator)
+    else:
+        padding = {"tutorial": "max_length", "dynamic": False}[recipe]
+        encoded = raw.map(lambda b: tokenizer(b["text"], truncation=True, max_length=128, padding=padding),
+                          batched=True, remove_columns=["text"])
+        model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=len(names))
+        targs = TrainingArguments(**common, train_sampling_strategy="group_by_length" if recipe == "dynamic" else "random")
+        trainer = Trainer(model=model, args=targs, train_dataset=encoded, processing_class=tokenizer,
+                          data_collator=counting(DataCollatorWithPadding(tokenizer)))
+    trainer.add_callback(Clock())
+    trainer.train()
+    seconds = Clock.marks[total] - Clock.marks[warmup]
+    non_embedding = sum(p.numel() for n, p in trainer.model.named_parameters() if "embeddings" not in n)
+    per_sample = tokens["fed"] / max(tokens["samples"], 1)
+    rate = steps * BATCH / seconds
+    return {"recipe": recipe, "samples_per_second": rate, "tokens_per_sample": per_sample,
+            "gflops": 6 * non_embedding * per_sample * rate / 1e9, "threads": torch.get_num_threads()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=60, help="timed optimizer steps per run")
+    parser.add_argument("--warmup", type=int, default=8, help="untimed steps before the clock starts")
+    parser.add_argument("--recipes", default=",".join(RECIPES))
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    opts = parser.parse_args()
+    if DATA is None:
+        sys.exit("the emotion data (../shared/data/emotion) is not beside the project")
+    if opts.one:
+        print("RESULT " + json.dumps(run_one(opts.one, opts.steps, opts.warmup)))
+        return 0
+    results: dict[str, list[dict]] = {r: [] for r in opts.recipes.split(",")}
+    for round_ in range(opts.rounds):
+        for recipe in results:  # alternated, so drifting machine load hits every recipe alike
+            out = subprocess.run([sys.executable, __file__, "--one", recipe, "--steps", str(opts.steps),
+                                  "--warmup", str(opts.warmup)], capture_output=True, text=True)
+            line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
+            if out.returncode or not line:
+                print(out.stdout[-2000:], out.stderr[-3000:])
+                return 1
+            result = json.loads(line[0][7:])
+            results[recipe].append(result)
+            print(f"round {round_ + 1} {recipe:9s} {result['samples_per_second']:7.1f} samples/s  "
+                  f"{result['tokens_per_sample']:6.1f} tokens/sample  {result['gflops']:6.1f} GFLOP/s", flush=True)
+    summary = {r: {k: statistics.median(x[k] for x in runs) for k in ("samples_per_second", "tokens_per_sample", "gflops")}
+               for r, runs in results.items()}
+    print(f"\n| recipe | tokens fed / sample | train samples/s (median of {opts.rounds}) | GFLOP/s | byoc speed-up |")
+    print("|---|---|---|---|---|")
+    ours = summary.get("byoc", {}).get("samples_per_second")
+    for recipe, s in summary.items():
+        ratio = f"{ours / s['samples_per_second']:.2f}x" if ours else "-"
+        print(f"| {recipe} | {s['tokens_per_sample']:.1f} | {s['samples_per_second']:.1f} | {s['gflops']:.0f} | {ratio} |")
+    if opts.json:
+        opts.json.write_text(json.dumps({"summary": summary, "runs": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
