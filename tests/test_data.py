@@ -557,3 +557,12 @@ def test_real_uci_yelp_and_imdb(tmp_path):
     assert len(data.train) == 2000  # the U+0085 characters in imdb must not split rows
     assert data.label_names == ["0", "1"] and data.train["label"].count(1) == 1000
     assert sum("\u0085" in t for t in data.train["text"]) == 2
+
+
+def test_training_and_testing_channel_names(tmp_path):
+    train, test = tmp_path / "training", tmp_path / "testing"
+    for folder, n in ((train, 6), (test, 2)):
+        folder.mkdir()
+        (folder / "d.csv").write_text("text,label\n" + "".join(f"t{i},{'ab'[i % 2]}\n" for i in range(n)))
+    data = load_task_data({"training": train, "testing": test}, DataSpec(), tmp_path / "cache")
+    assert len(data.train) == 6 and len(data.test) == 2

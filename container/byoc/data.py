@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 logger = logging.getLogger(__name__)
 
 IGNORED_CHANNELS = frozenset({"model", "code", "checkpoints", "sm_drivers"})
+CHANNEL_ALIASES = {"training": "train", "testing": "test"}
 EVAL_NAMES = ("validation", "valid", "val", "eval", "dev", "evaluation")
 TEXT_COLUMNS = (
     "text", "sentence", "sentence1", "review", "review_text", "tweet", "content", "document",
@@ -133,6 +134,9 @@ def load_task_data(channels: Mapping[str, Path], spec: DataSpec, cache_dir: Path
     """Read the train (and optional eval / test) data from SageMaker channel directories."""
     _check_spec(spec)
     channels = {name: Path(path) for name, path in channels.items() if name not in IGNORED_CHANNELS}
+    for alias, name in CHANNEL_ALIASES.items():  # some examples name their channels "training"/"testing"
+        if alias in channels and name not in channels:
+            channels[name] = channels.pop(alias)
     if "train" not in channels:
         found = ", ".join(sorted(channels)) or "none"
         raise DataError(
