@@ -56,6 +56,16 @@ def test_csv_channels_end_to_end(job, tiny_model_dir):
     assert job.failure is None
 
 
+def test_texts_longer_than_the_model_positions(job, tiny_model_dir):
+    """The tiny model has 128 positions while its tokenizer claims 512: texts are cut to 128."""
+    job.hyperparameters({**QUICK, "max_length": "512"})
+    job.model_channel(tiny_model_dir)
+    long_text = "this is a very long review " * 60
+    write_csv(job.channel("train") / "t.csv", sentiment_rows(16) + [(long_text, "positive")])
+    assert train_in_process(job) == 0, job.failure
+    assert json.loads((job.model_dir / "tokenizer_config.json").read_text())["model_max_length"] == 128
+
+
 def test_saved_datasetdict_with_classlabel_and_pretrained_model(job, tiny_model_dir):
     """The tutorials' layout: one train channel holding a save_to_disk DatasetDict."""
     rows = sentiment_rows(48)

@@ -45,12 +45,12 @@ from byoc import __version__
 from byoc.arguments import TrainArguments
 from byoc.contract import TrainingContract
 from byoc.data import DataSpec, TaskData, load_task_data
+from byoc.handlers import default_code_dir
 from byoc.metrics import ProgressCallback, classification_metrics, metrics_line, write_report
 
 logger = logging.getLogger("byoc.train")
 
 # The default inference handlers shipped inside every model artifact (`model/code/`).
-CODE_DIR_ENV = "BYOC_CODE_DIR"
 CACHE_DIR_ENV = "BYOC_CACHE_DIR"
 
 
@@ -136,9 +136,19 @@ def _unpack(archive: Path, cache_dir: Path) -> Path:
 def load_tokenizer(source: ModelSource, args: TrainArguments) -> PreTrainedTokenizerBase:
     name = args.tokenizer_name_or_path or source.path
     try:
-        return AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
     except Exception as err:  # transformers raises OSError, ValueError, KeyError... depending on what is missing
         raise ModelError(f"cannot load a tokenizer from {name} ({source.origin}): {_brief(err)}") from None
+    # A tokenizer may claim more tokens than the model has positions for (then the forward pass
+    # fails on long texts); cap it, and the saved artifact carries the cap to inference.
+    try:
+        positions = getattr(AutoConfig.from_pretrained(source.path, trust_remote_code=args.trust_remote_code),
+                            "max_position_embeddings", None)
+    except Exception:
+        positions = None  # load_model reports an unreadable config
+    if positions and _model_max_length(tokenizer) > positions:
+        tokenizer.model_max_length = positions
+    return tokenizer
 
 
 def load_model(source: ModelSource, args: TrainArguments, label_names: list[str]) -> PreTrainedModel:
@@ -433,20 +443,11 @@ def cache_dir_for(contract: TrainingContract) -> Path:
     return root
 
 
-def inference_code_dir() -> Path:
-    """The default `inference.py` (+ requirements.txt) copied into every model as `code/`."""
-    candidates = [os.environ.get(CODE_DIR_ENV), Path(__file__).resolve().parents[2] / "code"]
-    for candidate in candidates:
-        if candidate and (Path(candidate) / "inference.py").exists():
-            return Path(candidate)
-    raise ModelError(f"cannot find the default inference code (code/inference.py): set {CODE_DIR_ENV} to its folder")
-
-
 def run_training(contract: TrainingContract, args: TrainArguments) -> dict[str, Any]:
     """Run one training job end to end; return the final metrics."""
     transformers.set_seed(args.seed)
     transformers.utils.logging.disable_progress_bar()  # byoc logs progress as lines
-    code_dir = inference_code_dir()  # fail before hours of training, not after
+    code_dir = default_code_dir()  # fail before hours of training, not after
     cache_dir = cache_dir_for(contract)
     source = resolve_model(args, contract, cache_dir)
     logger.info("model: %s (%s)", source.path, source.origin)
