@@ -142,11 +142,16 @@ def main() -> int:
                   f"{result['tokens_per_sample']:6.1f} tokens/sample  {result['gflops']:6.1f} GFLOP/s", flush=True)
     summary = {r: {k: statistics.median(x[k] for x in runs) for k in ("samples_per_second", "tokens_per_sample", "gflops")}
                for r, runs in results.items()}
-    print(f"\n| recipe | tokens fed / sample | train samples/s (median of {opts.rounds}) | GFLOP/s | byoc speed-up |")
+    # Speed-ups are paired within a round (this machine's speed drifts between rounds), then the median.
+    ours = results.get("byoc")
+    for recipe, runs in results.items():
+        if ours:
+            summary[recipe]["byoc_speedup"] = statistics.median(
+                o["samples_per_second"] / r["samples_per_second"] for o, r in zip(ours, runs))
+    print(f"\n| recipe | tokens fed / sample | train samples/s (median of {opts.rounds}) | fp32 GFLOP/s | byoc speed-up (paired median) |")
     print("|---|---|---|---|---|")
-    ours = summary.get("byoc", {}).get("samples_per_second")
     for recipe, s in summary.items():
-        ratio = f"{ours / s['samples_per_second']:.2f}x" if ours else "-"
+        ratio = f"{s['byoc_speedup']:.2f}x" if "byoc_speedup" in s else "-"
         print(f"| {recipe} | {s['tokens_per_sample']:.1f} | {s['samples_per_second']:.1f} | {s['gflops']:.0f} | {ratio} |")
     if opts.json:
         opts.json.write_text(json.dumps({"summary": summary, "runs": results}, indent=2))

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ROOT = REPO / "demo-output" / "opt-ml"
+ROOT = Path(os.environ.get("BYOC_DEMO_DIR") or REPO / "demo-output") / "opt-ml"
 
 INTENTS = {
     "billing": (["i was charged twice for", "why is there an extra fee on", "please refund the payment for",
