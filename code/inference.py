@@ -20,11 +20,12 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from byoc.handlers import InputError, NotAcceptable, UnsupportedMediaType
+
 MAX_BATCH = 64  # texts run through the model at once; larger requests are split
-
-
-class InputError(ValueError):
-    """A malformed request; the server answers 400 with this message."""
+JSON_LINES = ("application/jsonlines", "application/x-jsonlines", "application/jsonl")
+CONTENT_TYPES = ("application/json", "text/csv", "text/plain", *JSON_LINES)
+ACCEPT_TYPES = ("application/json", "text/csv", *JSON_LINES)
 
 
 def model_fn(model_dir: str) -> dict[str, Any]:
@@ -32,13 +33,23 @@ def model_fn(model_dir: str) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False)
     model.eval()
-    return {"model": model, "tokenizer": tokenizer}
+    # Truncate to what both the tokenizer and the model's position table allow.
+    limits = [n for n in (tokenizer.model_max_length, getattr(model.config, "max_position_embeddings", None))
+              if isinstance(n, int) and 0 < n < 100_000]
+    return {"model": model, "tokenizer": tokenizer, "max_length": min(limits, default=512)}
 
 
 def input_fn(body: bytes | str, content_type: str = "application/json") -> dict[str, Any]:
     """Parse a request into {"inputs": [text or (text, text_pair)], "parameters": {...}}."""
-    text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else body
     kind = (content_type or "application/json").split(";")[0].strip().lower()
+    if kind not in CONTENT_TYPES:
+        raise UnsupportedMediaType(f"unsupported content type {content_type!r}: send one of {', '.join(CONTENT_TYPES)}")
+    try:
+        text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else body
+    except UnicodeDecodeError:
+        raise InputError("the body is not UTF-8 text") from None
+    if not text.strip():
+        raise InputError("the body is empty: send {\"inputs\": \"a text\"} or a list of texts")
     if kind == "application/json":
         try:
             payload = json.loads(text)
@@ -48,14 +59,12 @@ def input_fn(body: bytes | str, content_type: str = "application/json") -> dict[
             inputs, parameters = payload["inputs"], payload.get("parameters") or {}
         else:
             inputs, parameters = payload, {}
-    elif kind in ("application/jsonlines", "application/x-jsonlines", "application/jsonl"):
+    elif kind in JSON_LINES:
         inputs, parameters = [_jsonline(line) for line in text.split("\n") if line.strip()], {}
     elif kind == "text/csv":
         inputs, parameters = [row if len(row) > 1 else row[0] for row in csv.reader(io.StringIO(text)) if row], {}
-    elif kind == "text/plain":
+    else:  # text/plain: one text per line
         inputs, parameters = [line for line in text.split("\n") if line.strip()], {}
-    else:
-        raise InputError(f"unsupported content type {content_type!r}")
     if not isinstance(parameters, dict):
         raise InputError('"parameters" must be a JSON object')
     return {"inputs": _normalise(inputs), "parameters": parameters}
@@ -104,7 +113,8 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
             chunk = order[start:start + MAX_BATCH]
             first = [inputs[i] if isinstance(inputs[i], str) else inputs[i][0] for i in chunk]
             second = [inputs[i][1] for i in chunk] if all(not isinstance(inputs[i], str) for i in chunk) else None
-            enc = tokenizer(first, second, truncation=True, padding=True, return_tensors="pt")
+            enc = tokenizer(first, second, truncation=True, max_length=model.get("max_length"), padding=True,
+                            return_tensors="pt")
             probs = classifier(**enc).logits.float().softmax(dim=-1)
             for row, i in enumerate(chunk):
                 scores[i] = probs[row]
@@ -121,7 +131,7 @@ def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[
     kind = (accept or "application/json").split(";")[0].strip().lower()
     if kind in ("application/json", "*/*"):
         return json.dumps(prediction), "application/json"
-    if kind in ("application/jsonlines", "application/x-jsonlines", "application/jsonl"):
+    if kind in JSON_LINES:
         return "\n".join(json.dumps(p) for p in prediction) + "\n", kind
     if kind == "text/csv":
         out = io.StringIO()
@@ -130,4 +140,4 @@ def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[
             best = p[0] if isinstance(p, list) else p
             writer.writerow([best["label"], f"{best['score']:.6f}"])
         return out.getvalue(), "text/csv"
-    raise InputError(f"unsupported accept type {accept!r}")
+    raise NotAcceptable(f"unsupported accept type {accept!r}: ask for one of {', '.join(ACCEPT_TYPES)}")

@@ -11,7 +11,8 @@ from byoc.arguments import parse_hyperparameters
 from byoc.cli import configure_logging, failure_message
 from byoc.contract import read_training_contract, write_failure
 from byoc.data import DataSpec, load_task_data
-from byoc.train import (build_trainer, cache_dir_for, inference_code_dir, load_model, load_tokenizer,
+from byoc.handlers import default_code_dir
+from byoc.train import (build_trainer, cache_dir_for, load_model, load_tokenizer,
                         publish_model, resolve_model, tokenize_splits)
 
 logger = logging.getLogger("train")
@@ -36,7 +37,7 @@ def main() -> None:
     if "eval" in tokenized or "test" in tokenized:
         logger.info("evaluation: %s", trainer.evaluate(tokenized.get("eval", tokenized.get("test"))))
     if trainer.is_world_process_zero():
-        publish_model(trainer, tokenizer, inference_code_dir(), contract.paths.model_dir)
+        publish_model(trainer, tokenizer, default_code_dir(), contract.paths.model_dir)
 
 
 if __name__ == "__main__":

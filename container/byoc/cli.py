@@ -1,4 +1,4 @@
-"""`byoc train`: the container's entry point, and the failure contract.
+"""`byoc train` / `byoc serve`: the container's entry points, and the failure contract.
 
 Every failure ends with a non-zero exit and a one-line `output/failure` saying what is wrong and
 how to fix it (SageMaker shows its first 1024 characters as the job's FailureReason); the full
@@ -40,9 +40,10 @@ def failure_message(err: BaseException) -> str:
     from byoc.arguments import HyperparameterError
     from byoc.contract import ContractError
     from byoc.data import DataError
+    from byoc.handlers import HandlerError
     from byoc.train import ModelError
 
-    if isinstance(err, (HyperparameterError, ContractError, DataError, ModelError)):
+    if isinstance(err, (HyperparameterError, ContractError, DataError, ModelError, HandlerError)):
         text = str(err)
     elif _is_out_of_memory(err):
         text = ("out of memory while training: lower per_device_train_batch_size or max_length "
@@ -97,9 +98,10 @@ def _is_user_error(err: BaseException) -> bool:
     from byoc.arguments import HyperparameterError
     from byoc.contract import ContractError
     from byoc.data import DataError
+    from byoc.handlers import HandlerError
     from byoc.train import ModelError
 
-    return isinstance(err, (HyperparameterError, ContractError, DataError, ModelError))
+    return isinstance(err, (HyperparameterError, ContractError, DataError, ModelError, HandlerError))
 
 
 def toolkit_train() -> None:
@@ -122,7 +124,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--version", action="version", version=f"byoc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("train", help="run the training job described by /opt/ml (or $SAGEMAKER_BASE_DIR)")
+    sub.add_parser("serve", help="serve /opt/ml/model (or $SAGEMAKER_BASE_DIR/model) over HTTP on $SAGEMAKER_BIND_TO_PORT")
     options = parser.parse_args(argv)
     configure_logging()
     if options.command == "train":
         sys.exit(train())
+    from byoc.serve import main as serve
+
+    serve()

@@ -1,0 +1,360 @@
+"""`byoc serve` as a real process over real HTTP: formats, overrides, errors, batching, shutdown."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from conftest import REPO, sentiment_rows
+
+JSON = {"content-type": "application/json"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def trained_model(tmp_path_factory, tiny_model_dir) -> Path:
+    """A tiny classifier trained by `byoc train` (the artifact layout the server must serve)."""
+    from conftest import Job, write_csv, run_train_process
+
+    root = tmp_path_factory.mktemp("serve-job") / "opt-ml"
+    job = Job(root).resources()
+    job.hyperparameters({"max_steps": "30", "learning_rate": "5e-3", "per_device_train_batch_size": "8"})
+    job.model_channel(tiny_model_dir)
+    write_csv(job.channel("train") / "t.csv", sentiment_rows(64))
+    done = run_train_process(root)
+    assert done.returncode == 0, done.stdout[-2000:]
+    return job.model_dir
+
+
+class Server:
+    def __init__(self, model_dir: Path, env: dict | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        base = model_dir.parent
+        full_env = {**os.environ, "SAGEMAKER_BASE_DIR": str(base), "SAGEMAKER_BIND_TO_PORT": str(self.port), **(env or {})}
+        full_env.pop("SM_MODEL_DIR", None)
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen([str(Path(sys.executable).parent / "byoc"), "serve"], env=full_env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.client = httpx.Client(base_url=self.url, timeout=60)
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError("server exited: " + self.proc.stdout.read()[-3000:])
+            try:
+                if self.client.get("/ping").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("server never became ready")
+
+    def invoke(self, body, content_type="application/json", accept=None, **kwargs) -> httpx.Response:
+        headers = {"content-type": content_type, **({"accept": accept} if accept else {})}
+        data = json.dumps(body) if not isinstance(body, (str, bytes)) else body
+        return self.client.post("/invocations", content=data, headers=headers, **kwargs)
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.stdout.read()
+
+
+@pytest.fixture(scope="module")
+def server(trained_model):
+    s = Server(trained_model)
+    s.wait_ready()
+    yield s
+    s.stop()
+
+
+def direct_predictions(model_dir: Path, texts: list[str]) -> list[tuple[str, float]]:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    out = []
+    with torch.inference_mode():
+        for text in texts:
+            probs = model(**tokenizer(text, return_tensors="pt")).logits.softmax(-1)[0]
+            out.append((model.config.id2label[int(probs.argmax())], float(probs.max())))
+    return out
+
+
+TEXTS = ["i love this so much", "i hate this a lot number 3", "what a great day it was", "rude people and cold food"]
+
+
+def test_json_formats_match_the_model(server, trained_model):
+    expected = direct_predictions(trained_model, TEXTS)
+    one = server.invoke({"inputs": TEXTS[0]})
+    assert one.status_code == 200 and one.headers["content-type"].startswith("application/json")
+    assert one.json()[0]["label"] == expected[0][0] and one.json()[0]["score"] == pytest.approx(expected[0][1], abs=1e-4)
+    many = server.invoke({"inputs": TEXTS}).json()
+    assert [(r["label"], pytest.approx(r["score"], abs=1e-4)) for r in many] == expected
+    top = server.invoke({"inputs": TEXTS[:2], "parameters": {"top_k": 2}}).json()
+    assert [len(r) for r in top] == [2, 2] and top[0][0]["score"] >= top[0][1]["score"]
+    pairs = server.invoke({"inputs": [{"text": "i love it", "text_pair": "it is great"}]})
+    assert pairs.status_code == 200 and pairs.json()[0]["label"] in ("positive", "negative")
+
+
+def test_csv_and_jsonlines(server, trained_model):
+    expected = direct_predictions(trained_model, TEXTS[:2])
+    csv = server.invoke("\n".join(TEXTS[:2]) + "\n", "text/csv", accept="text/csv")
+    assert csv.status_code == 200 and csv.headers["content-type"].startswith("text/csv")
+    assert [line.split(",")[0] for line in csv.text.splitlines()] == [label for label, _ in expected]
+    lines = "\n".join(json.dumps({"inputs": t}) for t in TEXTS[:2])
+    jl = server.invoke(lines, "application/jsonlines", accept="application/jsonlines")
+    assert [json.loads(line)["label"] for line in jl.text.splitlines()] == [label for label, _ in expected]
+    # Accept defaults to JSON, and */* means the default.
+    assert server.invoke({"inputs": "x"}, accept="*/*").headers["content-type"].startswith("application/json")
+
+
+@pytest.mark.parametrize("body,content_type,accept,status,words", [
+    ({"inputs": "x"}, "application/xml", None, 415, "unsupported content type"),
+    ({"inputs": "x"}, "application/json", "image/png", 406, "unsupported accept"),
+    ("{not json", "application/json", None, 400, "not valid JSON"),
+    ({"inputs": []}, "application/json", None, 400, "empty"),
+    ("", "application/json", None, 400, "empty"),
+    ({"inputs": [1, 2]}, "application/json", None, 400, "each input"),
+    ({"inputs": "x", "parameters": {"top_k": -1}}, "application/json", None, 400, "top_k"),
+    (b"\xff\xfe\x00", "application/json", None, 400, "UTF-8"),
+])
+def test_errors_are_honest_and_the_server_keeps_answering(server, body, content_type, accept, status, words):
+    bad = server.invoke(body, content_type, accept)
+    assert bad.status_code == status and words in bad.json()["error"]
+    assert "Traceback" not in bad.text and "/" not in bad.json()["error"].replace("application/", "").replace("text/", "").replace("image/", "")
+    good = server.invoke({"inputs": TEXTS[0]})
+    assert good.status_code == 200 and good.json()[0]["label"] in ("positive", "negative")
+
+
+def test_payload_limit(server):
+    big = json.dumps({"inputs": "a" * (6 * 1024 * 1024 + 10)})
+    response = server.invoke(big)
+    assert response.status_code == 413 and "6 MB" in response.json()["error"]
+    assert server.invoke({"inputs": TEXTS[0]}).status_code == 200
+
+
+def test_execution_parameters(server):
+    params = server.client.get("/execution-parameters").json()
+    assert params == {"MaxConcurrentTransforms": 4, "BatchStrategy": "MULTI_RECORD", "MaxPayloadInMB": 6}
+
+
+def test_concurrent_clients_get_their_own_answers(server, trained_model):
+    """Requests batched together on the server never see each other's results."""
+    texts = [f"{t} number {i}" for i, t in enumerate(TEXTS * 10)]
+    expected = dict(zip(texts, direct_predictions(trained_model, texts)))
+
+    def ask(i: int):
+        chosen = [texts[(i + k) % len(texts)] for k in range(1 + i % 3)]
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            answer = client.post("/invocations", json={"inputs": chosen}).json()
+        return chosen, answer
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        for chosen, answer in pool.map(ask, range(64)):
+            assert [a["label"] for a in answer] == [expected[t][0] for t in chosen]
+            assert [a["score"] for a in answer] == pytest.approx([expected[t][1] for t in chosen], abs=1e-4)
+
+
+def test_many_inputs_in_one_request_are_split_into_batches(server, trained_model):
+    texts = [f"{TEXTS[i % 4]} {i}" for i in range(150)]  # > the 32-text batch bound
+    answer = server.invoke({"inputs": texts}).json()
+    assert len(answer) == 150
+    assert [a["label"] for a in answer[:8]] == [label for label, _ in direct_predictions(trained_model, texts[:8])]
+
+
+def test_ping_answers_quickly_under_load(server):
+    texts = [TEXTS[0] * 20] * 64
+    stop = threading.Event()
+
+    def load():
+        with httpx.Client(base_url=server.url, timeout=120) as client:
+            while not stop.is_set():
+                client.post("/invocations", json={"inputs": texts})
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1)
+        worst = 0.0
+        for _ in range(10):
+            started = time.monotonic()
+            assert server.client.get("/ping").status_code == 200
+            worst = max(worst, time.monotonic() - started)
+            time.sleep(0.1)
+        assert worst < 2.0
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+
+
+# --- handler overrides -------------------------------------------------------------------------
+
+def model_with_code(trained_model: Path, tmp_path: Path, source: str) -> Path:
+    import shutil
+
+    target = tmp_path / "opt-ml" / "model"
+    shutil.copytree(trained_model, target)
+    (target / "code" / "inference.py").write_text(source)
+    return target
+
+
+def test_override_one_function(trained_model, tmp_path):
+    source = (
+        "import json\n"
+        "def output_fn(prediction, accept):\n"
+        "    return json.dumps({'custom': [p['label'] for p in prediction]}), 'application/json'\n"
+    )
+    s = Server(model_with_code(trained_model, tmp_path, source))
+    try:
+        s.wait_ready()
+        answer = s.invoke({"inputs": TEXTS[:2]}).json()
+        assert answer == {"custom": [label for label, _ in direct_predictions(trained_model, TEXTS[:2])]}
+    finally:
+        s.stop()
+
+
+def test_override_all_functions_with_context(trained_model, tmp_path):
+    source = (
+        "def model_fn(model_dir, context=None):\n"
+        "    return {'dir': model_dir}\n"
+        "def input_fn(body, content_type, context=None):\n"
+        "    return body.decode().upper()\n"
+        "def predict_fn(data, model, context=None):\n"
+        "    return {'echo': data, 'has_model': bool(model['dir'])}\n"
+        "def output_fn(prediction, accept, context=None):\n"
+        "    import json; return json.dumps(prediction), 'application/json'\n"
+    )
+    s = Server(model_with_code(trained_model, tmp_path, source))
+    try:
+        s.wait_ready()
+        assert s.invoke("hello", "text/plain").json() == {"echo": "HELLO", "has_model": True}
+    finally:
+        s.stop()
+
+
+def test_transform_fn_and_requirements(trained_model, tmp_path):
+    source = (
+        "def transform_fn(model, body, content_type, accept):\n"
+        "    return body[::-1], 'text/plain'\n"
+    )
+    model_dir = model_with_code(trained_model, tmp_path, source)
+    (model_dir / "code" / "requirements.txt").write_text("# nothing to install\n")
+    s = Server(model_dir)
+    try:
+        s.wait_ready()
+        response = s.invoke(b"abc", "text/plain")
+        assert response.text == "cba" and response.headers["content-type"].startswith("text/plain")
+    finally:
+        s.stop()
+
+
+def test_transform_fn_mixed_with_others_fails_at_start(trained_model, tmp_path):
+    source = "def transform_fn(m, b, c, a):\n    return b\ndef input_fn(b, c):\n    return b\n"
+    s = Server(model_with_code(trained_model, tmp_path, source))
+    code = s.proc.wait(120)
+    log = s.proc.stdout.read()
+    assert code != 0 and "transform_fn together with input_fn" in log
+
+
+def test_user_handler_fault_is_a_500_and_the_server_survives(trained_model, tmp_path):
+    source = (
+        "def predict_fn(data, model):\n"
+        "    if data['inputs'] == ['boom']:\n"
+        "        raise RuntimeError('secret /internal/path')\n"
+        "    return [{'label': 'ok', 'score': 1.0} for _ in data['inputs']]\n"
+    )
+    s = Server(model_with_code(trained_model, tmp_path, source))
+    try:
+        s.wait_ready()
+        bad = s.invoke({"inputs": "boom"})
+        assert bad.status_code == 500 and "/internal/path" not in bad.text and "RuntimeError" in bad.text
+        assert s.invoke({"inputs": "fine"}).json() == [{"label": "ok", "score": 1.0}]
+    finally:
+        s.stop()
+
+
+# --- lifecycle ---------------------------------------------------------------------------------
+
+def test_sigterm_drains_in_flight_requests(trained_model):
+    s = Server(trained_model, env={"BYOC_MAX_BATCH_SIZE": "8"})
+    s.wait_ready()
+    texts = [TEXTS[0] * 30] * 400  # many batches: still running when SIGTERM arrives
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(lambda: httpx.post(f"{s.url}/invocations", json={"inputs": texts}, timeout=60))
+        time.sleep(0.5)
+        signalled = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        response = pending.result()
+    assert response.status_code == 200 and len(response.json()) == 400
+    # uvicorn exits through the signal it received, once the requests have drained.
+    assert s.proc.wait(30) in (0, -signal.SIGTERM) and time.monotonic() - signalled < 30
+    assert "Finished server process" in s.proc.stdout.read()
+
+
+def test_ping_is_503_until_loaded_and_503_for_invocations(trained_model):
+    s = Server(trained_model)
+    try:
+        seen = set()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                ping = s.client.get("/ping")
+            except httpx.TransportError:
+                time.sleep(0.05)
+                continue
+            seen.add(ping.status_code)
+            if ping.status_code == 503:
+                assert s.invoke({"inputs": "x"}).status_code == 503
+            if ping.status_code == 200:
+                break
+            time.sleep(0.02)
+        assert 200 in seen
+    finally:
+        s.stop()
+
+
+def test_unloadable_model_exits_non_zero(tmp_path):
+    model_dir = tmp_path / "opt-ml" / "model"
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text("{broken")
+    s = Server(model_dir)
+    assert s.proc.wait(120) != 0
+    assert "loading the model" in s.proc.stdout.read()
+
+
+def test_workers_split_the_cores(trained_model):
+    s = Server(trained_model, env={"SAGEMAKER_MODEL_SERVER_WORKERS": "2"})
+    try:
+        s.wait_ready()
+        answers = [s.invoke({"inputs": TEXTS[0]}).status_code for _ in range(4)]
+        assert answers == [200] * 4
+    finally:
+        log = s.stop()
+    cores = os.cpu_count() or 1
+    assert f"{max(1, cores // 2)} torch threads" in log
