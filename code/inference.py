@@ -23,6 +23,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from byoc.handlers import InputError, NotAcceptable, UnsupportedMediaType
 
 MAX_BATCH = 64  # texts run through the model at once; larger requests are split
+TOKEN_BUDGET = 256  # padded tokens per forward pass (batch size x its longest text): small batches pad least
 JSON_LINES = ("application/jsonlines", "application/x-jsonlines", "application/jsonl")
 CONTENT_TYPES = ("application/json", "text/csv", "text/plain", *JSON_LINES)
 ACCEPT_TYPES = ("application/json", "text/csv", *JSON_LINES)
@@ -103,27 +104,66 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     top_k = parameters.get("top_k")
     if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
         raise InputError('"top_k" must be a positive integer')
-    id2label = classifier.config.id2label
-    results: list[Any] = []
-    # Sorted by length so each batch pads little; answers go back in request order.
-    order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]) if isinstance(inputs[i], str) else len(inputs[i][0]))
+    encoded = _encode(tokenizer, inputs, model.get("max_length"))
+    # Shortest first, cut into batches of a bounded padded size: each batch pads only to its own
+    # longest text (tweets of 5 and 60 tokens never share one); answers go back in request order.
+    order = sorted(range(len(inputs)), key=lambda i: len(encoded[i]["input_ids"]))
     scores: list[torch.Tensor | None] = [None] * len(inputs)
     with torch.inference_mode():
-        for start in range(0, len(order), MAX_BATCH):
-            chunk = order[start:start + MAX_BATCH]
-            first = [inputs[i] if isinstance(inputs[i], str) else inputs[i][0] for i in chunk]
-            second = [inputs[i][1] for i in chunk] if all(not isinstance(inputs[i], str) for i in chunk) else None
-            enc = tokenizer(first, second, truncation=True, max_length=model.get("max_length"), padding=True,
-                            return_tensors="pt")
-            probs = classifier(**enc).logits.float().softmax(dim=-1)
+        for chunk in _batches(order, encoded):
+            probs = classifier(**_pad(chunk, encoded, tokenizer.pad_token_id or 0)).logits.float().softmax(dim=-1)
             for row, i in enumerate(chunk):
                 scores[i] = probs[row]
+    id2label = classifier.config.id2label
+    results: list[Any] = []
     for row in scores:
-        k = min(top_k or 1, row.numel())
-        values, indices = row.topk(k)
+        values, indices = row.topk(min(top_k or 1, row.numel()))
         entries = [{"label": id2label[int(j)], "score": float(v)} for v, j in zip(values, indices)]
         results.append(entries if top_k else entries[0])
     return results
+
+
+# The server may merge concurrent requests into one call: this predict_fn takes
+# {"inputs": [...], "parameters": {...}} and returns one result per input, in order.
+# Keep that contract when you change it, or set this to False.
+predict_fn.batchable = True
+
+
+def _encode(tokenizer, inputs: list[str | tuple[str, str]], max_length: int | None) -> list[dict[str, list[int]]]:
+    """Unpadded encodings, in input order; single texts and pairs are tokenized apart."""
+    encoded: list[dict[str, list[int]] | None] = [None] * len(inputs)
+    singles = [i for i, x in enumerate(inputs) if isinstance(x, str)]
+    pairs = [i for i, x in enumerate(inputs) if not isinstance(x, str)]
+    for rows, args in ((singles, ([inputs[i] for i in singles],)),
+                       (pairs, ([inputs[i][0] for i in pairs], [inputs[i][1] for i in pairs]))):
+        if rows:
+            enc = tokenizer(*args, truncation=True, max_length=max_length)
+            for n, i in enumerate(rows):
+                encoded[i] = {key: values[n] for key, values in enc.items()}
+    return encoded
+
+
+def _batches(order: list[int], encoded: list[dict[str, list[int]]]) -> list[list[int]]:
+    """Consecutive (length-sorted) rows while batch size x longest stays within TOKEN_BUDGET."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        length = len(encoded[i]["input_ids"])
+        if current and ((len(current) + 1) * length > TOKEN_BUDGET or len(current) >= MAX_BATCH):
+            batches.append(current)
+            current = []
+        current.append(i)
+    return batches + ([current] if current else [])
+
+
+def _pad(rows: list[int], encoded: list[dict[str, list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    width = max(len(encoded[i]["input_ids"]) for i in rows)
+    batch = {key: torch.full((len(rows), width), pad_id if key == "input_ids" else 0, dtype=torch.long)
+             for key in encoded[rows[0]]}
+    for row, i in enumerate(rows):
+        for key, values in encoded[i].items():
+            batch[key][row, :len(values)] = torch.tensor(values)
+    return batch
 
 
 def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[str, str]:

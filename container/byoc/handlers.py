@@ -58,15 +58,15 @@ class Handlers:
     predict_fn: Callable[..., Any] | None
     output_fn: Callable[..., Any] | None
     transform_fn: Callable[..., Any] | None
-    default_input: bool  # input_fn is the built-in one (its output can be batched across requests)
-    default_predict: bool
     source: str  # for the logs
     accept_types: tuple[str, ...] | None = None  # what the built-in output_fn writes (checked up front)
 
     @property
     def batchable(self) -> bool:
-        """Requests can be merged into one predict_fn call only when we know its data format."""
-        return self.transform_fn is None and self.default_input and self.default_predict
+        """Requests may be merged into one predict_fn call when predict_fn declares the batch
+        contract (`predict_fn.batchable = True`): it takes {"inputs": [...], "parameters": {...}}
+        and returns one result per input, in order. The default one does."""
+        return self.transform_fn is None and bool(getattr(self.predict_fn, "batchable", False))
 
 
 def default_code_dir() -> Path:
@@ -133,8 +133,6 @@ def load_handlers(model_dir: Path) -> Handlers:
         predict_fn=None if transform else pick("predict_fn"),
         output_fn=None if transform else pick("output_fn"),
         transform_fn=transform,
-        default_input=not functions.get("input_fn"),
-        default_predict=not functions.get("predict_fn"),
         source=f"{user_file} ({', '.join(overridden) or 'nothing'} overridden)" if user else "default handlers",
         accept_types=None if (transform or functions.get("output_fn")) else tuple(getattr(defaults, "ACCEPT_TYPES", ()) or ()) or None,
     )

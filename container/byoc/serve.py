@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +37,7 @@ from byoc.handlers import Handlers, InputError, NotAcceptable, call, load_handle
 logger = logging.getLogger("byoc.serve")
 
 JSON = "application/json"
+SWITCH_INTERVAL = 0.0005
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,8 @@ class ServeSettings:
     default_accept: str = JSON
     batch_strategy: str = "MULTI_RECORD"
     max_concurrent_transforms: int = 0
-    max_batch: int = 32
-    max_delay_ms: float = 2.0
+    max_batch: int = 128
+    max_delay_ms: float = 0.0
     graceful_timeout: int = 25
 
     @classmethod
@@ -68,8 +70,8 @@ class ServeSettings:
             default_accept=env.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or JSON,
             batch_strategy=env.get("SAGEMAKER_BATCH_STRATEGY") or "MULTI_RECORD",
             max_concurrent_transforms=int(env.get("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS") or 0),
-            max_batch=int(env.get("BYOC_MAX_BATCH_SIZE") or 32),
-            max_delay_ms=float(env.get("BYOC_MAX_BATCH_DELAY_MS") or 2),
+            max_batch=int(env.get("BYOC_MAX_BATCH_SIZE") or 128),
+            max_delay_ms=float(env.get("BYOC_MAX_BATCH_DELAY_MS") or 0),
             graceful_timeout=int(env.get("BYOC_GRACEFUL_TIMEOUT") or 25),
         )
 
@@ -93,6 +95,9 @@ class ModelServer:
     def load(self) -> None:
         """Runs in the inference thread at start-up (torch state stays on the thread that uses it)."""
         started = time.monotonic()
+        # The inference thread gives up the GIL inside every torch op and must win it back after;
+        # with the default 5 ms switch interval a busy event loop makes it wait that long each time.
+        sys.setswitchinterval(SWITCH_INTERVAL)
         try:
             _split_cores(self.settings.workers)
             self.handlers = load_handlers(self.settings.model_dir)
@@ -105,7 +110,11 @@ class ModelServer:
         logger.info("model loaded from %s in %.1f s; ready", self.settings.model_dir, time.monotonic() - started)
 
     def predict_batch(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
-        return call(self.handlers.predict_fn, "predict_fn", {"inputs": inputs, "parameters": parameters}, self.model)
+        try:
+            return call(self.handlers.predict_fn, "predict_fn", {"inputs": inputs, "parameters": parameters}, self.model)
+        finally:
+            if self.batcher is not None and self.batcher.queue.empty():
+                release_memory()
 
 
 def _split_cores(workers: int) -> None:
@@ -201,18 +210,35 @@ async def _invoke(server: ModelServer, body: bytes, content_type: str, accept: s
         return _response(result, accept)
     _check_accept(handlers, accept)  # before spending time on the model
     try:
-        data = await asyncio.to_thread(call, handlers.input_fn, "input_fn", body, content_type)
+        data = await _off_loop(len(body), call, handlers.input_fn, "input_fn", body, content_type)
     except InputError:
         raise
     except (ValueError, TypeError, KeyError, UnicodeDecodeError) as err:  # a user input_fn rejecting the body
         raise InputError(f"malformed input: {err}") from None
-    if handlers.batchable:
+    if handlers.batchable and _batch_shaped(data):
         prediction = await server.batcher.submit(data["inputs"], data.get("parameters") or {})
     else:
         prediction = await loop.run_in_executor(
             server.executor, lambda: call(handlers.predict_fn, "predict_fn", data, server.model))
-    result = await asyncio.to_thread(call, handlers.output_fn, "output_fn", prediction, accept)
+    result = await _off_loop(len(body), call, handlers.output_fn, "output_fn", prediction, accept)
     return _response(result, accept)
+
+
+def _batch_shaped(data: Any) -> bool:
+    return (isinstance(data, dict) and isinstance(data.get("inputs"), list)
+            and isinstance(data.get("parameters") or {}, dict))
+
+
+INLINE_LIMIT = 256 * 1024  # bodies below this are parsed and answered on the event loop
+
+
+async def _off_loop(size: int, fn, *args):
+    """Small requests are handled on the event loop itself: a thread hop per request would fight
+    the inference thread for the GIL (each torch op re-acquires it). Large ones go to a thread so
+    that /ping never waits behind a 6 MB JSON parse."""
+    if size < INLINE_LIMIT:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
 
 
 def _check_accept(handlers: Handlers, accept: str) -> None:
@@ -231,9 +257,33 @@ def _response(result: Any, accept: str) -> Response:
     return Response(body, media_type=content_type)
 
 
+_LIBC = None
+
+
+def _tune_malloc() -> None:
+    """glibc gives each allocating thread its own heap arena; the server needs two (glibc only)."""
+    global _LIBC
+    try:
+        import ctypes
+
+        _LIBC = ctypes.CDLL("libc.so.6")
+        _LIBC.mallopt(-8, 2)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        _LIBC = None  # not glibc: nothing to tune
+
+
+def release_memory() -> None:
+    """Give freed activation buffers back to the system once the server is idle (glibc keeps
+    them in its heaps otherwise, so resident memory would stay at its busiest)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
 def main() -> None:
     """Run the server (`byoc serve`)."""
     import uvicorn
+
+    _tune_malloc()
 
     settings = ServeSettings.from_env()
     logger.info("serving %s on port %d with %d worker(s)", settings.model_dir, settings.port, settings.workers)

@@ -1,0 +1,259 @@
+"""Serving speed: `byoc serve` against the reference stack (HF inference DLC: toolkit on MMS).
+
+Same machine, same run, same model (an all-MiniLM-L6-v2 emotion classifier trained here by
+`byoc train`), same sentences (emotion test tweets), 127.0.0.1 only. For each server:
+- cold start: process start to the first 200 on /ping, and to the first answered /invocations;
+- for single-sentence and 16-sentence JSON requests at concurrency 1, 8 and 32: requests/s,
+  sentences/s and p50/p90/p99 latency over a fixed window after a warm-up (every phase is
+  bounded in time and stops by itself);
+- resident memory once loaded (RSS of every process of the server; PSS too for the reference,
+  whose forked workers share pages).
+The load generator is a small asyncio HTTP/1.1 client on keep-alive connections, cheap enough
+not to starve the servers on these 2 cores. Run it alone.
+
+    .venv/bin/python benchmarks/bench_serve.py [--seconds 12] [--warmup 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reference_stack  # noqa: E402
+
+DATA = next((p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None)
+WORK = Path("/tmp/byoc-bench-serve")
+
+
+def free_port() -> int:
+    """A free port below 10000 (MMS rejects 5-digit ports: "Invalid port number")."""
+    for port in range(8081, 10000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 8081-9999")
+
+
+def sentences() -> list[str]:
+    lines = (DATA / "test.txt").read_text(encoding="utf-8").split("\n")[1:]
+    return [line.rsplit(";", 1)[0] for line in lines if line.strip()]
+
+
+def train_model() -> Path:
+    """A MiniLM emotion classifier from `byoc train` (a short run: speed, not accuracy, is measured)."""
+    root = WORK / "opt-ml"
+    model = root / "model"
+    if (model / "model.safetensors").exists():
+        shutil.copy(REPO / "code" / "inference.py", model / "code" / "inference.py")  # today's defaults
+        return model
+    shutil.rmtree(root, ignore_errors=True)
+    for channel, name in (("train", "train.txt"),):
+        (root / "input" / "data" / channel).mkdir(parents=True)
+        shutil.copy(DATA / name, root / "input" / "data" / channel / name)
+    (root / "input" / "config").mkdir(parents=True)
+    (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps({"max_steps": "60", "logging_steps": "20"}))
+    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(WORK / "cache")}
+    subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    return model
+
+
+# --- load generator -----------------------------------------------------------------------------
+
+async def _request(reader, writer, body: bytes) -> int:
+    writer.write(b"POST /invocations HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Accept: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    length = 0
+    chunked = False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+        elif name.strip().lower() == b"transfer-encoding" and b"chunked" in value.lower():
+            chunked = True
+    if chunked:
+        while True:
+            size = int((await reader.readline()).strip(), 16)
+            await reader.readexactly(size + 2)
+            if size == 0:
+                break
+    else:
+        await reader.readexactly(length)
+    return status
+
+
+async def _load(port: int, bodies: list[bytes], concurrency: int, warmup: float, seconds: float) -> dict:
+    start = time.monotonic()
+    measure_from, stop_at = start + warmup, start + warmup + seconds
+    latencies: list[float] = []
+    errors = 0
+
+    async def client(i: int) -> None:
+        nonlocal errors
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        n = i
+        try:
+            while time.monotonic() < stop_at:
+                began = time.monotonic()
+                status = await asyncio.wait_for(_request(reader, writer, bodies[n % len(bodies)]), stop_at + 60 - began)
+                ended = time.monotonic()
+                n += concurrency
+                if ended <= stop_at and began >= measure_from:
+                    if status == 200:
+                        latencies.append(ended - began)
+                    else:
+                        errors += 1
+        finally:
+            writer.close()
+
+    tasks = [asyncio.create_task(client(i)) for i in range(concurrency)]
+    # Bounded: whatever is still in flight at the end of the window is abandoned.
+    await asyncio.wait(tasks, timeout=warmup + seconds + 5)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    latencies.sort()
+    pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000 if latencies else float("nan")
+    return {"requests": len(latencies), "errors": errors, "requests_per_second": len(latencies) / seconds,
+            "p50_ms": pick(0.50), "p90_ms": pick(0.90), "p99_ms": pick(0.99)}
+
+
+def run_load(port: int, texts: list[str], per_request: int, concurrency: int, warmup: float, seconds: float) -> dict:
+    bodies = [json.dumps({"inputs": texts[i:i + per_request] if per_request > 1 else texts[i]}).encode()
+              for i in range(0, len(texts) - per_request, per_request)]
+    result = asyncio.run(_load(port, bodies, concurrency, warmup, seconds))
+    result["sentences_per_second"] = result["requests_per_second"] * per_request
+    return result
+
+
+# --- servers ------------------------------------------------------------------------------------
+
+def rss_tree_mib(pid: int) -> float:
+    """RSS of a process and all its descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(children.get(p, []))
+        try:
+            status = Path(f"/proc/{p}/status").read_text().splitlines()
+        except OSError:
+            continue
+        total += sum(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+    return total
+
+
+def start_byoc(model: Path, port: int) -> tuple[subprocess.Popen, float]:
+    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(model.parent), "SAGEMAKER_BIND_TO_PORT": str(port)}
+    env.pop("SM_MODEL_DIR", None)
+    started = time.monotonic()
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "byoc"), "serve"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return proc, started
+
+
+def measure(name: str, port: int, proc, started: float, texts: list[str], opts) -> dict:
+    ping = reference_stack.wait_ready(port, timeout=300, since=started, proc=proc)
+    first, _ = reference_stack.wait_first_answer(port, {"inputs": texts[0]}, timeout=300, since=started, proc=proc)
+    if name == "reference":
+        reference_stack.wait_models_loaded(proc, port)  # every MMS worker loaded before measuring
+    result = {"cold_start_ping_s": ping, "cold_start_first_answer_s": first, "load": {}}
+    for per_request in (1, 16):
+        for concurrency in (1, 8, 32):
+            key = f"{per_request}x{concurrency}"
+            result["load"][key] = run_load(port, texts, per_request, concurrency, opts.warmup, opts.seconds)
+            r = result["load"][key]
+            print(f"{name:9s} {per_request:2d} sentence(s)/request, concurrency {concurrency:2d}: "
+                  f"{r['requests_per_second']:7.1f} req/s {r['sentences_per_second']:7.1f} sentences/s "
+                  f"p50 {r['p50_ms']:7.0f} ms p90 {r['p90_ms']:7.0f} ms p99 {r['p99_ms']:7.0f} ms"
+                  f"{'  errors ' + str(r['errors']) if r['errors'] else ''}", flush=True)
+    if name == "reference":
+        result["rss_mib"] = sum(reference_stack.memory(proc, "Rss").values())
+        result["pss_mib"] = sum(reference_stack.memory(proc, "Pss").values())
+    else:
+        result["rss_mib"] = rss_tree_mib(proc.pid)
+    print(f"{name:9s} cold start: /ping {ping:.1f} s, first answer {first:.1f} s; resident {result['rss_mib']:.0f} MiB", flush=True)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=12.0, help="measured window per phase")
+    parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured start of each phase")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--skip-reference", action="store_true")
+    opts = parser.parse_args()
+    if DATA is None:
+        sys.exit("the emotion data (../shared/data/emotion) is not beside the project")
+    texts = sentences()
+    model = train_model()
+    results = {}
+
+    port = free_port()
+    proc, started = start_byoc(model, port)
+    try:
+        results["byoc"] = measure("byoc", port, proc, started, texts, opts)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+
+    if not opts.skip_reference:
+        reference_stack.setup()
+        port = free_port()
+        ref = reference_stack.start(model, port, log_path=WORK / "reference.log")
+        try:
+            results["reference"] = measure("reference", port, ref, ref.started_at, texts, opts)
+        finally:
+            reference_stack.stop(ref)
+        print_table(results)
+    if opts.json:
+        opts.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def print_table(results: dict) -> None:
+    ours, ref = results["byoc"], results["reference"]
+    print("\n| measure | byoc serve | reference (HF DLC: toolkit 2.6 on MMS 1.1.11) | ratio |")
+    print("|---|---|---|---|")
+    for key in ("1x1", "1x8", "1x32", "16x1", "16x8", "16x32"):
+        per, conc = key.split("x")
+        a, b = ours["load"][key], ref["load"][key]
+        print(f"| sentences/s, {per}/request, concurrency {conc} | {a['sentences_per_second']:.0f} | "
+              f"{b['sentences_per_second']:.0f} | {a['sentences_per_second'] / max(b['sentences_per_second'], 1e-9):.1f}x |")
+        print(f"| p50 / p90 / p99 ms, {per}/request, concurrency {conc} | {a['p50_ms']:.0f} / {a['p90_ms']:.0f} / {a['p99_ms']:.0f} | "
+              f"{b['p50_ms']:.0f} / {b['p90_ms']:.0f} / {b['p99_ms']:.0f} | {a['p50_ms'] / max(b['p50_ms'], 1e-9):.2f}x (p50) |")
+    print(f"| start to first 200 on /ping | {ours['cold_start_ping_s']:.1f} s | {ref['cold_start_ping_s']:.1f} s | "
+          f"{ours['cold_start_ping_s'] / ref['cold_start_ping_s']:.2f}x |")
+    print(f"| start to first answered /invocations | {ours['cold_start_first_answer_s']:.1f} s | "
+          f"{ref['cold_start_first_answer_s']:.1f} s | {ours['cold_start_first_answer_s'] / ref['cold_start_first_answer_s']:.2f}x |")
+    print(f"| resident memory (RSS, all processes) | {ours['rss_mib']:.0f} MiB | {ref['rss_mib']:.0f} MiB "
+          f"(PSS {ref['pss_mib']:.0f}) | {ours['rss_mib'] / ref['rss_mib']:.2f}x |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
