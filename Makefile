@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench-train clean
+.PHONY: demo test venv bench-train bench-serve clean
 
 venv: $(STAMP)
 
@@ -26,7 +26,11 @@ test: venv
 	$(PY) -m pytest -q
 
 bench-train: venv
-	$(PY) benchmarks/bench_train.py
+	$(PY) benchmarks/bench_train.py --rounds 3 --steps 40 --recipes tutorial,dynamic,byoc,byoc:freeze_layers=0
+
+# Builds the reference stack (HF inference DLC: toolkit on MMS, Java 17) in .venv-ref on first use.
+bench-serve: venv
+	$(PY) benchmarks/bench_serve.py
 
 clean:
 	rm -rf demo-output .pytest_cache
