@@ -90,6 +90,9 @@ def main() -> int:
     metrics = json.loads((ROOT / "output" / "data" / "metrics.json").read_text())
 
     # Predict with the artifact exactly as an endpoint would: its own code/inference.py.
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
     spec = importlib.util.spec_from_file_location("inference", ROOT / "model" / "code" / "inference.py")
     inference = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(inference)

@@ -99,6 +99,9 @@ class ModelServer:
         # with the default 5 ms switch interval a busy event loop makes it wait that long each time.
         sys.setswitchinterval(SWITCH_INTERVAL)
         try:
+            import transformers
+
+            transformers.utils.logging.disable_progress_bar()  # carriage-return noise in CloudWatch
             _split_cores(self.settings.workers)
             self.handlers = load_handlers(self.settings.model_dir)
             self.model = call(self.handlers.model_fn, "model_fn", str(self.settings.model_dir))
