@@ -4,8 +4,7 @@ SageMaker writes `input/config/{hyperparameters,inputdataconfig,resourceconfig,c
 under `/opt/ml` (relocated by `SAGEMAKER_BASE_DIR`, as the sagemaker-training toolkit does),
 mounts each channel at `input/data/<channel>`, and collects `model/` and `output/`.
 This module reads all of that once, at call time (the toolkit freezes its paths at import time,
-which breaks tests and relocated roots), and counts devices with the toolkit's own functions
-so that `byoc` sees the machine exactly as the AWS images do.
+which breaks tests and relocated roots).
 """
 
 from __future__ import annotations
@@ -181,18 +180,6 @@ def _read_checkpoint_config(paths: Paths) -> tuple[Path | None, str | None]:
     # Without checkpointconfig.json SageMaker still syncs /opt/ml/checkpoints when configured
     # through the SDK; a relocated root keeps its checkpoints beside its other folders.
     return paths.base / "checkpoints", None
-
-
-def count_devices() -> dict[str, int]:
-    """GPUs, NeuronCores and CPUs, counted as the sagemaker-training toolkit counts them."""
-    from sagemaker_training import environment as toolkit  # slow-ish import, only when needed
-
-    instance_type = os.environ.get("SM_CURRENT_INSTANCE_TYPE", "local")
-    return {
-        "gpus": toolkit.num_gpus(),
-        "neurons": toolkit.num_neurons(instance_type),
-        "cpus": toolkit.num_cpus(),
-    }
 
 
 def write_failure(paths: Paths, message: str) -> None:
