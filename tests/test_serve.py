@@ -358,3 +358,41 @@ def test_workers_split_the_cores(trained_model):
         log = s.stop()
     cores = os.cpu_count() or 1
     assert f"{max(1, cores // 2)} torch threads" in log
+
+
+def test_timeout_is_a_504_and_the_server_survives(trained_model, tmp_path):
+    source = (
+        "import time\n"
+        "def predict_fn(data, model):\n"
+        "    if data['inputs'] == ['slow']:\n"
+        "        time.sleep(3)\n"
+        "    return [{'label': 'ok', 'score': 1.0} for _ in data['inputs']]\n"
+    )
+    s = Server(model_with_code(trained_model, tmp_path, source), env={"SAGEMAKER_MODEL_SERVER_TIMEOUT": "1"})
+    try:
+        s.wait_ready()
+        slow = s.invoke({"inputs": "slow"})
+        assert slow.status_code == 504 and "SAGEMAKER_MODEL_SERVER_TIMEOUT" in slow.json()["error"]
+        time.sleep(2.5)  # the slow call still holds the inference thread for a moment
+        assert s.invoke({"inputs": "fine"}).json() == [{"label": "ok", "score": 1.0}]
+    finally:
+        s.stop()
+
+
+def test_requirements_are_installed_at_start_and_failures_stop_it(trained_model, tmp_path):
+    source = "import numpy\ndef output_fn(prediction, accept):\n    return str(numpy.__name__), 'text/plain'\n"
+    model_dir = model_with_code(trained_model, tmp_path / "ok", source)
+    (model_dir / "code" / "requirements.txt").write_text("numpy\n")  # already satisfied: no network needed
+    s = Server(model_dir)
+    try:
+        s.wait_ready()
+        assert s.invoke({"inputs": "x"}).text == "numpy"
+    finally:
+        log = s.stop()
+    assert "installing" in log and "requirements.txt" in log
+
+    broken = model_with_code(trained_model, tmp_path / "broken", source)
+    (broken / "code" / "requirements.txt").write_text(str(tmp_path / "no-such-package") + "\n")
+    s = Server(broken)
+    assert s.proc.wait(120) != 0
+    assert "requirements.txt failed" in s.proc.stdout.read()
