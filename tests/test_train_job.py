@@ -310,3 +310,22 @@ def test_pretokenized_right_padding_is_trimmed():
     assert out["input_ids"] == [[101, 7, 102], [0, 0, 101, 8, 102]]
     assert out["attention_mask"] == [[1, 1, 1], [0, 0, 1, 1, 1]]
     assert out["length"] == [3, 5] and out["labels"] == [0, 1]
+
+
+def test_tutorial_layout_torch_formatted_padded_datasets(job, tiny_model_dir):
+    """The HF SageMaker getting-started layout: tokenized, padded to max_length, set_format("torch"),
+    saved with save_to_disk into separate train and test channels."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for channel, rows in (("train", sentiment_rows(48)), ("test", sentiment_rows(12))):
+        ds = datasets.Dataset.from_dict({"text": [t for t, _ in rows],
+                                         "label": [int(lab == "positive") for _, lab in rows]})
+        ds = ds.map(lambda b: tokenizer(b["text"], padding="max_length", truncation=True, max_length=64), batched=True)
+        ds = ds.rename_column("label", "labels")
+        ds.set_format("torch", columns=["input_ids", "attention_mask", "labels"])
+        ds.save_to_disk(str(job.channel(channel)))
+    job.hyperparameters({"epochs": "1", "train_batch_size": "8", "model_id": str(tiny_model_dir),
+                         "learning_rate": "5e-3", "max_steps": "8"})
+    assert train_in_process(job) == 0, job.failure
+    assert "eval_accuracy" in job.metrics and job.metrics["train_samples"] == 48
