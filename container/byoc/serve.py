@@ -202,6 +202,8 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
 def _fail_start(message: str) -> None:
     """A model that cannot load makes the container exit non-zero, so SageMaker reports the failure."""
     logger.error("cannot serve: %s", message)
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(1)
 
 
