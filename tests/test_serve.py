@@ -396,3 +396,18 @@ def test_requirements_are_installed_at_start_and_failures_stop_it(trained_model,
     s = Server(broken)
     assert s.proc.wait(120) != 0
     assert "requirements.txt failed" in s.proc.stdout.read()
+
+
+def test_sagemaker_environment_variables_are_honoured(trained_model):
+    s = Server(trained_model, env={"SAGEMAKER_MAX_PAYLOAD_IN_MB": "1", "SAGEMAKER_BATCH_STRATEGY": "SINGLE_RECORD",
+                                   "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "3",
+                                   "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT": "text/csv"})
+    try:
+        s.wait_ready()
+        assert s.client.get("/execution-parameters").json() == {
+            "MaxConcurrentTransforms": 3, "BatchStrategy": "SINGLE_RECORD", "MaxPayloadInMB": 1}
+        assert s.invoke({"inputs": "a" * (1024 * 1024 + 1)}).status_code == 413
+        answer = s.invoke({"inputs": TEXTS[:2]})  # no Accept header: the configured default
+        assert answer.headers["content-type"].startswith("text/csv") and len(answer.text.splitlines()) == 2
+    finally:
+        s.stop()
