@@ -21,12 +21,13 @@ logger = logging.getLogger("train")
 def main() -> None:
     contract = read_training_contract()                          # /opt/ml/input/config/*.json
     args = parse_hyperparameters(contract.hyperparameters)       # any SDK's encoding
-    cache_dir = cache_dir_for(contract)
+    cache_dir = cache_dir_for()
     source = resolve_model(args, contract, cache_dir)            # model channel, path or Hub id
 
     data = load_task_data(contract.channel_dirs, DataSpec(       # train / eval / test splits
         text_column=args.text_column, text_pair_column=args.text_pair_column,
         label_column=args.label_column, validation_split=args.validation_split, seed=args.seed,
+        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
     ), cache_dir)
     tokenizer = load_tokenizer(source, args)
     tokenized = tokenize_splits(data, tokenizer, args, cache_dir)

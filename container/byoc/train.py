@@ -436,7 +436,7 @@ def build_trainer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, to
 # The job
 
 
-def cache_dir_for(contract: TrainingContract) -> Path:
+def cache_dir_for() -> Path:
     """Writable scratch for tokenized data and unpacked models; never under input/data (may be read-only)."""
     root = Path(os.environ.get(CACHE_DIR_ENV) or Path(tempfile.gettempdir()) / "byoc-cache")
     root.mkdir(parents=True, exist_ok=True)
@@ -448,7 +448,7 @@ def run_training(contract: TrainingContract, args: TrainArguments) -> dict[str, 
     transformers.set_seed(args.seed)
     transformers.utils.logging.disable_progress_bar()  # byoc logs progress as lines
     code_dir = default_code_dir()  # fail before hours of training, not after
-    cache_dir = cache_dir_for(contract)
+    cache_dir = cache_dir_for()
     source = resolve_model(args, contract, cache_dir)
     logger.info("model: %s (%s)", source.path, source.origin)
 
