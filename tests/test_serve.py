@@ -330,11 +330,13 @@ def test_ping_is_503_until_loaded_and_503_for_invocations(trained_model):
                 continue
             seen.add(ping.status_code)
             if ping.status_code == 503:
-                assert s.invoke({"inputs": "x"}).status_code == 503
+                status = s.invoke({"inputs": "x"}).status_code
+                # The model may finish loading between the two requests; never a 5xx other than 503.
+                assert status == 503 or (status == 200 and s.client.get("/ping").status_code == 200)
             if ping.status_code == 200:
                 break
             time.sleep(0.02)
-        assert 200 in seen
+        assert seen == {503, 200}  # the port answers before the model is loaded
     finally:
         s.stop()
 

@@ -21,6 +21,7 @@ from byoc import __version__
 logger = logging.getLogger("byoc")
 
 EXIT_FAILURE = 1
+EXIT_INTERRUPTED = 128 + 15  # as if killed by SIGTERM, after saving a checkpoint
 FAILURE_LIMIT = 1024
 
 
@@ -40,10 +41,12 @@ def failure_message(err: BaseException) -> str:
     from byoc.arguments import HyperparameterError
     from byoc.contract import ContractError
     from byoc.data import DataError
+    from byoc.checkpoints import CheckpointMismatch, Interrupted
     from byoc.handlers import HandlerError
     from byoc.train import ModelError
 
-    if isinstance(err, (HyperparameterError, ContractError, DataError, ModelError, HandlerError)):
+    if isinstance(err, (HyperparameterError, ContractError, DataError, ModelError, HandlerError,
+                        Interrupted, CheckpointMismatch)):
         text = str(err)
     elif _is_out_of_memory(err):
         text = ("out of memory while training: lower per_device_train_batch_size or max_length "
@@ -89,7 +92,9 @@ def train() -> int:
             logger.error("%s", traceback.format_exc())
         logger.error("training failed: %s", message)
         write_failure(paths, message)
-        return EXIT_FAILURE
+        from byoc.checkpoints import Interrupted
+
+        return EXIT_INTERRUPTED if isinstance(err, Interrupted) else EXIT_FAILURE
     logger.info("training finished")
     return 0
 
@@ -98,10 +103,12 @@ def _is_user_error(err: BaseException) -> bool:
     from byoc.arguments import HyperparameterError
     from byoc.contract import ContractError
     from byoc.data import DataError
+    from byoc.checkpoints import CheckpointMismatch, Interrupted
     from byoc.handlers import HandlerError
     from byoc.train import ModelError
 
-    return isinstance(err, (HyperparameterError, ContractError, DataError, ModelError, HandlerError))
+    return isinstance(err, (HyperparameterError, ContractError, DataError, ModelError, HandlerError,
+                            Interrupted, CheckpointMismatch))
 
 
 def toolkit_train() -> None:

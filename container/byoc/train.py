@@ -43,6 +43,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback as T
 
 from byoc import __version__
 from byoc.arguments import TrainArguments
+from byoc.checkpoints import Interrupted, StopOnSignal, check_job, newest_complete
 from byoc.contract import TrainingContract
 from byoc.data import DataSpec, TaskData, load_task_data
 from byoc.handlers import default_code_dir
@@ -461,7 +462,21 @@ def run_training(contract: TrainingContract, args: TrainArguments) -> dict[str, 
     model = load_model(source, args, data.label_names)
     trainer = build_trainer(model, tokenizer, tokenized, args, contract, len(data.label_names))
 
-    result = trainer.train()
+    # Spot interruptions and stops: save on SIGTERM, resume from the newest complete checkpoint.
+    checkpoint_dir = Path(trainer.args.output_dir)
+    check_job(checkpoint_dir, _job_fingerprint(args, data, source))
+    stop = StopOnSignal()
+    stop.install()
+    trainer.add_callback(stop)
+    resume = newest_complete(checkpoint_dir)
+    if resume is not None:
+        logger.info("resuming from %s", resume)
+    try:
+        result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    finally:
+        stop.uninstall()
+    if stop.stopped_at is not None:
+        raise Interrupted(stop.stopped_at, trainer.state.max_steps, checkpoint_dir)
     summary: dict[str, Any] = dict(result.metrics)
     summary.update(_final_evaluation(trainer, tokenized, args))
     if not trainer.is_world_process_zero():
@@ -484,6 +499,17 @@ def run_training(contract: TrainingContract, args: TrainArguments) -> dict[str, 
     publish_model(trainer, tokenizer, code_dir, contract.paths.model_dir)
     logger.info("model saved to %s; metrics in %s", contract.paths.model_dir, report)
     return summary
+
+
+# Settings that change what is trained; the others (logging, evaluation, saving) may change on resume.
+_NOT_TRAJECTORY = {"logging_steps", "eval_strategy", "eval_steps", "save_strategy", "save_steps", "save_total_limit",
+                   "do_eval", "do_predict", "do_train", "output_dir", "dataloader_num_workers", "max_eval_samples"}
+
+
+def _job_fingerprint(args: TrainArguments, data: TaskData, source: ModelSource) -> dict[str, Any]:
+    job = {k: v for k, v in asdict(args).items() if k not in _NOT_TRAJECTORY}
+    job.update(labels=data.label_names, train_rows=len(data.train), model=source.origin)
+    return job
 
 
 def _final_evaluation(trainer: Trainer, tokenized: dict[str, Any], args: TrainArguments) -> dict[str, float]:
