@@ -62,9 +62,8 @@ def train_model() -> Path:
         shutil.copy(REPO / "code" / "inference.py", model / "code" / "inference.py")  # today's defaults
         return model
     shutil.rmtree(root, ignore_errors=True)
-    for channel, name in (("train", "train.txt"),):
-        (root / "input" / "data" / channel).mkdir(parents=True)
-        shutil.copy(DATA / name, root / "input" / "data" / channel / name)
+    (root / "input" / "data" / "train").mkdir(parents=True)
+    shutil.copy(DATA / "train.txt", root / "input" / "data" / "train" / "train.txt")
     (root / "input" / "config").mkdir(parents=True)
     (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps({"max_steps": "60", "logging_steps": "20"}))
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(WORK / "cache")}

@@ -229,7 +229,7 @@ def test_failure_while_saving_leaves_no_model(job, tiny_model_dir, monkeypatch):
     job.model_channel(tiny_model_dir)
     write_csv(job.channel("train") / "t.csv", sentiment_rows(16))
     assert_failed(job, train_in_process(job), "No space left on device")
-    assert not [p for p in job.model_dir.iterdir()] if job.model_dir.exists() else True
+    assert not job.model_dir.exists() or not any(job.model_dir.iterdir())
 
 
 # --- the command itself, and the sagemaker-training toolkit's `train` -----------------------

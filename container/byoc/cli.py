@@ -38,15 +38,7 @@ def configure_logging() -> None:
 
 def failure_message(err: BaseException) -> str:
     """One line for output/failure: the user-facing message of known errors, a summary otherwise."""
-    from byoc.arguments import HyperparameterError
-    from byoc.contract import ContractError
-    from byoc.data import DataError
-    from byoc.checkpoints import CheckpointMismatch, Interrupted
-    from byoc.handlers import HandlerError
-    from byoc.train import ModelError
-
-    if isinstance(err, (HyperparameterError, ContractError, DataError, ModelError, HandlerError,
-                        Interrupted, CheckpointMismatch)):
+    if _is_user_error(err):
         text = str(err)
     elif _is_out_of_memory(err):
         text = ("out of memory while training: lower per_device_train_batch_size or max_length "
@@ -100,10 +92,11 @@ def train() -> int:
 
 
 def _is_user_error(err: BaseException) -> bool:
+    """Errors whose message already says what is wrong and how to fix it (no traceback needed)."""
     from byoc.arguments import HyperparameterError
+    from byoc.checkpoints import CheckpointMismatch, Interrupted
     from byoc.contract import ContractError
     from byoc.data import DataError
-    from byoc.checkpoints import CheckpointMismatch, Interrupted
     from byoc.handlers import HandlerError
     from byoc.train import ModelError
 
