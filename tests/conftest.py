@@ -62,17 +62,17 @@ class Job:
         (self.root / "input/config/hyperparameters.json").write_text(json.dumps(values))
         return self
 
-    def channel(self, name: str, mode: str = "File") -> Path:
+    def channel(self, name: str, mode: str = "File", distribution: str = "FullyReplicated") -> Path:
         path = self.root / "input" / "data" / name
         path.mkdir(parents=True, exist_ok=True)
-        self.inputdataconfig[name] = {"TrainingInputMode": mode, "S3DistributionType": "FullyReplicated",
+        self.inputdataconfig[name] = {"TrainingInputMode": mode, "S3DistributionType": distribution,
                                       "RecordWrapperType": "None"}
         (self.root / "input/config/inputdataconfig.json").write_text(json.dumps(self.inputdataconfig))
         return path
 
-    def resources(self, current: str = "algo-1", hosts: list[str] | None = None) -> "Job":
+    def resources(self, current: str = "algo-1", hosts: list[str] | None = None, interface: str = "eth0") -> "Job":
         (self.root / "input/config/resourceconfig.json").write_text(json.dumps(
-            {"current_host": current, "hosts": hosts or [current], "network_interface_name": "eth0",
+            {"current_host": current, "hosts": hosts or [current], "network_interface_name": interface,
              "current_instance_type": "local", "current_group_name": "homogeneousCluster",
              "instance_groups": [{"instance_group_name": "homogeneousCluster", "instance_type": "local",
                                   "hosts": hosts or [current]}]}))
@@ -117,6 +117,32 @@ def job(tmp_path, monkeypatch) -> Job:
     monkeypatch.delenv("SM_MODEL_DIR", raising=False)
     monkeypatch.delenv("SM_OUTPUT_DATA_DIR", raising=False)
     return Job(root).resources()
+
+
+def byoc_command() -> list[str]:
+    return [str(Path(sys.executable).parent / "byoc"), "train"]
+
+
+def start_train(root: Path, env: dict | None = None) -> subprocess.Popen:
+    """`byoc train` on a job tree, in the background; its log (stdout and stderr) on .stdout."""
+    full_env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(root.parent / "cache"),
+                **(env or {})}
+    for key in ("SM_MODEL_DIR", "SM_OUTPUT_DATA_DIR"):
+        full_env.pop(key, None)
+    return subprocess.Popen(byoc_command(), env=full_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def losses(job: "Job") -> dict[int, float]:
+    """Training loss by step, from the job's metrics.json."""
+    return {h["step"]: h["loss"] for h in job.metrics["history"] if "loss" in h}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_train_process(root: Path, *command: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:

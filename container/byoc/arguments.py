@@ -94,7 +94,7 @@ class TrainArguments:
     )
     eval_steps: int | None = _hp(None, "Evaluate every N steps (with eval_strategy=steps). Default: logging_steps.")
     logging_steps: int = _hp(50, "Log loss, learning rate and throughput every N steps.")
-    save_strategy: str = _hp("no", "When to write Trainer checkpoints to the checkpoint folder: no, steps, epoch.", (), ("no", "steps", "epoch"))
+    save_strategy: str = _hp("auto", "When to write checkpoints besides on SIGTERM: no, steps, epoch; auto = steps when the job has a checkpoint_s3_uri, else no.", (), ("auto", "no", "steps", "epoch"))
     save_steps: int = _hp(500, "Checkpoint every N steps (with save_strategy=steps).")
     save_total_limit: int = _hp(2, "Checkpoints kept.")
     output_dir: str | None = _hp(None, "Accepted for tutorial compatibility; the model always goes to SM_MODEL_DIR (/opt/ml/model).")
@@ -157,7 +157,7 @@ def parse_hyperparameters(raw: Mapping[str, Any]) -> TrainArguments:
     framework: dict[str, Any] = {}
     for key, value in raw.items():
         if key.startswith("sagemaker_"):
-            framework[key] = _loads(value)
+            framework[key] = loads(value)
             continue
         name = key.lstrip("-").replace("-", "_")
         if name not in names:
@@ -183,7 +183,7 @@ def _unknown_message(key: str, names: Mapping[str, str]) -> str:
     return f"unknown hyperparameter {key!r}: {hint}See the README's hyperparameter table for the valid names"
 
 
-def _loads(value: Any) -> Any:
+def loads(value: Any) -> Any:
     """JSON first (framework estimators, v3), else the raw string (v2 `str(v)`)."""
     if not isinstance(value, str):
         return value
@@ -211,11 +211,11 @@ def _decode(key: str, value: Any, f: dataclasses.Field) -> Any:
 
 def _coerce(value: Any, kind: type) -> Any:
     if kind is str:
-        parsed = _loads(value)
+        parsed = loads(value)
         # A quoted JSON string (framework estimators) is unquoted; anything else keeps its raw text,
         # so a v3 raw "1.0" or "123" stays exactly what the user typed.
         return parsed if isinstance(parsed, str) else (value if isinstance(value, str) else json.dumps(value))
-    parsed = _loads(value)
+    parsed = loads(value)
     if isinstance(parsed, str):
         parsed = parsed.strip()
     if kind is bool:

@@ -2,9 +2,15 @@
 
 SageMaker stops a job (and takes back a spot instance) with SIGTERM to the container, then
 SIGKILL 120 s later; it restores `/opt/ml/checkpoints` from `checkpoint_s3_uri` when the job
-starts again. So: on SIGTERM the job finishes its current step, saves a Trainer checkpoint
-(model, optimizer, scheduler, RNG states, step) and exits non-zero with a failure message saying
-it will resume; at start, the newest complete checkpoint is resumed from at its exact step.
+starts again. So: on SIGTERM the job finishes its current step (or cuts an evaluation short),
+saves a Trainer checkpoint (model, optimizer, scheduler, RNG states of every rank, step) and
+exits 143 with a failure message saying it will resume; at start, the newest complete checkpoint
+is resumed from at its exact step. Every rank takes the stop decision together (one tiny
+all-reduce per step), so they all stop at the same step.
+
+A checkpoint counts only once every rank has finished writing it and rank 0 has written
+`byoc-complete.json` (file names and sizes) into it: a folder killed mid-write is never loaded,
+and older checkpoints are rotated away only after the new one is complete.
 A checkpoint folder written by a different configuration is refused with the difference named,
 instead of silently mixing two jobs.
 """
@@ -13,7 +19,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import shutil
 import signal
 import threading
 from pathlib import Path
@@ -21,22 +29,32 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from byoc import distributed
+
 logger = logging.getLogger("byoc.checkpoints")
 
 JOB_FILE = "byoc-job.json"
-# A Trainer checkpoint is complete once these exist (trainer_state.json is written last).
+MARKER = "byoc-complete.json"
 REQUIRED = ("trainer_state.json", "optimizer.pt", "scheduler.pt")
 
 
 class Interrupted(Exception):
-    """The job stopped on SIGTERM after saving a checkpoint."""
+    """The job stopped on SIGTERM (after saving a checkpoint, once training had started)."""
 
-    def __init__(self, step: int, max_steps: int, checkpoint_dir: Path) -> None:
-        super().__init__(
-            f"stopped by SIGTERM at step {step} of {max_steps}; checkpoint saved in {checkpoint_dir}: "
-            "run the job again with the same checkpoint location (checkpoint_s3_uri) and it resumes from there"
-        )
+    def __init__(self, step: int | None, max_steps: int = 0, checkpoint_dir: Path | None = None,
+                 phase: str = "training") -> None:
+        if step is None:
+            text = (f"stopped by SIGTERM while {phase}, before the first training step: nothing was lost; "
+                    "run the job again to start it")
+        else:
+            text = (f"stopped by SIGTERM at step {step} of {max_steps} ({phase}); checkpoint saved in {checkpoint_dir}: "
+                    "run the job again with the same checkpoint location (checkpoint_s3_uri) and it resumes from there")
+        super().__init__(text)
         self.step = step
+
+
+class EvaluationStopped(Exception):
+    """Raised inside an evaluation loop on SIGTERM, so the checkpoint is saved without waiting for it."""
 
 
 class CheckpointMismatch(ValueError):
@@ -44,11 +62,20 @@ class CheckpointMismatch(ValueError):
 
 
 class StopOnSignal(TrainerCallback):
-    """SIGTERM sets a flag; at the end of the current step the Trainer saves and stops."""
+    """What SIGTERM does, by phase.
+
+    Before training starts (data, tokenizing, model loading) it raises `Interrupted` at once:
+    there is nothing to save. Once training runs (`arm`) it only sets a flag: at the end of the
+    current step, or at the next batch of an evaluation, every rank saves and stops together.
+    After training (`finishing`), the final evaluation is cut short the same way.
+    """
 
     def __init__(self) -> None:
         self.requested = threading.Event()
         self.stopped_at: int | None = None
+        self.evaluation_stopped = False
+        self.phase = "preparing the job (reading data, tokenizing, loading the model)"
+        self._armed = False
         self._previous: Any = None
 
     def install(self) -> None:
@@ -60,33 +87,114 @@ class StopOnSignal(TrainerCallback):
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
 
+    def arm(self, phase: str = "training") -> None:
+        self._armed, self.phase = True, phase
+        if self.requested.is_set() and not distributed.is_distributed():
+            raise Interrupted(None, phase=self.phase)
+
     def _handle(self, signum, frame) -> None:
-        logger.warning("SIGTERM received: saving a checkpoint at the end of this step, then stopping")
+        first = not self.requested.is_set()
         self.requested.set()
+        if not self._armed:
+            raise Interrupted(None, phase=self.phase)
+        if first:
+            logger.warning("SIGTERM received: saving a checkpoint at the end of this step, then stopping")
+
+    def _stop_now(self) -> bool:
+        return distributed.any_rank(self.requested.is_set())  # every rank decides the same
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.arm("training")
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.requested.is_set():
+        if self._stop_now():
             control.should_save = True
             control.should_training_stop = True
             self.stopped_at = state.global_step
         return control
 
+    def on_prediction_step(self, args, state, control, **kwargs):
+        if self.phase != "writing predictions" and self._stop_now():
+            self.evaluation_stopped = True
+            self.stopped_at = state.global_step
+            raise EvaluationStopped()
+
+
+def _checkpoints(checkpoint_dir: Path) -> list[tuple[int, Path]]:
+    found = []
+    for path in checkpoint_dir.glob("checkpoint-*") if checkpoint_dir.is_dir() else ():
+        match = re.fullmatch(r"checkpoint-(\d+)", path.name)
+        if match and path.is_dir():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def mark_complete(folder: Path, ranks: list[int] | None = None) -> None:
+    """Seal a checkpoint every rank has finished writing: record its files and their sizes.
+
+    `ranks`: the ranks whose RNG state this host holds (None: a single-process job). Each host
+    keeps a full copy of its checkpoints, with the RNG states of its own ranks.
+    """
+    expected = list(REQUIRED) + (["rng_state.pth"] if ranks is None else [f"rng_state_{r}.pth" for r in ranks])
+    missing = [name for name in expected if not (folder / name).exists()]
+    if missing or not any((folder / n).exists() for n in ("model.safetensors", "model.safetensors.index.json")):
+        raise RuntimeError(f"checkpoint {folder} is missing {', '.join(missing) or 'its weights'} after saving")
+    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file() and p.name != MARKER}
+    tmp = folder / (MARKER + ".tmp")
+    with tmp.open("w") as f:
+        json.dump({"files": files}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / MARKER)
+
+
+def is_complete(folder: Path) -> bool:
+    """Sealed by `mark_complete`, and every file still has the size it had then."""
+    try:
+        files = json.loads((folder / MARKER).read_text())["files"]
+        return bool(files) and all((folder / name).stat().st_size == size for name, size in files.items())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
 
 def newest_complete(checkpoint_dir: Path) -> Path | None:
-    """The newest `checkpoint-N` folder with every file a resume needs; half-written ones are skipped."""
-    if not checkpoint_dir.is_dir():
+    """The newest sealed `checkpoint-N` folder; half-written ones are skipped (and said so)."""
+    for _, path in reversed(_checkpoints(checkpoint_dir)):
+        if is_complete(path):
+            return path
+        logger.warning("ignoring incomplete checkpoint %s (killed while it was written?)", path)
+    return None
+
+
+def common_resume_point(checkpoint_dir: Path) -> Path | None:
+    """The newest checkpoint complete on every host (each host reads its own copy)."""
+    steps = {step for step, path in _checkpoints(checkpoint_dir) if is_complete(path)}
+    everywhere = set.intersection(*[set(s) for s in distributed.all_gather(sorted(steps))])
+    if not everywhere:
+        newest_complete(checkpoint_dir)  # says which folders it ignored
         return None
-    found = []
-    for path in checkpoint_dir.glob("checkpoint-*"):
-        match = re.fullmatch(r"checkpoint-(\d+)", path.name)
-        if not match or not path.is_dir():
-            continue
-        weights = any((path / name).exists() for name in ("model.safetensors", "model.safetensors.index.json"))
-        if weights and all((path / name).exists() for name in REQUIRED):
-            found.append((int(match.group(1)), path))
-        else:
-            logger.warning("ignoring incomplete checkpoint %s (killed while it was written?)", path)
-    return max(found)[1] if found else None
+    return checkpoint_dir / f"checkpoint-{max(everywhere)}"
+
+
+def rotate(checkpoint_dir: Path, keep: int | None) -> None:
+    """Keep the newest `keep` complete checkpoints (all if None); drop the rest below the newest."""
+    found = _checkpoints(checkpoint_dir)
+    complete = [step for step, path in found if is_complete(path)]
+    if not complete:
+        return
+    kept = set(complete[-keep:] if keep else complete)
+    for step, path in found:
+        if step not in kept and step < complete[-1]:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def drop_unfinished_after(checkpoint_dir: Path, resume: Path | None) -> None:
+    """Half-written checkpoints newer than the one resumed from: the resumed run writes them again."""
+    start = int(resume.name.split("-")[1]) if resume else -1
+    for step, path in _checkpoints(checkpoint_dir):
+        if step > start and not is_complete(path):
+            logger.info("removing the unfinished checkpoint %s", path)
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def check_job(checkpoint_dir: Path, job: dict[str, Any]) -> None:

@@ -27,7 +27,13 @@ FAILURE_LIMIT = 1024
 
 def configure_logging() -> None:
     level = os.environ.get("BYOC_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    # Ranks of a launched job say who they are; rank 0 alone logs at INFO unless BYOC_LOG_LEVEL says otherwise.
+    rank = os.environ.get("RANK") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    if rank not in (None, "0") and "BYOC_LOG_LEVEL" not in os.environ:
+        level = "WARNING"
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # one copy of transformers' reports, from rank 0
+    who = f" rank{rank}" if rank is not None else ""
+    logging.basicConfig(level=level, format=f"%(asctime)s{who} %(levelname)s %(name)s: %(message)s",
                         datefmt="%Y-%m-%d %H:%M:%S", stream=sys.stdout, force=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -64,30 +70,96 @@ def _is_out_of_memory(err: BaseException) -> bool:
 
 
 def train() -> int:
-    """Run the training job; return the process exit code."""
+    """Run the training job on this host (launching its ranks if there are several); return the exit code."""
     from byoc.contract import base_dir, Paths, read_training_contract, write_failure
 
     paths = Paths(base_dir())
+    _stop_on_sigterm()
     try:
-        from byoc.arguments import parse_hyperparameters
-        from byoc.train import run_training
+        from byoc.launch import launch, main_command, plan_launch
+        from byoc.script import is_script_mode, prepare_script
 
         contract = read_training_contract()
         paths = contract.paths
-        args = parse_hyperparameters(contract.hyperparameters)
         logger.info("byoc %s: training job %s on %s (%d host(s))", __version__, contract.job_name,
                     contract.current_host, len(contract.hosts))
-        run_training(contract, args)
+        if is_script_mode(contract.hyperparameters):
+            command = prepare_script(contract)
+            code, message = launch(plan_launch(contract), contract, command, tee_stderr=True)
+        else:
+            from byoc.arguments import parse_hyperparameters
+
+            args = parse_hyperparameters(contract.hyperparameters)  # bad input fails here, before any launch
+            plan = plan_launch(contract)
+            if plan.world_size == 1:  # nothing to launch: train in this process
+                return _train_here(contract, args)
+            code, message = launch(plan, contract, main_command())
     except Exception as err:  # every failure must reach output/failure, whatever raised it
+        return _fail(paths, err)
+    if code:
+        logger.error("training failed: %s", message)
+        write_failure(paths, message or f"training exited with code {code}")
+        return code
+    logger.info("training finished")
+    return 0
+
+
+def _stop_on_sigterm() -> None:
+    """Until training takes over the signal (or the launcher forwards it), SIGTERM stops the job cleanly."""
+    import signal
+
+    def stop(signum, frame):
+        from byoc.checkpoints import Interrupted
+
+        raise Interrupted(None, phase="starting the job")
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def _train_here(contract, args) -> int:
+    from byoc.train import run_training
+
+    try:
+        run_training(contract, args)
+    except Exception as err:
+        return _fail(contract.paths, err)
+    logger.info("training finished")
+    return 0
+
+
+def _fail(paths, err: BaseException) -> int:
+    from byoc.checkpoints import Interrupted
+    from byoc.contract import write_failure
+
+    message = failure_message(err)
+    if not _is_user_error(err):
+        logger.error("%s", traceback.format_exc())
+    logger.error("training failed: %s", message)
+    write_failure(paths, message)
+    return EXIT_INTERRUPTED if isinstance(err, Interrupted) else EXIT_FAILURE
+
+
+def worker() -> int:
+    """One rank of a launched job: train, or leave a failure record for the launcher."""
+    from byoc.checkpoints import Interrupted
+    from byoc.launch import write_rank_failure
+
+    _stop_on_sigterm()
+    try:
+        from byoc.arguments import parse_hyperparameters
+        from byoc.contract import read_training_contract
+        from byoc.train import run_training
+
+        contract = read_training_contract()
+        run_training(contract, parse_hyperparameters(contract.hyperparameters))
+    except Exception as err:
         message = failure_message(err)
         if not _is_user_error(err):
             logger.error("%s", traceback.format_exc())
-        logger.error("training failed: %s", message)
-        write_failure(paths, message)
-        from byoc.checkpoints import Interrupted
-
-        return EXIT_INTERRUPTED if isinstance(err, Interrupted) else EXIT_FAILURE
-    logger.info("training finished")
+        code = EXIT_INTERRUPTED if isinstance(err, Interrupted) else EXIT_FAILURE
+        logger.error("rank failed: %s", message)
+        write_rank_failure(message, code)
+        return code
     return 0
 
 
@@ -95,7 +167,7 @@ def _is_user_error(err: BaseException) -> bool:
     """Errors whose message already says what is wrong and how to fix it (no traceback needed)."""
     from byoc.arguments import HyperparameterError
     from byoc.checkpoints import CheckpointMismatch, Interrupted
-    from byoc.contract import ContractError
+    from byoc.contract import ContractError  # LaunchError is one
     from byoc.data import DataError
     from byoc.handlers import HandlerError
     from byoc.train import ModelError
@@ -125,10 +197,17 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("train", help="run the training job described by /opt/ml (or $SAGEMAKER_BASE_DIR)")
     sub.add_parser("serve", help="serve /opt/ml/model (or $SAGEMAKER_BASE_DIR/model) over HTTP on $SAGEMAKER_BIND_TO_PORT")
+    sub.add_parser("worker", help="(internal) one rank of a launched training job")
     options = parser.parse_args(argv)
     configure_logging()
     if options.command == "train":
         sys.exit(train())
+    if options.command == "worker":
+        sys.exit(worker())
     from byoc.serve import main as serve
 
     serve()
+
+
+if __name__ == "__main__":
+    main()

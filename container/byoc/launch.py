@@ -1,0 +1,339 @@
+"""The launcher: one training process per device on every host, through torch's elastic agent.
+
+`byoc train` plans the launch from the contract (`plan_launch`): how many processes on this host
+(GPUs, NeuronCores, or `BYOC_PROCESSES_PER_HOST` CPU processes), which host is the master, which
+network interface the collectives use. One process on one host runs in-process (nothing to
+launch); anything else goes through `torch.distributed.launcher` (what `torchrun` runs) with a
+static rendezvous: hosts = nodes, index of `current_host` = node rank, first host = master.
+
+The agent forwards SIGTERM to every rank and waits for them (they save a checkpoint); when a rank
+fails it stops the others. Each rank leaves a one-line record of its failure in a folder the
+launcher reads afterwards, so `output/failure` names the host, the rank and the first error, and
+the job exits with that rank's real exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from byoc.contract import ContractError, TrainingContract
+
+logger = logging.getLogger("byoc.launch")
+
+FAILURE_DIR_ENV = "BYOC_FAILURE_DIR"  # where each rank writes rank-N.json when it fails
+HOST_ENV = "BYOC_HOST"
+DEFAULT_PORT = 29500
+EXIT_INTERRUPTED = 128 + signal.SIGTERM
+
+
+class LaunchError(ContractError):
+    """The processes cannot be started: the message says why and what to change."""
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    nproc_per_node: int
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    device: str  # cuda | neuron | cpu
+    backend: str  # nccl | xla | gloo
+    threads_per_process: int
+    network_interface: str | None
+    hosts_timeout: float  # for the other hosts' names to resolve and for them to join
+    shutdown_timeout: int  # after SIGTERM, how long ranks may take to save before SIGKILL
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+
+def _env_number(environ: dict, name: str, default: float, minimum: float = 0) -> float:
+    raw = environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise LaunchError(f"{name}={raw!r} is not a number; unset it or give a number") from None
+    if value < minimum:
+        raise LaunchError(f"{name}={raw!r} must be at least {minimum:g}")
+    return value
+
+
+def device_counts(instance_type: str = "local") -> tuple[int, int]:
+    """(GPUs, NeuronCores) visible to this container; NeuronCores counted as the AWS images do."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cores = 0
+    if os.environ.get("NEURON_RT_VISIBLE_CORES"):
+        cores = count_core_list(os.environ["NEURON_RT_VISIBLE_CORES"])
+    elif os.environ.get("NEURON_RT_NUM_CORES"):
+        cores = int(os.environ["NEURON_RT_NUM_CORES"])
+    elif Path("/dev/neuron0").exists():
+        from sagemaker_training.environment import num_neurons  # runs `neuron-ls -j`, as the DLCs do
+
+        cores = num_neurons(instance_type)
+    return gpus, cores
+
+
+def count_core_list(spec: str) -> int:
+    """NEURON_RT_VISIBLE_CORES syntax: "0-3,8" -> 5 cores."""
+    total = 0
+    for part in spec.split(","):
+        low, _, high = part.strip().partition("-")
+        total += int(high) - int(low) + 1 if high else 1
+    return total
+
+
+def plan_launch(contract: TrainingContract, environ: dict | None = None, cpu_count: int | None = None,
+                counts: tuple[int, int] | None = None) -> LaunchPlan:
+    """How to start this host's processes. `environ`, `cpu_count`, `counts` are for tests."""
+    environ = dict(os.environ if environ is None else environ)
+    cpu_count = cpu_count or len(os.sched_getaffinity(0))
+    gpus, cores = counts if counts is not None else device_counts(contract.instance_type)
+    requested = int(_env_number(environ, "BYOC_PROCESSES_PER_HOST", 0, minimum=0))
+    if gpus:
+        device, backend, available = "cuda", "nccl", gpus
+    elif cores:
+        device, backend, available = "neuron", "xla", cores
+    else:
+        device, backend, available = "cpu", "gloo", 1  # one process uses every core best
+    if requested and device != "cpu" and requested > available:
+        raise LaunchError(f"BYOC_PROCESSES_PER_HOST={requested} but this host has only {available} "
+                          f"{'GPUs' if device == 'cuda' else 'NeuronCores'}: use at most {available}, or unset it")
+    nproc = requested or available
+    master_port = int(_env_number(environ, "BYOC_MASTER_PORT", 0, minimum=0))
+    if not master_port:
+        master_port = _free_port() if len(contract.hosts) == 1 else DEFAULT_PORT
+    interface = contract.network_interface_name if len(contract.hosts) > 1 else None
+    return LaunchPlan(
+        nproc_per_node=nproc,
+        nnodes=len(contract.hosts),
+        node_rank=contract.hosts.index(contract.current_host),
+        master_addr=contract.hosts[0] if len(contract.hosts) > 1 else "127.0.0.1",
+        master_port=master_port,
+        device=device,
+        backend=backend,
+        threads_per_process=max(1, cpu_count // nproc) if device == "cpu" else max(1, min(8, cpu_count // nproc)),
+        network_interface=interface,
+        hosts_timeout=_env_number(environ, "BYOC_HOSTS_TIMEOUT", 300, minimum=1),
+        shutdown_timeout=int(_env_number(environ, "BYOC_SHUTDOWN_TIMEOUT", 100, minimum=1)),
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_environment(plan: LaunchPlan, host: str, failure_dir: Path) -> dict[str, str]:
+    """What every rank gets on top of the launcher's environment (the agent adds RANK & co.)."""
+    env = {
+        # Ranks on one host share its cores: oversubscribed OpenMP threads slow everything several-fold.
+        "OMP_NUM_THREADS": str(plan.threads_per_process),
+        "MKL_NUM_THREADS": str(plan.threads_per_process),
+        "BYOC_BACKEND": plan.backend,
+        FAILURE_DIR_ENV: str(failure_dir),
+        HOST_ENV: host,
+    }
+    if plan.network_interface:  # the collectives talk over SageMaker's interface, not docker0 or lo
+        for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+            env[name] = os.environ.get(name, plan.network_interface)
+    return env
+
+
+def wait_for_hosts(hosts: list[str], timeout: float, resolve: Callable[[str], str] = socket.gethostbyname,
+                   interval: float = 1.0) -> None:
+    """Wait until every host name resolves (SageMaker's DNS can lag behind the container start)."""
+    deadline = time.monotonic() + timeout
+    pending = list(hosts)
+    while pending:
+        for host in list(pending):
+            try:
+                resolve(host)
+                pending.remove(host)
+            except OSError:
+                pass
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            raise LaunchError(
+                f"host(s) {', '.join(pending)} did not resolve within {timeout:g} s, so the job cannot form: "
+                "check the instances started (the other hosts' logs), or raise BYOC_HOSTS_TIMEOUT"
+            )
+        logger.info("waiting for host(s) %s to resolve", ", ".join(pending))
+        time.sleep(interval)
+
+
+# ---------------------------------------------------------------------------------------------
+# Failure records: each rank writes one when it fails; the launcher reads the first.
+
+
+def write_rank_failure(message: str, exit_code: int) -> None:
+    """Called by a failing rank launched by `launch` (no-op otherwise)."""
+    folder = os.environ.get(FAILURE_DIR_ENV)
+    if not folder:
+        return
+    record = {"rank": int(os.environ.get("RANK", 0)), "host": os.environ.get(HOST_ENV, "?"),
+              "message": message, "exit_code": exit_code, "time": time.time()}
+    path = Path(folder) / f"rank-{record['rank']}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, path)
+
+
+def _records(failure_dir: Path) -> dict[int, dict]:
+    out = {}
+    for path in failure_dir.glob("rank-*.json"):
+        try:
+            record = json.loads(path.read_text())
+            out[int(record["rank"])] = record
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
+
+
+def exit_code_of(code: int) -> int:
+    """A process killed by signal N (reported as -N) exits the container with 128+N, as a shell would."""
+    return 128 - code if code < 0 else code
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _last_error_line(log_dir: Path, local_rank: int) -> str | None:
+    """The last 'SomethingError: ...' line a rank printed to stderr (scripts that leave no record)."""
+    lines: list[str] = []
+    for path in log_dir.glob(f"**/{local_rank}/stderr.log"):
+        lines += path.read_text(errors="replace").splitlines()
+    for line in reversed(lines):
+        text = line.split("]:", 1)[-1].strip() if line.startswith("[") else line.strip()
+        head = text.split(":", 1)[0]
+        if ":" in text and (head.endswith(("Error", "Exception", "Interrupt")) or head == "SystemExit"):
+            return text
+    return next((line.strip() for line in reversed(lines) if line.strip()), None)
+
+
+_PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "socket closed")
+
+
+def describe_failure(failures: dict[int, object], records: dict[int, dict], host: str,
+                     log_dir: Path | None) -> tuple[str, int]:
+    """(failure message, exit code) for the rank that failed first."""
+    candidates = []
+    for rank, failure in failures.items():
+        record = records.get(rank)
+        when = record["time"] if record else float(getattr(failure, "timestamp", 0) or 0)
+        candidates.append((when, rank, failure, record))
+    for rank, record in records.items():  # ranks that failed but were reaped as "stopped"
+        if rank not in failures:
+            candidates.append((record["time"], rank, None, record))
+    # A rank whose peer died fails too ("connection closed"): the root cause is the other one.
+    candidates.sort(key=lambda c: (_is_peer_loss(c[3]), c[0]))
+    when, rank, failure, record = candidates[0]
+    code = record["exit_code"] if record else exit_code_of(getattr(failure, "exitcode", 1))
+    if record:
+        detail = record["message"]
+    else:
+        raw = getattr(failure, "exitcode", 1)
+        detail = f"the process {_describe_exit(raw)}"
+        if raw == -signal.SIGKILL:
+            detail += " (out of memory, or killed from outside)"
+        local = getattr(failure, "local_rank", None)
+        line = _last_error_line(log_dir, local) if (log_dir and local is not None) else None
+        if line:
+            detail += f"; its last error: {line}"
+    where = record["host"] if record else host
+    return f"rank {rank} on {where} failed: {detail}", code
+
+
+def _is_peer_loss(record: dict | None) -> bool:
+    return bool(record) and any(s in record["message"].lower() for s in _PEER_LOST)
+
+
+# ---------------------------------------------------------------------------------------------
+# The launch
+
+
+def launch(plan: LaunchPlan, contract: TrainingContract, command: list[str], tee_stderr: bool = False) -> tuple[int, str | None]:
+    """Run `command` (a program and its arguments) as every rank of this host; wait for the job.
+
+    Returns (exit code, failure message or None). SIGTERM to this process reaches every rank.
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if plan.nnodes > 1:
+        wait_for_hosts(contract.hosts, plan.hosts_timeout)
+    failure_dir = Path(tempfile.mkdtemp(prefix="byoc-failures-"))
+    log_dir = Path(tempfile.mkdtemp(prefix="byoc-ranks-"))
+    os.environ.update(worker_environment(plan, contract.current_host, failure_dir))
+    config = LaunchConfig(
+        min_nodes=plan.nnodes,
+        max_nodes=plan.nnodes,
+        nproc_per_node=plan.nproc_per_node,
+        run_id=os.environ.get("TRAINING_JOB_NAME") or contract.job_name,
+        role=contract.current_host,
+        rdzv_backend="static",
+        rdzv_endpoint=f"{plan.master_addr}:{plan.master_port}",
+        rdzv_configs={"rank": plan.node_rank, "timeout": int(plan.hosts_timeout)},
+        log_line_prefix_template="[${role_name} rank ${rank}]:",  # on the lines copied from stderr
+        max_restarts=0,  # a failed rank fails the job; spot restarts resume from checkpoints
+        monitor_interval=0.5,
+        start_method="spawn",
+        # stderr is copied to a file (and still printed) so a script's last error can be quoted.
+        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), tee=Std.ERR if tee_stderr else Std.NONE),
+        shutdown_timeout=plan.shutdown_timeout,
+    )
+    logger.info("launching %d process(es) on host %d of %d (%s, backend %s, %d thread(s) each), master %s:%d",
+                plan.nproc_per_node, plan.node_rank + 1, plan.nnodes, plan.device, plan.backend,
+                plan.threads_per_process, plan.master_addr, plan.master_port)
+    program, *args = command
+    try:
+        elastic_launch(config, program)(*args)
+        return 0, None
+    except ChildFailedError as err:
+        message, code = describe_failure(err.failures, _records(failure_dir), contract.current_host, log_dir)
+        return code, message
+    except SignalException as err:
+        records = _records(failure_dir)
+        interrupted = [r for r in records.values() if r["exit_code"] == EXIT_INTERRUPTED]
+        if interrupted:
+            return EXIT_INTERRUPTED, min(interrupted, key=lambda r: r["rank"])["message"]
+        code = 128 + int(err.sigval)
+        return code, f"stopped by {signal.Signals(err.sigval).name} before any rank could save a checkpoint"
+    except Exception as err:  # rendezvous timeout, a master that never answers...
+        text = " ".join(str(err).split()) or type(err).__name__
+        if "timeout" in text.lower() or "timed out" in text.lower():
+            raise LaunchError(
+                f"the {plan.nnodes} hosts did not all join within {plan.hosts_timeout:g} s "
+                f"(master {plan.master_addr}:{plan.master_port}): check the other hosts started and can reach "
+                "this port, or raise BYOC_HOSTS_TIMEOUT"
+            ) from None
+        raise
+
+
+def main_command() -> list[str]:
+    """Each rank of the built-in job: `python -m byoc.cli worker`."""
+    return [sys.executable, "-m", "byoc.cli", "worker"]

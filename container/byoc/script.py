@@ -1,0 +1,106 @@
+"""Script mode: run the user's own training script (an Estimator with `entry_point`/`source_dir`).
+
+The SDK sends `sagemaker_program` (the script) and `sagemaker_submit_directory` (an S3 or local
+`sourcedir.tar.gz`, or a folder) among the hyperparameters. As the sagemaker-training toolkit
+does, byoc unpacks the code into `/opt/ml/code`, installs its `requirements.txt`, exports the
+`SM_*` variables, and runs the script with the other hyperparameters as `--name value`
+arguments: here under byoc's launcher, so it gets one process per device, SIGTERM forwarding,
+real exit codes and a failure message quoting its first error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from byoc.arguments import loads as decode  # JSON where it parses, else the raw string, as the toolkit does
+from byoc.contract import ContractError, TrainingContract
+
+logger = logging.getLogger("byoc.script")
+
+
+class ScriptError(ContractError):
+    """The user's script cannot be prepared (missing, or its requirements fail to install)."""
+
+
+def is_script_mode(hyperparameters: dict[str, Any]) -> bool:
+    return "sagemaker_program" in hyperparameters
+
+
+def user_arguments(hyperparameters: dict[str, Any]) -> list[str]:
+    """`--name value` for every hyperparameter the SDK did not add, in the toolkit's format."""
+    from sagemaker_training.mapping import to_cmd_args
+
+    return to_cmd_args({k: decode(v) for k, v in hyperparameters.items() if not k.startswith("sagemaker_")})
+
+
+def fetch_code(contract: TrainingContract) -> Path:
+    """Unpack sagemaker_submit_directory into <base>/code (once); return that folder."""
+    from sagemaker_training.files import download_and_extract
+
+    code_dir = contract.paths.base / "code"
+    submit = decode(contract.hyperparameters.get("sagemaker_submit_directory") or "")
+    if submit:
+        source = submit[len("file://"):] if submit.startswith("file://") else submit
+        if not source.startswith("s3://") and not Path(source).exists():
+            raise ScriptError(f"sagemaker_submit_directory {submit!r} does not exist: pass source_dir as a local "
+                              "folder or an S3 URI of a sourcedir.tar.gz")
+        try:
+            download_and_extract(source, str(code_dir))
+        except Exception as err:
+            raise ScriptError(f"cannot fetch the code from sagemaker_submit_directory {submit!r}: {err}") from None
+    return code_dir
+
+
+def install_requirements(code_dir: Path) -> None:
+    requirements = code_dir / "requirements.txt"
+    if not requirements.exists():
+        return
+    logger.info("installing %s", requirements)
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--no-input", "-r", str(requirements)],
+                            capture_output=True, text=True, cwd=code_dir)
+    if result.returncode:
+        tail = " | ".join(line for line in result.stderr.strip().splitlines()[-3:])
+        raise ScriptError(f"pip could not install {requirements.name} from source_dir: {tail}")
+
+
+def sm_environment(contract: TrainingContract) -> dict[str, str]:
+    """The toolkit's SM_* variables (SM_MODEL_DIR, SM_CHANNEL_TRAIN, SM_HPS, ...) for this job."""
+    from sagemaker_training import environment
+
+    variables = environment.Environment().to_env_vars()
+    variables.update({"SM_MODEL_DIR": str(contract.paths.model_dir),
+                      "SM_OUTPUT_DATA_DIR": str(contract.paths.output_data_dir)})
+    for name, channel in contract.channels.items():
+        variables[f"SM_CHANNEL_{name.upper()}"] = str(channel.path)
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in variables.items()}
+
+
+def prepare_script(contract: TrainingContract) -> list[str]:
+    """Fetch the code, install its requirements, export SM_*; return the command each rank runs."""
+    program = str(decode(contract.hyperparameters["sagemaker_program"]))
+    code_dir = fetch_code(contract)
+    script = code_dir / program
+    if not script.is_file():
+        found = ", ".join(sorted(p.name for p in code_dir.iterdir())[:10]) if code_dir.is_dir() else "nothing"
+        raise ScriptError(f"the entry point {program!r} is not in the source directory {code_dir} (found: {found}): "
+                          "check entry_point and source_dir")
+    install_requirements(code_dir)
+    for folder in (contract.paths.model_dir, contract.paths.output_data_dir):  # SageMaker creates them too
+        folder.mkdir(parents=True, exist_ok=True)
+    os.environ.update(sm_environment(contract))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code_dir), os.environ.get("PYTHONPATH")]))
+    os.chdir(code_dir)  # the toolkit runs scripts from their folder
+    args = user_arguments(contract.hyperparameters)
+    logger.info("script mode: running %s %s", program, " ".join(args))
+    if script.suffix == ".py":
+        return [sys.executable, "-u", str(script), *args]
+    if script.suffix == ".sh":
+        return [shutil.which("bash") or "/bin/sh", str(script), *args]
+    return [str(script), *args]

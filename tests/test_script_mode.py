@@ -1,0 +1,84 @@
+"""Script mode: an Estimator's entry_point/source_dir runs under byoc's launcher."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+from conftest import Job, run_train_process
+
+SCRIPT = '''
+import argparse, json, os, sys
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int)
+parser.add_argument("--name")
+parser.add_argument("--fail")
+args = parser.parse_args()
+if args.fail == "exception":
+    raise ValueError("column 'review' not found")
+if args.fail == "exit":
+    sys.exit(3)
+rank = os.environ.get("RANK")
+out = {"epochs": args.epochs, "name": args.name, "rank": rank, "world": os.environ.get("WORLD_SIZE"),
+       "train": os.environ["SM_CHANNEL_TRAIN"], "hosts": json.loads(os.environ["SM_HOSTS"]), "cwd": os.getcwd()}
+with open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{rank}.json"), "w") as f:
+    json.dump(out, f)
+'''
+
+
+def script_job(tmp_path: Path, *, fail: str | None = None, requirements: str | None = None) -> Job:
+    source = tmp_path / "src"
+    source.mkdir(parents=True)
+    (source / "train.py").write_text(SCRIPT)
+    if requirements:
+        (source / "requirements.txt").write_text(requirements)
+    archive = tmp_path / "sourcedir.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for path in source.iterdir():
+            tar.add(path, arcname=path.name)
+    job = Job(tmp_path / "opt-ml").resources()
+    (job.channel("train") / "data.csv").write_text("text,label\nhi,1\n")
+    # As the SDK sends them for an Estimator with entry_point/source_dir: JSON-encoded strings.
+    hps = {"sagemaker_program": json.dumps("train.py"), "sagemaker_submit_directory": json.dumps(str(archive)),
+           "sagemaker_region": json.dumps("us-east-1"), "epochs": "3", "name": json.dumps("my run")}
+    if fail:
+        hps["fail"] = json.dumps(fail)
+    job.hyperparameters(hps)
+    return job
+
+
+def test_the_users_script_runs_on_every_rank_with_its_arguments(tmp_path):
+    job = script_job(tmp_path, requirements="numpy\n")
+    result = run_train_process(job.root, env={"BYOC_PROCESSES_PER_HOST": "2"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    outputs = [json.loads((job.model_dir / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    for rank, out in enumerate(outputs):
+        assert out == {"epochs": 3, "name": "my run", "rank": str(rank), "world": "2",
+                       "train": str(job.root / "input" / "data" / "train"), "hosts": ["algo-1"],
+                       "cwd": str(job.root / "code")}
+    assert "installing" in result.stdout and "requirements.txt" in result.stdout
+
+
+def test_a_failing_script_keeps_its_error_and_exit_code(tmp_path):
+    job = script_job(tmp_path / "a", fail="exception")
+    result = run_train_process(job.root)
+    assert result.returncode == 1
+    assert job.failure.strip() == ("rank 0 on algo-1 failed: the process exited with code 1; "
+                                   "its last error: ValueError: column 'review' not found")
+    job = script_job(tmp_path / "b", fail="exit")
+    assert run_train_process(job.root).returncode == 3
+    assert job.failure.startswith("rank 0 on algo-1 failed: the process exited with code 3")
+
+
+def test_missing_entry_point_and_bad_requirements_fail_clearly(tmp_path):
+    job = script_job(tmp_path / "a")
+    hps = json.loads((job.root / "input/config/hyperparameters.json").read_text())
+    hps["sagemaker_program"] = json.dumps("trian.py")
+    job.hyperparameters(hps)
+    assert run_train_process(job.root).returncode == 1
+    assert job.failure.startswith("the entry point 'trian.py' is not in the source directory"), job.failure
+
+    job = script_job(tmp_path / "b", requirements="./no-such-folder\n")
+    assert run_train_process(job.root).returncode == 1
+    assert job.failure.startswith("pip could not install requirements.txt from source_dir"), job.failure
