@@ -1,73 +1,172 @@
-"""Spot interruptions: a real SIGTERM saves a checkpoint; the restarted job resumes at that step
-and trains exactly what an uninterrupted job trains."""
+"""Spot interruptions and crashes on real processes: SIGTERM at each phase of a job saves what
+there is to save and the rerun resumes exactly; SIGKILL at random moments loses at most one
+checkpoint interval; half-written checkpoints are never loaded."""
 
 from __future__ import annotations
 
-import json
-import os
+import random
 import signal
+import threading
 import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from conftest import Job, sentiment_rows, write_csv
+from conftest import Job, losses, sentiment_rows, start_train, write_csv
 
+# Every layer trains (a real learning signal), checkpoints every 10 steps.
 HP = {"max_steps": "120", "logging_steps": "1", "learning_rate": "1e-3", "per_device_train_batch_size": "8",
-      "warmup_ratio": "0.1"}
+      "warmup_ratio": "0.1", "freeze_embeddings": "false", "freeze_layers": "0", "save_strategy": "steps",
+      "save_steps": "10"}
 
 
-def make_job(root: Path, tiny_model_dir: Path, hyperparameters: dict | None = None) -> Job:
+def make_job(root: Path, tiny_model_dir: Path, extra: dict | None = None, rows: int = 64,
+             eval_rows: int = 0) -> Job:
     job = Job(root).resources()
-    job.hyperparameters(hyperparameters or HP)
+    job.hyperparameters({**HP, **(extra or {})})
     job.model_channel(tiny_model_dir)
-    write_csv(job.channel("train") / "t.csv", sentiment_rows(64))
+    write_csv(job.channel("train") / "t.csv", sentiment_rows(rows))
+    if eval_rows:
+        write_csv(job.channel("validation") / "v.csv", sentiment_rows(eval_rows))
     return job
 
 
-def start(job: Job) -> subprocess.Popen:
-    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(job.root), "BYOC_CACHE_DIR": str(job.root.parent / "cache")}
-    return subprocess.Popen([str(Path(sys.executable).parent / "byoc"), "train"], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def losses(job: Job) -> dict[int, float]:
-    return {h["step"]: h["loss"] for h in job.metrics["history"] if "loss" in h}
-
-
-def test_sigterm_saves_and_the_rerun_resumes_exactly(tmp_path, tiny_model_dir):
-    reference = make_job(tmp_path / "a" / "opt-ml", tiny_model_dir)
-    done = start(reference)
-    assert done.wait(300) == 0, done.stdout.read()[-2000:]
-
-    job = make_job(tmp_path / "b" / "opt-ml", tiny_model_dir)
-    proc = start(job)
-    output = []
-    for line in proc.stdout:  # SIGTERM once training is under way, as SageMaker would
-        output.append(line)
-        if "[metrics] step=10 " in line:
-            proc.send_signal(signal.SIGTERM)
+def run_until(job: Job, marker: str, sig: int = signal.SIGTERM, timeout: int = 300) -> tuple[int, str]:
+    """Start the job, send `sig` when `marker` shows in its log; return (exit code, log)."""
+    proc = start_train(job.root)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if marker in line:
+            proc.send_signal(sig)
             break
-    output.append(proc.stdout.read())
-    assert proc.wait(120) == 143, "".join(output)[-3000:]
-    failure = job.failure
-    assert "stopped by SIGTERM at step" in failure and "resumes" in failure
-    step = int(failure.split("at step ")[1].split()[0])
-    assert 10 <= step < 120
-    assert (job.root / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").exists()
-    assert not (job.model_dir / "model.safetensors").exists()
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, "".join(lines) + out
 
-    (job.root / "output" / "failure").unlink()  # SageMaker starts the next attempt with a clean output/
-    rerun = start(job)
-    log = rerun.stdout.read()
-    assert rerun.wait(300) == 0, log[-3000:]
+
+def rerun(job: Job) -> str:
+    (job.root / "output" / "failure").unlink(missing_ok=True)  # SageMaker starts a new attempt with a clean output/
+    proc = start_train(job.root)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def stopped_step(job: Job) -> int:
+    return int(job.failure.split("at step ")[1].split()[0])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_model_dir) -> Job:
+    job = make_job(tmp_path_factory.mktemp("reference") / "opt-ml", tiny_model_dir)
+    assert rerun(job)
+    return job
+
+
+def assert_same_losses(job: Job, reference: Job, after: int = 0) -> None:
+    ours, theirs = losses(job), losses(reference)
+    assert set(ours) == set(theirs)
+    for step in sorted(s for s in ours if s > after):
+        assert ours[step] == pytest.approx(theirs[step], rel=1e-4, abs=1e-5), step
+
+
+def test_sigterm_mid_epoch_saves_and_the_rerun_resumes_exactly(tmp_path, tiny_model_dir, reference):
+    job = make_job(tmp_path / "opt-ml", tiny_model_dir)
+    code, log = run_until(job, "[metrics] step=13 ")
+    assert code == 143, log[-3000:]
+    step = stopped_step(job)
+    assert 13 <= step < 120 and "resumes" in job.failure
+    assert (job.root / "checkpoints" / f"checkpoint-{step}" / "byoc-complete.json").exists()
+    assert not (job.model_dir / "model.safetensors").exists()
+    log = rerun(job)
     assert f"resuming from {job.root / 'checkpoints' / f'checkpoint-{step}'}" in log
     assert (job.model_dir / "model.safetensors").exists()
-    ours, theirs = losses(job), losses(reference)
-    assert set(ours) == set(theirs) == set(range(1, 121))
-    for s in range(step + 1, 121):  # the steps trained after the resume
-        assert ours[s] == pytest.approx(theirs[s], rel=1e-4, abs=1e-5), s
+    assert_same_losses(job, reference, after=step)
+
+
+def test_sigterm_around_a_checkpoint_write(tmp_path, tiny_model_dir, reference):
+    job = make_job(tmp_path / "opt-ml", tiny_model_dir)
+    code, log = run_until(job, "[metrics] step=20 ")  # logged just before checkpoint-20 is written
+    assert code == 143, log[-3000:]
+    step = stopped_step(job)
+    assert (job.root / "checkpoints" / f"checkpoint-{step}" / "byoc-complete.json").exists()
+    rerun(job)
+    assert_same_losses(job, reference, after=step)
+
+
+def test_sigterm_while_preparing_stops_at_once_with_nothing_to_save(tmp_path, tiny_model_dir):
+    job = make_job(tmp_path / "opt-ml", tiny_model_dir, rows=4000)
+    code, log = run_until(job, "byoc.data: train: ")
+    assert code == 143, log[-3000:]
+    assert job.failure.startswith("stopped by SIGTERM while preparing the job"), job.failure
+    assert "nothing was lost" in job.failure
+    assert not (job.root / "checkpoints").exists() or not list((job.root / "checkpoints").glob("checkpoint-*"))
+
+
+def test_sigterm_right_at_start_up_ends_cleanly(tmp_path, tiny_model_dir):
+    job = make_job(tmp_path / "opt-ml", tiny_model_dir)
+    code, log = run_until(job, "training job local")  # the first line: torch is not even imported yet
+    assert code == 143, log[-3000:]
+    assert job.failure.startswith("stopped by SIGTERM while "), job.failure
+    assert "Traceback" not in log
+
+
+def test_sigterm_during_an_evaluation_cuts_it_short(tmp_path, tiny_model_dir):
+    extra = {"max_steps": "40", "eval_strategy": "steps", "eval_steps": "20", "save_strategy": "no",
+             "per_device_eval_batch_size": "1"}
+    job = make_job(tmp_path / "opt-ml", tiny_model_dir, extra, eval_rows=3000)
+    started = time.monotonic()
+    code, log = run_until(job, "[metrics] step=20 ")  # the evaluation of step 20 starts right after
+    assert code == 143, log[-3000:]
+    assert job.failure.startswith("stopped by SIGTERM at step 20 of 40 (during an evaluation)"), job.failure
+    assert time.monotonic() - started < 60
+    log = rerun(job)
+    assert "resuming from" in log and job.metrics["eval_accuracy"] >= 0
+
+
+def test_sigterm_during_the_final_evaluation_keeps_the_training(tmp_path, tiny_model_dir):
+    extra = {"max_steps": "30", "save_strategy": "no", "per_device_eval_batch_size": "1"}
+    job = make_job(tmp_path / "opt-ml", tiny_model_dir, extra, eval_rows=3000)
+    code, log = run_until(job, "train_runtime=")  # training is over; the final evaluation starts
+    assert code == 143, log[-3000:]
+    assert job.failure.startswith("stopped by SIGTERM at step 30 of 30 (the final evaluation)"), job.failure
+    log = rerun(job)
+    assert "checkpoint-30" in log and "eval_accuracy" in job.metrics
+    assert len(losses(job)) == 30
+
+
+def test_sigkill_at_random_moments_loses_at_most_one_checkpoint_interval(tmp_path, tiny_model_dir):
+    """Kill -9 repeatedly, each time at a random moment, and restart; the job still ends with the
+    uninterrupted model's losses, and each restart resumes at most save_steps behind."""
+    extra = {"max_steps": "600"}
+    reference = make_job(tmp_path / "reference" / "opt-ml", tiny_model_dir, extra)
+    rerun(reference)
+    job = make_job(tmp_path / "killed" / "opt-ml", tiny_model_dir, extra)
+    from byoc.checkpoints import newest_complete
+
+    rng = random.Random(7)
+    trials, resumed_from = 0, []
+    while trials < 10:
+        proc = start_train(job.root)
+        # Anywhere from start-up (~6 s of imports) to the last steps.
+        timer = threading.Timer(rng.uniform(1.0, 14.0), proc.kill)
+        timer.start()
+        out, _ = proc.communicate(timeout=300)
+        timer.cancel()
+        if proc.returncode == 0:
+            break  # finished before the kill
+        trials += 1
+        steps = [int(line.split("step=")[1].split()[0]) for line in out.splitlines()
+                 if "[metrics] step=" in line and " loss=" in line]
+        newest = newest_complete(job.root / "checkpoints")
+        saved = int(newest.name.split("-")[1]) if newest else 0
+        assert (steps[-1] if steps else 0) - saved <= 10, (steps[-1:], saved)
+        resumed_from.append(saved)
+    assert trials == 10, f"the job finished after {trials} kills; make it longer"
+    rerun(job)
+    assert max(resumed_from) > 0  # some kills hit mid-training, not only start-up
+    assert_same_losses(job, reference)
 
 
 FILES = ("trainer_state.json", "optimizer.pt", "scheduler.pt", "model.safetensors", "rng_state.pth")

@@ -30,27 +30,13 @@ from typing import Any
 from transformers import TrainerCallback
 
 from byoc import distributed
+from byoc.interruption import Interrupted  # noqa: F401  (raised here; defined where importing it is cheap)
 
 logger = logging.getLogger("byoc.checkpoints")
 
 JOB_FILE = "byoc-job.json"
 MARKER = "byoc-complete.json"
 REQUIRED = ("trainer_state.json", "optimizer.pt", "scheduler.pt")
-
-
-class Interrupted(Exception):
-    """The job stopped on SIGTERM (after saving a checkpoint, once training had started)."""
-
-    def __init__(self, step: int | None, max_steps: int = 0, checkpoint_dir: Path | None = None,
-                 phase: str = "training") -> None:
-        if step is None:
-            text = (f"stopped by SIGTERM while {phase}, before the first training step: nothing was lost; "
-                    "run the job again to start it")
-        else:
-            text = (f"stopped by SIGTERM at step {step} of {max_steps} ({phase}); checkpoint saved in {checkpoint_dir}: "
-                    "run the job again with the same checkpoint location (checkpoint_s3_uri) and it resumes from there")
-        super().__init__(text)
-        self.step = step
 
 
 class EvaluationStopped(Exception):
@@ -89,8 +75,6 @@ class StopOnSignal(TrainerCallback):
 
     def arm(self, phase: str = "training") -> None:
         self._armed, self.phase = True, phase
-        if self.requested.is_set() and not distributed.is_distributed():
-            raise Interrupted(None, phase=self.phase)
 
     def _handle(self, signum, frame) -> None:
         first = not self.requested.is_set()
@@ -100,21 +84,21 @@ class StopOnSignal(TrainerCallback):
         if first:
             logger.warning("SIGTERM received: saving a checkpoint at the end of this step, then stopping")
 
-    def _stop_now(self) -> bool:
+    def stop_now(self) -> bool:
         return distributed.any_rank(self.requested.is_set())  # every rank decides the same
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.arm("training")
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self._stop_now():
+        if self.stop_now():
             control.should_save = True
             control.should_training_stop = True
             self.stopped_at = state.global_step
         return control
 
     def on_prediction_step(self, args, state, control, **kwargs):
-        if self.phase != "writing predictions" and self._stop_now():
+        if self.phase != "writing predictions" and self.stop_now():
             self.evaluation_stopped = True
             self.stopped_at = state.global_step
             raise EvaluationStopped()

@@ -17,6 +17,7 @@ import sys
 import traceback
 
 from byoc import __version__
+from byoc.interruption import Interrupted
 
 logger = logging.getLogger("byoc")
 
@@ -71,10 +72,10 @@ def _is_out_of_memory(err: BaseException) -> bool:
 
 def train() -> int:
     """Run the training job on this host (launching its ranks if there are several); return the exit code."""
-    from byoc.contract import base_dir, Paths, read_training_contract, write_failure
+    from byoc.contract import base_dir, Paths, read_training_contract, write_failure  # light imports
 
     paths = Paths(base_dir())
-    _stop_on_sigterm()
+    _stop_on_sigterm()  # before anything slow: from here on SIGTERM ends the job with its failure message
     try:
         from byoc.launch import launch, main_command, plan_launch
         from byoc.script import is_script_mode, prepare_script
@@ -94,7 +95,7 @@ def train() -> int:
             if plan.world_size == 1:  # nothing to launch: train in this process
                 return _train_here(contract, args)
             code, message = launch(plan, contract, main_command())
-    except Exception as err:  # every failure must reach output/failure, whatever raised it
+    except (Exception, Interrupted) as err:  # every failure must reach output/failure, whatever raised it
         return _fail(paths, err)
     if code:
         logger.error("training failed: %s", message)
@@ -109,8 +110,6 @@ def _stop_on_sigterm() -> None:
     import signal
 
     def stop(signum, frame):
-        from byoc.checkpoints import Interrupted
-
         raise Interrupted(None, phase="starting the job")
 
     signal.signal(signal.SIGTERM, stop)
@@ -121,14 +120,13 @@ def _train_here(contract, args) -> int:
 
     try:
         run_training(contract, args)
-    except Exception as err:
+    except (Exception, Interrupted) as err:
         return _fail(contract.paths, err)
     logger.info("training finished")
     return 0
 
 
 def _fail(paths, err: BaseException) -> int:
-    from byoc.checkpoints import Interrupted
     from byoc.contract import write_failure
 
     message = failure_message(err)
@@ -141,7 +139,6 @@ def _fail(paths, err: BaseException) -> int:
 
 def worker() -> int:
     """One rank of a launched job: train, or leave a failure record for the launcher."""
-    from byoc.checkpoints import Interrupted
     from byoc.launch import write_rank_failure
 
     _stop_on_sigterm()
@@ -152,7 +149,7 @@ def worker() -> int:
 
         contract = read_training_contract()
         run_training(contract, parse_hyperparameters(contract.hyperparameters))
-    except Exception as err:
+    except (Exception, Interrupted) as err:
         message = failure_message(err)
         if not _is_user_error(err):
             logger.error("%s", traceback.format_exc())
@@ -166,7 +163,7 @@ def worker() -> int:
 def _is_user_error(err: BaseException) -> bool:
     """Errors whose message already says what is wrong and how to fix it (no traceback needed)."""
     from byoc.arguments import HyperparameterError
-    from byoc.checkpoints import CheckpointMismatch, Interrupted
+    from byoc.checkpoints import CheckpointMismatch
     from byoc.contract import ContractError  # LaunchError is one
     from byoc.data import DataError
     from byoc.handlers import HandlerError
@@ -198,7 +195,12 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("train", help="run the training job described by /opt/ml (or $SAGEMAKER_BASE_DIR)")
     sub.add_parser("serve", help="serve /opt/ml/model (or $SAGEMAKER_BASE_DIR/model) over HTTP on $SAGEMAKER_BIND_TO_PORT")
     sub.add_parser("worker", help="(internal) one rank of a launched training job")
+    sub.add_parser("healthcheck", help="exit 0 if this container is healthy (the image's HEALTHCHECK)")
     options = parser.parse_args(argv)
+    if options.command == "healthcheck":
+        from byoc.serve import healthcheck
+
+        sys.exit(healthcheck())
     configure_logging()
     if options.command == "train":
         sys.exit(train())

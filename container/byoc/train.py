@@ -38,6 +38,7 @@ from transformers import (
     PreTrainedTokenizerBase,
     Trainer,
     TrainerCallback,
+    TrainerState,
     TrainingArguments,
 )
 from transformers.integrations import TensorBoardCallback
@@ -574,13 +575,23 @@ def _run(contract: TrainingContract, args: TrainArguments, stop: StopOnSignal) -
     trainer.add_callback(stop)
     if resume is not None:
         logger.info("resuming from %s", resume)
-    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    if resume is not None and _finished(resume):
+        # Stopped during the final evaluation: training is complete, only the evaluation is left.
+        # (Trainer.train would run one step past max_steps when resumed at max_steps mid-epoch.)
+        trainer._load_from_checkpoint(str(resume))
+        trainer.state = TrainerState.load_from_json(str(resume / "trainer_state.json"))
+        train_metrics = next((h for h in reversed(trainer.state.log_history) if "train_runtime" in h), {})
+    else:
+        train_metrics = trainer.train(resume_from_checkpoint=str(resume) if resume else None).metrics
     if stop.stopped_at is not None:
         raise Interrupted(stop.stopped_at, trainer.state.max_steps, checkpoint_dir,
                           "during an evaluation" if stop.evaluation_stopped else "training")
-    summary: dict[str, Any] = dict(result.metrics)
+    summary: dict[str, Any] = dict(train_metrics)
     stop.arm("the final evaluation")
-    summary.update(_final_evaluation(trainer, tokenized, args))
+    if stop.stop_now():  # SIGTERM came as training ended
+        stop.evaluation_stopped = True
+    else:
+        summary.update(_final_evaluation(trainer, tokenized, args))
     if stop.evaluation_stopped:  # training is done: keep it, and evaluate again on the rerun
         trainer._save_checkpoint(trainer.model, None)
         raise Interrupted(trainer.state.global_step, trainer.state.max_steps, checkpoint_dir, "the final evaluation")
@@ -609,6 +620,11 @@ def _run(contract: TrainingContract, args: TrainArguments, stop: StopOnSignal) -
     publish_model(trainer, tokenizer, code_dir, contract.paths.model_dir)
     logger.info("model saved to %s; metrics in %s", contract.paths.model_dir, report)
     return summary
+
+
+def _finished(checkpoint: Path) -> bool:
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    return state.get("max_steps", 0) > 0 and state.get("global_step", 0) >= state["max_steps"]
 
 
 def _agree_on_shards(contract: TrainingContract, data: TaskData, tokenized: dict[str, Any]) -> list[int] | None:
