@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml requirements/cpu-constraints.txt
+$(STAMP): pyproject.toml requirements/runtime.txt requirements/cpu-constraints.txt requirements/common-constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and pinned: 2.13.0 is the CPU build; an unpinned torch would pull a CUDA build of several GB.

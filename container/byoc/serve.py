@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import threading
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -284,6 +285,24 @@ def release_memory() -> None:
         _LIBC.malloc_trim(0)
 
 
+HEALTH_FILE = Path(tempfile.gettempdir()) / "byoc-serve.port"
+
+
+def healthcheck() -> int:
+    """0 when this container is healthy: it does not serve (a training container), or /ping says 200."""
+    import urllib.request
+
+    try:
+        port = int(HEALTH_FILE.read_text())
+    except (OSError, ValueError):
+        return 0
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as response:
+            return 0 if response.status == 200 else 1
+    except OSError:
+        return 1
+
+
 def main() -> None:
     """Run the server (`byoc serve`)."""
     import uvicorn
@@ -292,6 +311,10 @@ def main() -> None:
 
     settings = ServeSettings.from_env()
     logger.info("serving %s on port %d with %d worker(s)", settings.model_dir, settings.port, settings.workers)
+    try:  # tells `byoc healthcheck` (the image's HEALTHCHECK) that this container serves, and where
+        HEALTH_FILE.write_text(str(settings.port))
+    except OSError:
+        pass
     options = dict(host="0.0.0.0", port=settings.port, log_level="info", access_log=False,
                    timeout_graceful_shutdown=settings.graceful_timeout, timeout_keep_alive=75)
     if settings.workers > 1:

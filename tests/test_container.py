@@ -1,0 +1,161 @@
+"""The image on a real Docker engine: `docker run ... train` on a mounted /opt/ml, `serve` over HTTP,
+and a spot-style stop and restart. The CPU test image is built from Dockerfile.gpu on a local
+Debian + torch base (tests/container/images.py).
+
+Without a Docker engine these tests skip with the reason; CI (.ci/run) provisions one and sets
+BYOC_REQUIRE_DOCKER=1, which turns that skip into a failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import Job, losses, sentiment_rows, write_csv
+
+sys.path.insert(0, str(Path(__file__).parent / "container"))
+import images  # noqa: E402
+
+pytestmark = pytest.mark.container
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    error = images.engine_error()
+    if error:
+        if os.environ.get("BYOC_REQUIRE_DOCKER"):
+            pytest.fail(f"BYOC_REQUIRE_DOCKER is set but {error}")
+        pytest.skip(f"CONTAINER TESTS SKIPPED: {error} (.ci/run provisions a Docker engine)")
+    try:
+        images.build()
+    except subprocess.CalledProcessError as err:
+        pytest.fail(f"building the test image failed: {err}\n{(err.stdout or '')[-3000:]}\n{(err.stderr or '')[-3000:]}")
+    return images.IMAGE
+
+
+def docker(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def train_job(root: Path, model: Path, hyperparameters: dict) -> Job:
+    job = Job(root).resources()
+    job.hyperparameters(hyperparameters)
+    job.model_channel(model)
+    write_csv(job.channel("train") / "t.csv", sentiment_rows(64))
+    write_csv(job.channel("test") / "t.csv", sentiment_rows(16))
+    return job
+
+
+@pytest.fixture(scope="module")
+def trained(image, tmp_path_factory, tiny_model_dir) -> Job:
+    """`docker run -v ROOT:/opt/ml IMAGE train`, as SageMaker starts the training container."""
+    job = train_job(tmp_path_factory.mktemp("container-train") / "opt-ml", tiny_model_dir,
+                    {"max_steps": "120", "learning_rate": "5e-3", "per_device_train_batch_size": "8",
+                     "freeze_embeddings": "false", "freeze_layers": "0", "logging_steps": "20"})
+    result = docker("run", "--rm", "-v", f"{job.root}:/opt/ml", image, "train")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return job
+
+
+def test_train_writes_the_model_and_metrics(trained):
+    assert {"model.safetensors", "config.json", "tokenizer.json", "code"} <= {p.name for p in trained.model_dir.iterdir()}
+    assert (trained.model_dir / "code" / "inference.py").exists()
+    assert trained.metrics["eval_accuracy"] >= 0.9
+    assert len(losses(trained)) == 6
+    assert trained.failure is None
+
+
+def test_a_bad_job_fails_with_a_reason(image, tmp_path, tiny_model_dir):
+    job = train_job(tmp_path / "opt-ml", tiny_model_dir, {"learning_rate": "fast"})
+    result = docker("run", "--rm", "-v", f"{job.root}:/opt/ml", image, "train")
+    assert result.returncode == 1
+    assert "learning_rate" in job.failure and "fast" in job.failure
+    assert not (job.model_dir / "model.safetensors").exists()
+
+
+def test_anything_else_runs_as_given(image):
+    result = docker("run", "--rm", image, "python3", "-c", "import byoc, torch; print('ok', torch.__version__)")
+    assert result.returncode == 0 and result.stdout.startswith("ok 2.13.0"), result.stderr
+
+
+class Container:
+    def __init__(self, *args: str) -> None:
+        self.name = f"byoc-test-{uuid.uuid4().hex[:8]}"
+        result = docker("run", "-d", "--name", self.name, *args)
+        assert result.returncode == 0, result.stderr
+
+    def logs(self) -> str:
+        result = docker("logs", self.name)
+        return result.stdout + result.stderr
+
+    def exit_code(self) -> int:
+        return int(docker("inspect", "--format", "{{.State.ExitCode}}", self.name).stdout)
+
+    def remove(self) -> None:
+        docker("rm", "-f", self.name)
+
+
+def test_serve_answers_json_and_csv_and_drains_on_sigterm(image, trained):
+    server = Container("-p", "127.0.0.1::8080", "-v", f"{trained.model_dir}:/opt/ml/model", image, "serve")
+    try:
+        port = docker("port", server.name, "8080").stdout.strip().splitlines()[0].rsplit(":", 1)[1]
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if client.get("/ping").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, server.logs()[-3000:]
+            time.sleep(0.5)
+        answer = client.post("/invocations", json={"inputs": ["i love this so much", "i hate this a lot"]})
+        assert answer.status_code == 200, answer.text
+        assert [r["label"] for r in answer.json()] == ["positive", "negative"]
+        csv = client.post("/invocations", content="what a great day\nwhat an awful day\n",
+                          headers={"content-type": "text/csv", "accept": "text/csv"})
+        assert [line.split(",")[0] for line in csv.text.splitlines()] == ["positive", "negative"]
+        health = docker("exec", server.name, "byoc", "healthcheck")
+        assert health.returncode == 0
+        started = time.monotonic()
+        stop = docker("stop", "--time", "30", server.name)  # SIGTERM, then SIGKILL after 30 s
+        assert stop.returncode == 0
+        assert time.monotonic() - started < 15
+        assert server.exit_code() == 0, server.logs()[-2000:]
+    finally:
+        server.remove()
+
+
+def test_docker_stop_saves_a_checkpoint_and_a_restart_resumes(image, tmp_path, tiny_model_dir):
+    """A spot interruption in a container: `docker stop` (SIGTERM, grace period), then the same
+    job started again on the same /opt/ml (and so the same checkpoints) resumes and finishes."""
+    hps = {"max_steps": "1500", "learning_rate": "1e-3", "per_device_train_batch_size": "8", "logging_steps": "1",
+           "freeze_embeddings": "false", "freeze_layers": "0"}
+    job = train_job(tmp_path / "opt-ml", tiny_model_dir, hps)
+    container = Container("-v", f"{job.root}:/opt/ml", image, "train")
+    try:
+        deadline = time.monotonic() + 180
+        while "[metrics] step=20 " not in container.logs():
+            assert time.monotonic() < deadline, container.logs()[-3000:]
+            time.sleep(0.5)
+        started = time.monotonic()
+        assert docker("stop", "--time", "110", container.name).returncode == 0
+        assert time.monotonic() - started < 30
+        assert container.exit_code() == 143, container.logs()[-3000:]
+    finally:
+        container.remove()
+    step = int(job.failure.split("at step ")[1].split()[0])
+    assert (job.root / "checkpoints" / f"checkpoint-{step}" / "byoc-complete.json").exists()
+    (job.root / "output" / "failure").unlink()
+    result = docker("run", "--rm", "-v", f"{job.root}:/opt/ml", image, "train")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert f"resuming from /opt/ml/checkpoints/checkpoint-{step}" in result.stdout
+    assert len(losses(job)) == 1500
+    assert json.loads((job.root / "output" / "data" / "metrics.json").read_text())["world_size"] == 1
