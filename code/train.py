@@ -7,6 +7,7 @@ Run it inside the image (`python train.py`) or point SAGEMAKER_BASE_DIR at a loc
 import logging
 import sys
 
+from byoc import distributed
 from byoc.arguments import parse_hyperparameters
 from byoc.cli import configure_logging, failure_message
 from byoc.contract import read_training_contract, write_failure
@@ -21,16 +22,17 @@ logger = logging.getLogger("train")
 def main() -> None:
     contract = read_training_contract()                          # /opt/ml/input/config/*.json
     args = parse_hyperparameters(contract.hyperparameters)       # any SDK's encoding
+    distributed.setup()                                          # one rank of several, under the launcher
     cache_dir = cache_dir_for()
-    source = resolve_model(args, contract, cache_dir)            # model channel, path or Hub id
-
-    data = load_task_data(contract.channel_dirs, DataSpec(       # train / eval / test splits
-        text_column=args.text_column, text_pair_column=args.text_pair_column,
-        label_column=args.label_column, validation_split=args.validation_split, seed=args.seed,
-        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
-    ), cache_dir)
-    tokenizer = load_tokenizer(source, args)
-    tokenized = tokenize_splits(data, tokenizer, args, cache_dir)
+    with distributed.host_leader_first():                        # one rank per host fills the caches
+        source = resolve_model(args, contract, cache_dir)        # model channel, path or Hub id
+        data = load_task_data(contract.channel_dirs, DataSpec(   # train / eval / test splits
+            text_column=args.text_column, text_pair_column=args.text_pair_column,
+            label_column=args.label_column, validation_split=args.validation_split, seed=args.seed,
+            max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
+        ), cache_dir)
+        tokenizer = load_tokenizer(source, args)
+        tokenized = tokenize_splits(data, tokenizer, args, cache_dir)
     model = load_model(source, args, data.label_names)
 
     trainer = build_trainer(model, tokenizer, tokenized, args, contract, len(data.label_names))

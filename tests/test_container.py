@@ -159,3 +159,71 @@ def test_docker_stop_saves_a_checkpoint_and_a_restart_resumes(image, tmp_path, t
     assert f"resuming from /opt/ml/checkpoints/checkpoint-{step}" in result.stdout
     assert len(losses(job)) == 1500
     assert json.loads((job.root / "output" / "data" / "metrics.json").read_text())["world_size"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# SageMaker Python SDK v2 local mode (in its own venv: its pins differ from the runtime's)
+
+SDK_VENV = images.REPO / ".venv-sdk"
+SDK_VERSION = "2.257.7"
+
+
+@pytest.fixture(scope="session")
+def sdk_python(image, tmp_path_factory) -> tuple[str, dict]:
+    python = SDK_VENV / "bin" / "python"
+    if subprocess.run([str(python), "-c", f"import sagemaker; assert sagemaker.__version__ == '{SDK_VERSION}'"],
+                      capture_output=True).returncode != 0:
+        subprocess.run([sys.executable, "-m", "venv", str(SDK_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", f"sagemaker=={SDK_VERSION}"], check=True, timeout=900)
+    config = tmp_path_factory.mktemp("sdk-config") / "config.yaml"
+    # Telemetry off, else the SDK calls an S3 endpoint this network cannot reach.
+    config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n")
+    env = {**os.environ, "AWS_DEFAULT_REGION": "us-east-1", "SAGEMAKER_USER_CONFIG_OVERRIDE": str(config),
+           "SAGEMAKER_SUPPRESS_V2_WARNING": "1"}
+    return str(python), env
+
+
+@pytest.fixture(scope="module")
+def local_workdir(tmp_path_factory, tiny_model_dir) -> Path:
+    import shutil
+
+    work = tmp_path_factory.mktemp("local-mode")
+    write_csv(work / "data" / "train" / "t.csv", sentiment_rows(64))
+    write_csv(work / "data" / "test" / "t.csv", sentiment_rows(16))
+    shutil.copytree(tiny_model_dir, work / "data" / "model")
+    return work
+
+
+def local_mode(sdk_python, workdir: Path, scenario: str) -> tuple[dict, str]:
+    python, env = sdk_python
+    script = Path(__file__).parent / "container" / "local_mode.py"
+    result = subprocess.run([python, str(script), images.IMAGE, str(workdir), scenario], env=env, cwd=workdir,
+                            capture_output=True, text=True, timeout=900)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-4000:]
+    line = next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):]), log
+
+
+MODEL_FILES = {"config.json", "model.safetensors", "tokenizer.json", "code/inference.py"}
+
+
+def test_local_mode_fit_deploy_predict(sdk_python, local_workdir):
+    result, log = local_mode(sdk_python, local_workdir, "train")
+    assert MODEL_FILES <= set(result["members"])
+    assert result["metrics"]["eval_accuracy"] == 1.0 and result["metrics"]["world_size"] == 1
+    assert [p["label"] for p in result["predictions"]] == ["positive", "negative"]
+
+
+def test_local_mode_two_instances_train_one_job(sdk_python, local_workdir):
+    result, log = local_mode(sdk_python, local_workdir, "train2")
+    assert "launching 1 process(es) on host 1 of 2" in log and "launching 1 process(es) on host 2 of 2" in log
+    assert result["metrics"]["world_size"] == 2
+    assert MODEL_FILES <= set(result["members"])
+
+
+def test_local_mode_script_mode(sdk_python, local_workdir):
+    """entry_point + source_dir: the repo's code/train.py runs as the user's script."""
+    result, log = local_mode(sdk_python, local_workdir, "script")
+    assert "script mode: running train.py" in log
+    assert MODEL_FILES <= set(result["members"])
