@@ -1,5 +1,6 @@
 """The /opt/ml contract: config files, channels, checkpoints, failure file."""
 
+import sys
 import json
 from pathlib import Path
 
@@ -65,3 +66,16 @@ def test_failure_file_keeps_the_first_reason(tmp_path):
     write_failure(paths, "first reason")
     write_failure(paths, "second reason")
     assert (tmp_path / "output/failure").read_text() == "first reason\n"
+
+
+def test_failure_message_works_when_imports_are_broken(monkeypatch):
+    """A SIGTERM can cut `import torch` short; the failure path must not import anything heavy."""
+    from byoc.cli import failure_message
+    from byoc.interruption import Interrupted
+    from byoc.launch import LaunchError
+
+    for name in ("torch", "transformers", "byoc.train", "byoc.checkpoints", "byoc.data"):
+        monkeypatch.setitem(sys.modules, name, None)  # any import of them now raises ImportError
+    assert failure_message(Interrupted(None, phase="starting the job")).startswith("stopped by SIGTERM while starting")
+    assert failure_message(LaunchError("host algo-2 did not resolve")) == "host algo-2 did not resolve"
+    assert failure_message(KeyError("x")).startswith("unexpected error: KeyError")

@@ -59,13 +59,9 @@ def failure_message(err: BaseException) -> str:
 def _is_out_of_memory(err: BaseException) -> bool:
     if isinstance(err, MemoryError):
         return True
-    try:
-        import torch
-
-        if isinstance(err, torch.OutOfMemoryError):
-            return True
-    except ImportError:
-        pass
+    torch = sys.modules.get("torch")  # never import here (see USER_ERRORS)
+    if torch is not None and isinstance(err, getattr(torch, "OutOfMemoryError", ())):
+        return True
     text = str(err).lower()  # CPU allocator: "not enough memory"; CUDA/XLA: "out of memory"
     return isinstance(err, RuntimeError) and ("out of memory" in text or "not enough memory" in text)
 
@@ -160,17 +156,15 @@ def worker() -> int:
     return 0
 
 
-def _is_user_error(err: BaseException) -> bool:
-    """Errors whose message already says what is wrong and how to fix it (no traceback needed)."""
-    from byoc.arguments import HyperparameterError
-    from byoc.checkpoints import CheckpointMismatch
-    from byoc.contract import ContractError  # LaunchError is one
-    from byoc.data import DataError
-    from byoc.handlers import HandlerError
-    from byoc.train import ModelError
+# Errors whose message already says what is wrong and how to fix it (no traceback needed).
+# By name, not by import: the failure path must work even when a SIGTERM cut an import short and
+# left torch or transformers half-imported.
+USER_ERRORS = {"HyperparameterError", "ContractError", "DataError", "ModelError", "HandlerError",
+               "Interrupted", "CheckpointMismatch"}
 
-    return isinstance(err, (HyperparameterError, ContractError, DataError, ModelError, HandlerError,
-                            Interrupted, CheckpointMismatch))
+
+def _is_user_error(err: BaseException) -> bool:
+    return any(cls.__name__ in USER_ERRORS and cls.__module__.startswith("byoc.") for cls in type(err).__mro__)
 
 
 def toolkit_train() -> None:
