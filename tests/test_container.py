@@ -227,3 +227,23 @@ def test_local_mode_script_mode(sdk_python, local_workdir):
     result, log = local_mode(sdk_python, local_workdir, "script")
     assert "script mode: running train.py" in log
     assert MODEL_FILES <= set(result["members"])
+
+
+SDK3_VENV = images.REPO / ".venv-sdk3"
+SDK3_VERSION = "3.27.0"
+
+
+def test_sdk_v3_model_trainer_local_container(sdk_python, local_workdir):
+    """SDK v3 ModelTrainer, Mode.LOCAL_CONTAINER: no `train` argument, so the image's CMD runs."""
+    python = SDK3_VENV / "bin" / "python"
+    if subprocess.run([str(python), "-c", f"import importlib.metadata as m; assert m.version('sagemaker') == '{SDK3_VERSION}'"],
+                      capture_output=True).returncode != 0:
+        subprocess.run([sys.executable, "-m", "venv", str(SDK3_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", f"sagemaker=={SDK3_VERSION}"], check=True, timeout=1200)
+    script = Path(__file__).parent / "container" / "model_trainer_v3.py"
+    result = subprocess.run([str(python), str(script), images.IMAGE, str(local_workdir)], env=sdk_python[1],
+                            cwd=local_workdir, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0 and "V3 DONE" in result.stdout, (result.stdout + result.stderr)[-4000:]
+    model = local_workdir / "v3-root" / "model"
+    assert {"model.safetensors", "config.json", "code"} <= {p.name for p in model.iterdir()}
+    assert (local_workdir / "v3-root" / "compressed_artifacts" / "model.tar.gz").exists()
