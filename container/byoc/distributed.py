@@ -62,6 +62,8 @@ def setup() -> None:
     backend = os.environ.get(BACKEND_ENV) or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
         torch.cuda.set_device(local_rank())
+    elif backend == "xla":  # NeuronCores: the base image's torch-xla registers the "xla" backend
+        import torch_xla.distributed.xla_backend  # noqa: F401
     # Long enough for rank 0 to tokenize a large dataset while the others wait at a barrier.
     timeout = timedelta(seconds=float(os.environ.get("BYOC_COLLECTIVE_TIMEOUT", 1800)))
     dist.init_process_group(backend=backend, timeout=timeout)
