@@ -168,11 +168,16 @@ SDK_VENV = images.REPO / ".venv-sdk"
 SDK_VERSION = "2.257.7"
 
 
+def _has_version(python: Path, version: str) -> bool:
+    """Whether the venv of `python` exists and holds that sagemaker version (else it is (re)made)."""
+    check = f"import importlib.metadata as m; assert m.version('sagemaker') == '{version}'"
+    return python.exists() and subprocess.run([str(python), "-c", check], capture_output=True).returncode == 0
+
+
 @pytest.fixture(scope="session")
 def sdk_python(image, tmp_path_factory) -> tuple[str, dict]:
     python = SDK_VENV / "bin" / "python"
-    if subprocess.run([str(python), "-c", f"import sagemaker; assert sagemaker.__version__ == '{SDK_VERSION}'"],
-                      capture_output=True).returncode != 0:
+    if not _has_version(python, SDK_VERSION):
         subprocess.run([sys.executable, "-m", "venv", str(SDK_VENV)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", f"sagemaker=={SDK_VERSION}"], check=True, timeout=900)
     config = tmp_path_factory.mktemp("sdk-config") / "config.yaml"
@@ -236,8 +241,7 @@ SDK3_VERSION = "3.27.0"
 def test_sdk_v3_model_trainer_local_container(sdk_python, local_workdir):
     """SDK v3 ModelTrainer, Mode.LOCAL_CONTAINER: no `train` argument, so the image's CMD runs."""
     python = SDK3_VENV / "bin" / "python"
-    if subprocess.run([str(python), "-c", f"import importlib.metadata as m; assert m.version('sagemaker') == '{SDK3_VERSION}'"],
-                      capture_output=True).returncode != 0:
+    if not _has_version(python, SDK3_VERSION):
         subprocess.run([sys.executable, "-m", "venv", str(SDK3_VENV)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", f"sagemaker=={SDK3_VERSION}"], check=True, timeout=1200)
     script = Path(__file__).parent / "container" / "model_trainer_v3.py"
