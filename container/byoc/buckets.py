@@ -1,0 +1,98 @@
+"""Fixed-shape buckets for compiled backends (XLA / Neuron): few shapes, little padding.
+
+A compiler such as Neuron's builds one graph per input shape, in minutes each; the tutorials
+therefore pad every example to 128 or 512 tokens, and on tweets (~25 tokens) most of the compute
+is padding. Here the sequence lengths are padded up to one of a few bucket sizes, chosen from the
+data's own length distribution to waste as little as possible, and every batch has the same
+number of rows: the number of distinct shapes is at most the number of buckets.
+
+- `choose_buckets`: the bucket sizes that minimise padded tokens (exact, by dynamic programming
+  over lengths rounded up to a multiple of 8).
+- `bucket_batches`: fixed-size batches, each within one bucket; a bucket's leftover rows move up
+  to the next bucket (shorter rows pad fine to a longer size) and the last leftovers are dropped
+  (training) or kept as a final short batch the caller pads (evaluation).
+- `padding_efficiency`: real tokens / padded tokens, the figure to report.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Sequence
+
+import numpy as np
+
+MULTIPLE = 8  # compilers and matrix units like sizes in multiples of 8
+
+
+def _round_up(n: int, multiple: int = MULTIPLE) -> int:
+    return max(multiple, -(-int(n) // multiple) * multiple)
+
+
+def choose_buckets(lengths: Sequence[int], max_buckets: int = 5, max_length: int = 512) -> list[int]:
+    """At most `max_buckets` sizes (ascending, the last covering the longest row, none above
+    `max_length`) that minimise the total number of padded tokens."""
+    if not len(lengths):
+        raise ValueError("choose_buckets needs at least one length")
+    if max_buckets < 1:
+        raise ValueError("max_buckets must be at least 1")
+    rounded = np.minimum([_round_up(n) for n in lengths], max_length)
+    sizes, counts = np.unique(rounded, return_counts=True)
+    n, k = len(sizes), min(max_buckets, len(sizes))
+    # cost[i][j]: padded tokens when sizes[i..j] all pad to sizes[j]
+    prefix = np.concatenate([[0], np.cumsum(counts)])
+    best = np.full((k + 1, n), np.inf)
+    choice = np.zeros((k + 1, n), dtype=int)
+    for j in range(n):  # one bucket covering sizes[0..j]
+        best[1][j] = sizes[j] * prefix[j + 1]
+    for b in range(2, k + 1):
+        for j in range(n):
+            for i in range(j):  # the last bucket covers sizes[i+1..j]
+                cost = best[b - 1][i] + sizes[j] * (prefix[j + 1] - prefix[i + 1])
+                if cost < best[b][j]:
+                    best[b][j], choice[b][j] = cost, i
+    b = int(np.argmin(best[1:, n - 1])) + 1
+    out, j = [], n - 1
+    while b >= 1:
+        out.append(int(sizes[j]))
+        if b == 1:
+            break
+        j, b = choice[b][j], b - 1
+    return sorted(out)
+
+
+def bucket_of(length: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds `length` (the largest one truncates longer rows)."""
+    i = bisect.bisect_left(buckets, length)
+    return buckets[min(i, len(buckets) - 1)]
+
+
+def padding_efficiency(lengths: Sequence[int], buckets: Sequence[int]) -> float:
+    """Real tokens / padded tokens when every row is padded to its bucket."""
+    real = sum(min(n, buckets[-1]) for n in lengths)
+    return real / sum(bucket_of(n, buckets) for n in lengths)
+
+
+def bucket_batches(lengths: Sequence[int], buckets: Sequence[int], batch_size: int, seed: int, epoch: int,
+                   drop_last: bool = True) -> list[list[int]]:
+    """Batches of exactly `batch_size` row indices, each batch within one bucket, in random order.
+
+    Rows are shuffled within their bucket; each bucket's leftovers join the next larger bucket.
+    The largest bucket's leftovers are dropped when `drop_last`, else returned as a final short
+    batch (evaluation must see every row; the caller pads that batch to the full size).
+    """
+    rng = np.random.default_rng((seed, epoch))
+    by_bucket: dict[int, list[int]] = {b: [] for b in buckets}
+    for index, n in enumerate(lengths):
+        by_bucket[bucket_of(n, buckets)].append(index)
+    batches: list[list[int]] = []
+    carry: list[int] = []
+    for size in buckets:
+        rows = carry + [int(i) for i in rng.permutation(by_bucket[size])]
+        full = len(rows) // batch_size * batch_size
+        batches += [rows[i:i + batch_size] for i in range(0, full, batch_size)]
+        carry = rows[full:]
+    order = rng.permutation(len(batches))
+    batches = [batches[i] for i in order]
+    if carry and not drop_last:
+        batches.append(carry)
+    return batches
