@@ -41,7 +41,7 @@ def image() -> str:
 
 
 def docker(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    return images.docker(*args, check=False, timeout=timeout)
 
 
 def train_job(root: Path, model: Path, hyperparameters: dict) -> Job:
@@ -168,18 +168,19 @@ SDK_VENV = images.REPO / ".venv-sdk"
 SDK_VERSION = "2.257.7"
 
 
-def _has_version(python: Path, version: str) -> bool:
-    """Whether the venv of `python` exists and holds that sagemaker version (else it is (re)made)."""
+def sdk_venv(venv: Path, version: str) -> Path:
+    """The Python of a venv holding exactly that sagemaker version, (re)made when it does not."""
+    python = venv / "bin" / "python"
     check = f"import importlib.metadata as m; assert m.version('sagemaker') == '{version}'"
-    return python.exists() and subprocess.run([str(python), "-c", check], capture_output=True).returncode == 0
+    if not (python.exists() and subprocess.run([str(python), "-c", check], capture_output=True).returncode == 0):
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", f"sagemaker=={version}"], check=True, timeout=1200)
+    return python
 
 
 @pytest.fixture(scope="session")
 def sdk_python(image, tmp_path_factory) -> tuple[str, dict]:
-    python = SDK_VENV / "bin" / "python"
-    if not _has_version(python, SDK_VERSION):
-        subprocess.run([sys.executable, "-m", "venv", str(SDK_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", f"sagemaker=={SDK_VERSION}"], check=True, timeout=900)
+    python = sdk_venv(SDK_VENV, SDK_VERSION)
     config = tmp_path_factory.mktemp("sdk-config") / "config.yaml"
     # Telemetry off, else the SDK calls an S3 endpoint this network cannot reach.
     config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n")
@@ -240,10 +241,7 @@ SDK3_VERSION = "3.27.0"
 
 def test_sdk_v3_model_trainer_local_container(sdk_python, local_workdir):
     """SDK v3 ModelTrainer, Mode.LOCAL_CONTAINER: no `train` argument, so the image's CMD runs."""
-    python = SDK3_VENV / "bin" / "python"
-    if not _has_version(python, SDK3_VERSION):
-        subprocess.run([sys.executable, "-m", "venv", str(SDK3_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", f"sagemaker=={SDK3_VERSION}"], check=True, timeout=1200)
+    python = sdk_venv(SDK3_VENV, SDK3_VERSION)
     script = Path(__file__).parent / "container" / "model_trainer_v3.py"
     result = subprocess.run([str(python), str(script), images.IMAGE, str(local_workdir)], env=sdk_python[1],
                             cwd=local_workdir, capture_output=True, text=True, timeout=900)

@@ -2,7 +2,6 @@
 
 import sys
 import json
-from pathlib import Path
 
 import pytest
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 import signal
 import threading
-import subprocess
 import time
 from pathlib import Path
 

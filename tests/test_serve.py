@@ -17,7 +17,7 @@ import httpx
 import pytest
 import torch
 
-from conftest import REPO, sentiment_rows
+from conftest import sentiment_rows
 
 JSON = {"content-type": "application/json"}
 

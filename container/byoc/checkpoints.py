@@ -30,7 +30,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from byoc import distributed
-from byoc.interruption import Interrupted  # noqa: F401  (raised here; defined where importing it is cheap)
+from byoc.interruption import Interrupted  # defined where importing it is cheap (see that module)
 
 logger = logging.getLogger("byoc.checkpoints")
 

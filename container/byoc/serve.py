@@ -18,8 +18,8 @@ import json
 import logging
 import os
 import sys
-import threading
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
