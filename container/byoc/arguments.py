@@ -84,6 +84,22 @@ class TrainArguments:
     gradient_checkpointing: bool = _hp(False, "Trade compute for memory on long sequences.")
     attn_implementation: str | None = _hp(None, "Attention kernel: sdpa or eager. Default: the library's.", (), ("sdpa", "eager"))
     dataloader_num_workers: int = _hp(0, "Data-loader worker processes.")
+    # Device: Trainium (XLA) and friends
+    device: str = _hp(
+        "auto", "Where to train: auto (NeuronCores -> xla, else CUDA GPUs -> cuda, else cpu), or one of them. "
+        "xla is torch-xla's path (one process per NeuronCore, fixed-shape batches); it also runs on whatever "
+        "PJRT_DEVICE names, e.g. CPU, to try a Trainium job without Trainium.",
+        ("accelerator",), ("auto", "cpu", "cuda", "xla"),
+    )
+    buckets: str = _hp(
+        "auto", "XLA path: sequence lengths are padded up to one of these sizes (e.g. 32,64,128), so only that many "
+        "graphs compile; auto picks `max_buckets` sizes from the training data's lengths.", ("bucket_sizes",),
+    )
+    max_buckets: int = _hp(5, "XLA path: how many sizes buckets=auto picks (more: less padding, more graphs to compile).")
+    neuron_precompile: bool = _hp(
+        False, "Compile only (neuron_parallel_compile): fill the compile cache with every bucket's training and "
+        "evaluation graphs from one batch each, then stop without a model. Needs the Neuron image.",
+    )
     # Evaluation, logging, checkpoints
     do_eval: bool = _hp(True, "Evaluate when there is eval (or test) data.")
     do_predict: bool = _hp(False, "Also write per-example predictions on the test data to output/data/test_predictions.jsonl.")
@@ -131,8 +147,29 @@ def _validate(args: TrainArguments) -> None:
             raise HyperparameterError(f"hyperparameter {name} must be greater than 0 when set, got {value!r}")
     if not args.do_train:
         raise HyperparameterError("hyperparameter do_train=false: `byoc train` always trains; remove it or set it to true")
+    if args.max_buckets < 1:
+        raise HyperparameterError(f"hyperparameter max_buckets must be at least 1, got {args.max_buckets!r}")
+    bucket_sizes(args)  # a bad list fails here, before any work
     if args.bf16 and args.fp16:
         raise HyperparameterError("hyperparameters bf16 and fp16 are both true: choose one")
+
+
+def bucket_sizes(args: TrainArguments) -> list[int] | None:
+    """The `buckets` hyperparameter as ascending sizes, or None for auto. Takes 32,64 and [32, 64]."""
+    text = str(args.buckets).strip().strip("[]()").strip()
+    if text.lower() in ("", "auto"):
+        return None
+    try:
+        sizes = sorted({int(part) for part in text.replace(";", ",").split(",") if part.strip()})
+    except ValueError:
+        sizes = []
+    if not sizes or sizes[0] < 1:
+        raise HyperparameterError(f"hyperparameter buckets must be auto or a list of positive sizes such as 32,64,128, "
+                                  f"got {args.buckets!r}")
+    if sizes[-1] > args.max_length:
+        raise HyperparameterError(f"hyperparameter buckets has {sizes[-1]}, above max_length={args.max_length}: "
+                                  "texts are cut at max_length, so no bucket needs to be longer; lower it or raise max_length")
+    return sizes
 
 
 def _fields() -> dict[str, dataclasses.Field]:

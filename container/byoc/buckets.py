@@ -12,12 +12,14 @@ number of rows: the number of distinct shapes is at most the number of buckets.
   to the next bucket (shorter rows pad fine to a longer size) and the last leftovers are dropped
   (training) or kept as a final short batch the caller pads (evaluation).
 - `padding_efficiency`: real tokens / padded tokens, the figure to report.
+- `FixedShapeCollator`: pads each batch to its bucket, and a short (last evaluation) batch to
+  the full batch size with rows labelled -100 that the loss and the metrics ignore.
 """
 
 from __future__ import annotations
 
 import bisect
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -96,3 +98,40 @@ def bucket_batches(lengths: Sequence[int], buckets: Sequence[int], batch_size: i
     if carry and not drop_last:
         batches.append(carry)
     return batches
+
+
+IGNORE_LABEL = -100  # what the classification loss ignores; marks filler rows
+
+
+class FixedShapeCollator:
+    """Tokenized rows -> tensors of shape (batch_rows, bucket): few shapes, so few compiled graphs.
+
+    Every batch is padded to the smallest bucket that holds its longest row; a batch shorter than
+    `batch_rows` (the last one of an evaluation) is filled up with one-token rows labelled
+    `IGNORE_LABEL`, which the loss skips and the metrics drop.
+    """
+
+    def __init__(self, pad_token_id: int, buckets: Sequence[int], batch_rows: int) -> None:
+        self.pad_token_id, self.buckets, self.batch_rows = pad_token_id, list(buckets), batch_rows
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, "torch.Tensor"]:
+        import torch
+
+        width = bucket_of(max(len(f["input_ids"]) for f in features), self.buckets)
+        rows = max(len(features), self.batch_rows)
+        batch: dict[str, torch.Tensor] = {}
+        for key in ("input_ids", "attention_mask", "token_type_ids"):
+            if key not in features[0]:
+                continue
+            tensor = torch.full((rows, width), self.pad_token_id if key == "input_ids" else 0, dtype=torch.long)
+            for i, feature in enumerate(features):
+                values = feature[key][:width]
+                tensor[i, :len(values)] = torch.as_tensor(values, dtype=torch.long)
+            batch[key] = tensor
+        if "attention_mask" in batch:
+            batch["attention_mask"][len(features):, 0] = 1  # filler rows attend to their one token
+        if "labels" in features[0]:
+            labels = torch.full((rows,), IGNORE_LABEL, dtype=torch.long)
+            labels[:len(features)] = torch.as_tensor([int(f["labels"]) for f in features], dtype=torch.long)
+            batch["labels"] = labels
+        return batch

@@ -87,8 +87,9 @@ def train() -> int:
             from byoc.arguments import parse_hyperparameters
 
             args = parse_hyperparameters(contract.hyperparameters)  # bad input fails here, before any launch
-            plan = plan_launch(contract)
+            plan = plan_launch(contract, device=args.device)
             if plan.world_size == 1:  # nothing to launch: train in this process
+                _choose_xla(args)
                 return _train_here(contract, args)
             code, message = launch(plan, contract, main_command())
     except (Exception, Interrupted) as err:  # every failure must reach output/failure, whatever raised it
@@ -109,6 +110,14 @@ def _stop_on_sigterm() -> None:
         raise Interrupted(None, phase="starting the job")
 
     signal.signal(signal.SIGTERM, stop)
+
+
+def _choose_xla(args) -> None:
+    """Before transformers loads: a job off the XLA path must say so where torch-xla is installed."""
+    from byoc import xla
+
+    if not xla.wants_xla(args.device):
+        xla.keep_off_xla()
 
 
 def _train_here(contract, args) -> int:
@@ -141,10 +150,13 @@ def worker() -> int:
     try:
         from byoc.arguments import parse_hyperparameters
         from byoc.contract import read_training_contract
-        from byoc.train import run_training
 
         contract = read_training_contract()
-        run_training(contract, parse_hyperparameters(contract.hyperparameters))
+        args = parse_hyperparameters(contract.hyperparameters)
+        _choose_xla(args)
+        from byoc.train import run_training
+
+        run_training(contract, args)
     except (Exception, Interrupted) as err:
         message = failure_message(err)
         if not _is_user_error(err):

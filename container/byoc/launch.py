@@ -47,7 +47,7 @@ class LaunchPlan:
     node_rank: int
     master_addr: str
     master_port: int
-    device: str  # cuda | neuron | cpu
+    device: str  # cuda | neuron | xla (torch-xla on another PJRT device) | cpu
     backend: str  # nccl | xla | gloo
     threads_per_process: int
     network_interface: str | None
@@ -99,22 +99,32 @@ def count_core_list(spec: str) -> int:
 
 
 def plan_launch(contract: TrainingContract, environ: dict | None = None, cpu_count: int | None = None,
-                counts: tuple[int, int] | None = None) -> LaunchPlan:
-    """How to start this host's processes. `environ`, `cpu_count`, `counts` are for tests."""
+                counts: tuple[int, int] | None = None, device: str = "auto") -> LaunchPlan:
+    """How to start this host's processes; `device` is the hyperparameter (auto, cpu, cuda, xla).
+    `environ`, `cpu_count`, `counts` are for tests."""
     environ = dict(os.environ if environ is None else environ)
     cpu_count = cpu_count or len(os.sched_getaffinity(0))
     gpus, cores = counts if counts is not None else device_counts(contract.instance_type)
     requested = int(_env_number(environ, "BYOC_PROCESSES_PER_HOST", 0, minimum=0))
-    if gpus:
-        device, backend, available = "cuda", "nccl", gpus
-    elif cores:
+    if device == "cuda" and not gpus:
+        raise LaunchError("device=cuda but no CUDA GPU is visible: use a GPU instance or device=auto")
+    if cores and device in ("auto", "xla"):
         device, backend, available = "neuron", "xla", cores
+    elif gpus and device in ("auto", "cuda"):
+        device, backend, available = "cuda", "nccl", gpus
+    elif device == "xla":  # torch-xla without NeuronCores (PJRT_DEVICE, e.g. CPU): a trial of the Trainium path
+        device, backend, available = "xla", "xla", 1
     else:
         device, backend, available = "cpu", "gloo", 1  # one process uses every core best
-    if requested and device != "cpu" and requested > available:
+    if requested and device in ("cuda", "neuron") and requested > available:
         raise LaunchError(f"BYOC_PROCESSES_PER_HOST={requested} but this host has only {available} "
                           f"{'GPUs' if device == 'cuda' else 'NeuronCores'}: use at most {available}, or unset it")
     nproc = requested or available
+    if device == "xla" and nproc > 1:
+        raise LaunchError(f"BYOC_PROCESSES_PER_HOST={requested} with device=xla and no NeuronCores: torch-xla's "
+                          f"{environ.get('PJRT_DEVICE') or 'CPU'} backend has no collectives between processes "
+                          "(pytorch/xla#9089), so its ranks could not share gradients. Run one process, or run on "
+                          "NeuronCores (one process per core)")
     master_port = int(_env_number(environ, "BYOC_MASTER_PORT", 0, minimum=0))
     if not master_port:
         master_port = _free_port() if len(contract.hosts) == 1 else DEFAULT_PORT
@@ -127,7 +137,7 @@ def plan_launch(contract: TrainingContract, environ: dict | None = None, cpu_cou
         master_port=master_port,
         device=device,
         backend=backend,
-        threads_per_process=max(1, cpu_count // nproc) if device == "cpu" else max(1, min(8, cpu_count // nproc)),
+        threads_per_process=max(1, cpu_count // nproc) if device in ("cpu", "xla") else max(1, min(8, cpu_count // nproc)),
         network_interface=interface,
         hosts_timeout=_env_number(environ, "BYOC_HOSTS_TIMEOUT", 300, minimum=1),
         shutdown_timeout=int(_env_number(environ, "BYOC_SHUTDOWN_TIMEOUT", 100, minimum=1)),

@@ -45,7 +45,10 @@ from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback as TqdmCallback
 
 from byoc import __version__
-from byoc.arguments import TrainArguments
+from byoc.arguments import TrainArguments, bucket_sizes
+from byoc import xla
+from byoc.buckets import (IGNORE_LABEL, FixedShapeCollator, bucket_batches, bucket_of, choose_buckets,
+                          padding_efficiency)
 from byoc import distributed
 from byoc.checkpoints import (EvaluationStopped, Interrupted, StopOnSignal, check_job, common_resume_point,
                               drop_unfinished_after, mark_complete, rotate)
@@ -157,8 +160,11 @@ def load_tokenizer(source: ModelSource, args: TrainArguments) -> PreTrainedToken
     return tokenizer
 
 
-def load_model(source: ModelSource, args: TrainArguments, label_names: list[str]) -> PreTrainedModel:
-    """A sequence classifier with our label maps; optional dropout override and frozen embeddings."""
+def load_model(source: ModelSource, args: TrainArguments, label_names: list[str], use_xla: bool = False) -> PreTrainedModel:
+    """A sequence classifier with our label maps; optional dropout override and frozen embeddings.
+
+    On XLA, attention defaults to eager: the SDPA path inspects the mask's values to skip it, which
+    cuts every step's graph in two (one more compilation per bucket)."""
     overrides: dict[str, Any] = {}
     try:
         config = AutoConfig.from_pretrained(source.path, trust_remote_code=args.trust_remote_code)
@@ -170,8 +176,8 @@ def load_model(source: ModelSource, args: TrainArguments, label_names: list[str]
             if getattr(config, key, None) is not None:
                 overrides[key] = args.dropout
     kwargs: dict[str, Any] = {}
-    if args.attn_implementation:
-        kwargs["attn_implementation"] = args.attn_implementation
+    if args.attn_implementation or use_xla:
+        kwargs["attn_implementation"] = args.attn_implementation or "eager"
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
             source.path,
@@ -336,12 +342,10 @@ class LengthBucketSampler(torch.utils.data.Sampler):
 
     def __iter__(self):
         rng = np.random.default_rng((self.seed, self.epoch))
+        batches, leftover = self._global_batches(rng)
         self.epoch += 1
-        order = np.argsort(self.lengths + rng.random(len(self.lengths)), kind="stable")
-        full = len(order) // self.global_batch * self.global_batch
-        batches = order[:full].reshape(-1, self.global_batch)[rng.permutation(full // self.global_batch)]
         if self.world_size == 1:
-            return iter([int(i) for i in np.concatenate([batches.reshape(-1), order[full:]])])
+            return iter([int(i) for i in np.concatenate([batches.reshape(-1), leftover])])
         out: list[int] = []
         for batch in batches:
             parts = batch.reshape(len(self.consumers), self.batch_size)
@@ -349,6 +353,38 @@ class LengthBucketSampler(torch.utils.data.Sampler):
                 part = parts[self.consumers.index(r)] if r in self.consumers else parts[0]
                 out.extend(int(i) for i in part)
         return iter(out)
+
+    def _global_batches(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """This epoch's global batches (rows of `global_batch` indices) and the rows left over."""
+        order = np.argsort(self.lengths + rng.random(len(self.lengths)), kind="stable")
+        full = len(order) // self.global_batch * self.global_batch
+        batches = order[:full].reshape(-1, self.global_batch)[rng.permutation(full // self.global_batch)]
+        return batches, order[full:]
+
+
+class FixedShapeSampler(LengthBucketSampler):
+    """Batches for compiled backends (XLA / NeuronCores): every global batch lies within one of a
+    few bucket sizes and holds exactly `batch_size` rows per rank, so each batch pads to a bucket
+    and the shapes a compiler sees are at most the buckets. Leftover rows move up to the next
+    bucket; the last bucket's leftovers (fewer than one global batch) sit out that epoch."""
+
+    def __init__(self, lengths: list[int], buckets: list[int], batch_size: int, seed: int, world_size: int = 1,
+                 consumers: list[int] | None = None) -> None:
+        super().__init__(lengths, batch_size, seed, world_size, consumers)
+        self.buckets = list(buckets)
+
+    def __len__(self) -> int:
+        return len(self.lengths) // self.global_batch * self.batch_size * self.world_size
+
+    def _global_batches(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        lengths = self.lengths.astype(int).tolist()
+        batches = bucket_batches(lengths, self.buckets, self.global_batch, self.seed, self.epoch)
+        if batches:
+            # The epoch's last step compiles together with the epoch-end work into a graph of its own:
+            # ending every epoch on the same bucket keeps that graph the same epoch after epoch.
+            shapes = [bucket_of(max(lengths[i] for i in batch), self.buckets) for batch in batches]
+            batches.append(batches.pop(shapes.index(max(shapes))))
+        return np.asarray(batches, dtype=np.int64).reshape(-1, self.global_batch), np.zeros(0, dtype=np.int64)
 
 
 class ClassifierTrainer(Trainer):
@@ -359,6 +395,8 @@ class ClassifierTrainer(Trainer):
     """
 
     shard_consumers: list[int] | None = None  # set when each host trains on its own shard
+    buckets: list[int] | None = None  # the XLA path's sequence-length buckets
+    compile_report: "CompileReport | None" = None
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -367,11 +405,15 @@ class ClassifierTrainer(Trainer):
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        if self.args.train_sampling_strategy != "group_by_length" or "input_ids" not in dataset.column_names:
+        if "input_ids" not in dataset.column_names or not (self.buckets or _grouped(self.args)):
             return super()._get_train_sampler(train_dataset)
         lengths = [len(ids) for ids in dataset["input_ids"]]
-        self.bucket_sampler = LengthBucketSampler(lengths, self.args.per_device_train_batch_size, self.args.seed,
-                                                  self.args.world_size, self.shard_consumers)
+        if self.buckets:  # XLA: every batch one of a few fixed shapes
+            self.bucket_sampler = FixedShapeSampler(lengths, self.buckets, self.args.per_device_train_batch_size,
+                                                    self.args.seed, self.args.world_size, self.shard_consumers)
+        else:
+            self.bucket_sampler = LengthBucketSampler(lengths, self.args.per_device_train_batch_size, self.args.seed,
+                                                      self.args.world_size, self.shard_consumers)
         return self.bucket_sampler
 
     def _get_eval_sampler(self, eval_dataset):
@@ -420,8 +462,74 @@ class _SamplerEpoch(TrainerCallback):
             self.trainer.bucket_sampler.set_epoch(math.floor((state.epoch or 0.0) + 1e-6))
 
 
-def precision_flags(args: TrainArguments) -> dict[str, bool]:
-    """bf16/fp16 only where the hardware runs them; otherwise fp32 with a warning."""
+TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
+
+
+def version_arguments(args: TrainArguments, grouped: bool) -> dict[str, Any]:
+    """`TrainingArguments` names that differ between transformers 4.55 (the Neuron images' version)
+    and 5 (the CPU/CUDA images')."""
+    warmup = args.warmup_steps if args.warmup_steps > 0 else args.warmup_ratio
+    if TRANSFORMERS_MAJOR >= 5:
+        return {"train_sampling_strategy": "group_by_length" if grouped else "random", "warmup_steps": warmup,
+                **({"activation_checkpointing": True} if args.gradient_checkpointing else {})}
+    return {"group_by_length": grouped, "gradient_checkpointing": args.gradient_checkpointing,
+            **({"warmup_steps": args.warmup_steps} if args.warmup_steps > 0 else {"warmup_ratio": args.warmup_ratio})}
+
+
+def device_arguments(args: TrainArguments, use_xla: bool) -> dict[str, Any]:
+    """What the device path changes in `TrainingArguments`."""
+    if use_xla:
+        # Fused AdamW refuses XLA tensors. (Every training batch is full already: the sampler sees to
+        # it; drop_last would also drop the last evaluation batch, which the collator pads instead.)
+        return {"optim": "adamw_torch"}
+    gloo = os.environ.get(distributed.BACKEND_ENV) == "gloo"
+    # accelerate treats several CPU processes as one data-parallel job only when told they are CPU ones.
+    return {"use_cpu": (distributed.is_distributed() and gloo) or (args.device == "cpu" and torch.cuda.is_available())}
+
+
+def _grouped(training_args: TrainingArguments) -> bool:
+    return (getattr(training_args, "train_sampling_strategy", None) == "group_by_length"
+            or getattr(training_args, "group_by_length", False) is True)
+
+
+class CompileReport(TrainerCallback):
+    """Counts the graphs compiled in each training epoch and each evaluation, and logs them."""
+
+    def __init__(self) -> None:
+        self.per_epoch: list[int] = []
+        self.evaluations: list[int] = []
+        self._mark = 0
+
+    def _take(self) -> int:
+        now = xla.compiled_graphs()
+        new, self._mark = now - self._mark, now
+        return new
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._mark = xla.compiled_graphs()
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.per_epoch.append(self._take())
+        logger.info("XLA: %d graph(s) compiled in epoch %d (%d in all, %.0f s compiling)",
+                    self.per_epoch[-1], len(self.per_epoch), xla.compiled_graphs(), xla.compile_seconds())
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.evaluations.append(self._take())
+
+    def summary(self) -> dict[str, Any]:
+        return {"xla_graphs_compiled": xla.compiled_graphs(), "xla_graphs_per_epoch": self.per_epoch,
+                "xla_graphs_per_evaluation": self.evaluations, "xla_compile_seconds": round(xla.compile_seconds(), 1)}
+
+
+def precision_flags(args: TrainArguments, use_xla: bool = False) -> dict[str, bool]:
+    """bf16/fp16 only where the hardware runs them; otherwise fp32 with a warning.
+
+    On XLA, bf16 is autocast: bf16 compute with fp32 weights and optimizer state (not the
+    tutorials' XLA_USE_BF16, which stores the weights in bf16 and loses small updates)."""
+    if use_xla:
+        if args.fp16:
+            logger.warning("fp16 is for CUDA GPUs; on XLA use bf16=true. Training runs in fp32")
+        return {"bf16": args.bf16, "fp16": False}
     cuda = torch.cuda.is_available()
     fp16 = args.fp16 and cuda
     if args.fp16 and not cuda:
@@ -450,12 +558,19 @@ def save_strategy(args: TrainArguments, contract: TrainingContract) -> str:
     return "steps" if contract.checkpoint_s3_uri else "no"
 
 
+def checkpoint_dir_of(contract: TrainingContract) -> Path:
+    return contract.checkpoint_dir or (contract.paths.base / "checkpoints")
+
+
 def build_trainer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tokenized: dict[str, Any],
-                  args: TrainArguments, contract: TrainingContract, num_labels: int) -> Trainer:
+                  args: TrainArguments, contract: TrainingContract, num_labels: int,
+                  buckets: list[int] | None = None) -> Trainer:
+    """The Trainer for this job; `buckets` (the XLA path) switches to fixed-shape batches."""
+    use_xla = buckets is not None
     eval_ds = tokenized.get("eval", tokenized.get("test"))
     has_eval = eval_ds is not None
     strategy = _eval_strategy(args, has_eval)
-    checkpoint_dir = contract.checkpoint_dir or (contract.paths.base / "checkpoints")
+    checkpoint_dir = checkpoint_dir_of(contract)
     training_args = TrainingArguments(
         output_dir=str(checkpoint_dir),
         num_train_epochs=args.epochs,
@@ -465,12 +580,10 @@ def build_trainer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, to
         per_device_eval_batch_size=args.per_device_eval_batch_size,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         weight_decay=args.weight_decay,
-        warmup_steps=args.warmup_steps if args.warmup_steps > 0 else args.warmup_ratio,
         lr_scheduler_type=args.lr_scheduler_type,
         max_grad_norm=args.max_grad_norm,
         label_smoothing_factor=args.label_smoothing,
         seed=args.seed,
-        train_sampling_strategy="group_by_length" if args.group_by_length and not args.pad_to_max_length else "random",
         length_column_name="length",
         eval_strategy=strategy,
         eval_steps=args.eval_steps or args.logging_steps,
@@ -484,25 +597,28 @@ def build_trainer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, to
         disable_tqdm=True,
         torch_compile=args.torch_compile,
         dataloader_num_workers=args.dataloader_num_workers,
-        dataloader_pin_memory=torch.cuda.is_available(),
-        ddp_backend=os.environ.get(distributed.BACKEND_ENV) if distributed.is_distributed() else None,
-        # accelerate treats several CPU processes as one data-parallel job only when told they are CPU ones.
-        use_cpu=distributed.is_distributed() and os.environ.get(distributed.BACKEND_ENV) == "gloo",
+        dataloader_pin_memory=torch.cuda.is_available() and not use_xla,
+        ddp_backend=os.environ.get(distributed.BACKEND_ENV) if distributed.is_distributed() and not use_xla else None,
         # One label per row and equal per-rank batches: DDP's gradient average is already the global
         # mean. (transformers would otherwise scale the loss by the world size for token-count losses.)
         average_tokens_across_devices=False,
         ddp_find_unused_parameters=False,  # every trainable parameter of a classifier is used
-        **({"activation_checkpointing": True} if args.gradient_checkpointing else {}),
-        **precision_flags(args),
+        **version_arguments(args, grouped=args.group_by_length and not args.pad_to_max_length and not use_xla),
+        **precision_flags(args, use_xla),
+        **device_arguments(args, use_xla),
     )
 
     def compute_metrics(prediction) -> dict[str, float]:
         logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
         # Score against the label ids returned with the predictions, never the dataset's column:
-        # the evaluation order need not be the dataset's.
-        return classification_metrics(np.argmax(logits, axis=-1), prediction.label_ids, num_labels)
+        # the evaluation order need not be the dataset's. Filler rows (fixed-shape batches) are dropped.
+        keep = np.asarray(prediction.label_ids) != IGNORE_LABEL
+        return classification_metrics(np.argmax(logits, axis=-1)[keep], np.asarray(prediction.label_ids)[keep], num_labels)
 
-    collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=None)
+    if use_xla:
+        collator = FixedShapeCollator(tokenizer.pad_token_id or 0, buckets, args.per_device_eval_batch_size)
+    else:
+        collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=None)
     trainer = ClassifierTrainer(
         model=model,
         args=training_args,
@@ -512,6 +628,10 @@ def build_trainer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, to
         data_collator=collator,
         compute_metrics=compute_metrics,
     )
+    trainer.buckets = buckets
+    if use_xla:
+        trainer.compile_report = CompileReport()
+        trainer.add_callback(trainer.compile_report)
     for callback in (PrinterCallback, TqdmCallback):
         trainer.remove_callback(callback)
     samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * training_args.world_size
@@ -546,6 +666,11 @@ def run_training(contract: TrainingContract, args: TrainArguments) -> dict[str, 
 
 
 def _run(contract: TrainingContract, args: TrainArguments, stop: StopOnSignal) -> dict[str, Any]:
+    use_xla = xla.wants_xla(args.device)
+    if use_xla:
+        xla.prepare_environment(checkpoint_dir_of(contract))
+    elif args.device == "cuda" and not torch.cuda.is_available():
+        raise ModelError("device=cuda but no CUDA GPU is visible: use a GPU instance (ml.g5, ml.p4d...) or device=auto")
     distributed.setup()
     transformers.set_seed(args.seed)
     transformers.utils.logging.disable_progress_bar()  # byoc logs progress as lines
@@ -561,8 +686,12 @@ def _run(contract: TrainingContract, args: TrainArguments, stop: StopOnSignal) -
         tokenizer = load_tokenizer(source, args)
         tokenized = tokenize_splits(data, tokenizer, args, cache_dir)
     shard_consumers = _agree_on_shards(contract, data, tokenized)
-    model = load_model(source, args, data.label_names)
-    trainer = build_trainer(model, tokenizer, tokenized, args, contract, len(data.label_names))
+    buckets = None
+    if use_xla:
+        xla.initialize(checkpoint_dir_of(contract))
+        buckets = choose_job_buckets(tokenized, args, tokenizer)
+    model = load_model(source, args, data.label_names, use_xla)
+    trainer = build_trainer(model, tokenizer, tokenized, args, contract, len(data.label_names), buckets)
     trainer.shard_consumers = shard_consumers
 
     # Spot interruptions and stops: save on SIGTERM, resume from the newest complete checkpoint.
@@ -610,6 +739,8 @@ def _run(contract: TrainingContract, args: TrainArguments, stop: StopOnSignal) -
         "train_samples": len(tokenized["train"]),
         "world_size": trainer.args.world_size,
         "model": source.origin,
+        **({"buckets": buckets, "padding_efficiency": round(padding_efficiency(tokenized["train"]["length"], buckets), 4),
+            **trainer.compile_report.summary()} if buckets else {}),
         "hyperparameters": asdict(args),
         "versions": {"byoc": __version__, "transformers": transformers.__version__,
                      "torch": torch.__version__, "python": platform.python_version()},
@@ -620,6 +751,17 @@ def _run(contract: TrainingContract, args: TrainArguments, stop: StopOnSignal) -
     publish_model(trainer, tokenizer, code_dir, contract.paths.model_dir)
     logger.info("model saved to %s; metrics in %s", contract.paths.model_dir, report)
     return summary
+
+
+def choose_job_buckets(tokenized: dict[str, Any], args: TrainArguments, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The XLA path's sequence-length buckets: as given, or chosen from the training data's lengths."""
+    lengths = tokenized["train"]["length"]
+    max_length = min(args.max_length, _model_max_length(tokenizer))
+    buckets = bucket_sizes(args) or choose_buckets(lengths, args.max_buckets, max_length)
+    logger.info("XLA: sequence buckets %s (padding efficiency %.3f: real tokens / padded tokens; one length of %d "
+                "would give %.3f)", buckets, padding_efficiency(lengths, buckets), max_length,
+                padding_efficiency(lengths, [max_length]))
+    return buckets
 
 
 def _finished(checkpoint: Path) -> bool:
@@ -696,6 +838,8 @@ def publish_model(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, code_dir
     staging = Path(tempfile.mkdtemp(prefix=".byoc-staging-", dir=model_dir.parent))
     moved: list[Path] = []
     try:
+        if trainer.model.device.type == "xla":  # safetensors reads host memory: the job is done, bring it home
+            trainer.model.to("cpu")
         trainer.model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         shutil.copytree(code_dir, staging / "code", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "train.py"))
@@ -713,8 +857,9 @@ def publish_model(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, code_dir
 
 def _write_predictions(output, test_ds, data: TaskData, output_data_dir: Path) -> None:
     logits = output.predictions[0] if isinstance(output.predictions, tuple) else output.predictions
-    probs = torch.softmax(torch.from_numpy(np.asarray(logits, dtype=np.float32)), dim=-1).numpy()
-    rows = sorted(zip(length_order(test_ds), probs, output.label_ids))  # back to the data's order
+    keep = np.asarray(output.label_ids) != IGNORE_LABEL  # filler rows of a fixed-shape last batch
+    probs = torch.softmax(torch.from_numpy(np.asarray(logits, dtype=np.float32)[keep]), dim=-1).numpy()
+    rows = sorted(zip(length_order(test_ds), probs, np.asarray(output.label_ids)[keep]))  # back to the data's order
     output_data_dir.mkdir(parents=True, exist_ok=True)
     path = output_data_dir / "test_predictions.jsonl"
     with path.open("w", encoding="utf-8") as f:

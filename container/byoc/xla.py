@@ -1,0 +1,103 @@
+"""The XLA device path: Trainium NeuronCores, or torch-xla on CPU (`PJRT_DEVICE=CPU`) to try it.
+
+Which path a job takes, the environment torch-xla and the Neuron compiler need before they load,
+and what torch-xla's own metrics say about compilation. Every import of `torch_xla` (and of
+the Neuron libraries) happens inside a function, so byoc imports and its tests run where they
+are absent.
+
+A compiler builds one graph per input shape; the trainer keeps shapes few with fixed-shape
+buckets (`byoc.buckets`), and the trainer's `CompileReport` counts, with `compiled_graphs`, the
+graphs torch-xla compiled in each epoch and each evaluation, so a job shows that nothing
+recompiles after its first epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from byoc.distributed import BACKEND_ENV
+
+logger = logging.getLogger("byoc.xla")
+
+COMPILE_CACHE_DIR = "neuron-compile-cache"  # under the checkpoint folder: synced to S3, kept across spot restarts
+BF16_CAVEAT_VARS = ("XLA_USE_BF16", "XLA_DOWNCAST_BF16")
+
+
+def wants_xla(device: str) -> bool:
+    """device=xla; or auto where NeuronCores are visible (or the launcher chose them)."""
+    if device == "xla":
+        return True
+    if device != "auto":
+        return False
+    if os.environ.get(BACKEND_ENV) == "xla":
+        return True
+    from byoc.launch import device_counts
+
+    return device_counts()[1] > 0
+
+
+def keep_off_xla() -> None:
+    """For a job not on the XLA path where torch-xla is installed (the Neuron image on CPU, the XLA
+    test venv): transformers and accelerate would otherwise move it to XLA on their own. Call
+    before they are imported."""
+    os.environ["USE_TORCH_XLA"] = "0"
+
+
+def on_neuron() -> bool:
+    return os.environ.get("PJRT_DEVICE", "").upper() == "NEURON"
+
+
+def prepare_environment(checkpoint_dir: Path) -> None:
+    """Set what must be set before torch_xla loads: the PJRT device, the Neuron compiler's flags,
+    and a persistent compile cache under the checkpoint folder (synced to checkpoint_s3_uri, so a
+    spot restart or a later job with the same shapes compiles nothing)."""
+    if "PJRT_DEVICE" not in os.environ:
+        from byoc.launch import device_counts
+
+        os.environ["PJRT_DEVICE"] = "NEURON" if device_counts()[1] else "CPU"
+    cache = checkpoint_dir / COMPILE_CACHE_DIR
+    if on_neuron():
+        flags = os.environ.get("NEURON_CC_FLAGS", "")
+        if "--model-type" not in flags:  # encoders compile best as transformers
+            os.environ["NEURON_CC_FLAGS"] = f"{flags} --model-type=transformer".strip()
+        os.environ.setdefault("NEURON_COMPILE_CACHE_URL", str(cache))
+    for name in BF16_CAVEAT_VARS:
+        if os.environ.get(name, "0") not in ("", "0"):
+            logger.warning("%s=%s casts the weights and optimizer state to bf16 too, which the tutorials warn loses "
+                           "small updates; byoc's bf16=true keeps fp32 weights with bf16 compute instead. Unset %s "
+                           "unless you mean it.", name, os.environ[name], name)
+
+
+def initialize(checkpoint_dir: Path) -> Any:
+    """Import torch-xla (after `prepare_environment`) and return this process's XLA device."""
+    import torch_xla
+    import torch_xla.runtime as xr
+
+    if not on_neuron():  # the Neuron runtime keeps its own cache (NEURON_COMPILE_CACHE_URL)
+        cache = checkpoint_dir / COMPILE_CACHE_DIR
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            xr.initialize_cache(str(cache), readonly=False)
+        except (RuntimeError, OSError) as err:  # already initialised in this process, or not writable
+            logger.info("torch-xla's persistent compile cache is not used: %s", err)
+    device = torch_xla.device()
+    logger.info("XLA device %s (PJRT_DEVICE=%s), compile cache %s", device, os.environ.get("PJRT_DEVICE"),
+                os.environ.get("NEURON_COMPILE_CACHE_URL") or checkpoint_dir / COMPILE_CACHE_DIR)
+    return device
+
+
+def compiled_graphs() -> int:
+    """Graphs torch-xla compiled so far in this process (its `UncachedCompile` counter)."""
+    import torch_xla.debug.metrics as met
+
+    return int(met.counter_value("UncachedCompile") or 0)
+
+
+def compile_seconds() -> float:
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data("CompileTime")
+    return float(data[1]) / 1e9 if data else 0.0

@@ -1,0 +1,102 @@
+"""The XLA (Trainium) training path, run on torch-xla's CPU backend (`PJRT_DEVICE=CPU`).
+
+These tests need torch-xla: they run in the XLA tier's own venv (`make test-xla`: torch 2.9 +
+torch-xla 2.9 + transformers 4.55, as in the Neuron images) and skip elsewhere, unless
+BYOC_REQUIRE_XLA=1 (CI) makes a missing torch-xla a failure instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import Job, losses, run_train_process, sentiment_rows, write_csv
+from test_resume import HP, assert_same_losses, make_job, rerun, run_until, stopped_step
+
+try:
+    import torch_xla  # noqa: F401
+except ImportError:
+    if os.environ.get("BYOC_REQUIRE_XLA") == "1":
+        raise
+    pytest.skip("torch-xla is not installed (the XLA tier runs in .venv-xla: make test-xla)", allow_module_level=True)
+
+XLA = {"device": "xla"}
+
+
+@pytest.fixture(autouse=True)
+def cpu_backend(monkeypatch):
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+
+
+def classification_job(root, tiny_model_dir, extra: dict) -> Job:
+    job = Job(root).resources()
+    job.hyperparameters({"epochs": "4", "learning_rate": "5e-3", "per_device_train_batch_size": "8",
+                         "per_device_eval_batch_size": "16", "freeze_embeddings": "false", "freeze_layers": "0",
+                         "eval_strategy": "epoch", "logging_steps": "5", **extra})
+    job.model_channel(tiny_model_dir)
+    write_csv(job.channel("train") / "t.csv", sentiment_rows(96))
+    write_csv(job.channel("test") / "t.csv", sentiment_rows(40)[::-1])  # 40 rows: the last eval batch is short
+    return job
+
+
+def test_xla_job_matches_the_cpu_path_and_compiles_nothing_after_epoch_one(tmp_path, tiny_model_dir):
+    results = {}
+    for device in ("cpu", "xla"):
+        job = classification_job(tmp_path / device / "opt-ml", tiny_model_dir, {"device": device})
+        done = run_train_process(job.root)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        results[device] = job.metrics
+    cpu, xla = results["cpu"], results["xla"]
+    assert cpu["eval_accuracy"] >= 0.9
+    assert abs(xla["eval_accuracy"] - cpu["eval_accuracy"]) <= 0.05
+    # bounded graphs: new ones only in epoch 1 and in the first evaluation
+    assert xla["xla_graphs_per_epoch"][0] > 0 and xla["xla_graphs_per_epoch"][1:] == [0, 0, 0]
+    assert xla["xla_graphs_per_evaluation"][1:] == [0, 0, 0]
+    assert xla["padding_efficiency"] > 0.5 and xla["buckets"] == sorted(xla["buckets"])
+
+
+def test_xla_artifact_serves_on_cpu(tmp_path, tiny_model_dir):
+    job = classification_job(tmp_path / "opt-ml", tiny_model_dir, {**XLA, "epochs": "1", "do_predict": "true"})
+    done = run_train_process(job.root)
+    assert done.returncode == 0, done.stdout[-3000:]
+    predictions = [json.loads(line) for line in (job.root / "output/data/test_predictions.jsonl").read_text().splitlines()]
+    assert sorted(p["index"] for p in predictions) == list(range(40))  # each test row once, no filler rows
+    import importlib.util
+
+    from byoc.handlers import default_code_dir
+
+    spec = importlib.util.spec_from_file_location("inference", default_code_dir() / "inference.py")
+    inference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(inference)
+    model = inference.model_fn(str(job.model_dir))
+    assert next(model["model"].parameters()).device.type == "cpu"
+    answer = inference.predict_fn({"inputs": ["i love this so much"], "parameters": {}}, model)
+    assert answer[0]["label"] in ("positive", "negative")
+
+
+def test_xla_sigterm_checkpoints_and_the_rerun_resumes_at_the_exact_step(tmp_path, tiny_model_dir):
+    extra = {**XLA, "max_steps": "40", "buckets": "16,32"}
+    reference = make_job(tmp_path / "reference" / "opt-ml", tiny_model_dir, extra)
+    rerun(reference)
+    job = make_job(tmp_path / "stopped" / "opt-ml", tiny_model_dir, extra)
+    code, log = run_until(job, "[metrics] step=13 ")
+    assert code == 143, log[-3000:]
+    step = stopped_step(job)
+    assert 13 <= step < 40
+    checkpoint = job.root / "checkpoints" / f"checkpoint-{step}"
+    assert (checkpoint / "byoc-complete.json").exists() and (checkpoint / "optimizer.pt").exists()
+    log = rerun(job)
+    assert f"resuming from {checkpoint}" in log
+    assert sorted(losses(job)) == list(range(1, 41))
+    assert_same_losses(job, reference, after=step)
+    # the compile cache lives with the checkpoints (synced to S3), so a restart reuses its graphs
+    assert any((job.root / "checkpoints" / "neuron-compile-cache").iterdir())
+
+
+def test_bad_xla_settings_fail_with_a_clear_message(tmp_path, tiny_model_dir):
+    job = classification_job(tmp_path / "opt-ml", tiny_model_dir, {**XLA, "buckets": "16,x"})
+    done = run_train_process(job.root)
+    assert done.returncode == 1
+    assert job.failure.startswith("hyperparameter buckets must be auto or a list of positive sizes"), job.failure
