@@ -56,17 +56,6 @@ class ServeSettings:
     max_batch: int = 128
     max_delay_ms: float = 0.0
     graceful_timeout: int = 25
-    inference_threads: int = 0  # 0: one per core of this worker's share
-
-    @property
-    def core_share(self) -> int:
-        """Cores per worker process: several workers split the cores instead of each taking them all."""
-        return max(1, (os.cpu_count() or 1) // self.workers)
-
-    @property
-    def lanes(self) -> int:
-        """Inference threads per worker, each running its own batches."""
-        return max(1, self.inference_threads or self.core_share)
 
     @classmethod
     def from_env(cls) -> "ServeSettings":
@@ -85,7 +74,6 @@ class ServeSettings:
             max_batch=int(env.get("BYOC_MAX_BATCH_SIZE") or 128),
             max_delay_ms=float(env.get("BYOC_MAX_BATCH_DELAY_MS") or 0),
             graceful_timeout=int(env.get("BYOC_GRACEFUL_TIMEOUT") or 25),
-            inference_threads=int(env.get("BYOC_INFERENCE_THREADS") or 0),
         )
 
     @property
@@ -102,8 +90,7 @@ class ModelServer:
         self.model: Any = None
         self.error: str | None = None
         self.ready = threading.Event()
-        self.executor = ThreadPoolExecutor(max_workers=settings.lanes, thread_name_prefix="byoc-inference")
-        self.serial = threading.Lock()  # handlers without the batch contract run one call at a time
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="byoc-inference")
         self.batcher: Batcher | None = None
 
     def load(self) -> None:
@@ -116,8 +103,8 @@ class ModelServer:
             import transformers
 
             transformers.utils.logging.disable_progress_bar()  # carriage-return noise in CloudWatch
+            _split_cores(self.settings.workers)
             self.handlers = load_handlers(self.settings.model_dir)
-            _split_cores(self.settings, self.handlers.batchable)
             self.model = call(self.handlers.model_fn, "model_fn", str(self.settings.model_dir))
         except Exception as err:
             self.error = f"{type(err).__name__}: {err}"
@@ -125,11 +112,6 @@ class ModelServer:
             return
         self.ready.set()
         logger.info("model loaded from %s in %.1f s; ready", self.settings.model_dir, time.monotonic() - started)
-
-    def run_serial(self, fn, *args) -> Any:
-        """A handler call that does not declare the batch contract: one at a time, on all the cores."""
-        with self.serial:
-            return fn(*args)
 
     def predict_batch(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
         try:
@@ -139,19 +121,15 @@ class ModelServer:
                 release_memory()
 
 
-def _split_cores(settings: ServeSettings, batchable: bool) -> None:
-    """Share this worker's cores between its inference threads.
-
-    With the batch contract, each core gets an inference thread running its own batches on one
-    torch thread: two batches run side by side instead of one batch on two OpenMP threads, whose
-    spinning barriers lose most of their speed whenever the HTTP side or the load needs a core.
-    Handlers without it run one call at a time on all the worker's cores."""
+def _split_cores(workers: int) -> None:
+    """Several workers share the cores instead of each taking them all (oversubscribed OpenMP
+    threads slow everything several-fold)."""
     import torch
 
-    lanes = settings.lanes if batchable else 1
+    threads = max(1, (os.cpu_count() or 1) // workers)
     if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, settings.core_share // lanes))
-    logger.info("worker %d: %d inference thread(s) x %d torch thread(s)", os.getpid(), lanes, torch.get_num_threads())
+        torch.set_num_threads(threads)
+    logger.info("worker %d: %d torch threads", os.getpid(), torch.get_num_threads())
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -170,8 +148,7 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
     async def lifespan(app: Starlette):
         loop = asyncio.get_running_loop()
         loading = loop.run_in_executor(server.executor, server.load)
-        server.batcher = Batcher(server.predict_batch, server.executor, settings.max_batch, settings.max_delay_ms / 1000,
-                                 lanes=settings.lanes)
+        server.batcher = Batcher(server.predict_batch, server.executor, settings.max_batch, settings.max_delay_ms / 1000)
         server.batcher.start()
         loading.add_done_callback(lambda _: server.error and _fail_start(server.error))
         yield
@@ -235,7 +212,7 @@ async def _invoke(server: ModelServer, body: bytes, content_type: str, accept: s
     handlers, loop = server.handlers, asyncio.get_running_loop()
     if handlers.transform_fn is not None:
         result = await loop.run_in_executor(
-            server.executor, server.run_serial, call, handlers.transform_fn, "transform_fn", server.model, body, content_type, accept)
+            server.executor, lambda: call(handlers.transform_fn, "transform_fn", server.model, body, content_type, accept))
         return _response(result, accept)
     _check_accept(handlers, accept)  # before spending time on the model
     try:
@@ -248,7 +225,7 @@ async def _invoke(server: ModelServer, body: bytes, content_type: str, accept: s
         prediction = await server.batcher.submit(data["inputs"], data.get("parameters") or {})
     else:
         prediction = await loop.run_in_executor(
-            server.executor, server.run_serial, call, handlers.predict_fn, "predict_fn", data, server.model)
+            server.executor, lambda: call(handlers.predict_fn, "predict_fn", data, server.model))
     result = await _off_loop(len(body), call, handlers.output_fn, "output_fn", prediction, accept)
     return _response(result, accept)
 
