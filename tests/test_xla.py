@@ -100,3 +100,33 @@ def test_bad_xla_settings_fail_with_a_clear_message(tmp_path, tiny_model_dir):
     done = run_train_process(job.root)
     assert done.returncode == 1
     assert job.failure.startswith("hyperparameter buckets must be auto or a list of positive sizes"), job.failure
+
+
+def fake_neuron_parallel_compile(folder):
+    """A stand-in for the Neuron SDK's tool: says it ran, then runs the command as the tool does."""
+    tool = folder / "neuron_parallel_compile"
+    tool.write_text('#!/bin/sh\necho "fake neuron_parallel_compile: $*"\nNEURON_EXTRACT_GRAPHS_ONLY=1 exec "$@"\n')
+    tool.chmod(0o755)
+    return folder
+
+
+def test_neuron_precompile_compiles_every_shape_under_the_tool_and_writes_no_model(tmp_path, tiny_model_dir):
+    job = classification_job(tmp_path / "opt-ml", tiny_model_dir, {"neuron_precompile": "true"})
+    tools = fake_neuron_parallel_compile(tmp_path)
+    # one NeuronCore, as the runtime reports it; the graphs still compile on torch-xla's CPU backend
+    env = {"PATH": f"{tools}:{os.environ['PATH']}", "NEURON_RT_NUM_CORES": "1", "PJRT_DEVICE": "CPU"}
+    done = run_train_process(job.root, env=env)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "fake neuron_parallel_compile: " in done.stdout and "precompiling: one training batch of each shape" in done.stdout
+    metrics = job.metrics
+    assert metrics["xla_graphs_compiled"] > 0
+    assert 1 <= max(h["step"] for h in metrics["history"]) <= len(metrics["buckets"])  # one step per training shape
+    assert not (job.model_dir / "model.safetensors").exists()
+    assert any((job.root / "checkpoints" / "neuron-compile-cache").iterdir())
+
+
+def test_neuron_precompile_without_the_tool_says_what_is_missing(tmp_path, tiny_model_dir):
+    job = classification_job(tmp_path / "opt-ml", tiny_model_dir, {"neuron_precompile": "true"})
+    done = run_train_process(job.root, env={"NEURON_RT_NUM_CORES": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 1
+    assert job.failure.startswith("neuron_precompile=true needs the Neuron SDK's neuron_parallel_compile"), job.failure

@@ -68,7 +68,7 @@ def _is_out_of_memory(err: BaseException) -> bool:
 
 def train() -> int:
     """Run the training job on this host (launching its ranks if there are several); return the exit code."""
-    from byoc.contract import base_dir, Paths, read_training_contract, write_failure  # light imports
+    from byoc.contract import base_dir, Paths, read_training_contract  # light imports
 
     paths = Paths(base_dir())
     _stop_on_sigterm()  # before anything slow: from here on SIGTERM ends the job with its failure message
@@ -87,6 +87,9 @@ def train() -> int:
             from byoc.arguments import parse_hyperparameters
 
             args = parse_hyperparameters(contract.hyperparameters)  # bad input fails here, before any launch
+            if args.neuron_precompile and (wrapped := _precompile_command()):
+                code, message = _run_precompile(wrapped)
+                return _finish(paths, code, message)
             plan = plan_launch(contract, device=args.device)
             if plan.world_size == 1:  # nothing to launch: train in this process
                 _choose_xla(args)
@@ -94,12 +97,35 @@ def train() -> int:
             code, message = launch(plan, contract, main_command())
     except (Exception, Interrupted) as err:  # every failure must reach output/failure, whatever raised it
         return _fail(paths, err)
+    return _finish(paths, code, message)
+
+
+def _finish(paths, code: int, message: str | None) -> int:
+    from byoc.contract import write_failure
+
     if code:
         logger.error("training failed: %s", message)
         write_failure(paths, message or f"training exited with code {code}")
         return code
     logger.info("training finished")
     return 0
+
+
+def _precompile_command() -> list[str] | None:
+    from byoc import xla
+
+    return xla.parallel_compile_command([sys.executable, "-m", "byoc.cli", "train"])
+
+
+def _run_precompile(command: list[str]) -> tuple[int, str | None]:
+    """This job again, under neuron_parallel_compile; SIGTERM reaches it through the process group."""
+    import subprocess
+
+    from byoc import xla
+
+    logger.info("precompiling with %s", " ".join(command))
+    done = subprocess.run(command, env={**os.environ, xla.PRECOMPILING_ENV: "1"})
+    return done.returncode, None if done.returncode == 0 else f"neuron_parallel_compile exited with code {done.returncode}"
 
 
 def _stop_on_sigterm() -> None:

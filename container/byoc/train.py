@@ -12,6 +12,7 @@ collator, sharing everything else.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.resources
 import json
@@ -369,21 +370,37 @@ class FixedShapeSampler(LengthBucketSampler):
     bucket; the last bucket's leftovers (fewer than one global batch) sit out that epoch."""
 
     def __init__(self, lengths: list[int], buckets: list[int], batch_size: int, seed: int, world_size: int = 1,
-                 consumers: list[int] | None = None) -> None:
+                 consumers: list[int] | None = None, one_per_shape: bool = False) -> None:
         super().__init__(lengths, batch_size, seed, world_size, consumers)
         self.buckets = list(buckets)
+        self.one_per_shape = one_per_shape  # precompiling: one batch of each shape is all the compiler needs
 
     def __len__(self) -> int:
-        return len(self.lengths) // self.global_batch * self.batch_size * self.world_size
+        batches = len(self.shapes()) if self.one_per_shape else len(self.lengths) // self.global_batch
+        return batches * self.batch_size * self.world_size
+
+    def shapes(self) -> list[int]:
+        """The bucket sizes training batches take (the same every epoch: leftovers always move up)."""
+        lengths = self.lengths.astype(int).tolist()
+        batches = bucket_batches(lengths, self.buckets, self.global_batch, self.seed, 0)
+        return sorted({bucket_of(max(lengths[i] for i in batch), self.buckets) for batch in batches})
 
     def _global_batches(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         lengths = self.lengths.astype(int).tolist()
         batches = bucket_batches(lengths, self.buckets, self.global_batch, self.seed, self.epoch)
         if batches:
             # The epoch's last step compiles together with the epoch-end work into a graph of its own:
-            # ending every epoch on the same bucket keeps that graph the same epoch after epoch.
+            # ending every epoch on the same (largest) bucket keeps that graph the same epoch after epoch.
             shapes = [bucket_of(max(lengths[i] for i in batch), self.buckets) for batch in batches]
-            batches.append(batches.pop(shapes.index(max(shapes))))
+            if self.one_per_shape:
+                batches = [batches[shapes.index(size)] for size in sorted(set(shapes))]
+            else:
+                # The first step also creates the optimizer state (a graph of its own): taking it from
+                # the commonest shape leaves every shape's ordinary step to compile in epoch 1.
+                first = shapes.index(max(set(shapes), key=shapes.count))
+                last = max(range(len(shapes)), key=lambda i: (shapes[i], i != first))
+                rest = [b for i, b in enumerate(batches) if i not in (first, last)]
+                batches = [batches[first], *rest, batches[last]] if first != last else [batches[first], *rest]
         return np.asarray(batches, dtype=np.int64).reshape(-1, self.global_batch), np.zeros(0, dtype=np.int64)
 
 
@@ -397,6 +414,7 @@ class ClassifierTrainer(Trainer):
     shard_consumers: list[int] | None = None  # set when each host trains on its own shard
     buckets: list[int] | None = None  # the XLA path's sequence-length buckets
     compile_report: "CompileReport | None" = None
+    precompile: bool = False  # neuron_precompile: one batch per shape, then stop
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -410,7 +428,8 @@ class ClassifierTrainer(Trainer):
         lengths = [len(ids) for ids in dataset["input_ids"]]
         if self.buckets:  # XLA: every batch one of a few fixed shapes
             self.bucket_sampler = FixedShapeSampler(lengths, self.buckets, self.args.per_device_train_batch_size,
-                                                    self.args.seed, self.args.world_size, self.shard_consumers)
+                                                    self.args.seed, self.args.world_size, self.shard_consumers,
+                                                    one_per_shape=self.precompile)
         else:
             self.bucket_sampler = LengthBucketSampler(lengths, self.args.per_device_train_batch_size, self.args.seed,
                                                       self.args.world_size, self.shard_consumers)
@@ -481,7 +500,9 @@ def device_arguments(args: TrainArguments, use_xla: bool) -> dict[str, Any]:
     if use_xla:
         # Fused AdamW refuses XLA tensors. (Every training batch is full already: the sampler sees to
         # it; drop_last would also drop the last evaluation batch, which the collator pads instead.)
-        return {"optim": "adamw_torch"}
+        # Evaluation results move to the host after every step: kept on the device, they would be
+        # concatenated into a growing tensor, a new shape (and graph) at each step.
+        return {"optim": "adamw_torch", "eval_accumulation_steps": 1}
     gloo = os.environ.get(distributed.BACKEND_ENV) == "gloo"
     # accelerate treats several CPU processes as one data-parallel job only when told they are CPU ones.
     return {"use_cpu": (distributed.is_distributed() and gloo) or (args.device == "cpu" and torch.cuda.is_available())}
@@ -515,6 +536,13 @@ class CompileReport(TrainerCallback):
 
     def on_evaluate(self, args, state, control, **kwargs):
         self.evaluations.append(self._take())
+
+    def on_log(self, args, state, control, **kwargs):
+        # Logging resets the loss accumulator; run that now, or it joins the next step's graph and
+        # makes a second variant of every bucket's step.
+        import torch_xla
+
+        torch_xla.sync()
 
     def summary(self) -> dict[str, Any]:
         return {"xla_graphs_compiled": xla.compiled_graphs(), "xla_graphs_per_epoch": self.per_epoch,
@@ -690,14 +718,23 @@ def _run(contract: TrainingContract, args: TrainArguments, stop: StopOnSignal) -
     if use_xla:
         xla.initialize(checkpoint_dir_of(contract))
         buckets = choose_job_buckets(tokenized, args, tokenizer)
+    if args.neuron_precompile:
+        if not use_xla:
+            raise ModelError("neuron_precompile=true compiles the XLA path's graphs: run on NeuronCores or set device=xla")
+        shapes = FixedShapeSampler(tokenized["train"]["length"], buckets, args.per_device_train_batch_size, args.seed,
+                                   distributed.world_size()).shapes()
+        logger.info("precompiling: one training batch of each shape %s, then one evaluation; no model is written", shapes)
+        args = dataclasses.replace(args, max_steps=len(shapes), eval_strategy="no", save_strategy="no")
     model = load_model(source, args, data.label_names, use_xla)
     trainer = build_trainer(model, tokenizer, tokenized, args, contract, len(data.label_names), buckets)
+    trainer.precompile = args.neuron_precompile
     trainer.shard_consumers = shard_consumers
 
     # Spot interruptions and stops: save on SIGTERM, resume from the newest complete checkpoint.
     checkpoint_dir = Path(trainer.args.output_dir)
-    resume = common_resume_point(checkpoint_dir)
-    if trainer.is_local_process_zero():
+    # A precompile run neither resumes nor leaves checkpoints: it shares only the compile cache.
+    resume = None if args.neuron_precompile else common_resume_point(checkpoint_dir)
+    if trainer.is_local_process_zero() and not args.neuron_precompile:
         check_job(checkpoint_dir, _job_fingerprint(args, data, source, trainer.args.world_size))
         drop_unfinished_after(checkpoint_dir, resume)
     distributed.barrier()
@@ -747,6 +784,10 @@ def _run(contract: TrainingContract, args: TrainArguments, stop: StopOnSignal) -
     })
     report = write_report(contract.paths.output_data_dir, summary, trainer.state.log_history)
     logger.info(metrics_line({k: v for k, v in summary.items() if isinstance(v, (int, float))}))
+    if args.neuron_precompile:  # the weights saw a handful of steps: a cache, not a model
+        logger.info("precompiled %d graph(s) into the compile cache; train without neuron_precompile to get a model",
+                    summary.get("xla_graphs_compiled", 0))
+        return summary
     # The artifact comes last and whole: assembled in a staging folder, then moved into model/.
     publish_model(trainer, tokenizer, code_dir, contract.paths.model_dir)
     logger.info("model saved to %s; metrics in %s", contract.paths.model_dir, report)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,24 @@ def wants_xla(device: str) -> bool:
     from byoc.launch import device_counts
 
     return device_counts()[1] > 0
+
+
+PRECOMPILING_ENV = "BYOC_PRECOMPILING"  # set inside neuron_parallel_compile's run of the job
+
+
+def parallel_compile_command(command: list[str]) -> list[str] | None:
+    """neuron_precompile on NeuronCores: the job's command under the Neuron SDK's
+    `neuron_parallel_compile`, which traces the graphs and compiles them in parallel into the
+    compile cache. None elsewhere (torch-xla on CPU compiles into its cache as the job runs)."""
+    from byoc.launch import LaunchError, device_counts
+
+    if os.environ.get(PRECOMPILING_ENV) or not device_counts()[1]:
+        return None
+    tool = shutil.which("neuron_parallel_compile")
+    if tool is None:
+        raise LaunchError("neuron_precompile=true needs the Neuron SDK's neuron_parallel_compile, which is not on PATH: "
+                          "use the Neuron image (Dockerfile.neuron), or drop neuron_precompile")
+    return [tool, *command]
 
 
 def keep_off_xla() -> None:
