@@ -59,3 +59,23 @@ def test_fp16_without_cuda_falls_back_to_fp32(caplog):
     flags = precision_flags(parse_hyperparameters({"fp16": "true"}))
     if not torch.cuda.is_available():
         assert flags == {"bf16": False, "fp16": False} and "fp32" in caplog.text
+
+
+def test_weight_decay_as_a_device_tensor_matches_adamw_exactly():
+    """The XLA path applies AdamW's decoupled decay itself, with a tensor factor (see byoc.xla)."""
+    from byoc.xla import decay_with_device_tensors
+
+    stock, ours = (torch.nn.Parameter(torch.linspace(-1, 1, 5)) for _ in range(2))
+    plain = torch.optim.AdamW([stock], lr=0.1, weight_decay=0.3)
+    patched = torch.optim.AdamW([ours], lr=0.1, weight_decay=0.3)
+    decay_with_device_tensors(patched)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(patched, lambda step: 1 - step / 5)
+    reference = torch.optim.lr_scheduler.LambdaLR(plain, lambda step: 1 - step / 5)
+    for _ in range(4):
+        for optimizer, param, schedule in ((plain, stock, reference), (patched, ours, scheduler)):
+            optimizer.zero_grad()
+            (param * torch.arange(5.0)).pow(2).sum().backward()
+            optimizer.step()
+            schedule.step()
+    assert torch.equal(stock.data, ours.data)
+    assert patched.state_dict()["param_groups"][0]["byoc_weight_decay"] == 0.3

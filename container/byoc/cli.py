@@ -92,7 +92,7 @@ def train() -> int:
                 return _finish(paths, code, message)
             plan = plan_launch(contract, device=args.device)
             if plan.world_size == 1:  # nothing to launch: train in this process
-                _choose_xla(args)
+                _choose_xla(contract, args)
                 return _train_here(contract, args)
             code, message = launch(plan, contract, main_command())
     except (Exception, Interrupted) as err:  # every failure must reach output/failure, whatever raised it
@@ -138,11 +138,14 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
-def _choose_xla(args) -> None:
-    """Before transformers loads: a job off the XLA path must say so where torch-xla is installed."""
+def _choose_xla(contract, args) -> None:
+    """Before transformers loads (it imports torch-xla where installed): the XLA path's environment,
+    or, off that path, the word that keeps transformers from moving the job to XLA."""
     from byoc import xla
 
-    if not xla.wants_xla(args.device):
+    if xla.wants_xla(args.device):
+        xla.prepare_environment(contract.checkpoint_dir or contract.paths.base / "checkpoints")
+    else:
         xla.keep_off_xla()
 
 
@@ -179,7 +182,7 @@ def worker() -> int:
 
         contract = read_training_contract()
         args = parse_hyperparameters(contract.hyperparameters)
-        _choose_xla(args)
+        _choose_xla(contract, args)
         from byoc.train import run_training
 
         run_training(contract, args)

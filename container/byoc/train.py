@@ -441,6 +441,12 @@ class ClassifierTrainer(Trainer):
             return super()._get_eval_sampler(eval_dataset)
         return length_order(eval_dataset)
 
+    def create_optimizer(self, *args, **kwargs):
+        optimizer = super().create_optimizer(*args, **kwargs)
+        if self.buckets and "weight_decay" in optimizer.defaults:  # the XLA path
+            xla.decay_with_device_tensors(optimizer)
+        return optimizer
+
     def evaluate(self, *args, **kwargs):
         try:
             return super().evaluate(*args, **kwargs)

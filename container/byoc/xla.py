@@ -70,9 +70,13 @@ def on_neuron() -> bool:
 
 
 def prepare_environment(checkpoint_dir: Path) -> None:
-    """Set what must be set before torch_xla loads: the PJRT device, the Neuron compiler's flags,
-    and a persistent compile cache under the checkpoint folder (synced to checkpoint_s3_uri, so a
-    spot restart or a later job with the same shapes compiles nothing)."""
+    """Set what must be set before torch_xla loads (transformers imports it with itself, so before
+    that too): the PJRT device, how scalars enter graphs, the Neuron compiler's flags, and a
+    persistent compile cache under the checkpoint folder (synced to checkpoint_s3_uri, so a spot
+    restart or a later job with the same shapes compiles nothing)."""
+    # torch-xla bakes the scalars 0 and 1 into a graph as constants instead of inputs: the warm-up's
+    # first learning rate (0) would compile a step graph of its own.
+    os.environ.setdefault("XLA_NO_SPECIAL_SCALARS", "1")
     if "PJRT_DEVICE" not in os.environ:
         from byoc.launch import device_counts
 
@@ -106,6 +110,33 @@ def initialize(checkpoint_dir: Path) -> Any:
     logger.info("XLA device %s (PJRT_DEVICE=%s), compile cache %s", device, os.environ.get("PJRT_DEVICE"),
                 os.environ.get("NEURON_COMPILE_CACHE_URL") or checkpoint_dir / COMPILE_CACHE_DIR)
     return device
+
+
+def decay_with_device_tensors(optimizer: Any) -> None:
+    """Apply AdamW's decoupled weight decay (`param *= 1 - lr * weight_decay`, before the update,
+    exactly as AdamW does) with the factor as a device tensor instead of a Python number.
+
+    torch-xla turns Python numbers (and 0-d tensors) into graph inputs, and equal numbers into one
+    shared input: late in a decaying schedule the factor rounds to 1.0 in fp32, shares its input
+    with another 1.0 of the step, and the last steps of the job compile graphs of their own. A
+    one-element tensor stays an input of its own."""
+    import torch
+
+    for group in optimizer.param_groups:
+        group["byoc_weight_decay"], group["weight_decay"] = group.get("weight_decay", 0.0), 0.0
+
+    def decay(opt, args, kwargs) -> None:
+        with torch.no_grad():
+            for group in opt.param_groups:
+                rate = group.get("byoc_weight_decay", 0.0)
+                params = [p for p in group["params"] if p.grad is not None]  # what AdamW updates
+                if rate and params:
+                    # One element, not a 0-d tensor: torch-xla treats 0-d tensors as numbers.
+                    factor = torch.tensor([1.0 - group["lr"] * rate], dtype=params[0].dtype, device=params[0].device)
+                    for param in params:
+                        param.mul_(factor.reshape([1] * param.dim()))
+
+    optimizer.register_step_pre_hook(decay)
 
 
 def compiled_graphs() -> int:
