@@ -118,7 +118,8 @@ def _precompile_command() -> list[str] | None:
 
 
 def _run_precompile(command: list[str]) -> tuple[int, str | None]:
-    """This job again, under neuron_parallel_compile; SIGTERM reaches it through the process group."""
+    """This job again, under neuron_parallel_compile. A SIGTERM ends both (a precompile run keeps no
+    checkpoints: there is nothing to save)."""
     import subprocess
 
     from byoc import xla

@@ -25,6 +25,7 @@ logger = logging.getLogger("byoc.xla")
 
 COMPILE_CACHE_DIR = "neuron-compile-cache"  # under the checkpoint folder: synced to S3, kept across spot restarts
 BF16_CAVEAT_VARS = ("XLA_USE_BF16", "XLA_DOWNCAST_BF16")
+PRECOMPILING_ENV = "BYOC_PRECOMPILING"  # set inside neuron_parallel_compile's run of the job
 
 
 def wants_xla(device: str) -> bool:
@@ -38,9 +39,6 @@ def wants_xla(device: str) -> bool:
     from byoc.launch import device_counts
 
     return device_counts()[1] > 0
-
-
-PRECOMPILING_ENV = "BYOC_PRECOMPILING"  # set inside neuron_parallel_compile's run of the job
 
 
 def parallel_compile_command(command: list[str]) -> list[str] | None:
@@ -73,7 +71,7 @@ def prepare_environment(checkpoint_dir: Path) -> None:
     """Set what must be set before torch_xla loads (transformers imports it with itself, so before
     that too): the PJRT device, how scalars enter graphs, the Neuron compiler's flags, and a
     persistent compile cache under the checkpoint folder (synced to checkpoint_s3_uri, so a spot
-    restart or a later job with the same shapes compiles nothing)."""
+    restart or a later job with the same shapes compiles nothing). Idempotent."""
     # torch-xla bakes the scalars 0 and 1 into a graph as constants instead of inputs: the warm-up's
     # first learning rate (0) would compile a step graph of its own.
     os.environ.setdefault("XLA_NO_SPECIAL_SCALARS", "1")
@@ -87,17 +85,18 @@ def prepare_environment(checkpoint_dir: Path) -> None:
         if "--model-type" not in flags:  # encoders compile best as transformers
             os.environ["NEURON_CC_FLAGS"] = f"{flags} --model-type=transformer".strip()
         os.environ.setdefault("NEURON_COMPILE_CACHE_URL", str(cache))
-    for name in BF16_CAVEAT_VARS:
-        if os.environ.get(name, "0") not in ("", "0"):
-            logger.warning("%s=%s casts the weights and optimizer state to bf16 too, which the tutorials warn loses "
-                           "small updates; byoc's bf16=true keeps fp32 weights with bf16 compute instead. Unset %s "
-                           "unless you mean it.", name, os.environ[name], name)
 
 
 def initialize(checkpoint_dir: Path) -> Any:
     """Import torch-xla (after `prepare_environment`) and return this process's XLA device."""
     import torch_xla
     import torch_xla.runtime as xr
+
+    for name in BF16_CAVEAT_VARS:
+        if os.environ.get(name, "0") not in ("", "0"):
+            logger.warning("%s=%s casts the weights and optimizer state to bf16 too, which the tutorials warn loses "
+                           "small updates; byoc's bf16=true keeps fp32 weights with bf16 compute instead. Unset %s "
+                           "unless you mean it.", name, os.environ[name], name)
 
     if not on_neuron():  # the Neuron runtime keeps its own cache (NEURON_COMPILE_CACHE_URL)
         cache = checkpoint_dir / COMPILE_CACHE_DIR
