@@ -105,10 +105,16 @@ def initialize(checkpoint_dir: Path) -> Any:
             xr.initialize_cache(str(cache), readonly=False)
         except (RuntimeError, OSError) as err:  # already initialised in this process, or not writable
             logger.info("torch-xla's persistent compile cache is not used: %s", err)
+    for handler in logging.getLogger().handlers:  # torch-xla's root-logger line at every logging step
+        handler.addFilter(_quiet_rendezvous)
     device = torch_xla.device()
     logger.info("XLA device %s (PJRT_DEVICE=%s), compile cache %s", device, os.environ.get("PJRT_DEVICE"),
                 os.environ.get("NEURON_COMPILE_CACHE_URL") or checkpoint_dir / COMPILE_CACHE_DIR)
     return device
+
+
+def _quiet_rendezvous(record: logging.LogRecord) -> bool:
+    return not (record.name == "root" and str(record.msg).startswith("Joining rendezvous"))
 
 
 def decay_with_device_tensors(optimizer: Any) -> None:
