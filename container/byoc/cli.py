@@ -145,7 +145,7 @@ def _choose_xla(contract, args) -> None:
     from byoc import xla
 
     if xla.wants_xla(args.device):
-        xla.prepare_environment(contract.checkpoint_dir or contract.paths.base / "checkpoints")
+        xla.prepare_environment(contract.checkpoint_folder)
     else:
         xla.keep_off_xla()
 

@@ -91,6 +91,12 @@ class TrainingContract:
     def channel_dirs(self) -> dict[str, Path]:
         return {name: ch.path for name, ch in self.channels.items()}
 
+    @property
+    def checkpoint_folder(self) -> Path:
+        """Where checkpoints (and the XLA compile cache) go: checkpointconfig.json's LocalPath, else
+        /opt/ml/checkpoints."""
+        return self.checkpoint_dir or self.paths.base / "checkpoints"
+
 
 def base_dir() -> Path:
     """The root of the contract: `$SAGEMAKER_BASE_DIR`, else `/opt/ml`."""

@@ -592,10 +592,6 @@ def save_strategy(args: TrainArguments, contract: TrainingContract) -> str:
     return "steps" if contract.checkpoint_s3_uri else "no"
 
 
-def checkpoint_dir_of(contract: TrainingContract) -> Path:
-    return contract.checkpoint_dir or (contract.paths.base / "checkpoints")
-
-
 def build_trainer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tokenized: dict[str, Any],
                   args: TrainArguments, contract: TrainingContract, num_labels: int,
                   buckets: list[int] | None = None) -> Trainer:
@@ -604,7 +600,7 @@ def build_trainer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, to
     eval_ds = tokenized.get("eval", tokenized.get("test"))
     has_eval = eval_ds is not None
     strategy = _eval_strategy(args, has_eval)
-    checkpoint_dir = checkpoint_dir_of(contract)
+    checkpoint_dir = contract.checkpoint_folder
     training_args = TrainingArguments(
         output_dir=str(checkpoint_dir),
         num_train_epochs=args.epochs,
@@ -702,7 +698,7 @@ def run_training(contract: TrainingContract, args: TrainArguments) -> dict[str, 
 def _run(contract: TrainingContract, args: TrainArguments, stop: StopOnSignal) -> dict[str, Any]:
     use_xla = xla.wants_xla(args.device)
     if use_xla:
-        xla.prepare_environment(checkpoint_dir_of(contract))
+        xla.prepare_environment(contract.checkpoint_folder)
     elif args.device == "cuda" and not torch.cuda.is_available():
         raise ModelError("device=cuda but no CUDA GPU is visible: use a GPU instance (ml.g5, ml.p4d...) or device=auto")
     distributed.setup()
@@ -722,7 +718,7 @@ def _run(contract: TrainingContract, args: TrainArguments, stop: StopOnSignal) -
     shard_consumers = _agree_on_shards(contract, data, tokenized)
     buckets = None
     if use_xla:
-        xla.initialize(checkpoint_dir_of(contract))
+        xla.initialize(contract.checkpoint_folder)
         buckets = choose_job_buckets(tokenized, args, tokenizer)
     if args.neuron_precompile:
         if not use_xla:
