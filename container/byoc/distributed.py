@@ -100,6 +100,15 @@ def barrier() -> None:
         dist.barrier()
 
 
+def teardown() -> None:
+    """Leave the process group together. A rank that exits while its peers still talk to it can
+    abort in the collective library's threads ("terminate called without an active exception",
+    exit 134) even though its work is done."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 @contextlib.contextmanager
 def host_leader_first() -> Iterator[None]:
     """Local rank 0 runs the block first (filling on-disk caches); the host's other ranks then reuse it."""

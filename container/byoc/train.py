@@ -690,9 +690,11 @@ def run_training(contract: TrainingContract, args: TrainArguments) -> dict[str, 
     stop = StopOnSignal()
     stop.install()
     try:
-        return _run(contract, args, stop)
+        summary = _run(contract, args, stop)
     finally:
         stop.uninstall()
+    distributed.teardown()  # a job that succeeded: every rank waits for rank 0's artifact, then leaves together
+    return summary
 
 
 def _run(contract: TrainingContract, args: TrainArguments, stop: StopOnSignal) -> dict[str, Any]:
