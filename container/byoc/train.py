@@ -890,6 +890,10 @@ def publish_model(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, code_dir
         shutil.copytree(code_dir, staging / "code", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "train.py"))
         for item in sorted(staging.iterdir()):
             target = model_dir / item.name
+            if target.is_dir():  # left by a run killed mid-publish: replace it, never move into it
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
             shutil.move(str(item), str(target))
             moved.append(target)
     except BaseException:
