@@ -79,3 +79,34 @@ def test_weight_decay_as_a_device_tensor_matches_adamw_exactly():
             schedule.step()
     assert torch.equal(stock.data, ours.data)
     assert patched.state_dict()["param_groups"][0]["byoc_weight_decay"] == 0.3
+
+
+class _SavesFiles:
+    """Stands in for a model/tokenizer: save_pretrained writes one named file."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.device = name, torch.device("cpu")
+
+    def save_pretrained(self, folder, **_) -> None:
+        (folder / self.name).write_text("new")
+
+
+def test_publish_replaces_what_a_killed_publish_left(tmp_path):
+    from types import SimpleNamespace
+
+    from byoc.train import publish_model
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "inference.py").write_text("new")
+    model_dir = tmp_path / "model"
+    (model_dir / "code").mkdir(parents=True)  # a SIGKILL landed after code/ was moved in
+    (model_dir / "code" / "inference.py").write_text("old")
+    (model_dir / "config.json").write_text("old")
+
+    publish_model(SimpleNamespace(model=_SavesFiles("config.json")), _SavesFiles("tokenizer.json"), code, model_dir)
+
+    assert sorted(p.name for p in model_dir.iterdir()) == ["code", "config.json", "tokenizer.json"]
+    assert sorted(p.name for p in (model_dir / "code").iterdir()) == ["inference.py"]
+    assert (model_dir / "code" / "inference.py").read_text() == "new"
+    assert (model_dir / "config.json").read_text() == "new"
