@@ -13,12 +13,15 @@ Request and response follow the Hugging Face inference DLC, so existing clients 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 import json
+import logging
+import os
+from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+import numpy as np
 
 from byoc.handlers import InputError, NotAcceptable, UnsupportedMediaType
 
@@ -27,17 +30,99 @@ TOKEN_BUDGET = 256  # padded tokens per forward pass (batch size x its longest t
 JSON_LINES = ("application/jsonlines", "application/x-jsonlines", "application/jsonl")
 CONTENT_TYPES = ("application/json", "text/csv", "text/plain", *JSON_LINES)
 ACCEPT_TYPES = ("application/json", "text/csv", *JSON_LINES)
+BACKEND_ENV = "BYOC_INFERENCE_BACKEND"  # auto (default), onnxruntime or torch
+
+logger = logging.getLogger("byoc.inference")
 
 
 def model_fn(model_dir: str) -> dict[str, Any]:
-    """Load tokenizer and classifier. Weights load from safetensors only (nothing is unpickled)."""
+    """Load tokenizer and classifier; weights come from safetensors only (nothing is unpickled).
+
+    Runs on ONNX Runtime where the model has its serving graph (`model.onnx`, written by `byoc
+    train`) and no NVIDIA GPU is present: torch and transformers are then never imported, which
+    starts several times faster. Otherwise (or with BYOC_INFERENCE_BACKEND=torch) on transformers.
+    Either way the result has the same keys; `logits(feeds)` runs one padded batch of numpy arrays.
+    """
+    folder = Path(model_dir)
+    if choose_backend(folder) == "onnxruntime":
+        try:
+            return _load_onnx(folder)
+        except RuntimeError as err:  # byoc.onnx_graph.GraphError: a stale graph is never used
+            if os.environ.get(BACKEND_ENV, "auto").strip().lower() == "onnxruntime":
+                raise
+            logger.warning("serving with torch instead of ONNX Runtime: %s", err)
+    return _load_torch(folder)
+
+
+def choose_backend(model_dir: Path) -> str:
+    wanted = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
+    if wanted not in ("auto", "onnxruntime", "torch"):
+        raise ValueError(f"{BACKEND_ENV}={wanted!r}: use auto, onnxruntime or torch")
+    missing = [what for what, ok in (
+        ("model.onnx (the serving graph byoc train writes)", (model_dir / "model.onnx").exists()),
+        ("tokenizer.json (a fast tokenizer)", (model_dir / "tokenizer.json").exists()),
+        ("the onnxruntime package", importlib.util.find_spec("onnxruntime") is not None)) if not ok]
+    if wanted == "onnxruntime" and missing:
+        raise ValueError(f"{BACKEND_ENV}=onnxruntime but {' and '.join(missing)} is missing; "
+                         f"unset it to serve with torch")
+    if wanted == "auto":
+        gpu = Path("/dev/nvidia0").exists()  # ONNX Runtime here is the CPU build; CUDA stays with torch
+        return "onnxruntime" if not missing and not gpu else "torch"
+    return wanted
+
+
+def _max_length(*limits: Any) -> int:
+    """Truncate to what both the tokenizer and the model's position table allow."""
+    return min((n for n in limits if isinstance(n, int) and 0 < n < 100_000), default=512)
+
+
+def _load_onnx(model_dir: Path) -> dict[str, Any]:
+    from tokenizers import Tokenizer
+
+    from byoc.handlers import inference_threads
+    from byoc.onnx_graph import GRAPH, Session
+
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    tokenizer_config_path = model_dir / "tokenizer_config.json"
+    tokenizer_config = json.loads(tokenizer_config_path.read_text(encoding="utf-8")) if tokenizer_config_path.exists() else {}
+    max_length = _max_length(tokenizer_config.get("model_max_length"), config.get("max_position_embeddings"))
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tokenizer.no_padding()  # batches are padded here, per length-sorted chunk
+    tokenizer.enable_truncation(max_length)  # longest_first, as transformers' truncation=True
+    pad = tokenizer_config.get("pad_token") or "[PAD]"
+    pad_id = tokenizer.token_to_id(pad["content"] if isinstance(pad, dict) else pad) or 0
+    session = Session(model_dir, inference_threads())
+    logger.info("model runs on ONNX Runtime (%s, %d threads)", GRAPH, session.threads)
+
+    def encode(inputs: list[str | tuple[str, str]]) -> list[dict[str, list[int]]]:
+        return [{"input_ids": e.ids, "attention_mask": e.attention_mask, "token_type_ids": e.type_ids}
+                for e in tokenizer.encode_batch(inputs)]
+
+    return {"backend": "onnxruntime", "model": session, "tokenizer": tokenizer, "encode": encode,
+            "logits": session.logits, "id2label": {int(k): v for k, v in config["id2label"].items()},
+            "max_length": max_length, "pad_id": pad_id}
+
+
+def _load_torch(model_dir: Path) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False)
-    model.eval()
-    # Truncate to what both the tokenizer and the model's position table allow.
-    limits = [n for n in (tokenizer.model_max_length, getattr(model.config, "max_position_embeddings", None))
-              if isinstance(n, int) and 0 < n < 100_000]
-    return {"model": model, "tokenizer": tokenizer, "max_length": min(limits, default=512)}
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device).eval()
+    max_length = _max_length(tokenizer.model_max_length, getattr(model.config, "max_position_embeddings", None))
+    logger.info("model runs on torch %s (%s, %d threads)", torch.__version__, device, torch.get_num_threads())
+
+    def encode(inputs: list[str | tuple[str, str]]) -> list[dict[str, list[int]]]:
+        return _encode(tokenizer, inputs, max_length)
+
+    def logits(feeds: dict[str, np.ndarray]) -> np.ndarray:
+        with torch.inference_mode():
+            return model(**{k: torch.from_numpy(v).to(device) for k, v in feeds.items()}).logits.float().cpu().numpy()
+
+    return {"backend": "torch", "model": model, "tokenizer": tokenizer, "encode": encode, "logits": logits,
+            "id2label": dict(model.config.id2label), "max_length": max_length, "pad_id": tokenizer.pad_token_id or 0}
 
 
 def input_fn(body: bytes | str, content_type: str = "application/json") -> dict[str, Any]:
@@ -99,26 +184,24 @@ def _normalise(inputs: Any) -> list[str | tuple[str, str]]:
 
 def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     """Classify; returns, per input, the best {"label", "score"} or the top_k of them."""
-    tokenizer, classifier = model["tokenizer"], model["model"]
     inputs, parameters = data["inputs"], data.get("parameters", {})
     top_k = parameters.get("top_k")
     if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
         raise InputError('"top_k" must be a positive integer')
-    encoded = _encode(tokenizer, inputs, model.get("max_length"))
+    encoded = model["encode"](inputs)
     # Shortest first, cut into batches of a bounded padded size: each batch pads only to its own
     # longest text (tweets of 5 and 60 tokens never share one); answers go back in request order.
     order = sorted(range(len(inputs)), key=lambda i: len(encoded[i]["input_ids"]))
-    scores: list[torch.Tensor | None] = [None] * len(inputs)
-    with torch.inference_mode():
-        for chunk in _batches(order, encoded):
-            probs = classifier(**_pad(chunk, encoded, tokenizer.pad_token_id or 0)).logits.float().softmax(dim=-1)
-            for row, i in enumerate(chunk):
-                scores[i] = probs[row]
-    id2label = classifier.config.id2label
+    scores: list[np.ndarray | None] = [None] * len(inputs)
+    for chunk in _batches(order, encoded):
+        probs = _softmax(model["logits"](_pad(chunk, encoded, model["pad_id"])))
+        for row, i in enumerate(chunk):
+            scores[i] = probs[row]
+    id2label = model["id2label"]
     results: list[Any] = []
     for row in scores:
-        values, indices = row.topk(min(top_k or 1, row.numel()))
-        entries = [{"label": id2label[int(j)], "score": float(v)} for v, j in zip(values, indices)]
+        best = np.argsort(-row, kind="stable")[:top_k or 1]
+        entries = [{"label": id2label[int(j)], "score": float(row[j])} for j in best]
         results.append(entries if top_k else entries[0])
     return results
 
@@ -129,7 +212,7 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
 predict_fn.batchable = True
 
 
-def _encode(tokenizer, inputs: list[str | tuple[str, str]], max_length: int | None) -> list[dict[str, list[int]]]:
+def _encode(tokenizer: Any, inputs: list[str | tuple[str, str]], max_length: int | None) -> list[dict[str, list[int]]]:
     """Unpadded encodings, in input order; single texts and pairs are tokenized apart."""
     encoded: list[dict[str, list[int]] | None] = [None] * len(inputs)
     singles = [i for i, x in enumerate(inputs) if isinstance(x, str)]
@@ -156,14 +239,19 @@ def _batches(order: list[int], encoded: list[dict[str, list[int]]]) -> list[list
     return batches + ([current] if current else [])
 
 
-def _pad(rows: list[int], encoded: list[dict[str, list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+def _pad(rows: list[int], encoded: list[dict[str, list[int]]], pad_id: int) -> dict[str, np.ndarray]:
     width = max(len(encoded[i]["input_ids"]) for i in rows)
-    batch = {key: torch.full((len(rows), width), pad_id if key == "input_ids" else 0, dtype=torch.long)
+    batch = {key: np.full((len(rows), width), pad_id if key == "input_ids" else 0, dtype=np.int64)
              for key in encoded[rows[0]]}
     for row, i in enumerate(rows):
         for key, values in encoded[i].items():
-            batch[key][row, :len(values)] = torch.tensor(values)
+            batch[key][row, :len(values)] = values
     return batch
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
 
 
 def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[str, str]:

@@ -359,7 +359,7 @@ def test_workers_split_the_cores(trained_model):
     finally:
         log = s.stop()
     cores = os.cpu_count() or 1
-    assert f"{max(1, cores // 2)} torch threads" in log
+    assert f"{max(1, cores // 2)} inference threads" in log
 
 
 def test_timeout_is_a_504_and_the_server_survives(trained_model, tmp_path):

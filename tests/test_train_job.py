@@ -105,6 +105,15 @@ def test_validation_split_and_model_tarball(job, tiny_model_dir, tmp_path):
     assert train_in_process(job) == 0, job.failure
     assert "eval_accuracy" in job.metrics
     assert not list((job.root / "input/data/model").glob("config.json"))  # unpacked elsewhere
+    assert (job.model_dir / "model.onnx").exists()  # the serving graph, by default
+
+
+def test_serving_graph_can_be_left_out(job, tiny_model_dir):
+    job.hyperparameters({**QUICK, "max_steps": "2", "serving_graph": "false"})
+    job.model_channel(tiny_model_dir)
+    write_csv(job.channel("train") / "train.csv", sentiment_rows(32))
+    assert train_in_process(job) == 0, job.failure
+    assert (job.model_dir / "model.safetensors").exists() and not (job.model_dir / "model.onnx").exists()
 
 
 def test_trained_model_serves_through_the_default_handlers(job, tiny_model_dir):
@@ -123,11 +132,15 @@ def test_trained_model_serves_through_the_default_handlers(job, tiny_model_dir):
         data = inference.input_fn(json.dumps({"inputs": texts, "parameters": {"top_k": 2}}), "application/json")
         answer = json.loads(inference.output_fn(inference.predict_fn(data, model), "application/json")[0])
         assert [len(a) for a in answer] == [2, 2]
-        # The handlers' answer equals running the model directly.
-        enc = model["tokenizer"](texts, padding=True, return_tensors="pt")
+        # The handlers' answer (ONNX Runtime on the graph training wrote) equals running the model directly.
+        assert model["backend"] == "onnxruntime" and (job.model_dir / "model.onnx").exists()
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        direct_model = AutoModelForSequenceClassification.from_pretrained(job.model_dir).eval()
+        enc = AutoTokenizer.from_pretrained(job.model_dir)(texts, padding=True, return_tensors="pt")
         with torch.inference_mode():
-            direct = model["model"](**enc).logits.softmax(-1)
-        id2label = model["model"].config.id2label
+            direct = direct_model(**enc).logits.softmax(-1)
+        id2label = direct_model.config.id2label
         for row, probs in zip(answer, direct):
             assert row[0]["label"] == id2label[int(probs.argmax())]
             assert row[0]["score"] == pytest.approx(float(probs.max()), abs=1e-5)

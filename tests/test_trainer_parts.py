@@ -104,7 +104,8 @@ def test_publish_replaces_what_a_killed_publish_left(tmp_path):
     (model_dir / "code" / "inference.py").write_text("old")
     (model_dir / "config.json").write_text("old")
 
-    publish_model(SimpleNamespace(model=_SavesFiles("config.json")), _SavesFiles("tokenizer.json"), code, model_dir)
+    publish_model(SimpleNamespace(model=_SavesFiles("config.json")), _SavesFiles("tokenizer.json"), code, model_dir,
+                  serving_graph=False)
 
     assert sorted(p.name for p in model_dir.iterdir()) == ["code", "config.json", "tokenizer.json"]
     assert sorted(p.name for p in (model_dir / "code").iterdir()) == ["inference.py"]

@@ -100,6 +100,11 @@ class TrainArguments:
         False, "Compile only (neuron_parallel_compile): fill the compile cache with every bucket's training and "
         "evaluation graphs from one batch each, then stop without a model. Needs the Neuron image.",
     )
+    serving_graph: bool = _hp(
+        True, "Also write model.onnx, the forward pass as an ONNX graph whose weights stay in model.safetensors, so the "
+        "endpoint serves on ONNX Runtime without importing torch (faster start and CPU inference). Skipped with a "
+        "warning where the model cannot be exported.",
+    )
     # Evaluation, logging, checkpoints
     do_eval: bool = _hp(True, "Evaluate when there is eval (or test) data.")
     do_predict: bool = _hp(False, "Also write per-example predictions on the test data to output/data/test_predictions.jsonl.")

@@ -232,6 +232,9 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("serve", help="serve /opt/ml/model (or $SAGEMAKER_BASE_DIR/model) over HTTP on $SAGEMAKER_BIND_TO_PORT")
     sub.add_parser("worker", help="(internal) one rank of a launched training job")
     sub.add_parser("healthcheck", help="exit 0 if this container is healthy (the image's HEALTHCHECK)")
+    export = sub.add_parser("export-onnx", help="write MODEL_DIR/model.onnx, the serving graph, for a saved classifier "
+                            "(models trained before byoc wrote it, or weights saved again)")
+    export.add_argument("model_dir", help="a folder with config.json and model.safetensors")
     options = parser.parse_args(argv)
     if options.command == "healthcheck":
         from byoc.serve import healthcheck
@@ -242,6 +245,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(train())
     if options.command == "worker":
         sys.exit(worker())
+    if options.command == "export-onnx":
+        from byoc.onnx_graph import export
+
+        sys.exit(0 if export(options.model_dir) else 1)
     from byoc.serve import main as serve
 
     serve()

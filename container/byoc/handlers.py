@@ -69,6 +69,14 @@ class Handlers:
         return self.transform_fn is None and bool(getattr(self.predict_fn, "batchable", False))
 
 
+def inference_threads() -> int:
+    """Threads one worker's model may use: OMP_NUM_THREADS (the server sets it to cores / workers)."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
+    except ValueError:
+        return os.cpu_count() or 1
+
+
 def default_code_dir() -> Path:
     """The folder holding the default `inference.py` (`$BYOC_CODE_DIR`, else the repo's `code/`)."""
     for candidate in (os.environ.get("BYOC_CODE_DIR"), Path(__file__).resolve().parents[2] / "code"):

@@ -99,10 +99,9 @@ class ModelServer:
         # The inference thread gives up the GIL inside every torch op and must win it back after;
         # with the default 5 ms switch interval a busy event loop makes it wait that long each time.
         sys.setswitchinterval(SWITCH_INTERVAL)
+        # Progress bars are carriage-return noise in CloudWatch (transformers reads this at import).
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         try:
-            import transformers
-
-            transformers.utils.logging.disable_progress_bar()  # carriage-return noise in CloudWatch
             _split_cores(self.settings.workers)
             self.handlers = load_handlers(self.settings.model_dir)
             self.model = call(self.handlers.model_fn, "model_fn", str(self.settings.model_dir))
@@ -122,14 +121,15 @@ class ModelServer:
 
 
 def _split_cores(workers: int) -> None:
-    """Several workers share the cores instead of each taking them all (oversubscribed OpenMP
-    threads slow everything several-fold)."""
-    import torch
-
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    """Several workers share the cores instead of each taking them all (oversubscribed threads slow
+    everything several-fold). OMP_NUM_THREADS is set before the handlers load: torch reads it at
+    import, and the default model_fn gives ONNX Runtime the same number."""
     if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(threads)
-    logger.info("worker %d: %d torch threads", os.getpid(), torch.get_num_threads())
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    torch = sys.modules.get("torch")  # imported already (a user's code): set it directly too
+    if torch is not None:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    logger.info("worker %d: %s inference threads", os.getpid(), os.environ["OMP_NUM_THREADS"])
 
 
 def _error(status: int, message: str) -> JSONResponse:

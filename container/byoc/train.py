@@ -50,7 +50,7 @@ from byoc.arguments import TrainArguments, bucket_sizes
 from byoc import xla
 from byoc.buckets import (IGNORE_LABEL, FixedShapeCollator, bucket_batches, bucket_of, choose_buckets,
                           padding_efficiency)
-from byoc import distributed
+from byoc import distributed, onnx_graph
 from byoc.checkpoints import (EvaluationStopped, Interrupted, StopOnSignal, check_job, common_resume_point,
                               drop_unfinished_after, mark_complete, rotate)
 from byoc.contract import TrainingContract
@@ -793,7 +793,7 @@ def _run(contract: TrainingContract, args: TrainArguments, stop: StopOnSignal) -
                     summary.get("xla_graphs_compiled", 0))
         return summary
     # The artifact comes last and whole: assembled in a staging folder, then moved into model/.
-    publish_model(trainer, tokenizer, code_dir, contract.paths.model_dir)
+    publish_model(trainer, tokenizer, code_dir, contract.paths.model_dir, serving_graph=args.serving_graph)
     logger.info("model saved to %s; metrics in %s", contract.paths.model_dir, report)
     return summary
 
@@ -874,8 +874,10 @@ def _final_evaluation(trainer: Trainer, tokenized: dict[str, Any], args: TrainAr
     return metrics
 
 
-def publish_model(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, code_dir: Path, model_dir: Path) -> None:
-    """Save weights (safetensors), config, tokenizer and `code/` so model.tar.gz deploys as it is.
+def publish_model(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, code_dir: Path, model_dir: Path,
+                  serving_graph: bool = True) -> None:
+    """Save weights (safetensors), config, tokenizer, the serving graph (model.onnx) and `code/`, so
+    model.tar.gz deploys as it is.
 
     Everything is written to a staging folder first; a failure leaves model/ without a model.
     """
@@ -887,6 +889,8 @@ def publish_model(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, code_dir
             trainer.model.to("cpu")
         trainer.model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
+        if serving_graph:
+            onnx_graph.export(staging)
         shutil.copytree(code_dir, staging / "code", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "train.py"))
         for item in sorted(staging.iterdir()):
             target = model_dir / item.name

@@ -8,6 +8,7 @@ PyPI through this network's TLS proxy. Each step is skipped when its result alre
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -57,7 +58,11 @@ def debian_base() -> None:
 
 def wheelhouse() -> None:
     """Every wheel the image installs, built for this platform (sdists turned into wheels here)."""
-    if any(WHEELS.glob("torch-*.whl")) and any(WHEELS.glob("sagemaker_training-*.whl")):
+    # Downloaded again (pip keeps the wheels it has) whenever the requirements change.
+    stamp = WHEELS / ".requirements.sha256"
+    wanted = hashlib.sha256(b"".join((REPO / "requirements" / name).read_bytes() for name in
+                                     ("runtime.txt", "cpu-constraints.txt", "common-constraints.txt"))).hexdigest()
+    if any(WHEELS.glob("torch-*.whl")) and stamp.exists() and stamp.read_text() == wanted:
         return
     _log("downloading the wheelhouse into wheels/")
     pip = [sys.executable, "-m", "pip"]
@@ -67,6 +72,7 @@ def wheelhouse() -> None:
     for sdist in [p for p in WHEELS.iterdir() if p.name.endswith((".tar.gz", ".zip"))]:
         subprocess.run([*pip, "wheel", "-q", "--no-deps", "-w", str(WHEELS), str(sdist)], check=True, timeout=600)
         sdist.unlink()
+    stamp.write_text(wanted)
 
 
 def build() -> dict[str, float]:

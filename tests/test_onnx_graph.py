@@ -1,0 +1,169 @@
+"""The serving graph (model.onnx): exported against safetensors, checked, refused when stale,
+and served by the default handlers without torch."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from byoc import onnx_graph
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory, tiny_model_dir) -> Path:
+    """A tiny 3-label classifier saved as byoc publishes it, with its serving graph."""
+    from transformers import AutoModelForSequenceClassification
+
+    target = tmp_path_factory.mktemp("classifier")
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        tiny_model_dir, num_labels=3, id2label={0: "neg", 1: "neutral", 2: "pos"}, label2id={"neg": 0, "neutral": 1, "pos": 2})
+    model.save_pretrained(target, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (tiny_model_dir / name).exists():
+            shutil.copy(tiny_model_dir / name, target / name)
+    assert onnx_graph.export(target) == target / onnx_graph.GRAPH
+    return target
+
+
+def torch_logits(model_dir: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    with torch.inference_mode():
+        return model(**{k: torch.from_numpy(v) for k, v in feeds.items()}).logits.numpy()
+
+
+def test_graph_holds_no_weights_and_gives_torchs_logits(classifier_dir):
+    import onnx
+
+    graph = onnx.load(str(classifier_dir / "model.onnx"), load_external_data=False)
+    weights = [i for i in graph.graph.initializer if i.name.startswith("model.")]
+    assert weights and all(i.data_location == onnx.TensorProto.EXTERNAL for i in weights)
+    assert {e.value for i in weights for e in i.external_data if e.key == "location"} == {"model.safetensors"}
+    assert (classifier_dir / "model.onnx").stat().st_size < (classifier_dir / "model.safetensors").stat().st_size / 4
+
+    rng = np.random.default_rng(1)
+    ids = rng.integers(1000, 30000, size=(5, 23), dtype=np.int64)
+    mask = np.ones_like(ids)
+    mask[2, 9:] = 0  # a padded row
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    expected = torch_logits(classifier_dir, feeds)
+    np.testing.assert_allclose(onnx_graph.Session(classifier_dir, threads=1).logits(feeds), expected, atol=1e-5)
+
+    import onnxruntime as ort  # the graph also loads on its own: its offsets point into model.safetensors
+
+    plain = ort.InferenceSession(str(classifier_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(plain.run(["logits"], feeds)[0], expected, atol=1e-5)
+
+
+def test_a_graph_from_other_weights_is_refused(classifier_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    copy = tmp_path / "model"
+    shutil.copytree(classifier_dir, copy)
+    tensors = load_file(copy / "model.safetensors")
+    tensors["extra.weight"] = torch.zeros(7)  # a new layout: every offset may have moved
+    save_file(tensors, copy / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(onnx_graph.GraphError, match="does not match model.safetensors.*export-onnx"):
+        onnx_graph.Session(copy, threads=1)
+
+
+def test_export_failure_leaves_no_graph_and_says_why(classifier_dir, tmp_path, monkeypatch, caplog):
+    copy = tmp_path / "model"
+    shutil.copytree(classifier_dir, copy)
+    (copy / "model.onnx").unlink()
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("this architecture cannot be traced")
+
+    monkeypatch.setattr(torch.onnx, "export", refuse)
+    with caplog.at_level(logging.WARNING):
+        assert onnx_graph.export(copy) is None
+    assert not (copy / "model.onnx").exists()
+    assert "cannot be traced" in caplog.text and "served by torch" in caplog.text
+
+
+def test_export_onnx_command(classifier_dir, tmp_path):
+    copy = tmp_path / "model"
+    shutil.copytree(classifier_dir, copy)
+    (copy / "model.onnx").unlink()
+    done = subprocess.run([str(Path(sys.executable).parent / "byoc"), "export-onnx", str(copy)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (copy / "model.onnx").exists() and "serving graph written" in done.stderr + done.stdout
+    bad = subprocess.run([str(Path(sys.executable).parent / "byoc"), "export-onnx", str(tmp_path / "missing")],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and "exporting failed" in bad.stderr + bad.stdout
+
+
+def _handlers_in_subprocess(model_dir: Path, backend: str, texts: list) -> dict:
+    """The default handlers in a fresh interpreter: answers, backend, and what got imported."""
+    script = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(REPO / 'code')!r})\n"
+        "import inference\n"
+        f"model = inference.model_fn({str(model_dir)!r})\n"
+        f"answers = inference.predict_fn({{'inputs': {texts!r}, 'parameters': {{'top_k': 3}}}}, model)\n"
+        "print(json.dumps({'backend': model['backend'], 'answers': answers,\n"
+        "                  'torch': 'torch' in sys.modules, 'transformers': 'transformers' in sys.modules}))\n")
+    env = {**os.environ, "BYOC_INFERENCE_BACKEND": backend}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+TEXTS = ["i love this so much", "rude people and cold food", ["is it good?", "yes, very good"], "x " * 400]
+
+
+def test_default_handlers_serve_the_graph_without_torch_and_agree_with_torch(classifier_dir):
+    fast = _handlers_in_subprocess(classifier_dir, "auto", TEXTS)
+    assert fast["backend"] == "onnxruntime" and not fast["torch"] and not fast["transformers"]
+    slow = _handlers_in_subprocess(classifier_dir, "torch", TEXTS)
+    assert slow["backend"] == "torch"
+    for a, b in zip(fast["answers"], slow["answers"]):
+        assert [x["label"] for x in a] == [x["label"] for x in b]
+        assert [x["score"] for x in a] == pytest.approx([x["score"] for x in b], abs=1e-5)
+
+
+def test_backend_choice(classifier_dir, tmp_path, monkeypatch, caplog):
+    sys.path.insert(0, str(REPO / "code"))
+    try:
+        import inference
+    finally:
+        sys.path.remove(str(REPO / "code"))
+    no_graph = tmp_path / "plain"
+    shutil.copytree(classifier_dir, no_graph)
+    (no_graph / "model.onnx").unlink()
+    monkeypatch.delenv("BYOC_INFERENCE_BACKEND", raising=False)
+    assert inference.choose_backend(classifier_dir) == "onnxruntime"
+    assert inference.choose_backend(no_graph) == "torch"  # an artifact from before the graph existed
+    monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "onnxruntime")
+    with pytest.raises(ValueError, match="model.onnx"):
+        inference.choose_backend(no_graph)
+    monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "tensorrt")
+    with pytest.raises(ValueError, match="use auto, onnxruntime or torch"):
+        inference.choose_backend(classifier_dir)
+
+    stale = tmp_path / "stale"  # weights saved again in another layout: torch serves, with a warning
+    shutil.copytree(classifier_dir, stale)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(stale / "model.safetensors")
+    save_file(dict(reversed(list(tensors.items()))) | {"extra.weight": torch.zeros(3)}, stale / "model.safetensors",
+              metadata={"format": "pt"})
+    monkeypatch.delenv("BYOC_INFERENCE_BACKEND")
+    with caplog.at_level(logging.WARNING):
+        assert inference.model_fn(str(stale))["backend"] == "torch"
+    assert "serving with torch instead of ONNX Runtime" in caplog.text
