@@ -44,10 +44,12 @@ test: test-cpu test-xla
 test-cpu: venv
 	$(PY) -m pytest -q
 
-# tests/test_xla.py, plus the unit tests of what the XLA path shares, on the Neuron images' versions.
+# tests/test_xla.py, plus the unit tests of what the XLA path shares (and the serving-graph export), on
+# the Neuron images' versions.
 test-xla: venv-xla
 	BYOC_REQUIRE_XLA=1 PJRT_DEVICE=CPU $(XLA_PY) -m pytest -q -p no:cacheprovider tests/test_xla.py \
-		tests/test_buckets.py tests/test_arguments.py tests/test_launch.py tests/test_trainer_parts.py
+		tests/test_buckets.py tests/test_arguments.py tests/test_launch.py tests/test_trainer_parts.py \
+		tests/test_onnx_graph.py
 
 bench-train: venv
 	$(PY) benchmarks/bench_train.py --rounds 3 --steps 40 --recipes tutorial,dynamic,byoc,byoc:freeze_layers=0

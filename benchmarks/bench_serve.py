@@ -60,6 +60,9 @@ def train_model() -> Path:
     model = root / "model"
     if (model / "model.safetensors").exists():
         shutil.copy(REPO / "code" / "inference.py", model / "code" / "inference.py")  # today's defaults
+        if not (model / "model.onnx").exists():  # trained before byoc wrote the serving graph
+            subprocess.run([str(Path(sys.executable).parent / "byoc"), "export-onnx", str(model)], check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return model
     shutil.rmtree(root, ignore_errors=True)
     (root / "input" / "data" / "train").mkdir(parents=True)
@@ -167,8 +170,8 @@ def rss_tree_mib(pid: int) -> float:
     return total
 
 
-def start_byoc(model: Path, port: int) -> tuple[subprocess.Popen, float]:
-    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(model.parent), "SAGEMAKER_BIND_TO_PORT": str(port)}
+def start_byoc(model: Path, port: int, settings: dict[str, str]) -> tuple[subprocess.Popen, float]:
+    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(model.parent), "SAGEMAKER_BIND_TO_PORT": str(port), **settings}
     env.pop("SM_MODEL_DIR", None)
     started = time.monotonic()
     proc = subprocess.Popen([str(Path(sys.executable).parent / "byoc"), "serve"], env=env,
@@ -187,7 +190,7 @@ def measure(name: str, port: int, proc, started: float, texts: list[str], opts) 
             key = f"{per_request}x{concurrency}"
             result["load"][key] = run_load(port, texts, per_request, concurrency, opts.warmup, opts.seconds)
             r = result["load"][key]
-            print(f"{name:9s} {per_request:2d} sentence(s)/request, concurrency {concurrency:2d}: "
+            print(f"{name:10s} {per_request:2d} sentence(s)/request, concurrency {concurrency:2d}: "
                   f"{r['requests_per_second']:7.1f} req/s {r['sentences_per_second']:7.1f} sentences/s "
                   f"p50 {r['p50_ms']:7.0f} ms p90 {r['p90_ms']:7.0f} ms p99 {r['p99_ms']:7.0f} ms"
                   f"{'  errors ' + str(r['errors']) if r['errors'] else ''}", flush=True)
@@ -196,7 +199,7 @@ def measure(name: str, port: int, proc, started: float, texts: list[str], opts) 
         result["pss_mib"] = sum(reference_stack.memory(proc, "Pss").values())
     else:
         result["rss_mib"] = rss_tree_mib(proc.pid)
-    print(f"{name:9s} cold start: /ping {ping:.1f} s, first answer {first:.1f} s; resident {result['rss_mib']:.0f} MiB", flush=True)
+    print(f"{name:10s} cold start: /ping {ping:.1f} s, first answer {first:.1f} s; resident {result['rss_mib']:.0f} MiB", flush=True)
     return result
 
 
@@ -206,6 +209,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured start of each phase")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--skip-reference", action="store_true")
+    parser.add_argument("--skip", nargs="*", default=[], choices=("torch", "int8"),
+                        help="leave out byoc serve on torch, or its int8 mode")
     opts = parser.parse_args()
     if DATA is None:
         sys.exit("the emotion data (../shared/data/emotion) is not beside the project")
@@ -213,13 +218,18 @@ def main() -> int:
     model = train_model()
     results = {}
 
-    port = free_port()
-    proc, started = start_byoc(model, port)
-    try:
-        results["byoc"] = measure("byoc", port, proc, started, texts, opts)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
+    # The default (ONNX Runtime on the model's serving graph), the same server on torch, and int8.
+    for name, settings in (("byoc", {}), ("byoc-torch", {"BYOC_INFERENCE_BACKEND": "torch"}),
+                           ("byoc-int8", {"BYOC_INFERENCE_PRECISION": "int8"})):
+        if name != "byoc" and name.split("-")[1] in opts.skip:
+            continue
+        port = free_port()
+        proc, started = start_byoc(model, port, settings)
+        try:
+            results[name] = measure(name, port, proc, started, texts, opts)
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(60)
 
     if not opts.skip_reference:
         reference_stack.setup()
@@ -237,21 +247,29 @@ def main() -> int:
 
 def print_table(results: dict) -> None:
     ours, ref = results["byoc"], results["reference"]
-    print("\n| measure | byoc serve | reference (HF DLC: toolkit 2.6 on MMS 1.1.11) | ratio |")
-    print("|---|---|---|---|")
+    others = [results.get("byoc-torch"), results.get("byoc-int8")]
+    print("\n| measure | byoc serve (default: ONNX Runtime, fp32) | byoc serve on torch | byoc serve, int8 (opt-in) "
+          "| reference (HF DLC: toolkit 2.6 on MMS 1.1.11) | default / reference | int8 / reference |")
+    print("|---|---|---|---|---|---|---|")
+    cells = lambda f: " | ".join(f(r) if r else "-" for r in [ours, *others, ref])
+    ratio = lambda r, f: f"{f(r) / max(f(ref), 1e-9):.2f}x" if r else "-"
     for key in ("1x1", "1x8", "1x32", "16x1", "16x8", "16x32"):
         per, conc = key.split("x")
-        a, b = ours["load"][key], ref["load"][key]
-        print(f"| sentences/s, {per}/request, concurrency {conc} | {a['sentences_per_second']:.0f} | "
-              f"{b['sentences_per_second']:.0f} | {a['sentences_per_second'] / max(b['sentences_per_second'], 1e-9):.1f}x |")
-        print(f"| p50 / p90 / p99 ms, {per}/request, concurrency {conc} | {a['p50_ms']:.0f} / {a['p90_ms']:.0f} / {a['p99_ms']:.0f} | "
-              f"{b['p50_ms']:.0f} / {b['p90_ms']:.0f} / {b['p99_ms']:.0f} | {a['p50_ms'] / max(b['p50_ms'], 1e-9):.2f}x (p50) |")
-    print(f"| start to first 200 on /ping | {ours['cold_start_ping_s']:.1f} s | {ref['cold_start_ping_s']:.1f} s | "
-          f"{ours['cold_start_ping_s'] / ref['cold_start_ping_s']:.2f}x |")
-    print(f"| start to first answered /invocations | {ours['cold_start_first_answer_s']:.1f} s | "
-          f"{ref['cold_start_first_answer_s']:.1f} s | {ours['cold_start_first_answer_s'] / ref['cold_start_first_answer_s']:.2f}x |")
-    print(f"| resident memory (RSS, all processes) | {ours['rss_mib']:.0f} MiB | {ref['rss_mib']:.0f} MiB "
-          f"(PSS {ref['pss_mib']:.0f}) | {ours['rss_mib'] / ref['rss_mib']:.2f}x |")
+        sps = lambda r: r["load"][key]["sentences_per_second"]
+        p50 = lambda r: r["load"][key]["p50_ms"]
+        lat = lambda r: "{p50_ms:.0f} / {p90_ms:.0f} / {p99_ms:.0f}".format(**r["load"][key])
+        print(f"| sentences/s, {per}/request, concurrency {conc} | {cells(lambda r: f'{sps(r):.0f}')} | "
+              f"{ratio(ours, sps)} | {ratio(others[1], sps)} |")
+        print(f"| p50 / p90 / p99 ms, {per}/request, concurrency {conc} | {cells(lat)} | "
+              f"{ratio(ours, p50)} (p50) | {ratio(others[1], p50)} (p50) |")
+    for label, key in (("start to first 200 on /ping", "cold_start_ping_s"),
+                       ("start to first answered /invocations", "cold_start_first_answer_s")):
+        value = lambda r: r[key]
+        print(f"| {label} | {cells(lambda r: f'{r[key]:.1f} s')} | {ratio(ours, value)} | {ratio(others[1], value)} |")
+    rss = lambda r: r["rss_mib"]
+    mib = lambda r: f"{r['rss_mib']:.0f} MiB"
+    print(f"| resident memory (RSS, all processes; reference PSS {ref['pss_mib']:.0f} MiB) | {cells(mib)} | "
+          f"{ratio(ours, rss)} | {ratio(others[1], rss)} |")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ JSON_LINES = ("application/jsonlines", "application/x-jsonlines", "application/j
 CONTENT_TYPES = ("application/json", "text/csv", "text/plain", *JSON_LINES)
 ACCEPT_TYPES = ("application/json", "text/csv", *JSON_LINES)
 BACKEND_ENV = "BYOC_INFERENCE_BACKEND"  # auto (default), onnxruntime or torch
+PRECISION_ENV = "BYOC_INFERENCE_PRECISION"  # fp32 (default) or int8 (ONNX Runtime only; faster, less accurate)
 
 logger = logging.getLogger("byoc.inference")
 
@@ -44,11 +45,15 @@ def model_fn(model_dir: str) -> dict[str, Any]:
     Either way the result has the same keys; `logits(feeds)` runs one padded batch of numpy arrays.
     """
     folder = Path(model_dir)
-    if choose_backend(folder) == "onnxruntime":
+    backend, int8 = choose_backend(folder), _int8()
+    if int8 and backend != "onnxruntime":
+        raise ValueError(f"{PRECISION_ENV}=int8 needs the ONNX Runtime backend, and this model is served by torch "
+                         f"(model.onnx, tokenizer.json or onnxruntime missing, a GPU, or {BACKEND_ENV}=torch)")
+    if backend == "onnxruntime":
         try:
-            return _load_onnx(folder)
+            return _load_onnx(folder, int8)
         except RuntimeError as err:  # byoc.onnx_graph.GraphError: a stale graph is never used
-            if os.environ.get(BACKEND_ENV, "auto").strip().lower() == "onnxruntime":
+            if int8 or os.environ.get(BACKEND_ENV, "auto").strip().lower() == "onnxruntime":
                 raise
             logger.warning("serving with torch instead of ONNX Runtime: %s", err)
     return _load_torch(folder)
@@ -71,12 +76,19 @@ def choose_backend(model_dir: Path) -> str:
     return wanted
 
 
+def _int8() -> bool:
+    precision = os.environ.get(PRECISION_ENV, "fp32").strip().lower() or "fp32"
+    if precision not in ("fp32", "int8"):
+        raise ValueError(f"{PRECISION_ENV}={precision!r}: use fp32 or int8")
+    return precision == "int8"
+
+
 def _max_length(*limits: Any) -> int:
     """Truncate to what both the tokenizer and the model's position table allow."""
     return min((n for n in limits if isinstance(n, int) and 0 < n < 100_000), default=512)
 
 
-def _load_onnx(model_dir: Path) -> dict[str, Any]:
+def _load_onnx(model_dir: Path, int8: bool = False) -> dict[str, Any]:
     from tokenizers import Tokenizer
 
     from byoc.handlers import inference_threads
@@ -91,8 +103,8 @@ def _load_onnx(model_dir: Path) -> dict[str, Any]:
     tokenizer.enable_truncation(max_length)  # longest_first, as transformers' truncation=True
     pad = tokenizer_config.get("pad_token") or "[PAD]"
     pad_id = tokenizer.token_to_id(pad["content"] if isinstance(pad, dict) else pad) or 0
-    session = Session(model_dir, inference_threads())
-    logger.info("model runs on ONNX Runtime (%s, %d threads)", GRAPH, session.threads)
+    session = Session(model_dir, inference_threads(), int8=int8)
+    logger.info("model runs on ONNX Runtime (%s%s, %d threads)", GRAPH, ", int8" if int8 else "", session.threads)
 
     def encode(inputs: list[str | tuple[str, str]]) -> list[dict[str, list[int]]]:
         return [{"input_ids": e.ids, "attention_mask": e.attention_mask, "token_type_ids": e.type_ids}

@@ -167,3 +167,39 @@ def test_backend_choice(classifier_dir, tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING):
         assert inference.model_fn(str(stale))["backend"] == "torch"
     assert "serving with torch instead of ONNX Runtime" in caplog.text
+
+
+def test_int8_session_quantizes_and_stays_close(classifier_dir, tmp_path):
+    import onnx
+
+    graph = onnx.load(str(onnx_graph.quantize(classifier_dir, tmp_path)))
+    kinds = {node.op_type for node in graph.graph.node}
+    assert kinds & {"QAttention", "DynamicQuantizeMatMul", "MatMulInteger"}, kinds  # int8 kernels in use
+
+    rng = np.random.default_rng(2)
+    ids = rng.integers(1000, 30000, size=(16, 12), dtype=np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    exact = onnx_graph.Session(classifier_dir, threads=1).logits(feeds)
+    session = onnx_graph.Session(classifier_dir, threads=1, int8=True)
+    approx = session.logits(feeds)
+    assert session.int8 and approx.shape == exact.shape and not np.array_equal(approx, exact)
+    assert np.abs(approx - exact).max() < 0.1 * max(1.0, np.abs(exact).max())
+
+
+def test_int8_choice(classifier_dir, tmp_path, monkeypatch):
+    sys.path.insert(0, str(REPO / "code"))
+    try:
+        import inference
+    finally:
+        sys.path.remove(str(REPO / "code"))
+    monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "int8")
+    monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "torch")
+    with pytest.raises(ValueError, match="int8 needs the ONNX Runtime backend"):
+        inference.model_fn(str(classifier_dir))
+    monkeypatch.delenv("BYOC_INFERENCE_BACKEND")
+    model = inference.model_fn(str(classifier_dir))
+    assert model["backend"] == "onnxruntime" and model["model"].int8
+    assert len(inference.predict_fn({"inputs": ["a text", "another one"]}, model)) == 2
+    monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "fp16")
+    with pytest.raises(ValueError, match="use fp32 or int8"):
+        inference.model_fn(str(classifier_dir))

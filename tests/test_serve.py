@@ -350,6 +350,28 @@ def test_unloadable_model_exits_non_zero(tmp_path):
     assert "loading the model" in s.proc.stdout.read()
 
 
+def test_each_runtime_serves_the_same_answers(server, trained_model):
+    """The default runs the graph on ONNX Runtime; torch (forced) answers the same; int8 (opt-in)
+    answers in the same shape, from an int8 graph."""
+    texts = TEXTS + [{"text": "i love it", "text_pair": "it is great"}]
+    default = server.invoke({"inputs": texts, "parameters": {"top_k": 2}}).json()
+    for env, tolerance in (({"BYOC_INFERENCE_BACKEND": "torch"}, 1e-5), ({"BYOC_INFERENCE_PRECISION": "int8"}, None)):
+        s = Server(trained_model, env=env)
+        try:
+            s.wait_ready()
+            other = s.invoke({"inputs": texts, "parameters": {"top_k": 2}}).json()
+        finally:
+            log = s.stop()
+        assert len(other) == len(texts) and all(len(row) == 2 for row in other)
+        if tolerance:  # exact runtimes: same labels, same scores
+            assert "model runs on torch" in log
+            assert [[e["label"] for e in row] for row in other] == [[e["label"] for e in row] for row in default]
+            assert [[e["score"] for e in row] for row in other] == [
+                [pytest.approx(e["score"], abs=tolerance) for e in row] for row in default]
+        else:
+            assert "model runs on ONNX Runtime (model.onnx, int8" in log
+
+
 def test_workers_split_the_cores(trained_model):
     s = Server(trained_model, env={"SAGEMAKER_MODEL_SERVER_WORKERS": "2"})
     try:

@@ -71,10 +71,18 @@ def test_xla_artifact_serves_on_cpu(tmp_path, tiny_model_dir):
     spec = importlib.util.spec_from_file_location("inference", default_code_dir() / "inference.py")
     inference = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(inference)
-    model = inference.model_fn(str(job.model_dir))
-    assert next(model["model"].parameters()).device.type == "cpu"
+    model = inference.model_fn(str(job.model_dir))  # the serving graph, exported from the XLA-trained weights
+    assert model["backend"] == "onnxruntime" and (job.model_dir / "model.onnx").exists()
     answer = inference.predict_fn({"inputs": ["i love this so much"], "parameters": {}}, model)
     assert answer[0]["label"] in ("positive", "negative")
+    os.environ["BYOC_INFERENCE_BACKEND"] = "torch"
+    try:
+        on_torch = inference.model_fn(str(job.model_dir))
+    finally:
+        del os.environ["BYOC_INFERENCE_BACKEND"]
+    assert next(on_torch["model"].parameters()).device.type == "cpu"
+    again = inference.predict_fn({"inputs": ["i love this so much"], "parameters": {}}, on_torch)
+    assert again[0]["label"] == answer[0]["label"] and again[0]["score"] == pytest.approx(answer[0]["score"], abs=1e-5)
 
 
 def test_xla_sigterm_checkpoints_and_the_rerun_resumes_at_the_exact_step(tmp_path, tiny_model_dir):

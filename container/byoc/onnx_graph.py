@@ -161,27 +161,83 @@ def _check_against_torch(model: Any, names: list[str], model_dir: Path) -> None:
 
 
 class Session:
-    """An ONNX Runtime session over model.onnx; `logits(feeds)` runs one padded batch."""
+    """An ONNX Runtime session over model.onnx; `logits(feeds)` runs one padded batch.
 
-    def __init__(self, model_dir: str | Path, threads: int) -> None:
+    `int8=True` serves a copy with the transformer's operators fused and the weights of its matrix
+    multiplications quantized to int8 (dynamic quantization, made at start in a temporary folder):
+    about 2.3x the fp32 speed on CPUs with VNNI, at some cost in accuracy (README).
+    """
+
+    def __init__(self, model_dir: str | Path, threads: int, int8: bool = False) -> None:
         import onnxruntime as ort
 
         model_dir = Path(model_dir)
         options = ort.SessionOptions()
-        self.threads = max(1, threads)
+        self.threads, self.int8 = max(1, threads), int8
         options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3  # warnings about unused initializers are noise here
+        self._scratch: tempfile.TemporaryDirectory | None = None
         try:
-            self.session = ort.InferenceSession(str(model_dir / GRAPH), options, providers=["CPUExecutionProvider"])
-        except Exception as err:  # onnxruntime's own exception types
-            raise GraphError(f"ONNX Runtime cannot load {GRAPH}: {err}") from None
-        recorded = self.session.get_modelmeta().custom_metadata_map.get(HEADER_KEY)
-        if recorded != safetensors_layout(model_dir / WEIGHTS)[2]:
-            # The graph's byte offsets were taken from another weights file: refuse, never read garbage.
-            raise GraphError(f"{GRAPH} does not match {WEIGHTS} (the weights were saved again after export); "
-                             f"delete {GRAPH} or export it again with `byoc export-onnx {model_dir}`")
+            source = model_dir / GRAPH
+            graph = str(source)
+            if int8:
+                _check_layout(_recorded_layout(source), model_dir)
+                self._scratch = tempfile.TemporaryDirectory(prefix="byoc-int8-")
+                graph = str(quantize(model_dir, Path(self._scratch.name)))
+            self.session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+        except GraphError:
+            raise
+        except Exception as err:  # onnxruntime's and onnx's own exception types
+            raise GraphError(f"ONNX Runtime cannot load {GRAPH}{' as int8' if int8 else ''}: {err}") from None
+        if not int8:
+            _check_layout(self.session.get_modelmeta().custom_metadata_map.get(HEADER_KEY), model_dir)
         self.inputs = [i.name for i in self.session.get_inputs()]
 
     def logits(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         return self.session.run(["logits"], {n: feeds[n] for n in self.inputs})[0]
+
+
+def _recorded_layout(graph_path: Path) -> str | None:
+    import onnx
+
+    graph = onnx.load(str(graph_path), load_external_data=False)
+    return next((p.value for p in graph.metadata_props if p.key == HEADER_KEY), None)
+
+
+def _check_layout(recorded: str | None, model_dir: Path) -> None:
+    if recorded != safetensors_layout(model_dir / WEIGHTS)[2]:
+        # The graph's byte offsets were taken from another weights file: refuse, never read garbage.
+        raise GraphError(f"{GRAPH} does not match {WEIGHTS} (the weights were saved again after export); "
+                         f"delete {GRAPH} or export it again with `byoc export-onnx {model_dir}`")
+
+
+def quantize(model_dir: Path, folder: Path) -> Path:
+    """An int8 copy of the graph in `folder`: BERT operators fused (attention, skip-layer-norm,
+    bias-GELU) where ONNX Runtime's transformer optimizer recognises them, then dynamic quantization
+    of the weights (activations are quantized per batch at run time)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    fused = folder / "fused.onnx"
+    try:
+        from onnxruntime.transformers import optimizer
+
+        model = optimizer.optimize_model(str(model_dir / GRAPH), model_type="bert", opt_level=0,
+                                         num_heads=int(config.get("num_attention_heads", 0)),
+                                         hidden_size=int(config.get("hidden_size", 0)))
+        model.save_model_to_file(str(fused))
+    except Exception as err:  # an architecture the fusions do not know: quantize the plain graph
+        logger.warning("int8: operator fusion failed (%s); quantizing the unfused graph", err)
+        onnx.save(onnx.load(str(model_dir / GRAPH)), str(fused))
+    target = folder / "int8.onnx"
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.WARNING)  # the quantizer logs a line per tensor on the root logger
+    try:
+        quantize_dynamic(str(fused), str(target), weight_type=QuantType.QInt8,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    finally:
+        root.setLevel(level)
+    return target

@@ -1,0 +1,90 @@
+"""What int8 serving costs in accuracy and gains in speed, against fp32, on the emotion test split.
+
+Runs the default handlers (`code/inference.py`) in this process on each runtime: ONNX Runtime fp32
+(the default), ONNX Runtime int8 (BYOC_INFERENCE_PRECISION=int8) and torch; for each, accuracy on
+the 2000 test tweets and sentences/s of `predict_fn` over all of them (no HTTP). The model is one
+trained by `byoc train` for an epoch on the emotion train split (trained on first use, ~5 min here).
+Run it alone.
+
+    .venv/bin/python benchmarks/bench_precision.py [--model DIR] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = next((p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None)
+WORK = Path("/tmp/byoc-bench-precision")
+
+
+def trained_model() -> Path:
+    root = WORK / "opt-ml"
+    if (root / "model" / "model.onnx").exists():
+        return root / "model"
+    (root / "input" / "data" / "train").mkdir(parents=True, exist_ok=True)
+    (root / "input" / "data" / "train" / "train.txt").write_bytes((DATA / "train.txt").read_bytes())
+    (root / "input" / "config").mkdir(parents=True, exist_ok=True)
+    (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps({"epochs": "1"}))
+    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(WORK / "cache")}
+    subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, check=True, stdout=subprocess.DEVNULL)
+    return root / "model"
+
+
+def handlers():
+    spec = importlib.util.spec_from_file_location("byoc_default_inference", REPO / "code" / "inference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def measure(model_dir: Path, settings: dict[str, str], texts: list[str], labels: list[str]) -> dict:
+    os.environ.update(settings)
+    try:
+        inference = handlers()
+        started = time.perf_counter()
+        model = inference.model_fn(str(model_dir))
+        load_s = time.perf_counter() - started
+        inference.predict_fn({"inputs": texts[:64]}, model)  # warm-up
+        started = time.perf_counter()
+        answers = [a for i in range(0, len(texts), 32) for a in inference.predict_fn({"inputs": texts[i:i + 32]}, model)]
+        seconds = time.perf_counter() - started
+    finally:
+        for key in settings:
+            os.environ.pop(key)
+    accuracy = sum(a["label"] == y for a, y in zip(answers, labels)) / len(labels)
+    return {"accuracy": accuracy, "sentences_per_second": len(texts) / seconds, "load_s": load_s}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", type=Path, help="a model folder from byoc train (default: train one)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    opts = parser.parse_args()
+    if DATA is None:
+        sys.exit("the emotion data (../shared/data/emotion) is not beside the project")
+    rows = [line.rsplit(";", 1) for line in (DATA / "test.txt").read_text(encoding="utf-8").split("\n")[1:] if line.strip()]
+    texts, labels = [r[0] for r in rows], [r[1].strip() for r in rows]
+    model_dir = opts.model or trained_model()
+    results = {}
+    for name, settings in (("onnxruntime fp32 (default)", {}),
+                           ("onnxruntime int8", {"BYOC_INFERENCE_PRECISION": "int8"}),
+                           ("torch fp32", {"BYOC_INFERENCE_BACKEND": "torch"})):
+        results[name] = measure(model_dir, settings, texts, labels)
+        r = results[name]
+        print(f"{name:28s} accuracy {r['accuracy']:.4f}  {r['sentences_per_second']:6.0f} sentences/s  "
+              f"model_fn {r['load_s']:.1f} s", flush=True)
+    if opts.json:
+        opts.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
