@@ -10,7 +10,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-cpu test-xla venv venv-xla bench-train bench-serve bench-xla clean
+.PHONY: demo test test-cpu test-xla venv venv-xla bench-train bench-serve bench-precision bench-xla clean
 
 venv: $(STAMP)
 
@@ -57,6 +57,9 @@ bench-train: venv
 # Builds the reference stack (HF inference DLC: toolkit on MMS, Java 17) in .venv-ref on first use.
 bench-serve: venv
 	$(PY) benchmarks/bench_serve.py
+
+bench-precision: venv
+	$(PY) benchmarks/bench_precision.py --json benchmarks/results/precision.json
 
 bench-xla: venv-xla
 	$(XLA_PY) benchmarks/bench_xla.py --json benchmarks/results/xla.json
