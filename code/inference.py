@@ -100,7 +100,8 @@ def _load_onnx(model_dir: Path, int8: bool = False) -> dict[str, Any]:
     max_length = _max_length(tokenizer_config.get("model_max_length"), config.get("max_position_embeddings"))
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     tokenizer.no_padding()  # batches are padded here, per length-sorted chunk
-    tokenizer.enable_truncation(max_length)  # longest_first, as transformers' truncation=True
+    # longest_first, as transformers' truncation=True, on the side the tokenizer was saved with
+    tokenizer.enable_truncation(max_length, direction=tokenizer_config.get("truncation_side") or "right")
     pad = tokenizer_config.get("pad_token") or "[PAD]"
     pad_id = tokenizer.token_to_id(pad["content"] if isinstance(pad, dict) else pad) or 0
     session = Session(model_dir, inference_threads(), int8=int8)
