@@ -137,8 +137,10 @@ def test_sigterm_during_the_final_evaluation_keeps_the_training(tmp_path, tiny_m
 
 def test_sigkill_at_random_moments_loses_at_most_one_checkpoint_interval(tmp_path, tiny_model_dir):
     """Kill -9 repeatedly, each time at a random moment, and restart; the job still ends with the
-    uninterrupted model's losses, and each restart resumes at most save_steps behind."""
-    extra = {"max_steps": "600"}
+    uninterrupted model's losses, and each restart resumes at most save_steps behind. Up to 10
+    kills; on a fast machine the job may finish sooner, which is fine after 5 (the kills are timed,
+    so how far each run gets depends on the machine)."""
+    extra = {"max_steps": "1200"}
     reference = make_job(tmp_path / "reference" / "opt-ml", tiny_model_dir, extra)
     rerun(reference)
     job = make_job(tmp_path / "killed" / "opt-ml", tiny_model_dir, extra)
@@ -162,7 +164,7 @@ def test_sigkill_at_random_moments_loses_at_most_one_checkpoint_interval(tmp_pat
         saved = int(newest.name.split("-")[1]) if newest else 0
         assert (steps[-1] if steps else 0) - saved <= 10, (steps[-1:], saved)
         resumed_from.append(saved)
-    assert trials == 10, f"the job finished after {trials} kills; make it longer"
+    assert trials >= 5, f"the job finished after {trials} kills; make it longer"
     rerun(job)
     assert max(resumed_from) > 0  # some kills hit mid-training, not only start-up
     assert_same_losses(job, reference)
