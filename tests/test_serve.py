@@ -435,3 +435,18 @@ def test_sagemaker_environment_variables_are_honoured(trained_model):
         assert answer.headers["content-type"].startswith("text/csv") and len(answer.text.splitlines()) == 2
     finally:
         s.stop()
+
+
+def test_handlers_get_context_only_when_they_take_it():
+    from byoc.handlers import call
+
+    class Unhashable:
+        __hash__ = None
+
+        def __call__(self, data, model, context):
+            return context
+
+    assert call(lambda data, model: "plain", "predict_fn", 1, 2, context="ctx") == "plain"
+    assert call(lambda data, model, context=None: context, "predict_fn", 1, 2, context="ctx") == "ctx"
+    assert call(lambda *args: args[-1], "predict_fn", 1, 2, context="ctx") == "ctx"
+    assert call(Unhashable(), "predict_fn", 1, 2, context="ctx") == "ctx"

