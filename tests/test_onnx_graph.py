@@ -203,3 +203,12 @@ def test_int8_choice(classifier_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "fp16")
     with pytest.raises(ValueError, match="use fp32 or int8"):
         inference.model_fn(str(classifier_dir))
+
+
+def test_export_of_a_model_with_a_small_vocabulary(tmp_path):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32, num_labels=2)
+    BertForSequenceClassification(config).save_pretrained(tmp_path, safe_serialization=True)
+    assert onnx_graph.export(tmp_path) == tmp_path / "model.onnx"

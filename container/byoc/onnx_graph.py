@@ -147,7 +147,8 @@ def _check_against_torch(model: Any, names: list[str], model_dir: Path) -> None:
     import torch
 
     rng = np.random.default_rng(0)
-    ids = rng.integers(1000, min(model.config.vocab_size, 20000), size=(3, 11), dtype=np.int64)
+    high = max(2, min(int(model.config.vocab_size), 20000))
+    ids = rng.integers(min(1000, high - 1), high, size=(3, 11), dtype=np.int64)  # ordinary tokens where there are any
     mask = np.ones_like(ids)
     mask[1, 6:] = 0
     feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
