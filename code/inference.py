@@ -45,7 +45,7 @@ def model_fn(model_dir: str) -> dict[str, Any]:
     Either way the result has the same keys; `logits(feeds)` runs one padded batch of numpy arrays.
     """
     folder = Path(model_dir)
-    backend, int8 = choose_backend(folder), _int8()
+    wanted, backend, int8 = _wanted_backend(), choose_backend(folder), _int8()
     if int8 and backend != "onnxruntime":
         raise ValueError(f"{PRECISION_ENV}=int8 needs the ONNX Runtime backend, and this model is served by torch "
                          f"(model.onnx, tokenizer.json or onnxruntime missing, a GPU, or {BACKEND_ENV}=torch)")
@@ -53,16 +53,21 @@ def model_fn(model_dir: str) -> dict[str, Any]:
         try:
             return _load_onnx(folder, int8)
         except RuntimeError as err:  # byoc.onnx_graph.GraphError: a stale graph is never used
-            if int8 or os.environ.get(BACKEND_ENV, "auto").strip().lower() == "onnxruntime":
+            if int8 or wanted == "onnxruntime":
                 raise
             logger.warning("serving with torch instead of ONNX Runtime: %s", err)
     return _load_torch(folder)
 
 
-def choose_backend(model_dir: Path) -> str:
+def _wanted_backend() -> str:
     wanted = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
     if wanted not in ("auto", "onnxruntime", "torch"):
         raise ValueError(f"{BACKEND_ENV}={wanted!r}: use auto, onnxruntime or torch")
+    return wanted
+
+
+def choose_backend(model_dir: Path) -> str:
+    wanted = _wanted_backend()
     missing = [what for what, ok in (
         ("model.onnx (the serving graph byoc train writes)", (model_dir / "model.onnx").exists()),
         ("tokenizer.json (a fast tokenizer)", (model_dir / "tokenizer.json").exists()),

@@ -118,25 +118,24 @@ def _point_weights_at_safetensors(graph: Any, weights: Path) -> None:
 
     header, start, digest = safetensors_layout(weights)
     referenced = 0
-    for init in graph.graph.initializer:
-        entry = header.get(init.name.removeprefix("model."))  # the Logits wrapper's attribute
-        if not entry or _ONNX_TYPES.get(entry["dtype"]) != init.data_type or list(entry["shape"]) != list(init.dims):
-            continue  # not a saved weight (a buffer, a tied copy, another dtype): stays in the graph
-        begin, end = entry["data_offsets"]
-        with weights.open("rb") as f:
+    with weights.open("rb") as f:
+        for init in graph.graph.initializer:
+            entry = header.get(init.name.removeprefix("model."))  # the Logits wrapper's attribute
+            if not entry or _ONNX_TYPES.get(entry["dtype"]) != init.data_type or list(entry["shape"]) != list(init.dims):
+                continue  # not a saved weight (a buffer, a tied copy, another dtype): stays in the graph
+            begin, end = entry["data_offsets"]
             f.seek(start + begin)
-            saved = f.read(end - begin)
-        if saved != numpy_helper.to_array(init).tobytes():
-            continue
-        init.ClearField("raw_data")
-        for field in ("float_data", "int32_data", "int64_data", "double_data"):
-            init.ClearField(field)
-        init.data_location = TensorProto.EXTERNAL
-        del init.external_data[:]
-        for key, value in (("location", WEIGHTS), ("offset", str(start + begin)), ("length", str(end - begin))):
-            item = init.external_data.add()
-            item.key, item.value = key, value
-        referenced += 1
+            if f.read(end - begin) != numpy_helper.to_array(init).tobytes():
+                continue
+            init.ClearField("raw_data")
+            for field in ("float_data", "int32_data", "int64_data", "double_data"):
+                init.ClearField(field)
+            init.data_location = TensorProto.EXTERNAL
+            del init.external_data[:]
+            for key, value in (("location", WEIGHTS), ("offset", str(start + begin)), ("length", str(end - begin))):
+                item = init.external_data.add()
+                item.key, item.value = key, value
+            referenced += 1
     prop = graph.metadata_props.add()
     prop.key, prop.value = HEADER_KEY, digest
     logger.debug("%d of %d graph weights point into %s", referenced, len(graph.graph.initializer), weights.name)
