@@ -2,7 +2,8 @@
 
 Runs the default handlers (`code/inference.py`) in this process on each runtime: ONNX Runtime fp32
 (the default), ONNX Runtime int8 (BYOC_INFERENCE_PRECISION=int8) and torch; for each, accuracy on
-the 2000 test tweets and sentences/s of `predict_fn` over all of them (no HTTP). The model is one
+the 2000 test tweets, how often it picks the label fp32 picks (and how far that label's score
+moves), and sentences/s of `predict_fn` over all of them (no HTTP). The model is one
 trained by `byoc train` for an epoch on the emotion train split (trained on first use, ~5 min here).
 Run it alone.
 
@@ -60,7 +61,14 @@ def measure(model_dir: Path, settings: dict[str, str], texts: list[str], labels:
         for key in settings:
             os.environ.pop(key)
     accuracy = sum(a["label"] == y for a, y in zip(answers, labels)) / len(labels)
-    return {"accuracy": accuracy, "sentences_per_second": len(texts) / seconds, "load_s": load_s}
+    return {"accuracy": accuracy, "sentences_per_second": len(texts) / seconds, "load_s": load_s, "answers": answers}
+
+
+def agreement(answers: list[dict], exact: list[dict]) -> dict:
+    """How often a runtime picks fp32's label, and how far its score for that label moves."""
+    same = sum(a["label"] == e["label"] for a, e in zip(answers, exact)) / len(exact)
+    moved = [abs(a["score"] - e["score"]) for a, e in zip(answers, exact) if a["label"] == e["label"]]
+    return {"agreement_with_fp32": same, "max_score_change": max(moved, default=0.0)}
 
 
 def main() -> int:
@@ -73,14 +81,17 @@ def main() -> int:
     rows = [line.rsplit(";", 1) for line in (DATA / "test.txt").read_text(encoding="utf-8").split("\n")[1:] if line.strip()]
     texts, labels = [r[0] for r in rows], [r[1].strip() for r in rows]
     model_dir = opts.model or trained_model()
-    results = {}
+    results, exact = {}, None
     for name, settings in (("onnxruntime fp32 (default)", {}),
                            ("onnxruntime int8", {"BYOC_INFERENCE_PRECISION": "int8"}),
                            ("torch fp32", {"BYOC_INFERENCE_BACKEND": "torch"})):
-        results[name] = measure(model_dir, settings, texts, labels)
-        r = results[name]
+        r = results[name] = measure(model_dir, settings, texts, labels)
+        answers = r.pop("answers")
+        exact = exact or answers  # the first runtime, ONNX Runtime fp32, is the yardstick
+        r.update(agreement(answers, exact))
         print(f"{name:28s} accuracy {r['accuracy']:.4f}  {r['sentences_per_second']:6.0f} sentences/s  "
-              f"model_fn {r['load_s']:.1f} s", flush=True)
+              f"model_fn {r['load_s']:.1f} s  same label as fp32 {r['agreement_with_fp32']:.2%} "
+              f"(score moves up to {r['max_score_change']:.3f})", flush=True)
     if opts.json:
         opts.json.write_text(json.dumps(results, indent=2))
     return 0

@@ -175,6 +175,15 @@ def test_int8_session_quantizes_and_stays_close(classifier_dir, tmp_path):
     graph = onnx.load(str(onnx_graph.quantize(classifier_dir, tmp_path)))
     kinds = {node.op_type for node in graph.graph.node}
     assert kinds & {"QAttention", "DynamicQuantizeMatMul", "MatMulInteger"}, kinds  # int8 kernels in use
+    # Per-channel weights: each quantized matrix has one scale (and zero point) per output column.
+    # MatMulInteger(a, b, a_zero_point, b_zero_point); QAttention(x, w, bias, x_scale, w_scale, ...).
+    weights = {init.name: init for init in graph.graph.initializer}
+    per_column = {"MatMulInteger": 3, "QAttention": 4}
+    quantized = [node for node in graph.graph.node if node.op_type in per_column]
+    assert quantized
+    for node in quantized:
+        matrix, scale = weights[node.input[1]], weights[node.input[per_column[node.op_type]]]
+        assert list(scale.dims) == [matrix.dims[1]], (node.name, scale.dims, matrix.dims)
 
     rng = np.random.default_rng(2)
     ids = rng.integers(1000, 30000, size=(16, 12), dtype=np.int64)

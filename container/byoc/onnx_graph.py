@@ -215,7 +215,7 @@ def _check_layout(recorded: str | None, model_dir: Path) -> None:
 def quantize(model_dir: Path, folder: Path) -> Path:
     """An int8 copy of the graph in `folder`: BERT operators fused (attention, skip-layer-norm,
     bias-GELU) where ONNX Runtime's transformer optimizer recognises them, then dynamic quantization
-    of the weights (activations are quantized per batch at run time)."""
+    of the weights, per output column (activations are quantized per batch at run time)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -236,7 +236,9 @@ def quantize(model_dir: Path, folder: Path) -> Path:
     level = root.level
     root.setLevel(logging.WARNING)  # the quantizer logs a line per tensor on the root logger
     try:
-        quantize_dynamic(str(fused), str(target), weight_type=QuantType.QInt8,
+        # One scale per output column, not one per matrix: on the emotion model this agreed with
+        # fp32 on 98% of the test tweets against 95%, at the same speed (README, int8).
+        quantize_dynamic(str(fused), str(target), weight_type=QuantType.QInt8, per_channel=True,
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     finally:
         root.setLevel(level)
