@@ -350,6 +350,23 @@ def test_unloadable_model_exits_non_zero(tmp_path):
     assert "loading the model" in s.proc.stdout.read()
 
 
+def test_unloadable_model_with_several_workers_exits_non_zero(tmp_path):
+    """uvicorn's supervisor restarts a dead worker: a model that cannot load used to make it start
+    workers forever (a hundred a minute), never exiting, so SageMaker saw only a health timeout."""
+    model_dir = tmp_path / "opt-ml" / "model"
+    (model_dir / "code").mkdir(parents=True)
+    (model_dir / "code" / "inference.py").write_text("def model_fn(model_dir):\n    raise RuntimeError('broken on purpose')\n")
+    s = Server(model_dir, env={"SAGEMAKER_MODEL_SERVER_WORKERS": "2"})
+    try:
+        code = s.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        s.proc.kill()
+        raise AssertionError("the server kept running: " + s.proc.stdout.read()[-2000:]) from None
+    log = s.proc.stdout.read()
+    assert code != 0 and "cannot serve: RuntimeError: broken on purpose" in log
+    assert log.count("loading the model from") <= 4, log[-3000:]  # no restart loop
+
+
 def test_each_runtime_serves_the_same_answers(server, trained_model):
     """The default runs the graph on ONNX Runtime; torch (forced) answers the same; int8 (opt-in)
     answers in the same shape, from an int8 graph."""

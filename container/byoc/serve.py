@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -150,7 +151,7 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
         loading = loop.run_in_executor(server.executor, server.load)
         server.batcher = Batcher(server.predict_batch, server.executor, settings.max_batch, settings.max_delay_ms / 1000)
         server.batcher.start()
-        loading.add_done_callback(lambda _: server.error and _fail_start(server.error))
+        loading.add_done_callback(lambda _: server.error and _fail_start(server.error, settings.workers))
         yield
         await server.batcher.stop()
         server.executor.shutdown(wait=False, cancel_futures=True)
@@ -200,12 +201,24 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
     ], lifespan=lifespan)
 
 
-def _fail_start(message: str) -> None:
-    """A model that cannot load makes the container exit non-zero, so SageMaker reports the failure."""
+def _fail_start(message: str, workers: int = 1) -> None:
+    """A model that cannot load makes the container exit non-zero, so SageMaker reports the failure.
+    With several workers this process is one of uvicorn's, whose supervisor would start another in
+    its place forever: it leaves the reason for `main()` and stops the supervisor first."""
     logger.error("cannot serve: %s", message)
+    if workers > 1:
+        try:
+            _failure_file(os.getppid()).write_text(message)
+            os.kill(os.getppid(), signal.SIGTERM)
+        except OSError:
+            pass
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)
+
+
+def _failure_file(supervisor_pid: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"byoc-serve-{supervisor_pid}.failed"
 
 
 async def _invoke(server: ModelServer, body: bytes, content_type: str, accept: str) -> Response:
@@ -318,6 +331,12 @@ def main() -> None:
     options = dict(host="0.0.0.0", port=settings.port, log_level="info", access_log=False,
                    timeout_graceful_shutdown=settings.graceful_timeout, timeout_keep_alive=75)
     if settings.workers > 1:
+        failure = _failure_file(os.getpid())
+        failure.unlink(missing_ok=True)
         uvicorn.run("byoc.serve:create_app", factory=True, workers=settings.workers, **options)
+        if failure.exists():  # a worker could not load the model (its traceback is in the log above)
+            message = failure.read_text()
+            failure.unlink(missing_ok=True)
+            sys.exit(f"cannot serve: {message}")
     else:
         uvicorn.run(create_app(settings), **options)
