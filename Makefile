@@ -56,7 +56,7 @@ bench-train: venv
 
 # Builds the reference stack (HF inference DLC: toolkit on MMS, Java 17) in .venv-ref on first use.
 bench-serve: venv
-	$(PY) benchmarks/bench_serve.py
+	$(PY) benchmarks/bench_serve.py --json benchmarks/results/serve.json
 
 bench-precision: venv
 	$(PY) benchmarks/bench_precision.py --json benchmarks/results/precision.json

@@ -7,7 +7,9 @@ Same machine, same run, same model (an all-MiniLM-L6-v2 emotion classifier train
   sentences/s and p50/p90/p99 latency over a fixed window after a warm-up (every phase is
   bounded in time and stops by itself);
 - resident memory once loaded (RSS of every process of the server; PSS too for the reference,
-  whose forked workers share pages).
+  whose forked workers share pages);
+- the model alone: the default predict_fn in a process of its own, 32 tweets per call, no HTTP
+  (fp32 and int8): a ceiling for any server on this machine.
 The load generator is a small asyncio HTTP/1.1 client on keep-alive connections, cheap enough
 not to starve the servers on these 2 cores. Run it alone.
 
@@ -149,6 +151,27 @@ def run_load(port: int, texts: list[str], per_request: int, concurrency: int, wa
     return result
 
 
+# --- the model alone -----------------------------------------------------------------------------
+
+CEILING = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import bench_precision
+texts = json.loads(sys.stdin.read())
+print(json.dumps(bench_precision.measure(bench_precision.Path(sys.argv[2]), json.loads(sys.argv[3]), texts, [""] * len(texts))["sentences_per_second"]))
+"""
+
+
+def model_ceiling(model: Path, texts: list[str], settings: dict[str, str]) -> float:
+    """Sentences/s of the default predict_fn in a process of its own, 32 tweets per call, no HTTP:
+    what no server on this machine can beat at concurrency 32 (it runs with the same threads)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count() or 1)}
+    done = subprocess.run([sys.executable, "-c", CEILING, str(Path(__file__).resolve().parent), str(model),
+                           json.dumps(settings)], input=json.dumps(texts), env=env, capture_output=True, text=True,
+                          check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
 # --- servers ------------------------------------------------------------------------------------
 
 def rss_tree_mib(pid: int) -> float:
@@ -221,6 +244,12 @@ def main() -> int:
     model = train_model()
     results = {}
 
+    results["ceiling"] = {}
+    for name, settings in (("fp32", {}), ("int8", {"BYOC_INFERENCE_PRECISION": "int8"})):
+        results["ceiling"][name] = model_ceiling(model, texts, settings)
+        print(f"the model alone ({name}, in process, 32 sentences per call): "
+              f"{results['ceiling'][name]:.0f} sentences/s", flush=True)
+
     # The default (ONNX Runtime on the model's serving graph), the same server on torch, and int8.
     for name, settings in (("byoc", {}), ("byoc-torch", {"BYOC_INFERENCE_BACKEND": "torch"}),
                            ("byoc-int8", {"BYOC_INFERENCE_PRECISION": "int8"})):
@@ -269,6 +298,12 @@ def print_table(results: dict) -> None:
                        ("start to first answered /invocations", "cold_start_first_answer_s")):
         value = lambda r: r[key]
         print(f"| {label} | {cells(lambda r: f'{r[key]:.1f} s')} | {ratio(ours, value)} | {ratio(others[1], value)} |")
+    ceiling = results.get("ceiling")
+    if ceiling:  # the most any server here could do: the model alone, without HTTP
+        print(f"| the model alone, in process, 32 sentences per call (no HTTP): sentences/s | {ceiling['fp32']:.0f} | - | "
+              f"{ceiling['int8']:.0f} | - | {ceiling['fp32'] / ref['load']['1x32']['sentences_per_second']:.2f}x "
+              f"(of the reference at 1/request, concurrency 32) | "
+              f"{ceiling['int8'] / ref['load']['1x32']['sentences_per_second']:.2f}x |")
     rss = lambda r: r["rss_mib"]
     mib = lambda r: f"{r['rss_mib']:.0f} MiB"
     print(f"| resident memory (RSS, all processes; reference PSS {ref['pss_mib']:.0f} MiB) | {cells(mib)} | "
