@@ -98,6 +98,7 @@ def test_alias_conflict_is_an_error():
     ({"eval_strategy": "sometimes"}, "must be one of auto, no, steps, epoch"),
     ({"bf16": "true", "fp16": "true"}, "choose one"),
     ({"do_train": "false"}, "always trains"),
+    ({"serving_int8": "true", "serving_graph": "false"}, "serving_int8=true needs serving_graph=true"),
     ({"epochs": "nan"}, "epochs must be a number"),
 ])
 def test_invalid_values(values, words):

@@ -195,6 +195,37 @@ def test_int8_session_quantizes_and_stays_close(classifier_dir, tmp_path):
     assert np.abs(approx - exact).max() < 0.1 * max(1.0, np.abs(exact).max())
 
 
+def test_int8_graph_made_ahead_is_used_and_refused_when_stale(classifier_dir, tmp_path, monkeypatch, caplog):
+    from safetensors.torch import load_file, save_file
+
+    copy = tmp_path / "model"
+    shutil.copytree(classifier_dir, copy)
+    done = subprocess.run([str(Path(sys.executable).parent / "byoc"), "export-onnx", "--int8", str(copy)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (copy / onnx_graph.INT8_GRAPH).exists() and not list(copy.glob("byoc-int8-*"))  # no scratch left
+    rng = np.random.default_rng(3)
+    ids = rng.integers(1000, 30000, size=(4, 9), dtype=np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    made_at_start = onnx_graph.Session(classifier_dir, threads=1, int8=True).logits(feeds)
+
+    def no_quantizing(*args, **kwargs):
+        raise AssertionError("quantized at start although model.int8.onnx was there")
+
+    monkeypatch.setattr(onnx_graph, "quantize", no_quantizing)
+    np.testing.assert_allclose(onnx_graph.Session(copy, threads=1, int8=True).logits(feeds), made_at_start, atol=1e-6)
+
+    # New weights, old int8 graph (and a fresh fp32 one): the int8 graph is ignored, with a warning.
+    tensors = load_file(copy / "model.safetensors")
+    tensors["extra.weight"] = torch.zeros(7)
+    save_file(tensors, copy / "model.safetensors", metadata={"format": "pt"})
+    monkeypatch.undo()
+    assert onnx_graph.export(copy)
+    with caplog.at_level(logging.INFO):
+        onnx_graph.Session(copy, threads=1, int8=True)
+    assert "not using model.int8.onnx" in caplog.text and "quantizing model.onnx at start" in caplog.text
+
+
 def test_int8_choice(classifier_dir, tmp_path, monkeypatch):
     sys.path.insert(0, str(REPO / "code"))
     try:

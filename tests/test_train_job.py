@@ -108,6 +108,15 @@ def test_validation_split_and_model_tarball(job, tiny_model_dir, tmp_path):
     assert (job.model_dir / "model.onnx").exists()  # the serving graph, by default
 
 
+def test_int8_serving_graph_on_request(job, tiny_model_dir):
+    job.hyperparameters({**QUICK, "max_steps": "2", "serving_int8": "true"})
+    job.model_channel(tiny_model_dir)
+    write_csv(job.channel("train") / "train.csv", sentiment_rows(32))
+    assert train_in_process(job) == 0, job.failure
+    assert (job.model_dir / "model.onnx").exists() and (job.model_dir / "model.int8.onnx").exists()
+    assert not (job.model_dir.parent / "model" / "int8.onnx").exists()
+
+
 def test_serving_graph_can_be_left_out(job, tiny_model_dir):
     job.hyperparameters({**QUICK, "max_steps": "2", "serving_graph": "false"})
     job.model_channel(tiny_model_dir)

@@ -235,6 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     export = sub.add_parser("export-onnx", help="write MODEL_DIR/model.onnx, the serving graph, for a saved classifier "
                             "(models trained before byoc wrote it, or weights saved again)")
     export.add_argument("model_dir", help="a folder with config.json and model.safetensors")
+    export.add_argument("--int8", action="store_true", help="also write model.int8.onnx, so that serving with "
+                        "BYOC_INFERENCE_PRECISION=int8 starts without quantizing")
     options = parser.parse_args(argv)
     if options.command == "healthcheck":
         from byoc.serve import healthcheck
@@ -246,9 +248,10 @@ def main(argv: list[str] | None = None) -> None:
     if options.command == "worker":
         sys.exit(worker())
     if options.command == "export-onnx":
-        from byoc.onnx_graph import export
+        from byoc.onnx_graph import export, export_int8
 
-        sys.exit(0 if export(options.model_dir) else 1)
+        ok = export(options.model_dir) and (not options.int8 or export_int8(options.model_dir))
+        sys.exit(0 if ok else 1)
     from byoc.serve import main as serve
 
     serve()

@@ -793,7 +793,8 @@ def _run(contract: TrainingContract, args: TrainArguments, stop: StopOnSignal) -
                     summary.get("xla_graphs_compiled", 0))
         return summary
     # The artifact comes last and whole: assembled in a staging folder, then moved into model/.
-    publish_model(trainer, tokenizer, code_dir, contract.paths.model_dir, serving_graph=args.serving_graph)
+    publish_model(trainer, tokenizer, code_dir, contract.paths.model_dir, serving_graph=args.serving_graph,
+                  serving_int8=args.serving_int8)
     logger.info("model saved to %s; metrics in %s", contract.paths.model_dir, report)
     return summary
 
@@ -875,9 +876,9 @@ def _final_evaluation(trainer: Trainer, tokenized: dict[str, Any], args: TrainAr
 
 
 def publish_model(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, code_dir: Path, model_dir: Path,
-                  serving_graph: bool = True) -> None:
-    """Save weights (safetensors), config, tokenizer, the serving graph (model.onnx) and `code/`, so
-    model.tar.gz deploys as it is.
+                  serving_graph: bool = True, serving_int8: bool = False) -> None:
+    """Save weights (safetensors), config, tokenizer, the serving graph (model.onnx; model.int8.onnx
+    with `serving_int8`) and `code/`, so model.tar.gz deploys as it is.
 
     Everything is written to a staging folder first; a failure leaves model/ without a model.
     """
@@ -889,8 +890,8 @@ def publish_model(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, code_dir
             trainer.model.to("cpu")
         trainer.model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
-        if serving_graph:
-            onnx_graph.export(staging)
+        if serving_graph and onnx_graph.export(staging) and serving_int8:
+            onnx_graph.export_int8(staging)
         shutil.copytree(code_dir, staging / "code", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "train.py"))
         for item in sorted(staging.iterdir()):
             target = model_dir / item.name
