@@ -196,7 +196,7 @@ class Session:
         self.inputs = [i.name for i in self.session.get_inputs()]
 
     def _int8_graph(self, model_dir: Path) -> str:
-        """model.int8.onnx when it was made for these weights, else an int8 graph made now (~3 s)."""
+        """model.int8.onnx when it was made for these weights, else an int8 graph made now (~4 s)."""
         ready = model_dir / INT8_GRAPH
         if ready.exists():
             try:
