@@ -107,7 +107,7 @@ class TrainArguments:
     )
     serving_int8: bool = _hp(
         False, "Also write model.int8.onnx (about a quarter of the weights' size), so that an endpoint with "
-        "BYOC_INFERENCE_PRECISION=int8 starts without quantizing (about 3 s). Needs serving_graph.",
+        "BYOC_INFERENCE_PRECISION=int8 starts without quantizing (about 4 s). Needs serving_graph.",
     )
     # Evaluation, logging, checkpoints
     do_eval: bool = _hp(True, "Evaluate when there is eval (or test) data.")
