@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.container
 
 
 @pytest.fixture(scope="session")
-def image() -> str:
+def image() -> Iterator[str]:
     error = images.engine_error()
     if error:
         if os.environ.get("BYOC_REQUIRE_DOCKER"):
@@ -37,7 +38,9 @@ def image() -> str:
         images.build()
     except subprocess.CalledProcessError as err:
         pytest.fail(f"building the test image failed: {err}\n{(err.stdout or '')[-3000:]}\n{(err.stderr or '')[-3000:]}")
-    return images.IMAGE
+    yield images.IMAGE
+    # The containers these tests ran (SDK local mode leaves its own behind); the image stays as cache.
+    images.prune()
 
 
 def docker(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -159,6 +162,33 @@ def test_docker_stop_saves_a_checkpoint_and_a_restart_resumes(image, tmp_path, t
     assert f"resuming from /opt/ml/checkpoints/checkpoint-{step}" in result.stdout
     assert len(losses(job)) == 1500
     assert json.loads((job.root / "output" / "data" / "metrics.json").read_text())["world_size"] == 1
+
+
+def test_what_earlier_runs_left_is_removed(image):
+    """Each CI run on the same engine used to keep its images and stopped containers (about 2.5 GB a
+    run) until the disk filled: the images built here are labelled, and prune() removes the stopped
+    containers and the replaced images that carry the label, and nothing that is still tagged."""
+    for name in (images.DEPS, images.IMAGE):
+        labels = docker("image", "inspect", "--format", "{{json .Config.Labels}}", name).stdout
+        assert '"byoc-test":"1"' in labels, (name, labels)
+    stopped = f"byoc-test-{uuid.uuid4().hex[:8]}"
+    assert docker("run", "--name", stopped, image, "true").returncode == 0  # no --rm: it stays, stopped
+    # A rebuild under the same tag leaves the old image untagged, as each new CI run's build did.
+    probe = "byoc-test/prune-probe"
+    replaced = []
+    for n in (1, 2):
+        build = images.docker("build", "-q", "-t", probe, "-", input=f"FROM {image}\nLABEL probe={n}\n", check=False)
+        assert build.returncode == 0, build.stderr
+        replaced.append(build.stdout.strip())
+    try:
+        images.prune()
+        assert docker("container", "inspect", stopped).returncode != 0
+        assert docker("image", "inspect", replaced[0]).returncode != 0
+        for kept in (replaced[1], images.BASE, images.DEPS, images.IMAGE):
+            assert docker("image", "inspect", kept).returncode == 0, kept
+    finally:
+        docker("rm", "-f", stopped)
+        docker("rmi", "-f", probe)
 
 
 # ---------------------------------------------------------------------------------------------
