@@ -183,35 +183,45 @@ class Session:
         self._scratch: tempfile.TemporaryDirectory | None = None
         layout = safetensors_layout(model_dir / WEIGHTS)[2]  # what every graph here must have been made from
         try:
-            source = model_dir / GRAPH
-            graph = str(source)
             if int8:
-                _check_layout(_recorded_layout(source), layout, model_dir)
-                graph = self._int8_graph(model_dir, layout)
-            self.session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+                self.session = self._int8_session(model_dir, layout, options)
+            else:
+                self.session = _open(model_dir / GRAPH, options)
         except GraphError:
             raise
         except Exception as err:  # onnxruntime's and onnx's own exception types
             raise GraphError(f"ONNX Runtime cannot load {GRAPH}{' as int8' if int8 else ''}: {err}") from None
         if not int8:
-            _check_layout(self.session.get_modelmeta().custom_metadata_map.get(HEADER_KEY), layout, model_dir)
+            _check_layout(_session_layout(self.session), layout, model_dir)
         self.inputs = [i.name for i in self.session.get_inputs()]
 
-    def _int8_graph(self, model_dir: Path, layout: str) -> str:
+    def _int8_session(self, model_dir: Path, layout: str, options: Any) -> Any:
         """model.int8.onnx when it was made for these weights, else an int8 graph made now (~4 s)."""
         ready = model_dir / INT8_GRAPH
         if ready.exists():
+            session = _open(ready, options)  # its metadata says which weights it was made from
             try:
-                _check_layout(_recorded_layout(ready), layout, model_dir, INT8_GRAPH)
-                return str(ready)
+                _check_layout(_session_layout(session), layout, model_dir, INT8_GRAPH)
+                return session
             except GraphError as err:  # made for other weights: never used
                 logger.warning("not using %s: %s", INT8_GRAPH, err)
+        _check_layout(_recorded_layout(model_dir / GRAPH), layout, model_dir)  # quantizing reads model.onnx
         logger.info("int8: quantizing %s at start (`byoc export-onnx --int8 %s` saves this step)", GRAPH, model_dir)
         self._scratch = tempfile.TemporaryDirectory(prefix="byoc-int8-")
-        return str(quantize(model_dir, Path(self._scratch.name)))
+        return _open(quantize(model_dir, Path(self._scratch.name)), options)
 
     def logits(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         return self.session.run(["logits"], {n: feeds[n] for n in self.inputs})[0]
+
+
+def _open(graph: Path, options: Any) -> Any:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+
+
+def _session_layout(session: Any) -> str | None:
+    return session.get_modelmeta().custom_metadata_map.get(HEADER_KEY)
 
 
 def _recorded_layout(graph_path: Path) -> str | None:
