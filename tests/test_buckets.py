@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from byoc.buckets import bucket_batches, bucket_of, choose_buckets, padding_efficiency
-from conftest import SHARED_DATA
+from helpers import SHARED_DATA
 
 
 def padded_tokens(lengths, buckets):

@@ -19,7 +19,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from conftest import Job, losses, sentiment_rows, write_csv
+from helpers import SMALL_JOB_HP, Job, losses, sentiment_rows, small_job, write_csv
 
 sys.path.insert(0, str(Path(__file__).parent / "container"))
 import images  # noqa: E402
@@ -47,21 +47,10 @@ def docker(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return images.docker(*args, check=False, timeout=timeout)
 
 
-def train_job(root: Path, model: Path, hyperparameters: dict) -> Job:
-    job = Job(root).resources()
-    job.hyperparameters(hyperparameters)
-    job.model_channel(model)
-    write_csv(job.channel("train") / "t.csv", sentiment_rows(64))
-    write_csv(job.channel("test") / "t.csv", sentiment_rows(16))
-    return job
-
-
 @pytest.fixture(scope="module")
 def trained(image, tmp_path_factory, tiny_model_dir) -> Job:
     """`docker run -v ROOT:/opt/ml IMAGE train`, as SageMaker starts the training container."""
-    job = train_job(tmp_path_factory.mktemp("container-train") / "opt-ml", tiny_model_dir,
-                    {"max_steps": "120", "learning_rate": "5e-3", "per_device_train_batch_size": "8",
-                     "freeze_embeddings": "false", "freeze_layers": "0", "logging_steps": "20"})
+    job = small_job(tmp_path_factory.mktemp("container-train") / "opt-ml", tiny_model_dir, SMALL_JOB_HP)
     result = docker("run", "--rm", "-v", f"{job.root}:/opt/ml", image, "train")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return job
@@ -70,13 +59,13 @@ def trained(image, tmp_path_factory, tiny_model_dir) -> Job:
 def test_train_writes_the_model_and_metrics(trained):
     assert {"model.safetensors", "config.json", "tokenizer.json", "code"} <= {p.name for p in trained.model_dir.iterdir()}
     assert (trained.model_dir / "code" / "inference.py").exists()
-    assert trained.metrics["eval_accuracy"] >= 0.9
+    assert trained.metrics["eval_accuracy"] >= 0.9  # 1.0 for each of 20 seeds (scripts/seed_margins.py)
     assert len(losses(trained)) == 6
     assert trained.failure is None
 
 
 def test_a_bad_job_fails_with_a_reason(image, tmp_path, tiny_model_dir):
-    job = train_job(tmp_path / "opt-ml", tiny_model_dir, {"learning_rate": "fast"})
+    job = small_job(tmp_path / "opt-ml", tiny_model_dir, {"learning_rate": "fast"})
     result = docker("run", "--rm", "-v", f"{job.root}:/opt/ml", image, "train")
     assert result.returncode == 1
     assert "learning_rate" in job.failure and "fast" in job.failure
@@ -141,7 +130,7 @@ def test_docker_stop_saves_a_checkpoint_and_a_restart_resumes(image, tmp_path, t
     job started again on the same /opt/ml (and so the same checkpoints) resumes and finishes."""
     hps = {"max_steps": "1500", "learning_rate": "1e-3", "per_device_train_batch_size": "8", "logging_steps": "1",
            "freeze_embeddings": "false", "freeze_layers": "0"}
-    job = train_job(tmp_path / "opt-ml", tiny_model_dir, hps)
+    job = small_job(tmp_path / "opt-ml", tiny_model_dir, hps)
     container = Container("-v", f"{job.root}:/opt/ml", image, "train")
     try:
         deadline = time.monotonic() + 180
@@ -247,7 +236,8 @@ MODEL_FILES = {"config.json", "model.safetensors", "tokenizer.json", "code/infer
 def test_local_mode_fit_deploy_predict(sdk_python, local_workdir):
     result, log = local_mode(sdk_python, local_workdir, "train")
     assert MODEL_FILES <= set(result["members"])
-    assert result["metrics"]["eval_accuracy"] == 1.0 and result["metrics"]["world_size"] == 1
+    # The container tests' job: 1.0 for each of 20 seeds (scripts/seed_margins.py), so 0.9 has a margin.
+    assert result["metrics"]["eval_accuracy"] >= 0.9 and result["metrics"]["world_size"] == 1
     assert [p["label"] for p in result["predictions"]] == ["positive", "negative"]
 
 

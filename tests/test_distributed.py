@@ -11,11 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Job, free_port, losses, sentiment_rows, start_train, write_csv
+from helpers import CPU_ONLY, DISTRIBUTED_HP, Job, free_port, losses, sentiment_rows, write_csv
+from helpers import start_train as _start_train
 
-# Every layer trains (a real learning signal to compare), no dropout (the default).
-HP = {"max_steps": "160", "logging_steps": "1", "learning_rate": "1e-3", "freeze_embeddings": "false",
-      "freeze_layers": "0", "warmup_ratio": "0.1"}
+
+def start_train(root: Path, env: dict | None = None):
+    """Every job here means CPU ranks and CPU hosts (gloo), GPUs present or not."""
+    return _start_train(root, {**CPU_ONLY, **(env or {})})
+
+
+HP = DISTRIBUTED_HP  # every layer trains (a real learning signal to compare), no dropout (the default)
 TWO_RANKS = {"BYOC_PROCESSES_PER_HOST": "2"}
 
 
@@ -48,7 +53,9 @@ def test_two_ranks_train_the_same_model_as_one_with_twice_the_batch(tmp_path, ti
     assert two_rank_reference.metrics["world_size"] == 2 and single.metrics["world_size"] == 1
     ours, theirs = losses(two_rank_reference), losses(single)
     assert set(ours) == set(theirs) == set(range(1, 161))
-    assert ours[160] < 0.5 * ours[1]  # it learned something, so matching losses mean something
+    # It learned something, so matching losses mean something. Over 20 seeds of the tiny model
+    # (scripts/seed_margins.py) loss[160] / loss[1] was at worst 0.052 (torch 2.9 and 2.11).
+    assert ours[160] < 0.5 * ours[1]
     for step in ours:
         assert ours[step] == pytest.approx(theirs[step], rel=1e-4, abs=1e-5), step
 

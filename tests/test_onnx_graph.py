@@ -128,7 +128,9 @@ TEXTS = ["i love this so much", "rude people and cold food", ["is it good?", "ye
 
 
 def test_default_handlers_serve_the_graph_without_torch_and_agree_with_torch(classifier_dir):
-    fast = _handlers_in_subprocess(classifier_dir, "auto", TEXTS)
+    # The CPU default (auto picks it where there is no GPU: test_backend_choice), asked for by name
+    # so that it runs the same with a GPU present.
+    fast = _handlers_in_subprocess(classifier_dir, "onnxruntime", TEXTS)
     assert fast["backend"] == "onnxruntime" and not fast["torch"] and not fast["transformers"]
     slow = _handlers_in_subprocess(classifier_dir, "torch", TEXTS)
     assert slow["backend"] == "torch"
@@ -147,8 +149,11 @@ def test_backend_choice(classifier_dir, tmp_path, monkeypatch, caplog):
     shutil.copytree(classifier_dir, no_graph)
     (no_graph / "model.onnx").unlink()
     monkeypatch.delenv("BYOC_INFERENCE_BACKEND", raising=False)
-    assert inference.choose_backend(classifier_dir) == "onnxruntime"
-    assert inference.choose_backend(no_graph) == "torch"  # an artifact from before the graph existed
+    assert inference.choose_backend(classifier_dir, gpu=False) == "onnxruntime"
+    assert inference.choose_backend(classifier_dir, gpu=True) == "torch"  # fp32 on CUDA
+    assert inference.choose_backend(classifier_dir, int8=True, gpu=True) == "onnxruntime"  # int8: the CPU's
+    assert inference.choose_backend(classifier_dir) == ("torch" if Path("/dev/nvidia0").exists() else "onnxruntime")
+    assert inference.choose_backend(no_graph, gpu=False) == "torch"  # an artifact from before the graph existed
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "onnxruntime")
     with pytest.raises(ValueError, match="model.onnx"):
         inference.choose_backend(no_graph)
@@ -164,6 +169,7 @@ def test_backend_choice(classifier_dir, tmp_path, monkeypatch, caplog):
     save_file(dict(reversed(list(tensors.items()))) | {"extra.weight": torch.zeros(3)}, stale / "model.safetensors",
               metadata={"format": "pt"})
     monkeypatch.delenv("BYOC_INFERENCE_BACKEND")
+    monkeypatch.setattr(inference, "nvidia_gpu", lambda: False)  # auto picks ONNX Runtime, then falls back
     with caplog.at_level(logging.WARNING):
         assert inference.model_fn(str(stale))["backend"] == "torch"
     assert "serving with torch instead of ONNX Runtime" in caplog.text
@@ -237,8 +243,10 @@ def test_int8_choice(classifier_dir, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="int8 needs the ONNX Runtime backend"):
         inference.model_fn(str(classifier_dir))
     monkeypatch.delenv("BYOC_INFERENCE_BACKEND")
-    model = inference.model_fn(str(classifier_dir))
-    assert model["backend"] == "onnxruntime" and model["model"].int8
+    for gpu in (False, True):  # int8 is ONNX Runtime's on the CPU, on a GPU instance too
+        monkeypatch.setattr(inference, "nvidia_gpu", lambda: gpu)
+        model = inference.model_fn(str(classifier_dir))
+        assert model["backend"] == "onnxruntime" and model["model"].int8
     assert len(inference.predict_fn({"inputs": ["a text", "another one"]}, model)) == 2
     monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "fp16")
     with pytest.raises(ValueError, match="use fp32 or int8"):
@@ -250,5 +258,6 @@ def test_export_of_a_model_with_a_small_vocabulary(tmp_path):
 
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=32, max_position_embeddings=32, num_labels=2)
+    torch.manual_seed(0)
     BertForSequenceClassification(config).save_pretrained(tmp_path, safe_serialization=True)
     assert onnx_graph.export(tmp_path) == tmp_path / "model.onnx"

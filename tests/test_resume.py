@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Job, losses, sentiment_rows, start_train, write_csv
+from helpers import CPU_ONLY, Job, losses, sentiment_rows, start_train, write_csv
 
 # Every layer trains (a real learning signal), checkpoints every 10 steps.
 HP = {"max_steps": "120", "logging_steps": "1", "learning_rate": "1e-3", "per_device_train_batch_size": "8",
@@ -44,9 +44,9 @@ def run_until(job: Job, marker: str, sig: int = signal.SIGTERM, timeout: int = 3
     return proc.returncode, "".join(lines) + out
 
 
-def rerun(job: Job) -> str:
+def rerun(job: Job, env: dict | None = None) -> str:
     (job.root / "output" / "failure").unlink(missing_ok=True)  # SageMaker starts a new attempt with a clean output/
-    proc = start_train(job.root)
+    proc = start_train(job.root, env)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
     return out
@@ -138,34 +138,41 @@ def test_sigterm_during_the_final_evaluation_keeps_the_training(tmp_path, tiny_m
 def test_sigkill_at_random_moments_loses_at_most_one_checkpoint_interval(tmp_path, tiny_model_dir):
     """Kill -9 repeatedly, each time at a random moment, and restart; the job still ends with the
     uninterrupted model's losses, and each restart resumes at most save_steps behind. Up to 10
-    kills; on a fast machine the job may finish sooner, which is fine after 5 (the kills are timed,
-    so how far each run gets depends on the machine)."""
+    kills: every other one at a random moment from the process start (start-up included), the
+    others at a random moment after the first logged step, so that some land mid-training however
+    long start-up takes. On a fast machine the job may finish sooner, which is fine after 5.
+    CPU jobs: the timings were chosen for them (a GPU machine spends seconds more starting CUDA)."""
     extra = {"max_steps": "1200"}
     reference = make_job(tmp_path / "reference" / "opt-ml", tiny_model_dir, extra)
-    rerun(reference)
+    rerun(reference, CPU_ONLY)
     job = make_job(tmp_path / "killed" / "opt-ml", tiny_model_dir, extra)
     from byoc.checkpoints import newest_complete
 
     rng = random.Random(7)
     trials, resumed_from = 0, []
     while trials < 10:
-        proc = start_train(job.root)
-        # Anywhere from start-up (~6 s of imports) to the last steps.
-        timer = threading.Timer(rng.uniform(1.0, 14.0), proc.kill)
+        proc = start_train(job.root, CPU_ONLY)
+        lines = []
+        if trials % 2:
+            for line in proc.stdout:
+                lines.append(line)
+                if "[metrics] step=" in line:
+                    break
+        timer = threading.Timer(rng.uniform(0.2, 4.0) if trials % 2 else rng.uniform(1.0, 14.0), proc.kill)
         timer.start()
         out, _ = proc.communicate(timeout=300)
         timer.cancel()
         if proc.returncode == 0:
             break  # finished before the kill
         trials += 1
-        steps = [int(line.split("step=")[1].split()[0]) for line in out.splitlines()
+        steps = [int(line.split("step=")[1].split()[0]) for line in ("".join(lines) + out).splitlines()
                  if "[metrics] step=" in line and " loss=" in line]
         newest = newest_complete(job.root / "checkpoints")
         saved = int(newest.name.split("-")[1]) if newest else 0
         assert (steps[-1] if steps else 0) - saved <= 10, (steps[-1:], saved)
         resumed_from.append(saved)
     assert trials >= 5, f"the job finished after {trials} kills; make it longer"
-    rerun(job)
+    rerun(job, CPU_ONLY)
     assert max(resumed_from) > 0  # some kills hit mid-training, not only start-up
     assert_same_losses(job, reference)
 

@@ -6,7 +6,7 @@ import json
 import tarfile
 from pathlib import Path
 
-from conftest import Job, run_train_process
+from helpers import CPU_ONLY, Job, run_train_process
 
 SCRIPT = '''
 import argparse, json, os, sys
@@ -50,7 +50,7 @@ def script_job(tmp_path: Path, *, fail: str | None = None, requirements: str | N
 
 def test_the_users_script_runs_on_every_rank_with_its_arguments(tmp_path):
     job = script_job(tmp_path, requirements="numpy\n")
-    result = run_train_process(job.root, env={"BYOC_PROCESSES_PER_HOST": "2"})
+    result = run_train_process(job.root, env={"BYOC_PROCESSES_PER_HOST": "2", **CPU_ONLY})  # two CPU ranks
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     outputs = [json.loads((job.model_dir / f"rank-{r}.json").read_text()) for r in (0, 1)]
     for rank, out in enumerate(outputs):

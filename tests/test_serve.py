@@ -17,7 +17,7 @@ import httpx
 import pytest
 import torch
 
-from conftest import sentiment_rows
+from helpers import sentiment_rows
 
 JSON = {"content-type": "application/json"}
 
@@ -31,7 +31,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def trained_model(tmp_path_factory, tiny_model_dir) -> Path:
     """A tiny classifier trained by `byoc train` (the artifact layout the server must serve)."""
-    from conftest import Job, write_csv, run_train_process
+    from helpers import Job, write_csv, run_train_process
 
     root = tmp_path_factory.mktemp("serve-job") / "opt-ml"
     job = Job(root).resources()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from byoc import cli
-from conftest import SHARED_DATA, run_train_process, sentiment_rows, write_csv
+from helpers import SHARED_DATA, run_train_process, sentiment_rows, write_csv
 
 QUICK = {"max_steps": "8", "logging_steps": "4", "learning_rate": "5e-3", "per_device_train_batch_size": "8"}
 
@@ -136,6 +136,7 @@ def test_trained_model_serves_through_the_default_handlers(job, tiny_model_dir):
 
         inference = importlib.import_module("inference")
         importlib.reload(inference)
+        inference.nvidia_gpu = lambda: False  # the CPU default: ONNX Runtime (on a GPU, auto picks torch)
         model = inference.model_fn(str(job.model_dir))
         texts = [POS, NEG] = ["i love this so much number 1000", "i hate this a lot number 1001"]
         data = inference.input_fn(json.dumps({"inputs": texts, "parameters": {"top_k": 2}}), "application/json")

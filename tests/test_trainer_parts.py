@@ -53,12 +53,30 @@ def test_freezing(tiny_model_dir):
         freeze_bottom(model, embeddings=True, layers=2)
 
 
-def test_fp16_without_cuda_falls_back_to_fp32(caplog):
+def test_cpu_jobs_tell_the_trainer_they_are_cpu_ones():
+    from byoc.train import device_arguments
+
+    auto, cpu = parse_hyperparameters({}), parse_hyperparameters({"device": "cpu"})
+    assert device_arguments(auto, use_xla=False, cuda=False) == {"use_cpu": True}  # even with torch-xla installed
+    assert device_arguments(auto, use_xla=False, cuda=True) == {"use_cpu": False}
+    assert device_arguments(cpu, use_xla=False, cuda=True) == {"use_cpu": True}
+    assert "use_cpu" not in device_arguments(auto, use_xla=True, cuda=False)
+
+
+def test_precision_follows_the_hardware(caplog):
     from byoc.train import precision_flags
 
-    flags = precision_flags(parse_hyperparameters({"fp16": "true"}))
-    if not torch.cuda.is_available():
-        assert flags == {"bf16": False, "fp16": False} and "fp32" in caplog.text
+    fp16, bf16 = parse_hyperparameters({"fp16": "true"}), parse_hyperparameters({"bf16": "true"})
+    assert precision_flags(fp16, cuda=False) == {"bf16": False, "fp16": False}
+    assert "fp16 needs a CUDA GPU; none here, so training runs in fp32" in caplog.text
+    assert precision_flags(fp16, cuda=True) == {"bf16": False, "fp16": True}
+    assert precision_flags(bf16, cuda=True, cuda_bf16=True) == {"bf16": True, "fp16": False}
+    caplog.clear()
+    assert precision_flags(bf16, cuda=True, cuda_bf16=False) == {"bf16": False, "fp16": False}  # T4, V100
+    assert "this GPU has no bf16; training runs in fp32 (try fp16=true)" in caplog.text
+    assert precision_flags(bf16, cuda=False) == {"bf16": True, "fp16": False}  # CPU autocast: slow, but correct
+    assert precision_flags(fp16, use_xla=True) == {"bf16": False, "fp16": False}
+    assert precision_flags(bf16, use_xla=True) == {"bf16": True, "fp16": False}
 
 
 def test_weight_decay_as_a_device_tensor_matches_adamw_exactly():

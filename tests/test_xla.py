@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from conftest import Job, losses, run_train_process, sentiment_rows, write_csv
+from helpers import Job, classification_job, losses, run_train_process, sentiment_rows, write_csv
 from test_resume import HP, assert_same_losses, make_job, rerun, run_until, stopped_step
 
 try:
@@ -30,17 +30,6 @@ def cpu_backend(monkeypatch):
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
 
 
-def classification_job(root, tiny_model_dir, extra: dict) -> Job:
-    job = Job(root).resources()
-    job.hyperparameters({"epochs": "4", "learning_rate": "5e-3", "per_device_train_batch_size": "8",
-                         "per_device_eval_batch_size": "16", "freeze_embeddings": "false", "freeze_layers": "0",
-                         "eval_strategy": "epoch", "logging_steps": "5", **extra})
-    job.model_channel(tiny_model_dir)
-    write_csv(job.channel("train") / "t.csv", sentiment_rows(96))
-    write_csv(job.channel("test") / "t.csv", sentiment_rows(40)[::-1])  # 40 rows: the last eval batch is short
-    return job
-
-
 def test_xla_job_matches_the_cpu_path_and_compiles_nothing_after_epoch_one(tmp_path, tiny_model_dir):
     results = {}
     for device in ("cpu", "xla"):
@@ -50,8 +39,11 @@ def test_xla_job_matches_the_cpu_path_and_compiles_nothing_after_epoch_one(tmp_p
         assert "Joining rendezvous" not in done.stdout  # torch-xla's line at every logging step stays out
         results[device] = job.metrics
     cpu, xla = results["cpu"], results["xla"]
-    assert cpu["eval_accuracy"] >= 0.9
-    assert abs(xla["eval_accuracy"] - cpu["eval_accuracy"]) <= 0.05
+    # Margins over 20 seeds of the tiny model (scripts/seed_margins.py, torch 2.9 + torch-xla 2.9):
+    # CPU accuracy worst 0.9 (so >= 0.9 was a coin toss once numerics moved); |XLA - CPU| worst 0.1
+    # (0 for 15 seeds; the gap shows on seeds whose CPU run is least trained).
+    assert cpu["eval_accuracy"] >= 0.8
+    assert abs(xla["eval_accuracy"] - cpu["eval_accuracy"]) <= 0.15
     # bounded graphs: new ones only in epoch 1 and in the first evaluation
     assert xla["xla_graphs_per_epoch"][0] > 0 and xla["xla_graphs_per_epoch"][1:] == [0, 0, 0]
     assert xla["xla_graphs_per_evaluation"][1:] == [0, 0, 0]

@@ -16,6 +16,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from byoc import compat
+
 logger = logging.getLogger("byoc.distributed")
 
 BACKEND_ENV = "BYOC_BACKEND"  # set by the launcher: gloo (CPU), nccl (CUDA)
@@ -62,6 +64,8 @@ def setup() -> None:
     backend = os.environ.get(BACKEND_ENV) or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
         torch.cuda.set_device(local_rank())
+    elif backend == "gloo":  # CPU ranks: their checkpoints must load back with map_location="cpu:0"
+        compat.restore_indexed_cpu_locations()
     elif backend == "xla":  # NeuronCores: the base image's torch-xla registers the "xla" backend
         import torch_xla.distributed.xla_backend  # noqa: F401
     # Long enough for rank 0 to tokenize a large dataset while the others wait at a barrier.

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from byoc import compat, efa
 from byoc.contract import ContractError, TrainingContract
 
 logger = logging.getLogger("byoc.launch")
@@ -150,8 +151,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def worker_environment(plan: LaunchPlan, host: str, failure_dir: Path) -> dict[str, str]:
-    """What every rank gets on top of the launcher's environment (the agent adds RANK & co.)."""
+def worker_environment(plan: LaunchPlan, host: str, failure_dir: Path,
+                       efa_devices: efa.EfaDevices | None = None) -> dict[str, str]:
+    """What every rank gets on top of the launcher's environment (the agent adds RANK & co.);
+    `efa_devices`: what `efa.find_efa` found on a host of a multi-host GPU or Neuron job."""
     env = {
         # Ranks on one host share its cores: oversubscribed OpenMP threads slow everything several-fold.
         "OMP_NUM_THREADS": str(plan.threads_per_process),
@@ -163,6 +166,8 @@ def worker_environment(plan: LaunchPlan, host: str, failure_dir: Path) -> dict[s
     if plan.network_interface:  # the collectives talk over SageMaker's interface, not docker0 or lo
         for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
             env[name] = os.environ.get(name, plan.network_interface)
+    if plan.nnodes > 1 and plan.device in ("cuda", "neuron"):
+        env.update(efa.efa_environment(dict(os.environ), efa_devices))
     return env
 
 
@@ -292,14 +297,15 @@ def launch(plan: LaunchPlan, contract: TrainingContract, command: list[str], tee
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     if plan.nnodes > 1:
         wait_for_hosts(contract.hosts, plan.hosts_timeout)
     failure_dir = Path(tempfile.mkdtemp(prefix="byoc-failures-"))
     log_dir = Path(tempfile.mkdtemp(prefix="byoc-ranks-"))
-    os.environ.update(worker_environment(plan, contract.current_host, failure_dir))
-    config = LaunchConfig(
+    devices = efa.find_efa() if plan.nnodes > 1 and plan.device in ("cuda", "neuron") else None
+    os.environ.update(worker_environment(plan, contract.current_host, failure_dir, devices))
+    config = compat.launch_config(
         min_nodes=plan.nnodes,
         max_nodes=plan.nnodes,
         nproc_per_node=plan.nproc_per_node,
@@ -321,7 +327,8 @@ def launch(plan: LaunchPlan, contract: TrainingContract, command: list[str], tee
                 plan.threads_per_process, plan.master_addr, plan.master_port)
     program, *args = command
     try:
-        elastic_launch(config, program)(*args)
+        with compat.shutdown_grace(plan.shutdown_timeout):
+            elastic_launch(config, program)(*args)
         return 0, None
     except ChildFailedError as err:
         message, code = describe_failure(err.failures, _records(failure_dir), contract.current_host, log_dir)

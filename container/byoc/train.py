@@ -50,7 +50,7 @@ from byoc.arguments import TrainArguments, bucket_sizes
 from byoc import xla
 from byoc.buckets import (IGNORE_LABEL, FixedShapeCollator, bucket_batches, bucket_of, choose_buckets,
                           padding_efficiency)
-from byoc import distributed, onnx_graph
+from byoc import compat, distributed, onnx_graph
 from byoc.checkpoints import (EvaluationStopped, Interrupted, StopOnSignal, check_job, common_resume_point,
                               drop_unfinished_after, mark_complete, rotate)
 from byoc.contract import TrainingContract
@@ -407,6 +407,9 @@ class FixedShapeSampler(LengthBucketSampler):
 class ClassifierTrainer(Trainer):
     """`Trainer` with byoc's samplers, sealed checkpoints, and evaluations SIGTERM can cut short.
 
+    The private methods overridden here are listed in `byoc.compat.TRAINER_HOOKS` and checked
+    against the installed transformers when a job starts.
+
     Evaluation runs in a known order: by length, which is fast and reproducible (transformers 5
     length-groups *and shuffles* evaluation when training is length-grouped).
     """
@@ -423,7 +426,7 @@ class ClassifierTrainer(Trainer):
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        if "input_ids" not in dataset.column_names or not (self.buckets or _grouped(self.args)):
+        if "input_ids" not in dataset.column_names or not (self.buckets or compat.is_length_grouped(self.args)):
             return super()._get_train_sampler(train_dataset)
         lengths = [len(ids) for ids in dataset["input_ids"]]
         if self.buckets:  # XLA: every batch one of a few fixed shapes
@@ -487,36 +490,20 @@ class _SamplerEpoch(TrainerCallback):
             self.trainer.bucket_sampler.set_epoch(math.floor((state.epoch or 0.0) + 1e-6))
 
 
-TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
-
-
-def version_arguments(args: TrainArguments, grouped: bool) -> dict[str, Any]:
-    """`TrainingArguments` names that differ between transformers 4.55 (the Neuron images' version)
-    and 5 (the CPU/CUDA images')."""
-    warmup = args.warmup_steps if args.warmup_steps > 0 else args.warmup_ratio
-    if TRANSFORMERS_MAJOR >= 5:
-        return {"train_sampling_strategy": "group_by_length" if grouped else "random", "warmup_steps": warmup,
-                **({"activation_checkpointing": True} if args.gradient_checkpointing else {})}
-    return {"group_by_length": grouped, "gradient_checkpointing": args.gradient_checkpointing,
-            **({"warmup_steps": args.warmup_steps} if args.warmup_steps > 0 else {"warmup_ratio": args.warmup_ratio})}
-
-
-def device_arguments(args: TrainArguments, use_xla: bool) -> dict[str, Any]:
-    """What the device path changes in `TrainingArguments`."""
+def device_arguments(args: TrainArguments, use_xla: bool, cuda: bool | None = None) -> dict[str, Any]:
+    """What the device path changes in `TrainingArguments`; `cuda`: the hardware (default: torch's view)."""
     if use_xla:
         # Fused AdamW refuses XLA tensors. (Every training batch is full already: the sampler sees to
         # it; drop_last would also drop the last evaluation batch, which the collator pads instead.)
         # Evaluation results move to the host after every step: kept on the device, they would be
         # concatenated into a growing tensor, a new shape (and graph) at each step.
         return {"optim": "adamw_torch", "eval_accumulation_steps": 1}
-    gloo = os.environ.get(distributed.BACKEND_ENV) == "gloo"
-    # accelerate treats several CPU processes as one data-parallel job only when told they are CPU ones.
-    return {"use_cpu": (distributed.is_distributed() and gloo) or (args.device == "cpu" and torch.cuda.is_available())}
-
-
-def _grouped(training_args: TrainingArguments) -> bool:
-    return (getattr(training_args, "train_sampling_strategy", None) == "group_by_length"
-            or getattr(training_args, "group_by_length", False) is True)
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    gloo = distributed.is_distributed() and os.environ.get(distributed.BACKEND_ENV) == "gloo"
+    # A CPU job says so: accelerate treats several CPU processes as one data-parallel job only when
+    # told they are CPU ones, and with transformers 4.55 it takes torch-xla's device wherever
+    # torch-xla is installed (the Neuron image on a host without NeuronCores), fused AdamW and all.
+    return {"use_cpu": gloo or args.device == "cpu" or not cuda}
 
 
 class CompileReport(TrainerCallback):
@@ -555,8 +542,10 @@ class CompileReport(TrainerCallback):
                 "xla_graphs_per_evaluation": self.evaluations, "xla_compile_seconds": round(xla.compile_seconds(), 1)}
 
 
-def precision_flags(args: TrainArguments, use_xla: bool = False) -> dict[str, bool]:
+def precision_flags(args: TrainArguments, use_xla: bool = False, cuda: bool | None = None,
+                    cuda_bf16: bool | None = None) -> dict[str, bool]:
     """bf16/fp16 only where the hardware runs them; otherwise fp32 with a warning.
+    `cuda`, `cuda_bf16`: the hardware (default: what torch sees here).
 
     On XLA, bf16 is autocast: bf16 compute with fp32 weights and optimizer state (not the
     tutorials' XLA_USE_BF16, which stores the weights in bf16 and loses small updates)."""
@@ -564,12 +553,12 @@ def precision_flags(args: TrainArguments, use_xla: bool = False) -> dict[str, bo
         if args.fp16:
             logger.warning("fp16 is for CUDA GPUs; on XLA use bf16=true. Training runs in fp32")
         return {"bf16": args.bf16, "fp16": False}
-    cuda = torch.cuda.is_available()
+    cuda = torch.cuda.is_available() if cuda is None else cuda
     fp16 = args.fp16 and cuda
     if args.fp16 and not cuda:
         logger.warning("fp16 needs a CUDA GPU; none here, so training runs in fp32")
     bf16 = args.bf16
-    if bf16 and cuda and not torch.cuda.is_bf16_supported():
+    if bf16 and cuda and not (torch.cuda.is_bf16_supported() if cuda_bf16 is None else cuda_bf16):
         logger.warning("this GPU has no bf16; training runs in fp32 (try fp16=true)")
         bf16 = False
     if bf16 and not cuda:
@@ -596,6 +585,7 @@ def build_trainer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, to
                   args: TrainArguments, contract: TrainingContract, num_labels: int,
                   buckets: list[int] | None = None) -> Trainer:
     """The Trainer for this job; `buckets` (the XLA path) switches to fixed-shape batches."""
+    compat.check_trainer_hooks(ClassifierTrainer.__mro__[1])  # the private methods overridden below
     use_xla = buckets is not None
     eval_ds = tokenized.get("eval", tokenized.get("test"))
     has_eval = eval_ds is not None
@@ -633,7 +623,8 @@ def build_trainer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, to
         # mean. (transformers would otherwise scale the loss by the world size for token-count losses.)
         average_tokens_across_devices=False,
         ddp_find_unused_parameters=False,  # every trainable parameter of a classifier is used
-        **version_arguments(args, grouped=args.group_by_length and not args.pad_to_max_length and not use_xla),
+        **compat.sampling_arguments(args.group_by_length and not args.pad_to_max_length and not use_xla,
+                                    args.warmup_steps, args.warmup_ratio, args.gradient_checkpointing),
         **precision_flags(args, use_xla),
         **device_arguments(args, use_xla),
     )
@@ -779,6 +770,8 @@ def _run(contract: TrainingContract, args: TrainArguments, stop: StopOnSignal) -
         "labels": data.label_names,
         "train_samples": len(tokenized["train"]),
         "world_size": trainer.args.world_size,
+        "device": trainer.args.device.type,  # cuda, cpu or xla: where the job really ran
+        "precision": "bf16" if trainer.args.bf16 else "fp16" if trainer.args.fp16 else "fp32",
         "model": source.origin,
         **({"buckets": buckets, "padding_efficiency": round(padding_efficiency(tokenized["train"]["length"], buckets), 4),
             **trainer.compile_report.summary()} if buckets else {}),

@@ -75,6 +75,7 @@ def prepare_environment(checkpoint_dir: Path) -> None:
     # torch-xla bakes the scalars 0 and 1 into a graph as constants instead of inputs: the warm-up's
     # first learning rate (0) would compile a step graph of its own.
     os.environ.setdefault("XLA_NO_SPECIAL_SCALARS", "1")
+    os.environ["USE_TORCH_XLA"] = "1"  # this job is on XLA, whatever keep_off_xla said to its launcher
     if "PJRT_DEVICE" not in os.environ:
         from byoc.launch import device_counts
 

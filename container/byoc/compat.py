@@ -1,0 +1,182 @@
+"""Every API that differs across the torch and transformers versions byoc supports, in one place.
+
+Supported: torch 2.9 (both DLC bases ship it) to 2.13, transformers 4.55 (the Neuron DLC) to 5.x.
+Each difference is detected by feature (a signature, a field, an attribute), never by comparing
+version strings: a backport or a vendor build then takes the right branch by itself. Nothing here
+imports torch or transformers at module level; each helper imports what it inspects.
+
+What differs, and where it is used:
+- `LaunchConfig` keywords (`launch_config`): torch 2.13 added `shutdown_timeout`; 2.9 and 2.11
+  raise TypeError on it. Without it the elastic agent gives ranks a fixed 30 s after SIGTERM, so
+  `shutdown_grace` lengthens that wait through the process context's `close(timeout=...)`.
+- `TrainingArguments` names (`sampling_arguments`): transformers 5 replaced `group_by_length` with
+  `train_sampling_strategy`, `warmup_ratio` with a fractional `warmup_steps`, and
+  `gradient_checkpointing` (the switch) with `activation_checkpointing`.
+- The `Trainer` private methods byoc overrides or calls (`TRAINER_HOOKS`, `check_trainer_hooks`): the same
+  names and parameters in 4.55 and 5.x today; checked at start so that a transformers release that
+  renames one fails loudly instead of silently skipping byoc's sampler or sealed checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from typing import Any, Iterator
+
+logger = logging.getLogger("byoc.compat")
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.distributed: the elastic launcher
+
+
+def _parameters(obj: Any) -> list[str]:
+    """The parameter names of a callable, in order ([] where it has no readable signature)."""
+    try:
+        return list(inspect.signature(obj).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
+def launch_config(**kwargs: Any):
+    """`LaunchConfig(**kwargs)` without the keywords this torch lacks (logged once at debug)."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    known = _parameters(LaunchConfig)
+    dropped = sorted(k for k in kwargs if k not in known)
+    if dropped:
+        logger.debug("this torch's LaunchConfig has no %s: left out", ", ".join(dropped))
+    return LaunchConfig(**{k: v for k, v in kwargs.items() if k in known})
+
+
+def launcher_has_shutdown_timeout() -> bool:
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return "shutdown_timeout" in _parameters(LaunchConfig)
+
+
+@contextlib.contextmanager
+def shutdown_grace(seconds: int) -> Iterator[None]:
+    """While the launch runs: ranks get `seconds` after SIGTERM before the agent kills them.
+
+    Where `LaunchConfig` takes `shutdown_timeout` (torch >= 2.13) the config carries it and this
+    does nothing. Older agents call `PContext.close(death_sig)` and so wait its default of 30 s;
+    here that default becomes `seconds`, for this process only and only during the launch.
+    """
+    if launcher_has_shutdown_timeout():
+        yield
+        return
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    original = PContext.close
+    if "timeout" not in _parameters(original):  # no way to lengthen it: the agent's own wait applies
+        logger.warning("this torch's elastic agent has no shutdown timeout to set: ranks get its default "
+                       "time to save a checkpoint after SIGTERM")
+        yield
+        return
+
+    def close(self, death_sig=None, timeout: int = seconds):
+        return original(self, death_sig, timeout)
+
+    PContext.close = close  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        PContext.close = original  # type: ignore[method-assign]
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers: TrainingArguments and the Trainer's private methods
+
+
+def _training_fields() -> set[str]:
+    from transformers import TrainingArguments
+
+    return set(TrainingArguments.__dataclass_fields__)
+
+
+def sampling_arguments(grouped: bool, warmup_steps: int, warmup_ratio: float,
+                       gradient_checkpointing: bool) -> dict[str, Any]:
+    """The `TrainingArguments` for length grouping, warm-up and activation checkpointing, in the
+    names this transformers takes."""
+    fields = _training_fields()
+    out: dict[str, Any] = {}
+    if "train_sampling_strategy" in fields:  # transformers 5
+        out["train_sampling_strategy"] = "group_by_length" if grouped else "random"
+    else:
+        out["group_by_length"] = grouped
+    if warmup_steps > 0:
+        out["warmup_steps"] = warmup_steps
+    elif "warmup_ratio" in fields:
+        out["warmup_ratio"] = warmup_ratio
+    else:  # transformers 5: a warmup_steps below 1 is a fraction of the training steps
+        out["warmup_steps"] = warmup_ratio
+    if "activation_checkpointing" in fields:
+        if gradient_checkpointing:
+            out["activation_checkpointing"] = True
+    else:
+        out["gradient_checkpointing"] = gradient_checkpointing
+    return out
+
+
+def is_length_grouped(training_args: Any) -> bool:
+    """Whether `TrainingArguments` ask for length-grouped training batches (either spelling)."""
+    return (getattr(training_args, "train_sampling_strategy", None) == "group_by_length"
+            or getattr(training_args, "group_by_length", False) is True)
+
+
+# name -> the leading parameters (after self) byoc's overrides take and its calls pass
+TRAINER_HOOKS: dict[str, tuple[str, ...]] = {
+    "_get_train_sampler": ("train_dataset",),
+    "_get_eval_sampler": ("eval_dataset",),
+    "_save_checkpoint": ("model", "trial"),
+    "_get_output_dir": ("trial",),
+    "_load_from_checkpoint": ("resume_from_checkpoint",),
+}
+
+
+def check_trainer_hooks(trainer_class: type | None = None) -> None:
+    """Fail at start, naming the method, if this transformers' `Trainer` no longer has a private
+    method byoc overrides with the parameters it passes."""
+    if trainer_class is None:
+        from transformers import Trainer as trainer_class
+    for name, wanted in TRAINER_HOOKS.items():
+        method = getattr(trainer_class, name, None)
+        have = tuple(p for p in _parameters(method) if p != "self") if method else None
+        if have is None or have[:len(wanted)] != wanted:
+            import transformers
+
+            raise RuntimeError(
+                f"transformers {transformers.__version__}: Trainer.{name}"
+                f"{'(' + ', '.join(have) + ')' if have is not None else ' is missing'}; byoc overrides "
+                f"{name}({', '.join(wanted)}). Use transformers 4.55 to 5.x, or update byoc.compat")
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.load of checkpoints written by CPU ranks
+
+
+def restore_indexed_cpu_locations() -> None:
+    """Let `torch.load(map_location="cpu:0")` work.
+
+    With several CPU ranks accelerate names each rank's device `cpu:0`, and transformers 4.55
+    resumes the optimizer with `map_location=args.device`; torch (2.9 to 2.13) only restores
+    storages tagged exactly "cpu", so every multi-process CPU job failed to resume on the Neuron
+    image's transformers. Probed, not assumed: registered only where this torch refuses "cpu:0".
+    """
+    import torch
+
+    try:
+        torch.serialization.default_restore_location(torch.UntypedStorage(1), "cpu:0")
+        return
+    except RuntimeError:
+        pass
+
+    def tagger(obj):  # byoc never writes such tags: saving keeps torch's own
+        return None
+
+    def deserializer(obj, location: str):
+        return obj if location.startswith("cpu:") and location[4:].isdigit() else None
+
+    torch.serialization.register_package(30, tagger, deserializer)

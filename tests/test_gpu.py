@@ -1,0 +1,132 @@
+"""The CUDA path on a real GPU: training (fp32, bf16, fp16), a job through the launcher with NCCL,
+SIGTERM and exact resume on cuda, serving on cuda.
+
+`make test-gpu` runs these on a machine with an NVIDIA GPU (BYOC_REQUIRE_GPU=1 makes a missing GPU
+a failure there). Everywhere else they skip, with that reason; the rest of the suite says which
+tests mean the CPU. Only the tiny BERT is used: nothing to download, nothing large to carry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tarfile
+
+import pytest
+import torch
+
+from helpers import GPU_HP, Job, learned, losses, run_train_process, sentiment_rows, start_train, write_csv
+
+if not torch.cuda.is_available():
+    if os.environ.get("BYOC_REQUIRE_GPU") == "1":
+        raise RuntimeError("BYOC_REQUIRE_GPU=1 but torch sees no CUDA GPU")
+    pytest.skip("needs a CUDA GPU (make test-gpu on a GPU machine)", allow_module_level=True)
+
+pytestmark = pytest.mark.gpu
+
+HP = GPU_HP
+
+
+def gpu_job(root, tiny_model_dir, extra: dict | None = None) -> Job:
+    job = Job(root).resources()
+    job.hyperparameters({**HP, **(extra or {})})
+    job.model_channel(tiny_model_dir)
+    write_csv(job.channel("train") / "t.csv", sentiment_rows(64))
+    write_csv(job.channel("test") / "t.csv", sentiment_rows(32)[::-1])
+    return job
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_training_on_cuda_in_each_precision(tmp_path, tiny_model_dir, precision):
+    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16 (T4, V100)")
+    flags = {"bf16": "true"} if precision == "bf16" else {"fp16": "true"} if precision == "fp16" else {}
+    job = gpu_job(tmp_path / "opt-ml", tiny_model_dir, flags)
+    done = run_train_process(job.root)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    metrics = job.metrics
+    assert (metrics["device"], metrics["precision"]) == ("cuda", precision)
+    steps = losses(job)
+    assert sorted(steps) == list(range(1, 161))
+    # It learns in every precision: over 20 seeds of the tiny model (scripts/seed_margins.py --gpu, one
+    # H100) the last 5 steps' mean loss over the first 5's was at worst 0.052 in each precision.
+    assert learned(steps, 1, 160) < 0.5
+    assert (job.model_dir / "model.safetensors").exists() and (job.model_dir / "model.onnx").exists()
+
+
+NCCL_SCRIPT = '''
+import json, os
+import torch, torch.distributed as dist
+dist.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+value = torch.ones(1, device="cuda") * (dist.get_rank() + 1)
+dist.all_reduce(value)
+with open(os.path.join(os.environ["SM_MODEL_DIR"], "nccl.json"), "w") as f:
+    json.dump({"sum": value.item(), "world": dist.get_world_size(), "backend": os.environ.get("BYOC_BACKEND"),
+               "cuda_devices": torch.cuda.device_count()}, f)
+dist.destroy_process_group()
+'''
+
+
+def test_a_one_gpu_job_through_the_launcher_runs_nccl(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "train.py").write_text(NCCL_SCRIPT)
+    archive = tmp_path / "sourcedir.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(source / "train.py", arcname="train.py")
+    job = Job(tmp_path / "opt-ml").resources()
+    (job.channel("train") / "data.csv").write_text("text,label\nhi,1\n")
+    job.hyperparameters({"sagemaker_program": json.dumps("train.py"), "sagemaker_submit_directory": json.dumps(str(archive))})
+    done = run_train_process(job.root, env={"BYOC_PROCESSES_PER_HOST": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "launching 1 process(es) on host 1 of 1 (cuda, backend nccl" in done.stdout + done.stderr
+    result = json.loads((job.model_dir / "nccl.json").read_text())
+    assert result["sum"] == 1.0 and result["world"] == 1 and result["backend"] == "nccl"
+
+
+def test_sigterm_on_cuda_checkpoints_and_the_rerun_resumes_exactly(tmp_path, tiny_model_dir):
+    extra = {"max_steps": "80", "save_strategy": "steps", "save_steps": "10"}
+    reference = gpu_job(tmp_path / "reference" / "opt-ml", tiny_model_dir, extra)
+    done = run_train_process(reference.root)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    job = gpu_job(tmp_path / "stopped" / "opt-ml", tiny_model_dir, extra)
+    proc = start_train(job.root)
+    for line in proc.stdout:
+        if "[metrics] step=25 " in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out[-3000:]
+    step = int(job.failure.split("at step ")[1].split()[0])
+    (job.root / "output" / "failure").unlink()
+    done = run_train_process(job.root)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"resuming from {job.root / 'checkpoints' / f'checkpoint-{step}'}" in done.stdout + done.stderr
+    ours, theirs = losses(job), losses(reference)
+    assert set(ours) == set(theirs) == set(range(1, 81))
+    for s in range(step + 1, 81):  # cuBLAS may pick other kernels in another process: near, not bitwise
+        assert ours[s] == pytest.approx(theirs[s], rel=1e-3, abs=1e-4), s
+
+
+def test_serving_on_cuda_answers_as_onnx_runtime_on_the_cpu(tmp_path, tiny_model_dir):
+    from test_serve import Server
+
+    job = gpu_job(tmp_path / "opt-ml", tiny_model_dir)
+    done = run_train_process(job.root)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    texts = ["i love this so much", "rude people and cold food", "what a great day it was"]
+    answers, logs = {}, {}
+    for backend in ("auto", "onnxruntime"):
+        server = Server(job.model_dir, env={"BYOC_INFERENCE_BACKEND": backend})
+        try:
+            server.wait_ready()
+            answers[backend] = server.invoke({"inputs": texts}).json()
+        finally:
+            logs[backend] = server.stop()
+    assert "model runs on torch" in logs["auto"] and "(cuda" in logs["auto"], logs["auto"][-2000:]
+    assert "model runs on ONNX Runtime" in logs["onnxruntime"]
+    assert [a["label"] for a in answers["auto"]] == [a["label"] for a in answers["onnxruntime"]]
+    assert [a["score"] for a in answers["auto"]] == pytest.approx([a["score"] for a in answers["onnxruntime"]], abs=1e-3)
