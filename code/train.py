@@ -9,10 +9,11 @@ import sys
 
 from byoc import distributed
 from byoc.arguments import parse_hyperparameters
-from byoc.cli import configure_logging, failure_message
+from byoc.cli import failure_message
 from byoc.contract import read_training_contract, write_failure
 from byoc.data import DataSpec, load_task_data
 from byoc.handlers import default_code_dir
+from byoc.logs import configure_logging
 from byoc.train import (build_trainer, cache_dir_for, load_model, load_tokenizer,
                         publish_model, resolve_model, tokenize_splits)
 

@@ -78,3 +78,29 @@ def test_failure_message_works_when_imports_are_broken(monkeypatch):
     assert failure_message(Interrupted(None, phase="starting the job")).startswith("stopped by SIGTERM while starting")
     assert failure_message(LaunchError("host algo-2 did not resolve")) == "host algo-2 did not resolve"
     assert failure_message(KeyError("x")).startswith("unexpected error: KeyError")
+
+
+def test_user_errors_are_known_by_class_not_by_name():
+    """Every error whose message tells the user what to change derives from byoc.errors.UserError,
+    so its message reaches output/failure as it is, whatever the class is called."""
+    from byoc.arguments import HyperparameterError
+    from byoc.checkpoints import CheckpointMismatch
+    from byoc.cli import failure_message
+    from byoc.contract import ContractError
+    from byoc.data import DataError
+    from byoc.errors import UserError
+    from byoc.handlers import HandlerError
+    from byoc.launch import LaunchError
+    from byoc.script import ScriptError
+    from byoc.train import ModelError
+
+    for cls in (HyperparameterError, CheckpointMismatch, ContractError, DataError, HandlerError, LaunchError,
+                ScriptError, ModelError):
+        assert issubclass(cls, UserError), cls
+        assert failure_message(cls("set text_column")) == "set text_column", cls
+
+    class RenamedByALaterRefactoring(DataError):
+        pass
+
+    assert failure_message(RenamedByALaterRefactoring("no label column")) == "no label column"
+    assert failure_message(ValueError("no label column")).startswith("unexpected error: ValueError")

@@ -23,10 +23,12 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from byoc.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 
-class HyperparameterError(ValueError):
+class HyperparameterError(UserError, ValueError):
     """A bad hyperparameter. The message names it and says what would be valid."""
 
 
@@ -127,11 +129,6 @@ class TrainArguments:
     def __post_init__(self) -> None:
         _validate(self)
 
-    @property
-    def framework(self) -> dict[str, Any]:
-        """The `sagemaker_*` keys SageMaker added (launcher settings), decoded."""
-        return getattr(self, "_framework", {})
-
 
 def _validate(args: TrainArguments) -> None:
     positive = ("learning_rate", "per_device_train_batch_size", "per_device_eval_batch_size",
@@ -203,10 +200,8 @@ def parse_hyperparameters(raw: Mapping[str, Any]) -> TrainArguments:
     names, fields = _names(), _fields()
     values: dict[str, Any] = {}
     given_as: dict[str, str] = {}
-    framework: dict[str, Any] = {}
     for key, value in raw.items():
-        if key.startswith("sagemaker_"):
-            framework[key] = loads(value)
+        if key.startswith("sagemaker_"):  # what the SDK adds (region, container log level...): not ours
             continue
         name = key.lstrip("-").replace("-", "_")
         if name not in names:
@@ -220,7 +215,6 @@ def parse_hyperparameters(raw: Mapping[str, Any]) -> TrainArguments:
             )
         values[canonical], given_as[canonical] = decoded, key
     args = TrainArguments(**values)
-    args._framework = framework
     if args.output_dir:
         logger.info("output_dir=%s is ignored: the model is written to SM_MODEL_DIR", args.output_dir)
     return args

@@ -29,6 +29,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from byoc.errors import UserError
 from byoc import distributed
 from byoc.interruption import Interrupted  # defined where importing it is cheap (see that module)
 
@@ -43,7 +44,7 @@ class EvaluationStopped(Exception):
     """Raised inside an evaluation loop on SIGTERM, so the checkpoint is saved without waiting for it."""
 
 
-class CheckpointMismatch(ValueError):
+class CheckpointMismatch(UserError, ValueError):
     """The checkpoint folder holds another configuration's checkpoints."""
 
 

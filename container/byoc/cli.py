@@ -17,30 +17,13 @@ import sys
 import traceback
 
 from byoc import __version__
+from byoc.errors import EXIT_FAILURE, EXIT_INTERRUPTED, UserError
 from byoc.interruption import Interrupted
+from byoc.logs import configure_logging
 
 logger = logging.getLogger("byoc")
 
-EXIT_FAILURE = 1
-EXIT_INTERRUPTED = 128 + 15  # as if killed by SIGTERM, after saving a checkpoint
 FAILURE_LIMIT = 1024
-
-
-def configure_logging() -> None:
-    level = os.environ.get("BYOC_LOG_LEVEL", "INFO").upper()
-    # Ranks of a launched job say who they are; rank 0 alone logs at INFO unless BYOC_LOG_LEVEL says otherwise.
-    rank = os.environ.get("RANK") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
-    if rank not in (None, "0") and "BYOC_LOG_LEVEL" not in os.environ:
-        level = "WARNING"
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # one copy of transformers' reports, from rank 0
-    who = f" rank{rank}" if rank is not None else ""
-    logging.basicConfig(level=level, format=f"%(asctime)s{who} %(levelname)s %(name)s: %(message)s",
-                        datefmt="%Y-%m-%d %H:%M:%S", stream=sys.stdout, force=True)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    # Progress bars are carriage-return noise in CloudWatch; byoc logs progress as lines instead.
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 
 def failure_message(err: BaseException) -> str:
@@ -59,7 +42,7 @@ def failure_message(err: BaseException) -> str:
 def _is_out_of_memory(err: BaseException) -> bool:
     if isinstance(err, MemoryError):
         return True
-    torch = sys.modules.get("torch")  # never import here (see USER_ERRORS)
+    torch = sys.modules.get("torch")  # never import here (see byoc.errors)
     if torch is not None and isinstance(err, getattr(torch, "OutOfMemoryError", ())):
         return True
     text = str(err).lower()  # CPU allocator: "not enough memory"; CUDA/XLA: "out of memory"
@@ -199,14 +182,9 @@ def worker() -> int:
 
 
 # Errors whose message already says what is wrong and how to fix it (no traceback needed).
-# By name, not by import: the failure path must work even when a SIGTERM cut an import short and
-# left torch or transformers half-imported.
-USER_ERRORS = {"HyperparameterError", "ContractError", "DataError", "ModelError", "HandlerError",
-               "Interrupted", "CheckpointMismatch"}
-
-
 def _is_user_error(err: BaseException) -> bool:
-    return any(cls.__name__ in USER_ERRORS and cls.__module__.startswith("byoc.") for cls in type(err).__mro__)
+    """By class (byoc.errors): a renamed error keeps its user-facing message."""
+    return isinstance(err, (UserError, Interrupted))
 
 
 def toolkit_train() -> None:

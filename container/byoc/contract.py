@@ -16,13 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from byoc.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_BASE_DIR = "/opt/ml"
 INPUT_MODES = ("File", "FastFile", "Pipe")
 
 
-class ContractError(ValueError):
+class ContractError(UserError, ValueError):
     """The job's configuration files are missing or malformed. The message says how to fix it."""
 
 

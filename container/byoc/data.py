@@ -40,6 +40,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from byoc.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 IGNORED_CHANNELS = frozenset({"model", "code", "checkpoints", "sm_drivers"})
@@ -75,7 +77,7 @@ _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _SAMPLE_CHARS = 64 * 1024
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A problem with the user's data. The message says what is wrong and how to fix it,
     in one or two sentences (it becomes the SageMaker FailureReason)."""
 

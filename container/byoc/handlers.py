@@ -21,6 +21,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
+from byoc.errors import UserError
+
 logger = logging.getLogger("byoc.handlers")
 
 HANDLER_NAMES = ("model_fn", "input_fn", "predict_fn", "output_fn", "transform_fn")
@@ -46,7 +48,7 @@ class NotAcceptable(InputError):
     status = 406
 
 
-class HandlerError(RuntimeError):
+class HandlerError(UserError, RuntimeError):
     """The handler code cannot be used (bad override, failed requirements): a start-up failure."""
 
 

@@ -28,13 +28,13 @@ from typing import Callable
 
 from byoc import compat, efa
 from byoc.contract import ContractError, TrainingContract
+from byoc.errors import EXIT_INTERRUPTED
 
 logger = logging.getLogger("byoc.launch")
 
 FAILURE_DIR_ENV = "BYOC_FAILURE_DIR"  # where each rank writes rank-N.json when it fails
 HOST_ENV = "BYOC_HOST"
 DEFAULT_PORT = 29500
-EXIT_INTERRUPTED = 128 + signal.SIGTERM
 
 
 class LaunchError(ContractError):

@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from byoc.batching import Batcher
+from byoc.logs import configure_logging
 from byoc.handlers import Handlers, InputError, NotAcceptable, call, load_handlers
 
 logger = logging.getLogger("byoc.serve")
@@ -139,8 +140,6 @@ def _error(status: int, message: str) -> JSONResponse:
 
 def create_app(settings: ServeSettings | None = None) -> Starlette:
     if not logging.getLogger().handlers:  # a uvicorn worker process (workers > 1) starts unconfigured
-        from byoc.cli import configure_logging
-
         configure_logging()
     settings = settings or ServeSettings.from_env()
     server = ModelServer(settings)

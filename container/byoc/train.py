@@ -45,6 +45,7 @@ from transformers import (
 from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback as TqdmCallback
 
+from byoc.errors import UserError
 from byoc import __version__
 from byoc.arguments import TrainArguments, bucket_sizes
 from byoc import xla
@@ -64,7 +65,7 @@ logger = logging.getLogger("byoc.train")
 CACHE_DIR_ENV = "BYOC_CACHE_DIR"
 
 
-class ModelError(ValueError):
+class ModelError(UserError, ValueError):
     """The model or tokenizer cannot be found or loaded. The message says where it looked."""
 
 
