@@ -40,7 +40,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from byoc.errors import UserError
+from byoc.errors import UserError, brief
 
 logger = logging.getLogger(__name__)
 
@@ -287,7 +287,7 @@ def _read_saved(name: str, path: Path, role: str | None) -> dict[str, list[_Sour
     try:
         saved = datasets.load_from_disk(str(path))
     except Exception as err:  # corrupt or incompatible save_to_disk folder
-        raise DataError(f"Could not load the saved dataset in the {name} channel ({path}): {_brief(err)}") from err
+        raise DataError(f"Could not load the saved dataset in the {name} channel ({path}): {brief(err, 200)}") from err
     if isinstance(saved, datasets.Dataset):
         return {role or "train": [_dataset_source(saved, f"saved dataset {path}", path)]}
 
@@ -395,9 +395,9 @@ def _read_file(path: Path, fmt: str) -> tuple[pd.DataFrame, dict[str, list[str]]
     except DataError:
         raise
     except UnicodeDecodeError as err:
-        raise DataError(f"Could not read {path.name}: it is not UTF-8 text ({_brief(err)}). Save it as UTF-8.") from err
+        raise DataError(f"Could not read {path.name}: it is not UTF-8 text ({brief(err, 200)}). Save it as UTF-8.") from err
     except Exception as err:  # any parser failure is a problem with the file, not with us
-        raise DataError(f"Could not parse {path.name} as {fmt.upper()}: {_brief(err)}") from err
+        raise DataError(f"Could not parse {path.name} as {fmt.upper()}: {brief(err, 200)}") from err
 
 
 def _read_text(path: Path, limit: int = -1) -> str:
@@ -471,7 +471,7 @@ def _read_csv(path: Path, fmt: str) -> pd.DataFrame:
         except (pd.errors.ParserError, pd.errors.ParserWarning) as err:
             raise DataError(
                 f"Could not parse {path.name} as {'tab' if sep == chr(9) else repr(sep)}-separated values "
-                f"({_brief(err)}). Every row needs as many fields as the header; quote text containing the separator."
+                f"({brief(err, 200)}). Every row needs as many fields as the header; quote text containing the separator."
             ) from err
 
 
@@ -840,7 +840,7 @@ def _build_pretokenized(
                 splits[role] = datasets.concatenate_datasets(datasets_)
             except Exception as err:
                 raise DataError(
-                    f"The {role} data files have different columns or types ({_brief(err)}); make them match."
+                    f"The {role} data files have different columns or types ({brief(err, 200)}); make them match."
                 ) from err
         else:
             splits[role] = datasets_[0]
@@ -884,7 +884,7 @@ def _pretokenized_part(
         try:
             ds = datasets.Dataset.from_pandas(src.data[keep], preserve_index=False)
         except Exception as err:
-            raise DataError(f"Could not read the pretokenized {role} data ({src.where}): {_brief(err)}") from err
+            raise DataError(f"Could not read the pretokenized {role} data ({src.where}): {brief(err, 200)}") from err
 
     column = ds.data.column(label)
     values = column.to_pandas()
@@ -936,7 +936,3 @@ def _rows(n: int) -> str:
     return f"{n} row" if n == 1 else f"{n} rows"
 
 
-def _brief(err: BaseException) -> str:
-    """The first line of an exception message, shortened (no traceback in user messages)."""
-    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return text if len(text) <= 200 else text[:197] + "..."

@@ -17,3 +17,10 @@ EXIT_INTERRUPTED = 128 + 15  # as if killed by SIGTERM, after saving a checkpoin
 class UserError(Exception):
     """Base of every error whose message tells the user what to change (HyperparameterError,
     ContractError, DataError, ModelError, HandlerError, CheckpointMismatch, and their subclasses)."""
+
+
+def brief(err: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line, cut to `limit` characters: for user messages, which
+    carry no traceback."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -45,7 +45,7 @@ from transformers import (
 from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback as TqdmCallback
 
-from byoc.errors import UserError
+from byoc.errors import UserError, brief
 from byoc import __version__
 from byoc.arguments import TrainArguments, bucket_sizes
 from byoc import xla
@@ -149,7 +149,7 @@ def load_tokenizer(source: ModelSource, args: TrainArguments) -> PreTrainedToken
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
     except Exception as err:  # transformers raises OSError, ValueError, KeyError... depending on what is missing
-        raise ModelError(f"cannot load a tokenizer from {name} ({source.origin}): {_brief(err)}") from None
+        raise ModelError(f"cannot load a tokenizer from {name} ({source.origin}): {brief(err)}") from None
     # A tokenizer may claim more tokens than the model has positions for (then the forward pass
     # fails on long texts); cap it, and the saved artifact carries the cap to inference.
     try:
@@ -171,7 +171,7 @@ def load_model(source: ModelSource, args: TrainArguments, label_names: list[str]
     try:
         config = AutoConfig.from_pretrained(source.path, trust_remote_code=args.trust_remote_code)
     except Exception as err:
-        raise ModelError(f"cannot read the model config from {source.path} ({source.origin}): {_brief(err)}") from None
+        raise ModelError(f"cannot read the model config from {source.path} ({source.origin}): {brief(err)}") from None
     if args.dropout is not None:
         for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout",
                     "classifier_dropout", "seq_classif_dropout"):
@@ -193,7 +193,7 @@ def load_model(source: ModelSource, args: TrainArguments, label_names: list[str]
             **kwargs,
         )
     except Exception as err:
-        raise ModelError(f"cannot load the model from {source.path} ({source.origin}): {_brief(err)}") from None
+        raise ModelError(f"cannot load the model from {source.path} ({source.origin}): {brief(err)}") from None
     freeze_bottom(model, args.freeze_embeddings, args.freeze_layers)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
@@ -227,11 +227,6 @@ def _encoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
         if isinstance(module, torch.nn.ModuleList) and len(module) == count:
             return module
     raise ModelError(f"freeze_layers: cannot find the transformer layers of {type(model).__name__}; set freeze_layers=0")
-
-
-def _brief(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return (text[:300] + "...") if len(text) > 300 else text or type(err).__name__
 
 
 # ---------------------------------------------------------------------------------------------
