@@ -22,7 +22,8 @@ The data flow, one module a step (each imports only the ones below it; none impo
 * `load_task_data` (here): channels -> `TaskData`, the eval hold-out and the max-samples limits;
 * `sources`: which channel (or which file / split in the train channel) holds train, eval, test;
 * `formats`: reading one file (CSV, TSV, JSON, JSON Lines, Parquet, text) into a DataFrame;
-* `columns` / `pretokenized`: picking the columns and building the datasets of each kind;
+* `pretokenized`: data with input_ids -> token columns + labels (it shares the column helpers below);
+* `columns`: text data -> its text, text pair and label columns -> text + label datasets;
 * `labels`: label names -> ids, and the stratified hold-out;
 * `names` and `types`: the column names recognised, and the shared types (`DataError`, `DataSpec`, ...).
 """
