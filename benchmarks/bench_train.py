@@ -51,7 +51,7 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     datasets.disable_progress_bars()
-    from byoc.train import bundled_model_dir
+    from byoc.model import bundled_model_dir
 
     model_dir = str(bundled_model_dir())
     total = steps + warmup
@@ -83,7 +83,9 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
         from byoc.arguments import parse_hyperparameters
         from byoc.contract import Paths, TrainingContract
         from byoc.data import TaskData
-        from byoc.train import ModelSource, build_trainer, load_model, tokenize_splits
+        from byoc.model import ModelSource, load_model
+        from byoc.tokenization import tokenize_splits
+        from byoc.trainer import build_trainer
 
         args = parse_hyperparameters({"max_steps": str(total), "per_device_train_batch_size": str(BATCH),
                                       "learning_rate": str(LR), "logging_steps": "1000000", "eval_strategy": "no",

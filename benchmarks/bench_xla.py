@@ -41,7 +41,7 @@ def padding_report() -> dict[str, float]:
     from transformers import AutoTokenizer
 
     from byoc.buckets import choose_buckets, padding_efficiency
-    from byoc.train import bundled_model_dir
+    from byoc.model import bundled_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir())
     texts = [line.rsplit(";", 1)[0] for line in (DATA / "train.txt").read_text(encoding="utf-8").split("\n")[1:] if line.strip()]

@@ -46,7 +46,7 @@ def build_tiny_bert(target: Path, seed: int = TEST_SEED) -> Path:
     import torch
     from transformers import BertConfig, BertModel
 
-    from byoc.train import bundled_model_dir
+    from byoc.model import bundled_model_dir
 
     source = bundled_model_dir()
     if source is None:

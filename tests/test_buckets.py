@@ -53,7 +53,7 @@ def test_batches_have_one_size_and_few_shapes():
 def test_padding_efficiency_on_emotion_beats_the_tutorial_recipes():
     from transformers import AutoTokenizer
 
-    from byoc.train import bundled_model_dir
+    from byoc.model import bundled_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(str(bundled_model_dir()))
     lines = (SHARED_DATA / "emotion" / "train.txt").read_text(encoding="utf-8").splitlines()[1:]
@@ -68,7 +68,7 @@ def test_padding_efficiency_on_emotion_beats_the_tutorial_recipes():
 # --- the fixed-shape sampler and collator (the XLA path's batches) -------------------------------
 
 def test_fixed_shape_sampler_gives_full_batches_within_one_bucket():
-    from byoc.train import FixedShapeSampler
+    from byoc.samplers import FixedShapeSampler
 
     rng = np.random.default_rng(3)
     lengths = [int(n) for n in rng.integers(4, 70, size=203)]

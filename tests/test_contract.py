@@ -73,7 +73,7 @@ def test_failure_message_works_when_imports_are_broken(monkeypatch):
     from byoc.interruption import Interrupted
     from byoc.launch import LaunchError
 
-    for name in ("torch", "transformers", "byoc.train", "byoc.checkpoints", "byoc.data"):
+    for name in ("torch", "transformers", "byoc.job", "byoc.model", "byoc.checkpoints", "byoc.data"):
         monkeypatch.setitem(sys.modules, name, None)  # any import of them now raises ImportError
     assert failure_message(Interrupted(None, phase="starting the job")).startswith("stopped by SIGTERM while starting")
     assert failure_message(LaunchError("host algo-2 did not resolve")) == "host algo-2 did not resolve"
@@ -92,7 +92,7 @@ def test_user_errors_are_known_by_class_not_by_name():
     from byoc.handlers import HandlerError
     from byoc.launch import LaunchError
     from byoc.script import ScriptError
-    from byoc.train import ModelError
+    from byoc.model import ModelError
 
     for cls in (HyperparameterError, CheckpointMismatch, ContractError, DataError, HandlerError, LaunchError,
                 ScriptError, ModelError):

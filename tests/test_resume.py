@@ -4,6 +4,7 @@ checkpoint interval; half-written checkpoints are never loaded."""
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import threading
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CPU_ONLY, Job, losses, sentiment_rows, start_train, write_csv
+from helpers import CPU_ONLY, REPO, Job, losses, sentiment_rows, start_train, write_csv
 
 # Every layer trains (a real learning signal), checkpoints every 10 steps.
 HP = {"max_steps": "120", "logging_steps": "1", "learning_rate": "1e-3", "per_device_train_batch_size": "8",
@@ -81,6 +82,22 @@ def test_sigterm_mid_epoch_saves_and_the_rerun_resumes_exactly(tmp_path, tiny_mo
     log = rerun(job)
     assert f"resuming from {job.root / 'checkpoints' / f'checkpoint-{step}'}" in log
     assert (job.model_dir / "model.safetensors").exists()
+    assert_same_losses(job, reference, after=step)
+
+
+def test_code_train_py_as_the_users_script_stops_and_resumes_exactly(tmp_path, tiny_model_dir, reference):
+    """code/train.py, the script users copy, run in script mode (entry_point + source_dir): SIGTERM
+    saves a checkpoint and exits 143, and the rerun resumes at that step with the uninterrupted losses."""
+    script_mode = {"sagemaker_program": json.dumps("train.py"), "sagemaker_submit_directory": json.dumps(str(REPO / "code"))}
+    job = make_job(tmp_path / "opt-ml", tiny_model_dir, script_mode)
+    code, log = run_until(job, "[metrics] step=13 ")
+    assert code == 143, log[-3000:]
+    assert "script mode: running train.py" in log
+    step = stopped_step(job)
+    assert (job.root / "checkpoints" / f"checkpoint-{step}" / "byoc-complete.json").exists()
+    log = rerun(job)
+    assert f"resuming from {job.root / 'checkpoints' / f'checkpoint-{step}'}" in log
+    assert (job.model_dir / "model.safetensors").exists() and (job.model_dir / "code" / "inference.py").exists()
     assert_same_losses(job, reference, after=step)
 
 

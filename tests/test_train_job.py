@@ -228,7 +228,7 @@ def test_pipe_mode(job, tiny_model_dir):
 
 def test_out_of_memory_is_reported_as_such(job, tiny_model_dir, monkeypatch):
     """A real torch.OutOfMemoryError raised inside the training step (CUDA cannot run here)."""
-    from byoc.train import ClassifierTrainer
+    from byoc.trainer import ClassifierTrainer
 
     def exhausted(self, *args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -321,14 +321,14 @@ def test_user_script_reports_failures(job):
 
 
 def test_pretokenized_right_padding_is_trimmed():
-    from byoc.train import _with_length
+    from byoc.tokenization import with_length
 
     ds = datasets.Dataset.from_dict({
         "input_ids": [[101, 7, 102, 0, 0], [0, 0, 101, 8, 102]],
         "attention_mask": [[1, 1, 1, 0, 0], [0, 0, 1, 1, 1]],  # right-padded, then left-padded
         "labels": [0, 1],
     })
-    out = _with_length(ds)
+    out = with_length(ds)
     assert out["input_ids"] == [[101, 7, 102], [0, 0, 101, 8, 102]]
     assert out["attention_mask"] == [[1, 1, 1], [0, 0, 1, 1, 1]]
     assert out["length"] == [3, 5] and out["labels"] == [0, 1]

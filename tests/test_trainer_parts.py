@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from byoc.arguments import parse_hyperparameters
-from byoc.train import LengthBucketSampler, ModelError, freeze_bottom, length_order
+from byoc.model import ModelError, freeze_bottom
+from byoc.samplers import LengthBucketSampler, length_order
 
 
 def test_length_buckets_cover_every_row_once_with_little_padding():
@@ -54,7 +55,7 @@ def test_freezing(tiny_model_dir):
 
 
 def test_cpu_jobs_tell_the_trainer_they_are_cpu_ones():
-    from byoc.train import device_arguments
+    from byoc.trainer import device_arguments
 
     auto, cpu = parse_hyperparameters({}), parse_hyperparameters({"device": "cpu"})
     assert device_arguments(auto, use_xla=False, cuda=False) == {"use_cpu": True}  # even with torch-xla installed
@@ -64,7 +65,7 @@ def test_cpu_jobs_tell_the_trainer_they_are_cpu_ones():
 
 
 def test_precision_follows_the_hardware(caplog):
-    from byoc.train import precision_flags
+    from byoc.trainer import precision_flags
 
     fp16, bf16 = parse_hyperparameters({"fp16": "true"}), parse_hyperparameters({"bf16": "true"})
     assert precision_flags(fp16, cuda=False) == {"bf16": False, "fp16": False}
@@ -112,7 +113,7 @@ class _SavesFiles:
 def test_publish_replaces_what_a_killed_publish_left(tmp_path):
     from types import SimpleNamespace
 
-    from byoc.train import publish_model
+    from byoc.artifact import publish_model
 
     code = tmp_path / "code"
     code.mkdir()

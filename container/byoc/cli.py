@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import traceback
+from typing import Any, Callable
 
 from byoc import __version__
 from byoc.errors import EXIT_FAILURE, EXIT_INTERRUPTED, UserError
@@ -75,8 +76,7 @@ def train() -> int:
                 return _finish(paths, code, message)
             plan = plan_launch(contract, device=args.device)
             if plan.world_size == 1:  # nothing to launch: train in this process
-                _choose_xla(contract, args)
-                return _train_here(contract, args)
+                return run_job(_run_training)
             code, message = launch(plan, contract, main_command())
     except (Exception, Interrupted) as err:  # every failure must reach output/failure, whatever raised it
         return _fail(paths, err)
@@ -133,17 +133,6 @@ def _choose_xla(contract, args) -> None:
         xla.keep_off_xla()
 
 
-def _train_here(contract, args) -> int:
-    from byoc.train import run_training
-
-    try:
-        run_training(contract, args)
-    except (Exception, Interrupted) as err:
-        return _fail(contract.paths, err)
-    logger.info("training finished")
-    return 0
-
-
 def _fail(paths, err: BaseException) -> int:
     from byoc.contract import write_failure
 
@@ -155,22 +144,31 @@ def _fail(paths, err: BaseException) -> int:
     return EXIT_INTERRUPTED if isinstance(err, Interrupted) else EXIT_FAILURE
 
 
-def worker() -> int:
-    """One rank of a launched job: train, or leave a failure record for the launcher."""
-    from byoc.launch import write_rank_failure
+def run_job(job: Callable[[Any, Any], object]) -> int:
+    """Run `job(contract, args)` in this process with the failure contract; return the exit code.
 
-    _stop_on_sigterm()
+    This is how `byoc train` runs a one-process job and each launched rank, and how `code/train.py`
+    runs its own steps. The device's environment is set before `job` runs, so `job` must import
+    transformers (byoc.job) itself, after that: transformers reads it when it loads. A rank
+    launched by `byoc train` leaves its failure for the launcher; a job on its own writes output/failure.
+    """
+    from byoc.contract import Paths, base_dir
+    from byoc.launch import launched_rank, write_rank_failure
+
+    paths = Paths(base_dir())
+    _stop_on_sigterm()  # until training takes the signal over
     try:
         from byoc.arguments import parse_hyperparameters
         from byoc.contract import read_training_contract
 
         contract = read_training_contract()
+        paths = contract.paths
         args = parse_hyperparameters(contract.hyperparameters)
         _choose_xla(contract, args)
-        from byoc.train import run_training
-
-        run_training(contract, args)
+        job(contract, args)
     except (Exception, Interrupted) as err:
+        if not launched_rank():
+            return _fail(paths, err)
         message = failure_message(err)
         if not _is_user_error(err):
             logger.error("%s", traceback.format_exc())
@@ -178,7 +176,15 @@ def worker() -> int:
         logger.error("rank failed: %s", message)
         write_rank_failure(message, code)
         return code
+    if not launched_rank():  # the launcher says it for its ranks
+        logger.info("training finished")
     return 0
+
+
+def _run_training(contract, args) -> object:
+    from byoc.job import run_training  # after _choose_xla (see run_job)
+
+    return run_training(contract, args)
 
 
 # Errors whose message already says what is wrong and how to fix it (no traceback needed).
@@ -224,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     if options.command == "train":
         sys.exit(train())
     if options.command == "worker":
-        sys.exit(worker())
+        sys.exit(run_job(_run_training))
     if options.command == "export-onnx":
         from byoc.onnx_graph import export, export_int8
 

@@ -198,6 +198,11 @@ def wait_for_hosts(hosts: list[str], timeout: float, resolve: Callable[[str], st
 # Failure records: each rank writes one when it fails; the launcher reads the first.
 
 
+def launched_rank() -> bool:
+    """Whether this process is a rank that `launch` started (it reports failures to the launcher)."""
+    return bool(os.environ.get(FAILURE_DIR_ENV))
+
+
 def write_rank_failure(message: str, exit_code: int) -> None:
     """Called by a failing rank launched by `launch` (no-op otherwise)."""
     folder = os.environ.get(FAILURE_DIR_ENV)

@@ -1,0 +1,288 @@
+"""The `Trainer` for a job: byoc's samplers and sealed checkpoints in a `Trainer` subclass (every
+override of a transformers private method is here, listed in `byoc.compat.TRAINER_HOOKS`), and the
+`TrainingArguments` a job's device and precision call for."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import (DataCollatorWithPadding, PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback,
+                          TrainingArguments)
+from transformers.integrations import TensorBoardCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback as TqdmCallback
+
+from byoc import compat, distributed, xla
+from byoc.arguments import TrainArguments
+from byoc.buckets import IGNORE_LABEL, FixedShapeCollator
+from byoc.checkpoints import EvaluationStopped, mark_complete, rotate
+from byoc.contract import TrainingContract
+from byoc.metrics import ProgressCallback, classification_metrics
+from byoc.samplers import FixedShapeSampler, LengthBucketSampler, length_order
+
+logger = logging.getLogger("byoc.trainer")
+
+
+class ClassifierTrainer(Trainer):
+    """`Trainer` with byoc's samplers, sealed checkpoints, and evaluations SIGTERM can cut short.
+
+    The private methods overridden here are listed in `byoc.compat.TRAINER_HOOKS` and checked
+    against the installed transformers when a job starts.
+
+    Evaluation runs in a known order: by length, which is fast and reproducible (transformers 5
+    length-groups *and shuffles* evaluation when training is length-grouped).
+    """
+
+    shard_consumers: list[int] | None = None  # set when each host trains on its own shard
+    buckets: list[int] | None = None  # the XLA path's sequence-length buckets
+    compile_report: "CompileReport | None" = None
+    precompile: bool = False  # neuron_precompile: one batch per shape, then stop
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.bucket_sampler: LengthBucketSampler | None = None
+        self.add_callback(_SamplerEpoch(self))
+
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if "input_ids" not in dataset.column_names or not (self.buckets or compat.is_length_grouped(self.args)):
+            return super()._get_train_sampler(train_dataset)
+        lengths = [len(ids) for ids in dataset["input_ids"]]
+        if self.buckets:  # XLA: every batch one of a few fixed shapes
+            self.bucket_sampler = FixedShapeSampler(lengths, self.buckets, self.args.per_device_train_batch_size,
+                                                    self.args.seed, self.args.world_size, self.shard_consumers,
+                                                    one_per_shape=self.precompile)
+        else:
+            self.bucket_sampler = LengthBucketSampler(lengths, self.args.per_device_train_batch_size, self.args.seed,
+                                                      self.args.world_size, self.shard_consumers)
+        return self.bucket_sampler
+
+    def _get_eval_sampler(self, eval_dataset):
+        # With several ranks, accelerate deals the batches round-robin and gathers them back in order.
+        if eval_dataset is None or "input_ids" not in eval_dataset.column_names:
+            return super()._get_eval_sampler(eval_dataset)
+        return length_order(eval_dataset)
+
+    def create_optimizer(self, *args, **kwargs):
+        optimizer = super().create_optimizer(*args, **kwargs)
+        if self.buckets and "weight_decay" in optimizer.defaults:  # the XLA path
+            xla.decay_with_device_tensors(optimizer)
+        return optimizer
+
+    def evaluate(self, *args, **kwargs):
+        try:
+            return super().evaluate(*args, **kwargs)
+        except EvaluationStopped:
+            logger.warning("evaluation cut short by SIGTERM: saving a checkpoint instead")
+            self.control.should_save = True
+            self.control.should_training_stop = True
+            return {}
+
+    def _save_checkpoint(self, model, trial) -> None:
+        # Rotation waits until the new checkpoint is sealed, so a kill mid-write keeps the old one.
+        limit = self.args.save_total_limit
+        self.args.save_total_limit = None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
+        distributed.barrier()  # every rank has written its RNG state
+        if self.args.should_save:  # rank 0, or each host's first rank when every host keeps a copy
+            run_dir = Path(self._get_output_dir(trial=trial))
+            ranks = distributed.host_ranks() if self.args.world_size > 1 else None
+            mark_complete(run_dir / f"checkpoint-{self.state.global_step}", ranks)
+            rotate(run_dir, limit)
+
+
+class _SamplerEpoch(TrainerCallback):
+    """Tell the bucket sampler which epoch starts, also on resume and with several ranks.
+
+    (With several ranks accelerate wraps the sampler in `BatchSamplerShard`, and the Trainer's
+    `set_epoch` no longer reaches it: a resumed job would replay epoch 0's order.)
+    """
+
+    def __init__(self, trainer: "ClassifierTrainer") -> None:
+        self.trainer = trainer
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        if self.trainer.bucket_sampler is not None:
+            self.trainer.bucket_sampler.set_epoch(math.floor((state.epoch or 0.0) + 1e-6))
+
+
+def device_arguments(args: TrainArguments, use_xla: bool, cuda: bool | None = None) -> dict[str, Any]:
+    """What the device path changes in `TrainingArguments`; `cuda`: the hardware (default: torch's view)."""
+    if use_xla:
+        # Fused AdamW refuses XLA tensors. (Every training batch is full already: the sampler sees to
+        # it; drop_last would also drop the last evaluation batch, which the collator pads instead.)
+        # Evaluation results move to the host after every step: kept on the device, they would be
+        # concatenated into a growing tensor, a new shape (and graph) at each step.
+        return {"optim": "adamw_torch", "eval_accumulation_steps": 1}
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    gloo = distributed.is_distributed() and os.environ.get(distributed.BACKEND_ENV) == "gloo"
+    # A CPU job says so: accelerate treats several CPU processes as one data-parallel job only when
+    # told they are CPU ones, and with transformers 4.55 it takes torch-xla's device wherever
+    # torch-xla is installed (the Neuron image on a host without NeuronCores), fused AdamW and all.
+    return {"use_cpu": gloo or args.device == "cpu" or not cuda}
+
+
+class CompileReport(TrainerCallback):
+    """Counts the graphs compiled in each training epoch and each evaluation, and logs them."""
+
+    def __init__(self) -> None:
+        self.per_epoch: list[int] = []
+        self.evaluations: list[int] = []
+        self._mark = 0
+
+    def _take(self) -> int:
+        now = xla.compiled_graphs()
+        new, self._mark = now - self._mark, now
+        return new
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._mark = xla.compiled_graphs()
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.per_epoch.append(self._take())
+        logger.info("XLA: %d graph(s) compiled in epoch %d (%d in all, %.0f s compiling)",
+                    self.per_epoch[-1], len(self.per_epoch), xla.compiled_graphs(), xla.compile_seconds())
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.evaluations.append(self._take())
+
+    def on_log(self, args, state, control, **kwargs):
+        # Logging resets the loss accumulator; run that now, or it joins the next step's graph and
+        # makes a second variant of every bucket's step.
+        import torch_xla
+
+        torch_xla.sync()
+
+    def summary(self) -> dict[str, Any]:
+        return {"xla_graphs_compiled": xla.compiled_graphs(), "xla_graphs_per_epoch": self.per_epoch,
+                "xla_graphs_per_evaluation": self.evaluations, "xla_compile_seconds": round(xla.compile_seconds(), 1)}
+
+
+def precision_flags(args: TrainArguments, use_xla: bool = False, cuda: bool | None = None,
+                    cuda_bf16: bool | None = None) -> dict[str, bool]:
+    """bf16/fp16 only where the hardware runs them; otherwise fp32 with a warning.
+    `cuda`, `cuda_bf16`: the hardware (default: what torch sees here).
+
+    On XLA, bf16 is autocast: bf16 compute with fp32 weights and optimizer state (not the
+    tutorials' XLA_USE_BF16, which stores the weights in bf16 and loses small updates)."""
+    if use_xla:
+        if args.fp16:
+            logger.warning("fp16 is for CUDA GPUs; on XLA use bf16=true. Training runs in fp32")
+        return {"bf16": args.bf16, "fp16": False}
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    fp16 = args.fp16 and cuda
+    if args.fp16 and not cuda:
+        logger.warning("fp16 needs a CUDA GPU; none here, so training runs in fp32")
+    bf16 = args.bf16
+    if bf16 and cuda and not (torch.cuda.is_bf16_supported() if cuda_bf16 is None else cuda_bf16):
+        logger.warning("this GPU has no bf16; training runs in fp32 (try fp16=true)")
+        bf16 = False
+    if bf16 and not cuda:
+        logger.warning("bf16 on a CPU: correct, but slower than fp32 on CPUs without AMX")
+    return {"bf16": bf16, "fp16": fp16}
+
+
+def _eval_strategy(args: TrainArguments, has_eval: bool) -> str:
+    if not has_eval or not args.do_eval:
+        return "no"
+    if args.eval_strategy != "auto":
+        return args.eval_strategy
+    return "epoch" if args.max_steps <= 0 and args.epochs > 1 else "no"
+
+
+def save_strategy(args: TrainArguments, contract: TrainingContract) -> str:
+    """`auto`: checkpoint every save_steps when the job has a checkpoint location (checkpoint_s3_uri)."""
+    if args.save_strategy != "auto":
+        return args.save_strategy
+    return "steps" if contract.checkpoint_s3_uri else "no"
+
+
+def build_trainer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tokenized: dict[str, Any],
+                  args: TrainArguments, contract: TrainingContract, num_labels: int,
+                  buckets: list[int] | None = None) -> Trainer:
+    """The Trainer for this job; `buckets` (the XLA path) switches to fixed-shape batches."""
+    compat.check_trainer_hooks(ClassifierTrainer.__mro__[1])  # the private methods overridden below
+    use_xla = buckets is not None
+    eval_ds = tokenized.get("eval", tokenized.get("test"))
+    has_eval = eval_ds is not None
+    strategy = _eval_strategy(args, has_eval)
+    checkpoint_dir = contract.checkpoint_folder
+    training_args = TrainingArguments(
+        output_dir=str(checkpoint_dir),
+        num_train_epochs=args.epochs,
+        max_steps=args.max_steps,
+        learning_rate=args.learning_rate,
+        per_device_train_batch_size=args.per_device_train_batch_size,
+        per_device_eval_batch_size=args.per_device_eval_batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        weight_decay=args.weight_decay,
+        lr_scheduler_type=args.lr_scheduler_type,
+        max_grad_norm=args.max_grad_norm,
+        label_smoothing_factor=args.label_smoothing,
+        seed=args.seed,
+        length_column_name="length",
+        eval_strategy=strategy,
+        eval_steps=args.eval_steps or args.logging_steps,
+        save_strategy=save_strategy(args, contract),
+        save_steps=args.save_steps,
+        save_total_limit=args.save_total_limit,
+        save_on_each_node=len(contract.hosts) > 1,  # each host resumes from its own copy
+        logging_strategy="steps",
+        logging_steps=args.logging_steps,
+        report_to="none",  # our own callbacks below: readable lines and TensorBoard in output/
+        disable_tqdm=True,
+        torch_compile=args.torch_compile,
+        dataloader_num_workers=args.dataloader_num_workers,
+        dataloader_pin_memory=torch.cuda.is_available() and not use_xla,
+        ddp_backend=os.environ.get(distributed.BACKEND_ENV) if distributed.is_distributed() and not use_xla else None,
+        # One label per row and equal per-rank batches: DDP's gradient average is already the global
+        # mean. (transformers would otherwise scale the loss by the world size for token-count losses.)
+        average_tokens_across_devices=False,
+        ddp_find_unused_parameters=False,  # every trainable parameter of a classifier is used
+        **compat.sampling_arguments(args.group_by_length and not args.pad_to_max_length and not use_xla,
+                                    args.warmup_steps, args.warmup_ratio, args.gradient_checkpointing),
+        **precision_flags(args, use_xla),
+        **device_arguments(args, use_xla),
+    )
+
+    def compute_metrics(prediction) -> dict[str, float]:
+        logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+        # Score against the label ids returned with the predictions, never the dataset's column:
+        # the evaluation order need not be the dataset's. Filler rows (fixed-shape batches) are dropped.
+        keep = np.asarray(prediction.label_ids) != IGNORE_LABEL
+        return classification_metrics(np.argmax(logits, axis=-1)[keep], np.asarray(prediction.label_ids)[keep], num_labels)
+
+    if use_xla:
+        collator = FixedShapeCollator(tokenizer.pad_token_id or 0, buckets, args.per_device_eval_batch_size)
+    else:
+        collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=None)
+    trainer = ClassifierTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=tokenized["train"],
+        eval_dataset=eval_ds if strategy != "no" else None,
+        processing_class=tokenizer,
+        data_collator=collator,
+        compute_metrics=compute_metrics,
+    )
+    trainer.buckets = buckets
+    if use_xla:
+        trainer.compile_report = CompileReport()
+        trainer.add_callback(trainer.compile_report)
+    for callback in (PrinterCallback, TqdmCallback):
+        trainer.remove_callback(callback)
+    samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * training_args.world_size
+    trainer.add_callback(ProgressCallback(samples_per_step))
+    if trainer.is_world_process_zero():
+        from torch.utils.tensorboard import SummaryWriter
+
+        trainer.add_callback(TensorBoardCallback(SummaryWriter(log_dir=str(contract.paths.tensorboard_dir))))
+    return trainer
