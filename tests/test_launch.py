@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from byoc.contract import Paths, TrainingContract
-from byoc.launch import (LaunchError, count_core_list, describe_failure, plan_launch, wait_for_hosts,
+from byoc.devices import count_core_list
+from byoc.launch import (LaunchError, describe_failure, plan_launch, wait_for_hosts,
                          worker_environment)
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from byoc import compat, efa
+from byoc.devices import device_counts
 from byoc.contract import ContractError, TrainingContract
 from byoc.errors import EXIT_INTERRUPTED
 
@@ -71,32 +72,6 @@ def _env_number(environ: dict, name: str, default: float, minimum: float = 0) ->
     if value < minimum:
         raise LaunchError(f"{name}={raw!r} must be at least {minimum:g}")
     return value
-
-
-def device_counts(instance_type: str = "local") -> tuple[int, int]:
-    """(GPUs, NeuronCores) visible to this container; NeuronCores counted as the AWS images do."""
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    cores = 0
-    if os.environ.get("NEURON_RT_VISIBLE_CORES"):
-        cores = count_core_list(os.environ["NEURON_RT_VISIBLE_CORES"])
-    elif os.environ.get("NEURON_RT_NUM_CORES"):
-        cores = int(os.environ["NEURON_RT_NUM_CORES"])
-    elif Path("/dev/neuron0").exists():
-        from sagemaker_training.environment import num_neurons  # runs `neuron-ls -j`, as the DLCs do
-
-        cores = num_neurons(instance_type)
-    return gpus, cores
-
-
-def count_core_list(spec: str) -> int:
-    """NEURON_RT_VISIBLE_CORES syntax: "0-3,8" -> 5 cores."""
-    total = 0
-    for part in spec.split(","):
-        low, _, high = part.strip().partition("-")
-        total += int(high) - int(low) + 1 if high else 1
-    return total
 
 
 def plan_launch(contract: TrainingContract, environ: dict | None = None, cpu_count: int | None = None,

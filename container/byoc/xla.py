@@ -19,13 +19,19 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from byoc.devices import device_counts
 from byoc.distributed import BACKEND_ENV
+from byoc.errors import UserError
 
 logger = logging.getLogger("byoc.xla")
 
 COMPILE_CACHE_DIR = "neuron-compile-cache"  # under the checkpoint folder: synced to S3, kept across spot restarts
 BF16_CAVEAT_VARS = ("XLA_USE_BF16", "XLA_DOWNCAST_BF16")
 PRECOMPILING_ENV = "BYOC_PRECOMPILING"  # set inside neuron_parallel_compile's run of the job
+
+
+class XlaError(UserError, RuntimeError):
+    """The XLA path cannot run as asked (e.g. the Neuron SDK's tools are missing)."""
 
 
 def wants_xla(device: str) -> bool:
@@ -36,8 +42,6 @@ def wants_xla(device: str) -> bool:
         return False
     if os.environ.get(BACKEND_ENV) == "xla":
         return True
-    from byoc.launch import device_counts
-
     return device_counts()[1] > 0
 
 
@@ -45,13 +49,11 @@ def parallel_compile_command(command: list[str]) -> list[str] | None:
     """neuron_precompile on NeuronCores: the job's command under the Neuron SDK's
     `neuron_parallel_compile`, which traces the graphs and compiles them in parallel into the
     compile cache. None elsewhere (torch-xla on CPU compiles into its cache as the job runs)."""
-    from byoc.launch import LaunchError, device_counts
-
     if os.environ.get(PRECOMPILING_ENV) or not device_counts()[1]:
         return None
     tool = shutil.which("neuron_parallel_compile")
     if tool is None:
-        raise LaunchError("neuron_precompile=true needs the Neuron SDK's neuron_parallel_compile, which is not on PATH: "
+        raise XlaError("neuron_precompile=true needs the Neuron SDK's neuron_parallel_compile, which is not on PATH: "
                           "use the Neuron image (Dockerfile.neuron), or drop neuron_precompile")
     return [tool, *command]
 
@@ -77,8 +79,6 @@ def prepare_environment(checkpoint_dir: Path) -> None:
     os.environ.setdefault("XLA_NO_SPECIAL_SCALARS", "1")
     os.environ["USE_TORCH_XLA"] = "1"  # this job is on XLA, whatever keep_off_xla said to its launcher
     if "PJRT_DEVICE" not in os.environ:
-        from byoc.launch import device_counts
-
         os.environ["PJRT_DEVICE"] = "NEURON" if device_counts()[1] else "CPU"
     cache = checkpoint_dir / COMPILE_CACHE_DIR
     if on_neuron():
