@@ -11,7 +11,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-cpu test-xla test-gpu venv venv-xla bench-train bench-serve bench-precision bench-xla clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla bench-train bench-serve bench-precision bench-xla clean
 
 venv: $(STAMP)
 
@@ -43,8 +43,19 @@ demo: venv
 
 test: test-cpu test-xla
 
+# The unit tests alone (under a minute here): parsing, data, samplers, launch plans, compat,
+# architecture... no training job, server or container. Run while changing code; `make test` before submitting.
+test-fast: venv
+	$(PY) -m pytest -q -m "not integration and not container and not gpu"
+
 test-cpu: venv
 	$(PY) -m pytest -q
+
+# What .ci/run checks before the tests: lint, formatting, types (settings in pyproject.toml).
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # The whole suite but the container tests (they build images with the main tier's versions), on the
 # versions both DLC bases ship: launcher, distributed, resume, script mode, serving, the XLA path...
@@ -53,7 +64,7 @@ test-xla: venv-xla
 		--ignore=tests/test_container.py
 
 # On a machine with an NVIDIA GPU and its own CUDA torch (no venv: `python3` there holds it, with
-# byoc's runtime requirements): the CUDA tests, which fail there rather than skip. The README says how
+# byoc's runtime requirements): the CUDA tests, which fail there rather than skip. docs/status.md says how
 # the whole suite was run with the GPU present.
 GPU_PYTHON ?= python3
 test-gpu:

@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 # Jobs that train inside this pytest process are CPU jobs. Where torch-xla is installed (the XLA
 # tier), transformers and accelerate would move them to XLA on their own; `byoc train` says no before
@@ -202,3 +205,55 @@ def learned(steps: dict[int, float], first: int, last: int, window: int = 5) -> 
     head = [steps[s] for s in range(first, first + window)]
     tail = [steps[s] for s in range(last - window + 1, last + 1)]
     return (sum(tail) / window) / (sum(head) / window)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stops and resume (test_resume, test_xla): a job that checkpoints every 10 steps, stopped by a signal.
+
+# Every layer trains (a real learning signal), checkpoints every 10 steps.
+HP = {"max_steps": "120", "logging_steps": "1", "learning_rate": "1e-3", "per_device_train_batch_size": "8",
+      "warmup_ratio": "0.1", "freeze_embeddings": "false", "freeze_layers": "0", "save_strategy": "steps",
+      "save_steps": "10"}
+
+
+def make_job(root: Path, tiny_model_dir: Path, extra: dict | None = None, rows: int = 64,
+             eval_rows: int = 0) -> Job:
+    job = Job(root).resources()
+    job.hyperparameters({**HP, **(extra or {})})
+    job.model_channel(tiny_model_dir)
+    write_csv(job.channel("train") / "t.csv", sentiment_rows(rows))
+    if eval_rows:
+        write_csv(job.channel("validation") / "v.csv", sentiment_rows(eval_rows))
+    return job
+
+
+def run_until(job: Job, marker: str, sig: int = signal.SIGTERM, timeout: int = 300) -> tuple[int, str]:
+    """Start the job, send `sig` when `marker` shows in its log; return (exit code, log)."""
+    proc = start_train(job.root)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if marker in line:
+            proc.send_signal(sig)
+            break
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, "".join(lines) + out
+
+
+def rerun(job: Job, env: dict | None = None) -> str:
+    (job.root / "output" / "failure").unlink(missing_ok=True)  # SageMaker starts a new attempt with a clean output/
+    proc = start_train(job.root, env)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def stopped_step(job: Job) -> int:
+    return int(job.failure.split("at step ")[1].split()[0])
+
+
+def assert_same_losses(job: Job, reference: Job, after: int = 0) -> None:
+    ours, theirs = losses(job), losses(reference)
+    assert set(ours) == set(theirs)
+    for step in sorted(s for s in ours if s > after):
+        assert ours[step] == pytest.approx(theirs[step], rel=1e-4, abs=1e-5), step

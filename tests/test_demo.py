@@ -4,7 +4,11 @@ import os
 import re
 import subprocess
 import sys
+
+import pytest
 from pathlib import Path
+
+pytestmark = pytest.mark.integration  # real jobs in processes: not in make test-fast
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,6 +14,8 @@ import pytest
 from helpers import CPU_ONLY, DISTRIBUTED_HP, Job, free_port, losses, sentiment_rows, write_csv
 from helpers import start_train as _start_train
 
+pytestmark = pytest.mark.integration  # real jobs in processes: not in make test-fast
+
 
 def start_train(root: Path, env: dict | None = None):
     """Every job here means CPU ranks and CPU hosts (gloo), GPUs present or not."""

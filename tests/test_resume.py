@@ -6,69 +6,22 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import CPU_ONLY, REPO, Job, losses, sentiment_rows, start_train, write_csv
+from helpers import (CPU_ONLY, REPO, Job, assert_same_losses, losses, make_job, rerun, run_until, start_train,
+                     stopped_step)
 
-# Every layer trains (a real learning signal), checkpoints every 10 steps.
-HP = {"max_steps": "120", "logging_steps": "1", "learning_rate": "1e-3", "per_device_train_batch_size": "8",
-      "warmup_ratio": "0.1", "freeze_embeddings": "false", "freeze_layers": "0", "save_strategy": "steps",
-      "save_steps": "10"}
-
-
-def make_job(root: Path, tiny_model_dir: Path, extra: dict | None = None, rows: int = 64,
-             eval_rows: int = 0) -> Job:
-    job = Job(root).resources()
-    job.hyperparameters({**HP, **(extra or {})})
-    job.model_channel(tiny_model_dir)
-    write_csv(job.channel("train") / "t.csv", sentiment_rows(rows))
-    if eval_rows:
-        write_csv(job.channel("validation") / "v.csv", sentiment_rows(eval_rows))
-    return job
-
-
-def run_until(job: Job, marker: str, sig: int = signal.SIGTERM, timeout: int = 300) -> tuple[int, str]:
-    """Start the job, send `sig` when `marker` shows in its log; return (exit code, log)."""
-    proc = start_train(job.root)
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if marker in line:
-            proc.send_signal(sig)
-            break
-    out, _ = proc.communicate(timeout=timeout)
-    return proc.returncode, "".join(lines) + out
-
-
-def rerun(job: Job, env: dict | None = None) -> str:
-    (job.root / "output" / "failure").unlink(missing_ok=True)  # SageMaker starts a new attempt with a clean output/
-    proc = start_train(job.root, env)
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
-    return out
-
-
-def stopped_step(job: Job) -> int:
-    return int(job.failure.split("at step ")[1].split()[0])
-
+pytestmark = pytest.mark.integration  # real jobs in processes: not in make test-fast
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_model_dir) -> Job:
     job = make_job(tmp_path_factory.mktemp("reference") / "opt-ml", tiny_model_dir)
     assert rerun(job)
     return job
-
-
-def assert_same_losses(job: Job, reference: Job, after: int = 0) -> None:
-    ours, theirs = losses(job), losses(reference)
-    assert set(ours) == set(theirs)
-    for step in sorted(s for s in ours if s > after):
-        assert ours[step] == pytest.approx(theirs[step], rel=1e-4, abs=1e-5), step
 
 
 def test_sigterm_mid_epoch_saves_and_the_rerun_resumes_exactly(tmp_path, tiny_model_dir, reference):

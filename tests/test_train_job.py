@@ -14,6 +14,8 @@ import torch
 from byoc import cli
 from helpers import SHARED_DATA, run_train_process, sentiment_rows, write_csv
 
+pytestmark = pytest.mark.integration  # real jobs in processes: not in make test-fast
+
 QUICK = {"max_steps": "8", "logging_steps": "4", "learning_rate": "5e-3", "per_device_train_batch_size": "8"}
 
 

@@ -12,8 +12,10 @@ import os
 
 import pytest
 
-from helpers import Job, classification_job, losses, run_train_process, sentiment_rows, write_csv
-from test_resume import HP, assert_same_losses, make_job, rerun, run_until, stopped_step
+from helpers import (assert_same_losses, classification_job, losses, make_job, rerun, run_train_process,
+                     run_until, stopped_step)
+
+pytestmark = pytest.mark.integration  # real jobs in processes: not in make test-fast
 
 try:
     import torch_xla  # noqa: F401

@@ -38,7 +38,7 @@ def _hp(default: Any, help: str, aliases: tuple[str, ...] = (), choices: tuple[s
 
 @dataclass
 class TrainArguments:
-    """Every hyperparameter `byoc train` understands (the README's table is generated from this)."""
+    """Every hyperparameter `byoc train` understands (docs/hyperparameters.md's table is generated from this)."""
 
     # Model
     model_name_or_path: str | None = _hp(
@@ -76,9 +76,9 @@ class TrainArguments:
     validation_split: float = _hp(0.0, "Without eval data, hold out this fraction of train (stratified) to evaluate on. 0 = none.")
     max_train_samples: int | None = _hp(None, "Use only the first N training examples (quick runs).")
     max_eval_samples: int | None = _hp(None, "Use only the first N eval and test examples.")
-    # Speed (see README: measured on CPU, they keep accuracy)
+    # Speed (docs/training.md: measured on CPU, they keep accuracy)
     freeze_embeddings: bool = _hp(True, "Freeze the embeddings (the word-embedding matrix is most of a small model's parameters): faster steps, same accuracy.")
-    freeze_layers: int = _hp(1, "Also freeze the bottom N transformer layers: no backward pass below them (see README: faster at equal accuracy). 0 trains every layer.")
+    freeze_layers: int = _hp(1, "Also freeze the bottom N transformer layers: no backward pass below them (docs/training.md: faster at equal accuracy). 0 trains every layer.")
     dropout: float | None = _hp(0.0, "Dropout probability for hidden and attention layers; empty/null keeps the model's own.")
     bf16: bool = _hp(False, "bfloat16 mixed precision (GPUs from Ampere on, Trainium; slower on CPUs without AMX).")
     fp16: bool = _hp(False, "float16 mixed precision (CUDA GPUs only; ignored with a warning elsewhere).")
@@ -223,7 +223,7 @@ def parse_hyperparameters(raw: Mapping[str, Any]) -> TrainArguments:
 def _unknown_message(key: str, names: Mapping[str, str]) -> str:
     close = difflib.get_close_matches(key.lstrip("-").replace("-", "_"), list(names), n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"unknown hyperparameter {key!r}: {hint}See the README's hyperparameter table for the valid names"
+    return f"unknown hyperparameter {key!r}: {hint}See the hyperparameter table (docs/hyperparameters.md) for the valid names"
 
 
 def loads(value: Any) -> Any:
@@ -303,7 +303,7 @@ def _describe(kind: type) -> str:
 
 
 def hyperparameter_table() -> str:
-    """A Markdown table of every hyperparameter, its aliases, default and meaning (for the README)."""
+    """A Markdown table of every hyperparameter, its aliases, default and meaning (for docs/hyperparameters.md)."""
     rows = ["| name | aliases | default | meaning |", "|---|---|---|---|"]
     for f in dataclasses.fields(TrainArguments):
         aliases = ", ".join(f"`{a}`" for a in f.metadata["aliases"])
