@@ -28,7 +28,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = next((p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None)
+DATA = next(
+    (p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None
+)
 RECIPES = ("tutorial", "dynamic", "byoc")
 BATCH, LR = 16, 5e-5
 
@@ -45,8 +47,14 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
     import datasets
     import torch
     import transformers
-    from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding,
-                              Trainer, TrainerCallback, TrainingArguments)
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -74,11 +82,21 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
                 tokens["fed"] += batch["input_ids"].numel()
                 tokens["samples"] += batch["input_ids"].shape[0]
             return batch
+
         return collate
 
-    common = dict(output_dir="/tmp/byoc-bench", max_steps=total, per_device_train_batch_size=BATCH, learning_rate=LR,
-                  seed=42, report_to="none", disable_tqdm=True, logging_strategy="no", save_strategy="no",
-                  dataloader_pin_memory=False)
+    common = dict(
+        output_dir="/tmp/byoc-bench",
+        max_steps=total,
+        per_device_train_batch_size=BATCH,
+        learning_rate=LR,
+        seed=42,
+        report_to="none",
+        disable_tqdm=True,
+        logging_strategy="no",
+        save_strategy="no",
+        dataloader_pin_memory=False,
+    )
     if recipe.startswith("byoc"):
         from byoc.arguments import parse_hyperparameters
         from byoc.contract import Paths, TrainingContract
@@ -87,9 +105,16 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
         from byoc.tokenization import tokenize_splits
         from byoc.trainer import build_trainer
 
-        args = parse_hyperparameters({"max_steps": str(total), "per_device_train_batch_size": str(BATCH),
-                                      "learning_rate": str(LR), "logging_steps": "1000000", "eval_strategy": "no",
-                                      **dict(kv.split("=", 1) for kv in recipe.split(":")[1:])})
+        args = parse_hyperparameters(
+            {
+                "max_steps": str(total),
+                "per_device_train_batch_size": str(BATCH),
+                "learning_rate": str(LR),
+                "logging_steps": "1000000",
+                "eval_strategy": "no",
+                **dict(kv.split("=", 1) for kv in recipe.split(":")[1:]),
+            }
+        )
         cache = Path("/tmp/byoc-bench/cache")
         task = TaskData(train=raw, eval=None, test=None, label_names=names, pretokenized=False)
         tokenized = tokenize_splits(task, tokenizer, args, cache)
@@ -99,20 +124,35 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
         trainer.data_collator = counting(trainer.data_collator)
     else:
         padding = {"tutorial": "max_length", "dynamic": False}[recipe]
-        encoded = raw.map(lambda b: tokenizer(b["text"], truncation=True, max_length=128, padding=padding),
-                          batched=True, remove_columns=["text"])
+        encoded = raw.map(
+            lambda b: tokenizer(b["text"], truncation=True, max_length=128, padding=padding),
+            batched=True,
+            remove_columns=["text"],
+        )
         model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=len(names))
-        targs = TrainingArguments(**common, train_sampling_strategy="group_by_length" if recipe == "dynamic" else "random")
-        trainer = Trainer(model=model, args=targs, train_dataset=encoded, processing_class=tokenizer,
-                          data_collator=counting(DataCollatorWithPadding(tokenizer)))
+        targs = TrainingArguments(
+            **common, train_sampling_strategy="group_by_length" if recipe == "dynamic" else "random"
+        )
+        trainer = Trainer(
+            model=model,
+            args=targs,
+            train_dataset=encoded,
+            processing_class=tokenizer,
+            data_collator=counting(DataCollatorWithPadding(tokenizer)),
+        )
     trainer.add_callback(Clock())
     trainer.train()
     seconds = Clock.marks[total] - Clock.marks[warmup]
     non_embedding = sum(p.numel() for n, p in trainer.model.named_parameters() if "embeddings" not in n)
     per_sample = tokens["fed"] / max(tokens["samples"], 1)
     rate = steps * BATCH / seconds
-    return {"recipe": recipe, "samples_per_second": rate, "tokens_per_sample": per_sample,
-            "gflops": 6 * non_embedding * per_sample * rate / 1e9, "threads": torch.get_num_threads()}
+    return {
+        "recipe": recipe,
+        "samples_per_second": rate,
+        "tokens_per_sample": per_sample,
+        "gflops": 6 * non_embedding * per_sample * rate / 1e9,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def main() -> int:
@@ -132,29 +172,43 @@ def main() -> int:
     results: dict[str, list[dict]] = {r: [] for r in opts.recipes.split(",")}
     for round_ in range(opts.rounds):
         for recipe in results:  # alternated, so drifting machine load hits every recipe alike
-            out = subprocess.run([sys.executable, __file__, "--one", recipe, "--steps", str(opts.steps),
-                                  "--warmup", str(opts.warmup)], capture_output=True, text=True)
-            line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
+            out = subprocess.run(
+                [sys.executable, __file__, "--one", recipe, "--steps", str(opts.steps), "--warmup", str(opts.warmup)],
+                capture_output=True,
+                text=True,
+            )
+            line = [row for row in out.stdout.splitlines() if row.startswith("RESULT ")]
             if out.returncode or not line:
                 print(out.stdout[-2000:], out.stderr[-3000:])
                 return 1
             result = json.loads(line[0][7:])
             results[recipe].append(result)
-            print(f"round {round_ + 1} {recipe:9s} {result['samples_per_second']:7.1f} samples/s  "
-                  f"{result['tokens_per_sample']:6.1f} tokens/sample  {result['gflops']:6.1f} GFLOP/s", flush=True)
-    summary = {r: {k: statistics.median(x[k] for x in runs) for k in ("samples_per_second", "tokens_per_sample", "gflops")}
-               for r, runs in results.items()}
+            print(
+                f"round {round_ + 1} {recipe:9s} {result['samples_per_second']:7.1f} samples/s  "
+                f"{result['tokens_per_sample']:6.1f} tokens/sample  {result['gflops']:6.1f} GFLOP/s",
+                flush=True,
+            )
+    summary = {
+        r: {k: statistics.median(x[k] for x in runs) for k in ("samples_per_second", "tokens_per_sample", "gflops")}
+        for r, runs in results.items()
+    }
     # Speed-ups are paired within a round (this machine's speed drifts between rounds), then the median.
     ours = results.get("byoc")
     for recipe, runs in results.items():
         if ours:
             summary[recipe]["byoc_speedup"] = statistics.median(
-                o["samples_per_second"] / r["samples_per_second"] for o, r in zip(ours, runs))
-    print(f"\n| recipe | tokens fed / sample | train samples/s (median of {opts.rounds}) | fp32 GFLOP/s | byoc speed-up (paired median) |")
+                o["samples_per_second"] / r["samples_per_second"] for o, r in zip(ours, runs)
+            )
+    print(
+        f"\n| recipe | tokens fed / sample | train samples/s (median of {opts.rounds}) | fp32 GFLOP/s "
+        "| byoc speed-up (paired median) |"
+    )
     print("|---|---|---|---|---|")
     for recipe, s in summary.items():
         ratio = f"{s['byoc_speedup']:.2f}x" if "byoc_speedup" in s else "-"
-        print(f"| {recipe} | {s['tokens_per_sample']:.1f} | {s['samples_per_second']:.1f} | {s['gflops']:.0f} | {ratio} |")
+        print(
+            f"| {recipe} | {s['tokens_per_sample']:.1f} | {s['samples_per_second']:.1f} | {s['gflops']:.0f} | {ratio} |"
+        )
     if opts.json:
         opts.json.write_text(json.dumps({"summary": summary, "runs": results}, indent=2))
     return 0

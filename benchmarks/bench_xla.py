@@ -30,7 +30,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = next((p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None)
+DATA = next(
+    (p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None
+)
 WORK = Path("/tmp/byoc-bench-xla")
 RECIPES = {"byoc": "auto", "tutorial": "128"}
 PROGRESS = re.compile(r"\[metrics\] step=(\d+) epoch=([\d.]+) loss=\S+ .*samples_per_second=([\d.]+)")
@@ -44,12 +46,20 @@ def padding_report() -> dict[str, float]:
     from byoc.model import bundled_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir())
-    texts = [line.rsplit(";", 1)[0] for line in (DATA / "train.txt").read_text(encoding="utf-8").split("\n")[1:] if line.strip()]
+    texts = [
+        line.rsplit(";", 1)[0]
+        for line in (DATA / "train.txt").read_text(encoding="utf-8").split("\n")[1:]
+        if line.strip()
+    ]
     lengths = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=256)["input_ids"]]
     buckets = choose_buckets(lengths, max_buckets=5, max_length=256)
-    return {"buckets": buckets, "byoc": padding_efficiency(lengths, buckets),
-            "tutorial_128": padding_efficiency(lengths, [128]), "tutorial_512": padding_efficiency(lengths, [512]),
-            "mean_tokens": sum(lengths) / len(lengths)}
+    return {
+        "buckets": buckets,
+        "byoc": padding_efficiency(lengths, buckets),
+        "tutorial_128": padding_efficiency(lengths, [128]),
+        "tutorial_512": padding_efficiency(lengths, [512]),
+        "mean_tokens": sum(lengths) / len(lengths),
+    }
 
 
 def run_job(name: str, buckets: str, rows: int, epochs: int) -> dict:
@@ -58,11 +68,22 @@ def run_job(name: str, buckets: str, rows: int, epochs: int) -> dict:
     for channel, source, count in (("train", "train.txt", rows), ("test", "test.txt", rows // 2)):
         lines = (DATA / source).read_text(encoding="utf-8").split("\n")
         (root / "input" / "data" / channel).mkdir(parents=True)
-        (root / "input" / "data" / channel / source).write_text("\n".join(lines[:count + 1]) + "\n", encoding="utf-8")
+        (root / "input" / "data" / channel / source).write_text("\n".join(lines[: count + 1]) + "\n", encoding="utf-8")
     (root / "input" / "config").mkdir(parents=True)
-    (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps({
-        "device": "xla", "buckets": buckets, "epochs": str(epochs), "per_device_train_batch_size": "16",
-        "per_device_eval_batch_size": "32", "learning_rate": "5e-5", "eval_strategy": "epoch", "logging_steps": "4"}))
+    (root / "input" / "config" / "hyperparameters.json").write_text(
+        json.dumps(
+            {
+                "device": "xla",
+                "buckets": buckets,
+                "epochs": str(epochs),
+                "per_device_train_batch_size": "16",
+                "per_device_eval_batch_size": "32",
+                "learning_rate": "5e-5",
+                "eval_strategy": "epoch",
+                "logging_steps": "4",
+            }
+        )
+    )
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(WORK / "cache"), "PJRT_DEVICE": "CPU"}
     started = time.monotonic()
     done = subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, capture_output=True, text=True)
@@ -72,11 +93,17 @@ def run_job(name: str, buckets: str, rows: int, epochs: int) -> dict:
     progress = [(int(s), float(e), float(r)) for s, e, r in PROGRESS.findall(done.stdout)]
     # epoch 2 after its first progress line (which still includes epoch 1's evaluation): compiled, steady
     steady = [rate for _, epoch, rate in progress if epoch > 1.0][1:]
-    return {"buckets": metrics["buckets"], "graphs": metrics["xla_graphs_compiled"],
-            "graphs_per_epoch": metrics["xla_graphs_per_epoch"], "graphs_per_evaluation": metrics["xla_graphs_per_evaluation"],
-            "compile_seconds": metrics["xla_compile_seconds"], "padding_efficiency": metrics["padding_efficiency"],
-            "steady_samples_per_second": sum(steady) / len(steady) if steady else float("nan"),
-            "eval_accuracy": metrics.get("eval_accuracy"), "wall_seconds": time.monotonic() - started}
+    return {
+        "buckets": metrics["buckets"],
+        "graphs": metrics["xla_graphs_compiled"],
+        "graphs_per_epoch": metrics["xla_graphs_per_epoch"],
+        "graphs_per_evaluation": metrics["xla_graphs_per_evaluation"],
+        "compile_seconds": metrics["xla_compile_seconds"],
+        "padding_efficiency": metrics["padding_efficiency"],
+        "steady_samples_per_second": sum(steady) / len(steady) if steady else float("nan"),
+        "eval_accuracy": metrics.get("eval_accuracy"),
+        "wall_seconds": time.monotonic() - started,
+    }
 
 
 def main() -> int:
@@ -89,15 +116,21 @@ def main() -> int:
         sys.exit("the emotion data (../shared/data/emotion) is not beside the project")
     results: dict = {"padding": padding_report()}
     pad = results["padding"]
-    print(f"padding efficiency on emotion train ({pad['mean_tokens']:.1f} tokens per text): byoc buckets "
-          f"{pad['buckets']} {pad['byoc']:.3f}; 128-token recipe {pad['tutorial_128']:.3f}; 512-token recipe "
-          f"{pad['tutorial_512']:.3f}", flush=True)
+    print(
+        f"padding efficiency on emotion train ({pad['mean_tokens']:.1f} tokens per text): byoc buckets "
+        f"{pad['buckets']} {pad['byoc']:.3f}; 128-token recipe {pad['tutorial_128']:.3f}; 512-token recipe "
+        f"{pad['tutorial_512']:.3f}",
+        flush=True,
+    )
     for name, buckets in RECIPES.items():
         r = results[name] = run_job(name, buckets, opts.rows, opts.epochs)
-        print(f"{name:8s} buckets {r['buckets']}: {r['graphs']} graphs compiled (per epoch {r['graphs_per_epoch']}, "
-              f"per evaluation {r['graphs_per_evaluation']}; {r['compile_seconds']:.0f} s compiling), steady "
-              f"{r['steady_samples_per_second']:.1f} samples/s, eval accuracy {r['eval_accuracy']:.3f}, "
-              f"{r['wall_seconds']:.0f} s in all", flush=True)
+        print(
+            f"{name:8s} buckets {r['buckets']}: {r['graphs']} graphs compiled (per epoch {r['graphs_per_epoch']}, "
+            f"per evaluation {r['graphs_per_evaluation']}; {r['compile_seconds']:.0f} s compiling), steady "
+            f"{r['steady_samples_per_second']:.1f} samples/s, eval accuracy {r['eval_accuracy']:.3f}, "
+            f"{r['wall_seconds']:.0f} s in all",
+            flush=True,
+        )
     ratio = results["byoc"]["steady_samples_per_second"] / results["tutorial"]["steady_samples_per_second"]
     results["speedup"] = ratio
     print(f"byoc / tutorial steady training samples/s on XLA CPU: {ratio:.2f}x")

@@ -65,8 +65,12 @@ STAMP = VENV / ".reference-stack-installed"
 # torch first and pinned: the CPU wheel on this machine's disk satisfies it; unpinned, a later
 # install could pull a multi-GB CUDA build.
 TORCH = ["torch==2.13.0"]
-PACKAGES = ["transformers==4.57.6", "sagemaker-huggingface-inference-toolkit==2.6.0",
-            "multi-model-server==1.1.11", "setuptools<81"]
+PACKAGES = [
+    "transformers==4.57.6",
+    "sagemaker-huggingface-inference-toolkit==2.6.0",
+    "multi-model-server==1.1.11",
+    "setuptools<81",
+]
 MMS_CLASS = "com.amazonaws.ml.mms.ModelServer"
 LAUNCHER = """import sys
 from sagemaker_inference import model_server
@@ -109,30 +113,40 @@ def setup() -> Path:
     return VENV
 
 
-def start(model_dir: Path, port: int, workers: int | None = None,
-          log_path: Path | None = None) -> ReferenceServer:
+def start(model_dir: Path, port: int, workers: int | None = None, log_path: Path | None = None) -> ReferenceServer:
     """Start the DLC's server on 127.0.0.1:port serving a copy of `model_dir` without `code/`."""
     model_dir = Path(model_dir).resolve()
     run_dir = Path(tempfile.mkdtemp(prefix="reference-stack-"))
-    shutil.copytree(model_dir, run_dir / "model",
-                    ignore=lambda d, names: ["code"] if Path(d) == model_dir else [])
+    shutil.copytree(model_dir, run_dir / "model", ignore=lambda d, names: ["code"] if Path(d) == model_dir else [])
     (run_dir / "tmp").mkdir()
     address = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(  # the toolkit runs `multi-model-server` from PATH
-        PATH=f"{VENV / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}", HF_TASK="text-classification",
-        SAGEMAKER_BASE_DIR=str(run_dir), SAGEMAKER_BIND_TO_PORT=str(port),
-        MMS_INFERENCE_ADDRESS=address, MMS_MANAGEMENT_ADDRESS=address,
-        TEMP=str(run_dir / "tmp"), TMPDIR=str(run_dir / "tmp"),
-        PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", MKL_THREADING_LAYER="GNU")
+        PATH=f"{VENV / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
+        HF_TASK="text-classification",
+        SAGEMAKER_BASE_DIR=str(run_dir),
+        SAGEMAKER_BIND_TO_PORT=str(port),
+        MMS_INFERENCE_ADDRESS=address,
+        MMS_MANAGEMENT_ADDRESS=address,
+        TEMP=str(run_dir / "tmp"),
+        TMPDIR=str(run_dir / "tmp"),
+        PYTHONUNBUFFERED="1",
+        PYTHONDONTWRITEBYTECODE="1",
+        MKL_THREADING_LAYER="GNU",
+    )
     if workers:
         env["SAGEMAKER_MODEL_SERVER_WORKERS"] = str(workers)
     log_path = Path(log_path) if log_path else run_dir / "server.log"
     with open(log_path, "ab") as log:
         proc = ReferenceServer(
             [str(PY), "-c", LAUNCHER, str(run_dir / "sagemaker-mms.properties")],
-            cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True)
+            cwd=run_dir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     proc.run_dir, proc.started_at = run_dir, time.monotonic()
     return proc
 
@@ -191,8 +205,9 @@ def memory(proc: ReferenceServer, field: str = "Rss") -> dict[str, float]:
 
 def _request(port: int, path: str, body: Any = None, timeout: float = 30.0) -> tuple[int, str]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=data, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read().decode()
@@ -214,14 +229,20 @@ def _poll(check, timeout: float, since: float | None, proc: subprocess.Popen | N
     raise TimeoutError(f"not ready after {timeout:.0f}s")
 
 
-def wait_ready(port: int, timeout: float = 300.0, since: float | None = None,
-               proc: subprocess.Popen | None = None) -> float:
+def wait_ready(
+    port: int, timeout: float = 300.0, since: float | None = None, proc: subprocess.Popen | None = None
+) -> float:
     """Poll GET /ping until 200; seconds since `since` (a time.monotonic(), default: now)."""
     return _poll(lambda: (_request(port, "/ping", timeout=2)[0] == 200, None), timeout, since, proc)[0]
 
 
-def wait_first_answer(port: int, payload: Any = None, timeout: float = 300.0,
-                      since: float | None = None, proc: subprocess.Popen | None = None) -> tuple[float, Any]:
+def wait_first_answer(
+    port: int,
+    payload: Any = None,
+    timeout: float = 300.0,
+    since: float | None = None,
+    proc: subprocess.Popen | None = None,
+) -> tuple[float, Any]:
     """POST /invocations until it answers 200; (seconds since `since`, decoded answer).
 
     MMS answers /ping 200 as soon as its frontend is up, before any worker has loaded the model.
@@ -231,6 +252,7 @@ def wait_first_answer(port: int, payload: Any = None, timeout: float = 300.0,
     def check() -> tuple[bool, Any]:
         status, text = _request(port, "/invocations", payload, timeout=120)
         return status == 200, json.loads(text) if status == 200 else None
+
     return _poll(check, timeout, since, proc)
 
 
@@ -247,6 +269,7 @@ def wait_models_loaded(proc: ReferenceServer, port: int, timeout: float = 300.0)
     def check() -> tuple[bool, int]:
         loaded = set(re.findall(r"Model model loaded io_fd=(\S+)", log.read_text(errors="replace")))
         return count > 0 and len(loaded) >= count, count
+
     return _poll(check, timeout, None, proc)[1]
 
 
@@ -260,23 +283,35 @@ def smoke(model_dir: Path, port: int) -> None:
         print(f"/ping ready after {ping:.2f}s")
         first, answer = wait_first_answer(port, since=proc.started_at, proc=proc)
         print(f"first answer after {first:.2f}s: {json.dumps(answer)}")
-        batch = [f"{who} {feel}" for who in ("i", "she", "we", "they")
-                 for feel in ("feel wonderful today", "am furious about this",
-                              "am scared of the dark", "was amazed by the news")]
+        batch = [
+            f"{who} {feel}"
+            for who in ("i", "she", "we", "they")
+            for feel in (
+                "feel wonderful today",
+                "am furious about this",
+                "am scared of the dark",
+                "was amazed by the news",
+            )
+        ]
         status, text = _request(port, "/invocations", {"inputs": batch})
         print(f"16 inputs -> HTTP {status}: {text}")
         n = wait_models_loaded(proc, port)
         time.sleep(2)
         for field in ("Rss", "Pss"):
             mib = memory(proc, field)
-            print(f"{n} workers loaded, idle; {field} MiB: " + ", ".join(f"{k} {v:.0f}" for k, v in mib.items())
-                  + f"; java+workers {mib['java'] + mib['workers']:.0f}")
+            print(
+                f"{n} workers loaded, idle; {field} MiB: "
+                + ", ".join(f"{k} {v:.0f}" for k, v in mib.items())
+                + f"; java+workers {mib['java'] + mib['workers']:.0f}"
+            )
         ok = True
     finally:
         t0 = time.monotonic()
         stop(proc, keep_run_dir=not ok)  # keep the logs when something failed
-        print(f"stopped in {time.monotonic() - t0:.2f}s, no stack process left"
-              + ("" if ok else f"; logs kept in {proc.run_dir}"))
+        print(
+            f"stopped in {time.monotonic() - t0:.2f}s, no stack process left"
+            + ("" if ok else f"; logs kept in {proc.run_dir}")
+        )
 
 
 def main() -> None:

@@ -30,7 +30,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = next((p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None)
+DATA = next(
+    (p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None
+)
 BYOC = str(Path(sys.executable).parent / "byoc")
 
 
@@ -39,8 +41,15 @@ def make_job(root: Path, args: argparse.Namespace) -> Path:
     for channel, name in (("train", "train.txt"), ("test", "test.txt")):
         (root / "input" / "data" / channel).mkdir(parents=True)
         shutil.copy(DATA / name, root / "input" / "data" / channel / name)
-    hps = {"epochs": "1", "max_train_samples": str(args.train_samples), "max_eval_samples": str(args.eval_samples),
-           "save_strategy": "steps", "save_steps": str(args.save_steps), "logging_steps": "1", "seed": "42"}
+    hps = {
+        "epochs": "1",
+        "max_train_samples": str(args.train_samples),
+        "max_eval_samples": str(args.eval_samples),
+        "save_strategy": "steps",
+        "save_steps": str(args.save_steps),
+        "logging_steps": "1",
+        "seed": "42",
+    }
     (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(hps))
     return root
 
@@ -127,8 +136,13 @@ def main() -> None:
         if proc.returncode == 0:
             break
         steps = steps_logged(out)
-        event = {"cycle": cycle + 1, "signal": sig.name, "after_s": round((sent_at or ended) - began, 1),
-                 "exit_code": proc.returncode, "last_step": steps[-1] if steps else done}
+        event = {
+            "cycle": cycle + 1,
+            "signal": sig.name,
+            "after_s": round((sent_at or ended) - began, 1),
+            "exit_code": proc.returncode,
+            "last_step": steps[-1] if steps else done,
+        }
         if sig == signal.SIGTERM and sent_at:
             event["exit_s"] = round(ended - sent_at, 1)
         events.append(event)
@@ -137,7 +151,8 @@ def main() -> None:
     ours, theirs = losses(job), losses(reference)
     worst = max(abs(ours[s] - theirs[s]) for s in theirs)
     result = {
-        "job": f"all-MiniLM-L6-v2, emotion, 1 epoch of {args.train_samples} tweets, checkpoint every {args.save_steps} steps",
+        "job": f"all-MiniLM-L6-v2, emotion, 1 epoch of {args.train_samples} tweets, "
+        f"checkpoint every {args.save_steps} steps",
         "interruptions": events,
         "survived": sum(1 for e in events if "resumed_from" in e),
         "attempts": attempts,
@@ -151,11 +166,17 @@ def main() -> None:
     print("\n| # | signal | at | last step logged | resumed from | steps lost | SIGTERM to exit |")
     print("|---|---|---|---|---|---|---|")
     for e in events:
-        print(f"| {e['cycle']} | {e['signal']} | {e['after_s']} s | {e['last_step']} | {e.get('resumed_from', '-')} | "
-              f"{e.get('steps_lost', '-')} | {str(e['exit_s']) + ' s' if 'exit_s' in e else '-'} |")
-    print(f"\nsurvived {result['survived']} of {len(events)} interruptions; final accuracy {result['final_accuracy']:.4f} "
-          f"(uninterrupted {result['uninterrupted_accuracy']:.4f}); largest loss difference over {result['steps']} steps: "
-          f"{worst:.2e}")
+        print(
+            f"| {e['cycle']} | {e['signal']} | {e['after_s']} s | {e['last_step']} | {e.get('resumed_from', '-')} | "
+            f"{e.get('steps_lost', '-')} | {str(e['exit_s']) + ' s' if 'exit_s' in e else '-'} |"
+        )
+    print(
+        f"\nsurvived {result['survived']} of {len(events)} interruptions; "
+        f"final accuracy {result['final_accuracy']:.4f} "
+        f"(uninterrupted {result['uninterrupted_accuracy']:.4f}); "
+        f"largest loss difference over {result['steps']} steps: "
+        f"{worst:.2e}"
+    )
     shutil.rmtree(work, ignore_errors=True)
 
 

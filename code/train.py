@@ -17,13 +17,13 @@ def main(contract, args) -> dict:
     # Imported here: byoc sets the device's environment (XLA or not) first, and transformers reads it as it loads.
     from byoc import distributed, job
 
-    with job.stop_on_sigterm() as stop:                      # SIGTERM: save a checkpoint, exit 143; rerun resumes
-        setup = job.prepare(contract, args)                  # device, model source, data, tokens, shards
-        model = job.load_model(setup)                        # change the model here (it gets setup.label_names)
-        trainer = job.make_trainer(setup, model)             # transformers.Trainer with byoc's samplers
+    with job.stop_on_sigterm() as stop:  # SIGTERM: save a checkpoint, exit 143; rerun resumes
+        setup = job.prepare(contract, args)  # device, model source, data, tokens, shards
+        model = job.load_model(setup)  # change the model here (it gets setup.label_names)
+        trainer = job.make_trainer(setup, model)  # transformers.Trainer with byoc's samplers
         metrics = job.train_and_evaluate(setup, trainer, stop)  # resumes from the newest checkpoint
-        metrics = job.finish(setup, trainer, metrics)        # predictions, metrics.json, /opt/ml/model
-    distributed.teardown()                                   # ranks leave together once the model is saved
+        metrics = job.finish(setup, trainer, metrics)  # predictions, metrics.json, /opt/ml/model
+    distributed.teardown()  # ranks leave together once the model is saved
     return metrics
 
 

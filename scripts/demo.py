@@ -24,18 +24,50 @@ REPO = Path(__file__).resolve().parents[1]
 ROOT = Path(os.environ.get("BYOC_DEMO_DIR") or REPO / "demo-output") / "opt-ml"
 
 INTENTS = {
-    "billing": (["i was charged twice for", "why is there an extra fee on", "please refund the payment for",
-                 "my invoice is wrong for", "can i get a receipt for", "the price doubled on"],
-                ["my last order", "this month", "my subscription", "the annual plan", "order 4417", "my account"]),
-    "shipping": (["where is", "when will i receive", "the courier lost", "tracking has not updated for",
-                  "can you deliver faster", "the box arrived damaged for"],
-                 ["my parcel", "the package", "my order", "the delivery", "order 4417", "my shoes"]),
-    "technical": (["the app crashes when i open", "i get an error 500 on", "the page will not load for",
-                   "it freezes whenever i use", "the update broke", "nothing happens when i click"],
-                  ["the settings page", "the checkout", "my dashboard", "the login screen", "the mobile app", "search"]),
-    "account": (["i forgot the password for", "how do i delete", "please change the email on",
-                 "i cannot log in to", "how do i update the address on", "lock"],
-                ["my account", "my profile", "the family account", "my login", "my user name", "the old account"]),
+    "billing": (
+        [
+            "i was charged twice for",
+            "why is there an extra fee on",
+            "please refund the payment for",
+            "my invoice is wrong for",
+            "can i get a receipt for",
+            "the price doubled on",
+        ],
+        ["my last order", "this month", "my subscription", "the annual plan", "order 4417", "my account"],
+    ),
+    "shipping": (
+        [
+            "where is",
+            "when will i receive",
+            "the courier lost",
+            "tracking has not updated for",
+            "can you deliver faster",
+            "the box arrived damaged for",
+        ],
+        ["my parcel", "the package", "my order", "the delivery", "order 4417", "my shoes"],
+    ),
+    "technical": (
+        [
+            "the app crashes when i open",
+            "i get an error 500 on",
+            "the page will not load for",
+            "it freezes whenever i use",
+            "the update broke",
+            "nothing happens when i click",
+        ],
+        ["the settings page", "the checkout", "my dashboard", "the login screen", "the mobile app", "search"],
+    ),
+    "account": (
+        [
+            "i forgot the password for",
+            "how do i delete",
+            "please change the email on",
+            "i cannot log in to",
+            "how do i update the address on",
+            "lock",
+        ],
+        ["my account", "my profile", "the family account", "my login", "my user name", "the old account"],
+    ),
 }
 FILLERS = ["", "please", "thanks", "asap", "hi", "hello there", "it is urgent", "any help appreciated"]
 
@@ -47,7 +79,7 @@ def generate(seed: int = 0) -> tuple[list[tuple[str, str]], list[tuple[str, str]
     for label, (openers, objects) in INTENTS.items():
         for i, opener in enumerate(openers):
             for j, obj in enumerate(objects):
-                for k in range(6):
+                for _ in range(6):
                     text = " ".join(w for w in (rng.choice(FILLERS[:4]), opener, obj, rng.choice(FILLERS)) if w)
                     (test if (i + j) % 5 == 0 else train).append((text, label))
     rng.shuffle(train)
@@ -69,11 +101,21 @@ def write_job(root: Path) -> None:
     config = root / "input" / "config"
     config.mkdir(parents=True)
     (config / "hyperparameters.json").write_text(json.dumps({"epochs": "2", "logging_steps": "10"}))
-    (config / "inputdataconfig.json").write_text(json.dumps({
-        name: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated", "RecordWrapperType": "None"}
-        for name in ("train", "test")}))
-    (config / "resourceconfig.json").write_text(json.dumps(
-        {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "eth0"}))
+    (config / "inputdataconfig.json").write_text(
+        json.dumps(
+            {
+                name: {
+                    "TrainingInputMode": "File",
+                    "S3DistributionType": "FullyReplicated",
+                    "RecordWrapperType": "None",
+                }
+                for name in ("train", "test")
+            }
+        )
+    )
+    (config / "resourceconfig.json").write_text(
+        json.dumps({"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "eth0"})
+    )
     print(f"demo: wrote a SageMaker tree with {len(train)} train / {len(test)} test messages under {root}")
 
 
@@ -97,15 +139,23 @@ def main() -> int:
     inference = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(inference)
     model = inference.model_fn(str(ROOT / "model"))
-    messages = ["my package never showed up", "you billed me two times this month",
-                "the app shows a blank screen after the update", "i need to reset my password"]
+    messages = [
+        "my package never showed up",
+        "you billed me two times this month",
+        "the app shows a blank screen after the update",
+        "i need to reset my password",
+    ]
     body = json.dumps({"inputs": messages})
-    answer, _ = inference.output_fn(inference.predict_fn(inference.input_fn(body, "application/json"), model), "application/json")
+    answer, _ = inference.output_fn(
+        inference.predict_fn(inference.input_fn(body, "application/json"), model), "application/json"
+    )
 
     print("\n" + "=" * 72)
     print(f"demo finished in {time.monotonic() - started:.0f} s")
-    print(f"  test accuracy {metrics['eval_accuracy']:.3f}, macro F1 {metrics['eval_f1']:.3f}, "
-          f"{metrics['train_samples_per_second']:.1f} training samples/s")
+    print(
+        f"  test accuracy {metrics['eval_accuracy']:.3f}, macro F1 {metrics['eval_f1']:.3f}, "
+        f"{metrics['train_samples_per_second']:.1f} training samples/s"
+    )
     print(f"  model (model.tar.gz contents): {ROOT / 'model'}")
     print(f"  metrics: {ROOT / 'output/data/metrics.json'} and metrics.png; TensorBoard: {ROOT / 'output/tensorboard'}")
     print("  predictions from the saved model:")

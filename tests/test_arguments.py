@@ -23,8 +23,15 @@ def v3_model_trainer(values: dict) -> dict:
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
 
 
-TUTORIAL = {"model_name_or_path": "bert-base-uncased", "epochs": 2, "learning_rate": 5e-5,
-            "per_device_train_batch_size": 16, "bf16": True, "max_length": 128, "text_column": "1.0"}
+TUTORIAL = {
+    "model_name_or_path": "bert-base-uncased",
+    "epochs": 2,
+    "learning_rate": 5e-5,
+    "per_device_train_batch_size": 16,
+    "bf16": True,
+    "max_length": 128,
+    "text_column": "1.0",
+}
 
 
 @pytest.mark.parametrize("encode", [v2_estimator, framework_estimator, v3_model_trainer])
@@ -37,8 +44,19 @@ def test_every_sdk_encoding_decodes_the_same(encode):
     assert args.text_column == "1.0"  # a string field keeps its text, even when it looks like a number
 
 
-@pytest.mark.parametrize("raw,expected", [("True", True), ("true", True), ("1", True), ('"true"', True),
-                                          ("False", False), ("false", False), ("0", False), (True, True)])
+@pytest.mark.parametrize(
+    "raw,expected",
+    [
+        ("True", True),
+        ("true", True),
+        ("1", True),
+        ('"true"', True),
+        ("False", False),
+        ("false", False),
+        ("0", False),
+        (True, True),
+    ],
+)
 def test_booleans(raw, expected):
     assert parse_hyperparameters({"fp16": raw}).fp16 is expected
 
@@ -48,12 +66,19 @@ def test_bad_boolean_names_the_key():
         parse_hyperparameters({"fp16": "maybe"})
 
 
-@pytest.mark.parametrize("alias,field,value", [
-    ("model_id", "model_name_or_path", "x"), ("num_train_epochs", "epochs", 4.0), ("lr", "learning_rate", 0.001),
-    ("max_train_steps", "max_steps", 7), ("train_batch_size", "per_device_train_batch_size", 8),
-    ("eval_batch_size", "per_device_eval_batch_size", 8), ("max_seq_length", "max_length", 64),
-    ("evaluation_strategy", "eval_strategy", "epoch"),
-])
+@pytest.mark.parametrize(
+    "alias,field,value",
+    [
+        ("model_id", "model_name_or_path", "x"),
+        ("num_train_epochs", "epochs", 4.0),
+        ("lr", "learning_rate", 0.001),
+        ("max_train_steps", "max_steps", 7),
+        ("train_batch_size", "per_device_train_batch_size", 8),
+        ("eval_batch_size", "per_device_eval_batch_size", 8),
+        ("max_seq_length", "max_length", 64),
+        ("evaluation_strategy", "eval_strategy", "epoch"),
+    ],
+)
 def test_tutorial_aliases(alias, field, value):
     assert getattr(parse_hyperparameters({alias: str(value)}), field) == value
 
@@ -79,8 +104,14 @@ def test_unknown_key_without_close_match():
 
 
 def test_sagemaker_keys_are_kept_apart():
-    args = parse_hyperparameters({"sagemaker_program": '"train.py"', "sagemaker_region": '"us-east-1"',
-                                  "sagemaker_submit_directory": '"s3://b/k.tar.gz"', "epochs": "1"})
+    args = parse_hyperparameters(
+        {
+            "sagemaker_program": '"train.py"',
+            "sagemaker_region": '"us-east-1"',
+            "sagemaker_submit_directory": '"s3://b/k.tar.gz"',
+            "epochs": "1",
+        }
+    )
     # What the SDK adds is neither a setting nor an unknown-hyperparameter error (script mode reads it
     # from the contract).
     assert args.epochs == 1 and not any(f.name.startswith("sagemaker") for f in dataclasses.fields(args))
@@ -92,17 +123,20 @@ def test_alias_conflict_is_an_error():
     assert parse_hyperparameters({"epochs": "2", "num_train_epochs": "2.0"}).epochs == 2.0
 
 
-@pytest.mark.parametrize("values,words", [
-    ({"epochs": "abc"}, "epochs must be a number"),
-    ({"per_device_train_batch_size": "1.5"}, "must be an integer"),
-    ({"learning_rate": "0"}, "learning_rate must be greater than 0"),
-    ({"validation_split": "1.5"}, "validation_split must be in [0, 1)"),
-    ({"eval_strategy": "sometimes"}, "must be one of auto, no, steps, epoch"),
-    ({"bf16": "true", "fp16": "true"}, "choose one"),
-    ({"do_train": "false"}, "always trains"),
-    ({"serving_int8": "true", "serving_graph": "false"}, "serving_int8=true needs serving_graph=true"),
-    ({"epochs": "nan"}, "epochs must be a number"),
-])
+@pytest.mark.parametrize(
+    "values,words",
+    [
+        ({"epochs": "abc"}, "epochs must be a number"),
+        ({"per_device_train_batch_size": "1.5"}, "must be an integer"),
+        ({"learning_rate": "0"}, "learning_rate must be greater than 0"),
+        ({"validation_split": "1.5"}, "validation_split must be in [0, 1)"),
+        ({"eval_strategy": "sometimes"}, "must be one of auto, no, steps, epoch"),
+        ({"bf16": "true", "fp16": "true"}, "choose one"),
+        ({"do_train": "false"}, "always trains"),
+        ({"serving_int8": "true", "serving_graph": "false"}, "serving_int8=true needs serving_graph=true"),
+        ({"epochs": "nan"}, "epochs must be a number"),
+    ],
+)
 def test_invalid_values(values, words):
     with pytest.raises(HyperparameterError) as err:
         parse_hyperparameters(values)

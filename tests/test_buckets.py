@@ -67,6 +67,7 @@ def test_padding_efficiency_on_emotion_beats_the_tutorial_recipes():
 
 # --- the fixed-shape sampler and collator (the XLA path's batches) -------------------------------
 
+
 def test_fixed_shape_sampler_gives_full_batches_within_one_bucket():
     from byoc.samplers import FixedShapeSampler
 
@@ -78,21 +79,33 @@ def test_fixed_shape_sampler_gives_full_batches_within_one_bucket():
         epochs = [list(sampler) for _ in range(2)]
         for order in epochs:
             assert len(order) == len(sampler) == 203 // (8 * world_size) * 8 * world_size
-            global_batches = [order[i:i + 8 * world_size] for i in range(0, len(order), 8 * world_size)]
+            global_batches = [order[i : i + 8 * world_size] for i in range(0, len(order), 8 * world_size)]
             for batch in global_batches:
                 # the whole global batch pads to one bucket, so every rank's part shares a shape set
                 assert len({bucket_of(max(lengths[i] for i in batch), buckets)}) == 1
-                assert all(bucket_of(lengths[i], buckets) <= bucket_of(max(lengths[j] for j in batch), buckets) for i in batch)
+                assert all(
+                    bucket_of(lengths[i], buckets) <= bucket_of(max(lengths[j] for j in batch), buckets) for i in batch
+                )
             assert len(set(order)) == len(order)  # no row twice in an epoch
         assert epochs[0] != epochs[1]  # a new order every epoch
         # every epoch starts on the commonest shape (the optimizer-state step) and ends on the same
         # (largest) one (the epoch-end graph): both compile once
-        shape_of = [bucket_of(max(lengths[i] for i in order[k:k + 8 * world_size]), buckets)
-                    for order in epochs[:1] for k in range(0, len(order), 8 * world_size)]
+        shape_of = [
+            bucket_of(max(lengths[i] for i in order[k : k + 8 * world_size]), buckets)
+            for order in epochs[:1]
+            for k in range(0, len(order), 8 * world_size)
+        ]
         assert shape_of[0] == max(set(shape_of), key=shape_of.count)
-        last = [bucket_of(max(lengths[i] for i in order[-8 * world_size:]), buckets) for order in epochs]
-        assert last[0] == last[1] == max(bucket_of(max(lengths[i] for i in order[k:k + 8 * world_size]), buckets)
-                                         for order in epochs for k in range(0, len(order), 8 * world_size))
+        last = [bucket_of(max(lengths[i] for i in order[-8 * world_size :]), buckets) for order in epochs]
+        assert (
+            last[0]
+            == last[1]
+            == max(
+                bucket_of(max(lengths[i] for i in order[k : k + 8 * world_size]), buckets)
+                for order in epochs
+                for k in range(0, len(order), 8 * world_size)
+            )
+        )
         again = FixedShapeSampler(lengths, buckets, batch_size=8, seed=1, world_size=world_size)
         assert list(again) == epochs[0]  # reproducible from the seed
 
@@ -103,11 +116,22 @@ def test_fixed_shape_collator_pads_to_the_bucket_and_fills_short_batches():
     from byoc.buckets import IGNORE_LABEL, FixedShapeCollator
 
     collate = FixedShapeCollator(pad_token_id=0, buckets=[8, 16, 32], batch_rows=4)
-    rows = [{"input_ids": [101] + [5] * n + [102], "attention_mask": [1] * (n + 2), "token_type_ids": [0] * (n + 2),
-             "labels": n % 3} for n in (3, 9)]
+    rows = [
+        {
+            "input_ids": [101] + [5] * n + [102],
+            "attention_mask": [1] * (n + 2),
+            "token_type_ids": [0] * (n + 2),
+            "labels": n % 3,
+        }
+        for n in (3, 9)
+    ]
     batch = collate(rows)
     assert {k: tuple(v.shape) for k, v in batch.items()} == {
-        "input_ids": (4, 16), "attention_mask": (4, 16), "token_type_ids": (4, 16), "labels": (4,)}
+        "input_ids": (4, 16),
+        "attention_mask": (4, 16),
+        "token_type_ids": (4, 16),
+        "labels": (4,),
+    }
     assert batch["labels"].tolist() == [0, 0, IGNORE_LABEL, IGNORE_LABEL]
     assert batch["attention_mask"][1].sum() == 11 and batch["attention_mask"][2].tolist() == [1] + [0] * 15
     assert batch["input_ids"][0, :5].tolist() == [101, 5, 5, 5, 102] and batch["input_ids"][0, 5:].eq(0).all()

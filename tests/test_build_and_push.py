@@ -51,23 +51,32 @@ def test_builds_tags_and_pushes_creating_the_repository(standins):
     env, record = standins
     result = run(env, "gpu", "--region", "eu-west-1")
     assert result.returncode == 0, result.stderr
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     image = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/byoc-gpu"
     assert result.stdout.strip().splitlines()[-1] == f"{image}:0.1.0-{sha}"
     calls = record.read_text().splitlines()
     assert calls[:2] == ["docker info", "aws sts get-caller-identity --query Account --output text"]
-    assert "aws ecr create-repository --region eu-west-1 --repository-name byoc-gpu --image-scanning-configuration scanOnPush=true" in calls
+    assert (
+        "aws ecr create-repository --region eu-west-1 --repository-name byoc-gpu "
+        "--image-scanning-configuration scanOnPush=true" in calls
+    )
     assert "docker login --username AWS --password-stdin 763104351884.dkr.ecr.eu-west-1.amazonaws.com" in calls
     assert "docker login --username AWS --password-stdin 123456789012.dkr.ecr.eu-west-1.amazonaws.com" in calls
     build = next(c for c in calls if c.startswith("docker build"))
-    assert build == ("docker build --file Dockerfile.gpu --build-arg BASE_IMAGE=763104351884.dkr.ecr.eu-west-1.amazonaws.com/"
-                     f"pytorch-training:2.9.0-gpu-py312-cu130-ubuntu22.04-sagemaker --tag {image}:0.1.0-{sha} --tag {image}:gpu .")
+    assert build == (
+        "docker build --file Dockerfile.gpu --build-arg BASE_IMAGE=763104351884.dkr.ecr.eu-west-1.amazonaws.com/"
+        f"pytorch-training:2.9.0-gpu-py312-cu130-ubuntu22.04-sagemaker --tag {image}:0.1.0-{sha} --tag {image}:gpu ."
+    )
     assert calls[-2:] == [f"docker push {image}:0.1.0-{sha}", f"docker push {image}:gpu"]
 
 
 def test_existing_repository_custom_name_and_tag(standins):
     env, record = standins
-    result = run({**env, "REPO_EXISTS": "1", "AWS_REGION": "us-west-2"}, "neuron", "--repository", "team/clf", "--tag", "v7")
+    result = run(
+        {**env, "REPO_EXISTS": "1", "AWS_REGION": "us-west-2"}, "neuron", "--repository", "team/clf", "--tag", "v7"
+    )
     assert result.returncode == 0, result.stderr
     calls = record.read_text()
     assert "create-repository" not in calls
@@ -83,12 +92,15 @@ def test_dry_run_prints_instead_of_running(standins):
     assert "docker build" not in record.read_text()
 
 
-@pytest.mark.parametrize("args, env_extra, message", [
-    ((), {}, "which flavour? give gpu or neuron"),
-    (("cpu",), {}, "unknown argument 'cpu'"),
-    (("gpu",), {}, "no AWS region"),
-    (("gpu", "--region", "us-east-1"), {"NO_CREDENTIALS": "1"}, "no AWS credentials"),
-])
+@pytest.mark.parametrize(
+    "args, env_extra, message",
+    [
+        ((), {}, "which flavour? give gpu or neuron"),
+        (("cpu",), {}, "unknown argument 'cpu'"),
+        (("gpu",), {}, "no AWS region"),
+        (("gpu", "--region", "us-east-1"), {"NO_CREDENTIALS": "1"}, "no AWS credentials"),
+    ],
+)
 def test_fails_early_and_clearly(standins, args, env_extra, message):
     env, record = standins
     result = run({**env, **env_extra}, *args)
@@ -108,9 +120,14 @@ def test_fails_clearly_without_docker(standins, tmp_path):
 
 
 # .ci/run installs shellcheck and sets BYOC_REQUIRE_DOCKER: there this test never skips.
-@pytest.mark.skipif(shutil.which("shellcheck") is None and not os.environ.get("BYOC_REQUIRE_DOCKER"),
-                    reason="shellcheck is not installed (.ci/run installs it)")
+@pytest.mark.skipif(
+    shutil.which("shellcheck") is None and not os.environ.get("BYOC_REQUIRE_DOCKER"),
+    reason="shellcheck is not installed (.ci/run installs it)",
+)
 def test_scripts_are_shellcheck_clean():
-    result = subprocess.run(["shellcheck", str(SCRIPT), str(REPO / "container" / "docker" / "entrypoint.sh")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["shellcheck", str(SCRIPT), str(REPO / "container" / "docker" / "entrypoint.sh")],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout

@@ -33,8 +33,9 @@ def test_this_tier_runs_inside_the_supported_range():
 def test_launch_config_leaves_out_what_this_torch_lacks():
     from torch.distributed.launcher.api import LaunchConfig
 
-    config = compat.launch_config(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="job", shutdown_timeout=77,
-                                  keyword_of_a_future_torch=1)
+    config = compat.launch_config(
+        min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="job", shutdown_timeout=77, keyword_of_a_future_torch=1
+    )
     assert isinstance(config, LaunchConfig) and config.nproc_per_node == 2
     assert not hasattr(config, "keyword_of_a_future_torch")
     if compat.launcher_has_shutdown_timeout():  # torch >= 2.13
@@ -61,13 +62,19 @@ def test_shutdown_grace_sets_the_agents_wait_where_the_config_cannot(monkeypatch
 def test_training_arguments_in_this_transformers_names(tmp_path):
     from transformers import TrainingArguments
 
-    args = TrainingArguments(output_dir=str(tmp_path), report_to="none",
-                             **compat.sampling_arguments(True, 0, 0.25, gradient_checkpointing=True))
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        report_to="none",
+        **compat.sampling_arguments(True, 0, 0.25, gradient_checkpointing=True),
+    )
     assert compat.is_length_grouped(args)
     assert args.get_warmup_steps(100) == 25
     assert True in (getattr(args, "activation_checkpointing", None), getattr(args, "gradient_checkpointing", None))
-    args = TrainingArguments(output_dir=str(tmp_path), report_to="none",
-                             **compat.sampling_arguments(False, 7, 0.25, gradient_checkpointing=False))
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        report_to="none",
+        **compat.sampling_arguments(False, 7, 0.25, gradient_checkpointing=False),
+    )
     assert not compat.is_length_grouped(args)
     assert args.get_warmup_steps(100) == 7
     assert not getattr(args, "activation_checkpointing", None) and not args.gradient_checkpointing
@@ -80,8 +87,11 @@ def test_the_trainer_still_has_the_private_methods_byoc_overrides():
         def _get_train_sampler(self, dataset=None):
             pass
 
-    with pytest.raises(RuntimeError, match=r"Trainer\._get_train_sampler\(dataset\); byoc overrides "
-                                           r"_get_train_sampler\(train_dataset\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"Trainer\._get_train_sampler\(dataset\); byoc overrides "
+        r"_get_train_sampler\(train_dataset\)",
+    ):
         compat.check_trainer_hooks(Renamed)
 
 
@@ -97,7 +107,7 @@ def test_checkpoints_load_onto_an_indexed_cpu_device(tmp_path):
 
 
 # A user script (script mode) that needs `seconds` to save after SIGTERM.
-SLOW_SAVER = '''
+SLOW_SAVER = """
 import os, signal, sys, time
 out = os.environ["SM_MODEL_DIR"]
 rank = os.environ["RANK"]
@@ -109,7 +119,7 @@ signal.signal(signal.SIGTERM, save)
 open(os.path.join(out, f"ready-{rank}"), "w").close()
 while True:
     time.sleep(0.1)
-'''
+"""
 
 
 def _slow_saver_job(root: Path) -> Job:
@@ -121,15 +131,21 @@ def _slow_saver_job(root: Path) -> Job:
         tar.add(source / "train.py", arcname="train.py")
     job = Job(root).resources()
     (job.channel("train") / "data.csv").write_text("text,label\nhi,1\n")
-    job.hyperparameters({"sagemaker_program": json.dumps("train.py"),
-                         "sagemaker_submit_directory": json.dumps(str(archive))})
+    job.hyperparameters(
+        {"sagemaker_program": json.dumps("train.py"), "sagemaker_submit_directory": json.dumps(str(archive))}
+    )
     return job
 
 
 def _stop_after_ready(job: Job, env: dict[str, str]) -> None:
     full = {**os.environ, "SAGEMAKER_BASE_DIR": str(job.root), "BYOC_PROCESSES_PER_HOST": "2", **CPU_ONLY, **env}
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "byoc"), "train"], env=full, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "byoc"), "train"],
+        env=full,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 120
     while not all((job.model_dir / f"ready-{r}").exists() for r in (0, 1)):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]

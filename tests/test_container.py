@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -37,7 +37,9 @@ def image() -> Iterator[str]:
     try:
         images.build()
     except subprocess.CalledProcessError as err:
-        pytest.fail(f"building the test image failed: {err}\n{(err.stdout or '')[-3000:]}\n{(err.stderr or '')[-3000:]}")
+        pytest.fail(
+            f"building the test image failed: {err}\n{(err.stdout or '')[-3000:]}\n{(err.stderr or '')[-3000:]}"
+        )
     yield images.IMAGE
     # The containers these tests ran (SDK local mode leaves its own behind); the image stays as cache.
     images.prune()
@@ -57,7 +59,9 @@ def trained(image, tmp_path_factory, tiny_model_dir) -> Job:
 
 
 def test_train_writes_the_model_and_metrics(trained):
-    assert {"model.safetensors", "config.json", "tokenizer.json", "code"} <= {p.name for p in trained.model_dir.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "code"} <= {
+        p.name for p in trained.model_dir.iterdir()
+    }
     assert (trained.model_dir / "code" / "inference.py").exists()
     assert trained.metrics["eval_accuracy"] >= 0.9  # 1.0 for each of 20 seeds (scripts/seed_margins.py)
     assert len(losses(trained)) == 6
@@ -111,8 +115,11 @@ def test_serve_answers_json_and_csv_and_drains_on_sigterm(image, trained):
         answer = client.post("/invocations", json={"inputs": ["i love this so much", "i hate this a lot"]})
         assert answer.status_code == 200, answer.text
         assert [r["label"] for r in answer.json()] == ["positive", "negative"]
-        csv = client.post("/invocations", content="what a great day\nwhat an awful day\n",
-                          headers={"content-type": "text/csv", "accept": "text/csv"})
+        csv = client.post(
+            "/invocations",
+            content="what a great day\nwhat an awful day\n",
+            headers={"content-type": "text/csv", "accept": "text/csv"},
+        )
         assert [line.split(",")[0] for line in csv.text.splitlines()] == ["positive", "negative"]
         health = docker("exec", server.name, "byoc", "healthcheck")
         assert health.returncode == 0
@@ -128,8 +135,14 @@ def test_serve_answers_json_and_csv_and_drains_on_sigterm(image, trained):
 def test_docker_stop_saves_a_checkpoint_and_a_restart_resumes(image, tmp_path, tiny_model_dir):
     """A spot interruption in a container: `docker stop` (SIGTERM, grace period), then the same
     job started again on the same /opt/ml (and so the same checkpoints) resumes and finishes."""
-    hps = {"max_steps": "1500", "learning_rate": "1e-3", "per_device_train_batch_size": "8", "logging_steps": "1",
-           "freeze_embeddings": "false", "freeze_layers": "0"}
+    hps = {
+        "max_steps": "1500",
+        "learning_rate": "1e-3",
+        "per_device_train_batch_size": "8",
+        "logging_steps": "1",
+        "freeze_embeddings": "false",
+        "freeze_layers": "0",
+    }
     job = small_job(tmp_path / "opt-ml", tiny_model_dir, hps)
     container = Container("-v", f"{job.root}:/opt/ml", image, "train")
     try:
@@ -203,8 +216,12 @@ def sdk_python(image, tmp_path_factory) -> tuple[str, dict]:
     config = tmp_path_factory.mktemp("sdk-config") / "config.yaml"
     # Telemetry off, else the SDK calls an S3 endpoint this network cannot reach.
     config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n")
-    env = {**os.environ, "AWS_DEFAULT_REGION": "us-east-1", "SAGEMAKER_USER_CONFIG_OVERRIDE": str(config),
-           "SAGEMAKER_SUPPRESS_V2_WARNING": "1"}
+    env = {
+        **os.environ,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "SAGEMAKER_USER_CONFIG_OVERRIDE": str(config),
+        "SAGEMAKER_SUPPRESS_V2_WARNING": "1",
+    }
     return str(python), env
 
 
@@ -222,12 +239,18 @@ def local_workdir(tmp_path_factory, tiny_model_dir) -> Path:
 def local_mode(sdk_python, workdir: Path, scenario: str) -> tuple[dict, str]:
     python, env = sdk_python
     script = Path(__file__).parent / "container" / "local_mode.py"
-    result = subprocess.run([python, str(script), images.IMAGE, str(workdir), scenario], env=env, cwd=workdir,
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [python, str(script), images.IMAGE, str(workdir), scenario],
+        env=env,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-4000:]
     line = next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):]), log
+    return json.loads(line[len("RESULT ") :]), log
 
 
 MODEL_FILES = {"config.json", "model.safetensors", "tokenizer.json", "code/inference.py"}
@@ -263,8 +286,14 @@ def test_sdk_v3_model_trainer_local_container(sdk_python, local_workdir):
     """SDK v3 ModelTrainer, Mode.LOCAL_CONTAINER: no `train` argument, so the image's CMD runs."""
     python = sdk_venv(SDK3_VENV, SDK3_VERSION)
     script = Path(__file__).parent / "container" / "model_trainer_v3.py"
-    result = subprocess.run([str(python), str(script), images.IMAGE, str(local_workdir)], env=sdk_python[1],
-                            cwd=local_workdir, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [str(python), str(script), images.IMAGE, str(local_workdir)],
+        env=sdk_python[1],
+        cwd=local_workdir,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0 and "V3 DONE" in result.stdout, (result.stdout + result.stderr)[-4000:]
     model = local_workdir / "v3-root" / "model"
     assert {"model.safetensors", "config.json", "code"} <= {p.name for p in model.iterdir()}

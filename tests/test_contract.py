@@ -1,7 +1,7 @@
 """The /opt/ml contract: config files, channels, checkpoints, failure file."""
 
-import sys
 import json
+import sys
 
 import pytest
 
@@ -14,7 +14,8 @@ def test_reads_all_config_files(job):
     job.channel("test", mode="FastFile")
     job.resources("algo-2", ["algo-2", "algo-1"])
     (job.root / "input/config/checkpointconfig.json").write_text(
-        json.dumps({"LocalPath": "/opt/ml/checkpoints", "S3Uri": "s3://bucket/ckpt"}))
+        json.dumps({"LocalPath": "/opt/ml/checkpoints", "S3Uri": "s3://bucket/ckpt"})
+    )
     contract = read_training_contract()
     assert contract.paths.base == job.root
     assert contract.hyperparameters == {"epochs": "1"}
@@ -91,11 +92,19 @@ def test_user_errors_are_known_by_class_not_by_name():
     from byoc.errors import UserError
     from byoc.handlers import HandlerError
     from byoc.launch import LaunchError
-    from byoc.script import ScriptError
     from byoc.model import ModelError
+    from byoc.script import ScriptError
 
-    for cls in (HyperparameterError, CheckpointMismatch, ContractError, DataError, HandlerError, LaunchError,
-                ScriptError, ModelError):
+    for cls in (
+        HyperparameterError,
+        CheckpointMismatch,
+        ContractError,
+        DataError,
+        HandlerError,
+        LaunchError,
+        ScriptError,
+        ModelError,
+    ):
         assert issubclass(cls, UserError), cls
         assert failure_message(cls("set text_column")) == "set text_column", cls
 

@@ -211,15 +211,23 @@ def test_separate_channels(tmp_path, eval_name):
     write(tmp_path / "ev" / "train.csv", "text,label\ne,pos\n")  # names inside a separate channel don't matter
     write(tmp_path / "te" / "y.jsonl", '{"text": "t", "label": "neg"}\n')
     (tmp_path / "model").mkdir()
-    channels = {"train": tmp_path / "tr", eval_name: tmp_path / "ev", "test": tmp_path / "te", "model": tmp_path / "model"}
+    channels = {
+        "train": tmp_path / "tr",
+        eval_name: tmp_path / "ev",
+        "test": tmp_path / "te",
+        "model": tmp_path / "model",
+    }
     data = load_task_data(channels, DataSpec(), tmp_path / "cache")
     assert len(data.train) == 4 and rows(data.eval) == [("e", 1)] and rows(data.test) == [("t", 0)]
 
 
 def _classlabel_dict() -> datasets.DatasetDict:
     features = datasets.Features(
-        {"idx": datasets.Value("int32"), "sentence": datasets.Value("string"),
-         "label": datasets.ClassLabel(names=["negative", "neutral", "positive"])}
+        {
+            "idx": datasets.Value("int32"),
+            "sentence": datasets.Value("string"),
+            "label": datasets.ClassLabel(names=["negative", "neutral", "positive"]),
+        }
     )
 
     def split(n: int, label: int) -> datasets.Dataset:
@@ -227,7 +235,9 @@ def _classlabel_dict() -> datasets.DatasetDict:
             {"idx": list(range(n)), "sentence": [f"s{i}" for i in range(n)], "label": [label] * n}, features=features
         )
 
-    return datasets.DatasetDict({"train": split(6, 2), "validation": split(2, 0), "test": split(3, 2), "extra": split(1, 0)})
+    return datasets.DatasetDict(
+        {"train": split(6, 2), "validation": split(2, 0), "test": split(3, 2), "extra": split(1, 0)}
+    )
 
 
 def test_saved_datasetdict_in_train_channel(tmp_path):
@@ -257,7 +267,9 @@ def test_saved_dict_without_matching_split_in_eval_channel(tmp_path):
 
 
 def test_sentence_pairs(tmp_path):
-    write(tmp_path / "train" / "train.jsonl", '{"premise": "p", "hypothesis": "h", "label": "entailment", "text": "x"}\n')
+    write(
+        tmp_path / "train" / "train.jsonl", '{"premise": "p", "hypothesis": "h", "label": "entailment", "text": "x"}\n'
+    )
     write(tmp_path / "train" / "test.csv", "Sentence1,Sentence2,label\na,b,entailment\n")
     data = load(tmp_path, train=tmp_path / "train")
     assert data.train.column_names == ["text", "text_pair", "label"]
@@ -346,12 +358,14 @@ def test_classlabel_minus_one_is_missing(tmp_path):
 
 
 def test_pretokenized_saved_dataset_with_classlabel(tmp_path):
-    features = datasets.Features({
-        "input_ids": datasets.Sequence(datasets.Value("int32")),
-        "attention_mask": datasets.Sequence(datasets.Value("int8")),
-        "label": datasets.ClassLabel(names=["no", "yes"]),
-        "text": datasets.Value("string"),
-    })
+    features = datasets.Features(
+        {
+            "input_ids": datasets.Sequence(datasets.Value("int32")),
+            "attention_mask": datasets.Sequence(datasets.Value("int8")),
+            "label": datasets.ClassLabel(names=["no", "yes"]),
+            "text": datasets.Value("string"),
+        }
+    )
     ds = datasets.Dataset.from_dict(
         {"input_ids": [[1, 2], [3]] * 5, "attention_mask": [[1, 1], [1]] * 5, "label": [0, 1] * 5, "text": ["t"] * 10},
         features=features,
@@ -368,8 +382,10 @@ def test_pretokenized_saved_dataset_with_classlabel(tmp_path):
 
 
 def test_pretokenized_jsonl_label_names_from_max(tmp_path):
-    lines = [{"input_ids": [1, 2], "token_type_ids": [0, 0], "labels": 3, "note": "x"},
-             {"input_ids": [5], "token_type_ids": [0], "labels": 1, "note": "y"}]
+    lines = [
+        {"input_ids": [1, 2], "token_type_ids": [0, 0], "labels": 3, "note": "x"},
+        {"input_ids": [5], "token_type_ids": [0], "labels": 1, "note": "y"},
+    ]
     write(tmp_path / "train" / "train.jsonl", "".join(json.dumps(r) + "\n" for r in lines))
     write(tmp_path / "train" / "test.jsonl", json.dumps({"input_ids": [1], "token_type_ids": [0], "labels": 4}) + "\n")
     message = error(tmp_path, train=tmp_path / "train")
@@ -468,7 +484,9 @@ def test_no_readable_files(tmp_path):
     write(tmp_path / "train" / "data.xlsx", "x")
     write(tmp_path / "train" / "README.md", "x")
     message = error(tmp_path, train=tmp_path / "train")
-    assert "No readable data files" in message and "data.xlsx" in message and ".csv" in message and ".parquet" in message
+    assert (
+        "No readable data files" in message and "data.xlsx" in message and ".csv" in message and ".parquet" in message
+    )
 
 
 def test_only_eval_files_in_train_channel(tmp_path):

@@ -126,8 +126,7 @@ def test_a_killed_rank_stops_the_job_with_its_name_and_exit_code(tmp_path, tiny_
     assert not (job.model_dir / "model.safetensors").exists()
 
 
-def _host_job(root: Path, model: Path, me: str, hosts: list[str], rows: list[tuple[str, str]],
-              sharded: bool) -> Job:
+def _host_job(root: Path, model: Path, me: str, hosts: list[str], rows: list[tuple[str, str]], sharded: bool) -> Job:
     job = Job(root).resources(current=me, hosts=hosts, interface="lo")
     job.hyperparameters({**HP, "max_steps": "30", "per_device_train_batch_size": "4"})
     job.model_channel(model)
@@ -174,8 +173,14 @@ def test_a_failing_host_fails_the_whole_job(tmp_path, tiny_model_dir):
 
 
 def test_a_host_that_never_appears_fails_clearly(tmp_path, tiny_model_dir):
-    job = _host_job(tmp_path / "opt-ml", tiny_model_dir, "127.0.0.1", ["127.0.0.1", "algo-9.invalid"],
-                    sentiment_rows(16), sharded=False)
+    job = _host_job(
+        tmp_path / "opt-ml",
+        tiny_model_dir,
+        "127.0.0.1",
+        ["127.0.0.1", "algo-9.invalid"],
+        sentiment_rows(16),
+        sharded=False,
+    )
     code, log = finish(start_train(job.root, {"BYOC_HOSTS_TIMEOUT": "3"}), 120)
     assert code == 1, log[-2000:]
     assert job.failure.startswith("host(s) algo-9.invalid did not resolve within 3 s"), job.failure

@@ -65,8 +65,14 @@ def test_what_the_user_set_wins(tmp_path):
 
 
 def _contract(hosts: list[str]) -> TrainingContract:
-    return TrainingContract(paths=Paths(Path("/tmp/x")), hyperparameters={}, channels={}, current_host="algo-1",
-                            hosts=hosts, network_interface_name="eth0")
+    return TrainingContract(
+        paths=Paths(Path("/tmp/x")),
+        hyperparameters={},
+        channels={},
+        current_host="algo-1",
+        hosts=hosts,
+        network_interface_name="eth0",
+    )
 
 
 def test_only_multi_host_gpu_and_neuron_jobs_get_efa_variables(monkeypatch, caplog):

@@ -55,7 +55,7 @@ def test_training_on_cuda_in_each_precision(tmp_path, tiny_model_dir, precision)
     assert (job.model_dir / "model.safetensors").exists() and (job.model_dir / "model.onnx").exists()
 
 
-NCCL_SCRIPT = '''
+NCCL_SCRIPT = """
 import json, os
 import torch, torch.distributed as dist
 dist.init_process_group("nccl")
@@ -66,7 +66,7 @@ with open(os.path.join(os.environ["SM_MODEL_DIR"], "nccl.json"), "w") as f:
     json.dump({"sum": value.item(), "world": dist.get_world_size(), "backend": os.environ.get("BYOC_BACKEND"),
                "cuda_devices": torch.cuda.device_count()}, f)
 dist.destroy_process_group()
-'''
+"""
 
 
 def test_a_one_gpu_job_through_the_launcher_runs_nccl(tmp_path):
@@ -78,7 +78,9 @@ def test_a_one_gpu_job_through_the_launcher_runs_nccl(tmp_path):
         tar.add(source / "train.py", arcname="train.py")
     job = Job(tmp_path / "opt-ml").resources()
     (job.channel("train") / "data.csv").write_text("text,label\nhi,1\n")
-    job.hyperparameters({"sagemaker_program": json.dumps("train.py"), "sagemaker_submit_directory": json.dumps(str(archive))})
+    job.hyperparameters(
+        {"sagemaker_program": json.dumps("train.py"), "sagemaker_submit_directory": json.dumps(str(archive))}
+    )
     done = run_train_process(job.root, env={"BYOC_PROCESSES_PER_HOST": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "launching 1 process(es) on host 1 of 1 (cuda, backend nccl" in done.stdout + done.stderr
@@ -129,4 +131,6 @@ def test_serving_on_cuda_answers_as_onnx_runtime_on_the_cpu(tmp_path, tiny_model
     assert "model runs on torch" in logs["auto"] and "(cuda" in logs["auto"], logs["auto"][-2000:]
     assert "model runs on ONNX Runtime" in logs["onnxruntime"]
     assert [a["label"] for a in answers["auto"]] == [a["label"] for a in answers["onnxruntime"]]
-    assert [a["score"] for a in answers["auto"]] == pytest.approx([a["score"] for a in answers["onnxruntime"]], abs=1e-3)
+    assert [a["score"] for a in answers["auto"]] == pytest.approx(
+        [a["score"] for a in answers["onnxruntime"]], abs=1e-3
+    )

@@ -10,13 +10,18 @@ import pytest
 
 from byoc.contract import Paths, TrainingContract
 from byoc.devices import count_core_list
-from byoc.launch import (LaunchError, describe_failure, plan_launch, wait_for_hosts,
-                         worker_environment)
+from byoc.launch import LaunchError, describe_failure, plan_launch, wait_for_hosts, worker_environment
 
 
 def contract(hosts=("algo-1",), current="algo-1", interface="eth0") -> TrainingContract:
-    return TrainingContract(paths=Paths(Path("/tmp/x")), hyperparameters={}, channels={}, current_host=current,
-                            hosts=list(hosts), network_interface_name=interface)
+    return TrainingContract(
+        paths=Paths(Path("/tmp/x")),
+        hyperparameters={},
+        channels={},
+        current_host=current,
+        hosts=list(hosts),
+        network_interface_name=interface,
+    )
 
 
 def test_one_process_per_gpu_with_nccl():
@@ -40,18 +45,31 @@ def test_cpu_runs_one_process_unless_asked_and_splits_the_cores():
 
 
 def test_several_hosts_from_the_resource_config():
-    plan = plan_launch(contract(hosts=["algo-1", "algo-2", "algo-3"], current="algo-2"),
-                       environ={"BYOC_MASTER_PORT": "7777"}, cpu_count=8, counts=(4, 0))
-    assert (plan.nnodes, plan.node_rank, plan.master_addr, plan.master_port, plan.world_size) == (3, 1, "algo-1", 7777, 12)
+    plan = plan_launch(
+        contract(hosts=["algo-1", "algo-2", "algo-3"], current="algo-2"),
+        environ={"BYOC_MASTER_PORT": "7777"},
+        cpu_count=8,
+        counts=(4, 0),
+    )
+    assert (plan.nnodes, plan.node_rank, plan.master_addr, plan.master_port, plan.world_size) == (
+        3,
+        1,
+        "algo-1",
+        7777,
+        12,
+    )
     env = worker_environment(plan, "algo-2", Path("/tmp/f"))
     assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "eth0"
 
 
-@pytest.mark.parametrize("environ, message", [
-    ({"BYOC_PROCESSES_PER_HOST": "many"}, "BYOC_PROCESSES_PER_HOST='many' is not a number"),
-    ({"BYOC_PROCESSES_PER_HOST": "16"}, "has only 8 GPUs"),
-    ({"BYOC_HOSTS_TIMEOUT": "0"}, "must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "environ, message",
+    [
+        ({"BYOC_PROCESSES_PER_HOST": "many"}, "BYOC_PROCESSES_PER_HOST='many' is not a number"),
+        ({"BYOC_PROCESSES_PER_HOST": "16"}, "has only 8 GPUs"),
+        ({"BYOC_HOSTS_TIMEOUT": "0"}, "must be at least 1"),
+    ],
+)
 def test_bad_launcher_settings_say_what_to_change(environ, message):
     with pytest.raises(LaunchError, match=message):
         plan_launch(contract(), environ=environ, cpu_count=8, counts=(8, 0))
@@ -81,13 +99,24 @@ def test_waits_for_host_names_then_gives_up_naming_them():
 
 
 def test_the_first_real_failure_is_reported_not_the_peers_that_lost_it():
-    failures = {0: SimpleNamespace(exitcode=1, timestamp=100, local_rank=0),
-                1: SimpleNamespace(exitcode=-signal.SIGKILL, timestamp=101, local_rank=1)}
-    records = {0: {"rank": 0, "host": "algo-1", "exit_code": 1, "time": 99.0,
-                   "message": "unexpected error: RuntimeError: Connection closed by peer"}}
+    failures = {
+        0: SimpleNamespace(exitcode=1, timestamp=100, local_rank=0),
+        1: SimpleNamespace(exitcode=-signal.SIGKILL, timestamp=101, local_rank=1),
+    }
+    records = {
+        0: {
+            "rank": 0,
+            "host": "algo-1",
+            "exit_code": 1,
+            "time": 99.0,
+            "message": "unexpected error: RuntimeError: Connection closed by peer",
+        }
+    }
     message, code = describe_failure(failures, records, "algo-1", None)
-    assert (message, code) == ("rank 1 on algo-1 failed: the process was killed by SIGKILL "
-                               "(out of memory, or killed from outside)", 137)
+    assert (message, code) == (
+        "rank 1 on algo-1 failed: the process was killed by SIGKILL (out of memory, or killed from outside)",
+        137,
+    )
     records[1] = {"rank": 1, "host": "algo-1", "exit_code": 1, "time": 100.5, "message": "DataError: bad"}
     assert describe_failure(failures, records, "algo-1", None) == ("rank 1 on algo-1 failed: DataError: bad", 1)
 

@@ -24,7 +24,9 @@ def test_labels_absent_everywhere_do_not_dilute_macro_f1():
 
 
 def test_metric_definitions_read_the_log_lines():
-    train = metrics_line({"step": 50, "epoch": 0.5, "loss": 0.4321, "learning_rate": 4.5e-05, "samples_per_second": 101.5})
+    train = metrics_line(
+        {"step": 50, "epoch": 0.5, "loss": 0.4321, "learning_rate": 4.5e-05, "samples_per_second": 101.5}
+    )
     evaluation = metrics_line({"step": 100, "epoch": 1.0, "eval_loss": 0.25, "eval_accuracy": 0.9125, "eval_f1": 0.875})
     found = {}
     for definition in METRIC_DEFINITIONS:
@@ -32,8 +34,15 @@ def test_metric_definitions_read_the_log_lines():
             match = re.search(definition["Regex"], line)
             if match:
                 found.setdefault(definition["Name"], float(match.group(1)))
-    assert found == {"train:loss": 0.4321, "train:learning_rate": 4.5e-05, "train:samples_per_second": 101.5,
-                     "train:epoch": 0.5, "eval:loss": 0.25, "eval:accuracy": 0.9125, "eval:f1": 0.875}
+    assert found == {
+        "train:loss": 0.4321,
+        "train:learning_rate": 4.5e-05,
+        "train:samples_per_second": 101.5,
+        "train:epoch": 0.5,
+        "eval:loss": 0.25,
+        "eval:accuracy": 0.9125,
+        "eval:f1": 0.875,
+    }
 
 
 def test_plot_is_a_png(tmp_path):

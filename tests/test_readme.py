@@ -50,8 +50,11 @@ def test_server_defaults_are_documented():
 
     serving = doc("serving.md")
     defaults = {f.name: f.default for f in dataclasses.fields(ServeSettings)}
-    for variable, field in (("BYOC_MAX_BATCH_SIZE", "max_batch"), ("BYOC_GRACEFUL_TIMEOUT", "graceful_timeout"),
-                            ("BYOC_MAX_BATCH_DELAY_MS", "max_delay_ms")):
+    for variable, field in (
+        ("BYOC_MAX_BATCH_SIZE", "max_batch"),
+        ("BYOC_GRACEFUL_TIMEOUT", "graceful_timeout"),
+        ("BYOC_MAX_BATCH_DELAY_MS", "max_delay_ms"),
+    ):
         row = next(line for line in serving.splitlines() if line.startswith(f"| `{variable}` |"))
         assert float(row.split("|")[2]) == defaults[field], row
 

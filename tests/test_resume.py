@@ -12,10 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (CPU_ONLY, REPO, Job, assert_same_losses, losses, make_job, rerun, run_until, start_train,
-                     stopped_step)
+from helpers import (
+    CPU_ONLY,
+    REPO,
+    Job,
+    assert_same_losses,
+    losses,
+    make_job,
+    rerun,
+    run_until,
+    start_train,
+    stopped_step,
+)
 
 pytestmark = pytest.mark.integration  # real jobs in processes: not in make test-fast
+
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_model_dir) -> Job:
@@ -41,7 +52,10 @@ def test_sigterm_mid_epoch_saves_and_the_rerun_resumes_exactly(tmp_path, tiny_mo
 def test_code_train_py_as_the_users_script_stops_and_resumes_exactly(tmp_path, tiny_model_dir, reference):
     """code/train.py, the script users copy, run in script mode (entry_point + source_dir): SIGTERM
     saves a checkpoint and exits 143, and the rerun resumes at that step with the uninterrupted losses."""
-    script_mode = {"sagemaker_program": json.dumps("train.py"), "sagemaker_submit_directory": json.dumps(str(REPO / "code"))}
+    script_mode = {
+        "sagemaker_program": json.dumps("train.py"),
+        "sagemaker_submit_directory": json.dumps(str(REPO / "code")),
+    }
     job = make_job(tmp_path / "opt-ml", tiny_model_dir, script_mode)
     code, log = run_until(job, "[metrics] step=13 ")
     assert code == 143, log[-3000:]
@@ -82,8 +96,13 @@ def test_sigterm_right_at_start_up_ends_cleanly(tmp_path, tiny_model_dir):
 
 
 def test_sigterm_during_an_evaluation_cuts_it_short(tmp_path, tiny_model_dir):
-    extra = {"max_steps": "40", "eval_strategy": "steps", "eval_steps": "20", "save_strategy": "no",
-             "per_device_eval_batch_size": "1"}
+    extra = {
+        "max_steps": "40",
+        "eval_strategy": "steps",
+        "eval_steps": "20",
+        "save_strategy": "no",
+        "per_device_eval_batch_size": "1",
+    }
     job = make_job(tmp_path / "opt-ml", tiny_model_dir, extra, eval_rows=3000)
     started = time.monotonic()
     code, log = run_until(job, "[metrics] step=20 ")  # the evaluation of step 20 starts right after
@@ -135,8 +154,11 @@ def test_sigkill_at_random_moments_loses_at_most_one_checkpoint_interval(tmp_pat
         if proc.returncode == 0:
             break  # finished before the kill
         trials += 1
-        steps = [int(line.split("step=")[1].split()[0]) for line in ("".join(lines) + out).splitlines()
-                 if "[metrics] step=" in line and " loss=" in line]
+        steps = [
+            int(line.split("step=")[1].split()[0])
+            for line in ("".join(lines) + out).splitlines()
+            if "[metrics] step=" in line and " loss=" in line
+        ]
         newest = newest_complete(job.root / "checkpoints")
         saved = int(newest.name.split("-")[1]) if newest else 0
         assert (steps[-1] if steps else 0) - saved <= 10, (steps[-1:], saved)

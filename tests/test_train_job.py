@@ -43,8 +43,17 @@ def test_csv_channels_end_to_end(job, tiny_model_dir):
     assert train_in_process(job) == 0, job.failure
     assert_deployable_model(job.model_dir, ["negative", "positive"])
     metrics = job.metrics
-    for key in ("train_runtime", "train_samples_per_second", "train_loss", "epoch", "eval_loss",
-                "eval_accuracy", "eval_f1", "test_accuracy", "test_f1"):
+    for key in (
+        "train_runtime",
+        "train_samples_per_second",
+        "train_loss",
+        "epoch",
+        "eval_loss",
+        "eval_accuracy",
+        "eval_f1",
+        "test_accuracy",
+        "test_f1",
+    ):
         assert isinstance(metrics[key], float), key
     assert any("loss" in h for h in metrics["history"]) and metrics["labels"] == ["negative", "positive"]
     assert (job.root / "output/data/metrics.png").read_bytes()[:4] == b"\x89PNG"
@@ -70,10 +79,12 @@ def test_texts_longer_than_the_model_positions(job, tiny_model_dir):
 def test_saved_datasetdict_with_classlabel_and_pretrained_model(job, tiny_model_dir):
     """The tutorials' layout: one train channel holding a save_to_disk DatasetDict."""
     rows = sentiment_rows(48)
-    features = datasets.Features({"sentence": datasets.Value("string"),
-                                  "label": datasets.ClassLabel(names=["neg", "pos"])})
+    features = datasets.Features(
+        {"sentence": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])}
+    )
     make = lambda rs: datasets.Dataset.from_dict(
-        {"sentence": [t for t, _ in rs], "label": [1 if lab == "positive" else 0 for _, lab in rs]}, features=features)
+        {"sentence": [t for t, _ in rs], "label": [1 if lab == "positive" else 0 for _, lab in rs]}, features=features
+    )
     datasets.DatasetDict({"train": make(rows), "test": make(rows[:10])}).save_to_disk(str(job.channel("train")))
     job.hyperparameters({**QUICK, "model_name_or_path": str(tiny_model_dir)})  # a path, no model channel
     assert train_in_process(job) == 0, job.failure
@@ -156,13 +167,16 @@ def test_trained_model_serves_through_the_default_handlers(job, tiny_model_dir):
         for row, probs in zip(answer, direct):
             assert row[0]["label"] == id2label[int(probs.argmax())]
             assert row[0]["score"] == pytest.approx(float(probs.max()), abs=1e-5)
-        csv_body, kind = inference.output_fn(inference.predict_fn(inference.input_fn(POS + "\n", "text/csv"), model), "text/csv")
+        csv_body, kind = inference.output_fn(
+            inference.predict_fn(inference.input_fn(POS + "\n", "text/csv"), model), "text/csv"
+        )
         assert kind == "text/csv" and csv_body.split(",")[0] == answer[0][0]["label"]
     finally:
         sys.path.remove(str(job.model_dir / "code"))
 
 
 # --- failures: non-zero exit, a one-line failure file that says how to fix it, no model ---------
+
 
 def assert_failed(job, code: int, *words: str) -> None:
     assert code != 0
@@ -258,6 +272,7 @@ def test_failure_while_saving_leaves_no_model(job, tiny_model_dir, monkeypatch):
 
 # --- the command itself, and the sagemaker-training toolkit's `train` -----------------------
 
+
 def test_byoc_command_in_its_own_process(job, tiny_model_dir):
     job.hyperparameters(QUICK)
     job.model_channel(tiny_model_dir)
@@ -295,8 +310,9 @@ def test_real_uci_files_with_the_bundled_minilm(job):
     for name in ("yelp_labelled.txt", "amazon_cells_labelled.txt"):
         shutil.copy(SHARED_DATA / "uci-sentiment" / name, train / name)
     before = sorted((p.name, p.stat().st_mtime) for p in train.iterdir())
-    job.hyperparameters({"max_steps": "10", "logging_steps": "5", "validation_split": "0.1",
-                         "per_device_train_batch_size": "16"})
+    job.hyperparameters(
+        {"max_steps": "10", "logging_steps": "5", "validation_split": "0.1", "per_device_train_batch_size": "16"}
+    )
     assert train_in_process(job) == 0, job.failure
     assert sorted((p.name, p.stat().st_mtime) for p in train.iterdir()) == before
     assert job.metrics["train_samples"] == 1800 and job.metrics["labels"] == ["0", "1"]
@@ -325,11 +341,13 @@ def test_user_script_reports_failures(job):
 def test_pretokenized_right_padding_is_trimmed():
     from byoc.tokenization import with_length
 
-    ds = datasets.Dataset.from_dict({
-        "input_ids": [[101, 7, 102, 0, 0], [0, 0, 101, 8, 102]],
-        "attention_mask": [[1, 1, 1, 0, 0], [0, 0, 1, 1, 1]],  # right-padded, then left-padded
-        "labels": [0, 1],
-    })
+    ds = datasets.Dataset.from_dict(
+        {
+            "input_ids": [[101, 7, 102, 0, 0], [0, 0, 101, 8, 102]],
+            "attention_mask": [[1, 1, 1, 0, 0], [0, 0, 1, 1, 1]],  # right-padded, then left-padded
+            "labels": [0, 1],
+        }
+    )
     out = with_length(ds)
     assert out["input_ids"] == [[101, 7, 102], [0, 0, 101, 8, 102]]
     assert out["attention_mask"] == [[1, 1, 1], [0, 0, 1, 1, 1]]
@@ -343,13 +361,21 @@ def test_tutorial_layout_torch_formatted_padded_datasets(job, tiny_model_dir):
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     for channel, rows in (("train", sentiment_rows(48)), ("test", sentiment_rows(12))):
-        ds = datasets.Dataset.from_dict({"text": [t for t, _ in rows],
-                                         "label": [int(lab == "positive") for _, lab in rows]})
+        ds = datasets.Dataset.from_dict(
+            {"text": [t for t, _ in rows], "label": [int(lab == "positive") for _, lab in rows]}
+        )
         ds = ds.map(lambda b: tokenizer(b["text"], padding="max_length", truncation=True, max_length=64), batched=True)
         ds = ds.rename_column("label", "labels")
         ds.set_format("torch", columns=["input_ids", "attention_mask", "labels"])
         ds.save_to_disk(str(job.channel(channel)))
-    job.hyperparameters({"epochs": "1", "train_batch_size": "8", "model_id": str(tiny_model_dir),
-                         "learning_rate": "5e-3", "max_steps": "8"})
+    job.hyperparameters(
+        {
+            "epochs": "1",
+            "train_batch_size": "8",
+            "model_id": str(tiny_model_dir),
+            "learning_rate": "5e-3",
+            "max_steps": "8",
+        }
+    )
     assert train_in_process(job) == 0, job.failure
     assert "eval_accuracy" in job.metrics and job.metrics["train_samples"] == 48

@@ -17,7 +17,7 @@ def test_length_buckets_cover_every_row_once_with_little_padding():
     sampler = LengthBucketSampler(lengths, batch_size=16, seed=1)
     order = list(sampler)
     assert sorted(order) == list(range(1000)) and len(sampler) == 1000
-    batches = [order[i:i + 16] for i in range(0, 1000, 16)]
+    batches = [order[i : i + 16] for i in range(0, 1000, 16)]
     padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
     assert padded / sum(lengths) < 1.05  # a global sort pads almost nothing
     assert len(batches[-1]) == 1000 % 16  # the partial batch stays last, so batch boundaries hold
@@ -49,7 +49,9 @@ def test_freezing(tiny_model_dir):
     assert all(n.startswith(("bert.embeddings.", "bert.encoder.layer.0.")) for n in frozen)
     assert any(n.startswith("bert.embeddings.word_embeddings") for n in frozen)
     assert any(n.startswith("bert.encoder.layer.0.") for n in frozen)
-    assert all(p.requires_grad for n, p in model.named_parameters() if n.startswith(("bert.encoder.layer.1.", "classifier")))
+    assert all(
+        p.requires_grad for n, p in model.named_parameters() if n.startswith(("bert.encoder.layer.1.", "classifier"))
+    )
     with pytest.raises(ModelError, match="at most 1"):
         freeze_bottom(model, embeddings=True, layers=2)
 
@@ -123,8 +125,13 @@ def test_publish_replaces_what_a_killed_publish_left(tmp_path):
     (model_dir / "code" / "inference.py").write_text("old")
     (model_dir / "config.json").write_text("old")
 
-    publish_model(SimpleNamespace(model=_SavesFiles("config.json")), _SavesFiles("tokenizer.json"), code, model_dir,
-                  serving_graph=False)
+    publish_model(
+        SimpleNamespace(model=_SavesFiles("config.json")),
+        _SavesFiles("tokenizer.json"),
+        code,
+        model_dir,
+        serving_graph=False,
+    )
 
     assert sorted(p.name for p in model_dir.iterdir()) == ["code", "config.json", "tokenizer.json"]
     assert sorted(p.name for p in (model_dir / "code").iterdir()) == ["inference.py"]

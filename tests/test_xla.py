@@ -12,8 +12,16 @@ import os
 
 import pytest
 
-from helpers import (assert_same_losses, classification_job, losses, make_job, rerun, run_train_process,
-                     run_until, stopped_step)
+from helpers import (
+    assert_same_losses,
+    classification_job,
+    losses,
+    make_job,
+    rerun,
+    run_train_process,
+    run_until,
+    stopped_step,
+)
 
 pytestmark = pytest.mark.integration  # real jobs in processes: not in make test-fast
 
@@ -56,7 +64,9 @@ def test_xla_artifact_serves_on_cpu(tmp_path, tiny_model_dir):
     job = classification_job(tmp_path / "opt-ml", tiny_model_dir, {**XLA, "epochs": "1", "do_predict": "true"})
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:]
-    predictions = [json.loads(line) for line in (job.root / "output/data/test_predictions.jsonl").read_text().splitlines()]
+    predictions = [
+        json.loads(line) for line in (job.root / "output/data/test_predictions.jsonl").read_text().splitlines()
+    ]
     assert sorted(p["index"] for p in predictions) == list(range(40))  # each test row once, no filler rows
     import importlib.util
 
@@ -120,7 +130,10 @@ def test_neuron_precompile_compiles_every_shape_under_the_tool_and_writes_no_mod
     env = {"PATH": f"{tools}:{os.environ['PATH']}", "NEURON_RT_NUM_CORES": "1", "PJRT_DEVICE": "CPU"}
     done = run_train_process(job.root, env=env)
     assert done.returncode == 0, done.stdout[-3000:]
-    assert "fake neuron_parallel_compile: " in done.stdout and "precompiling: one training batch of each shape" in done.stdout
+    assert (
+        "fake neuron_parallel_compile: " in done.stdout
+        and "precompiling: one training batch of each shape" in done.stdout
+    )
     metrics = job.metrics
     assert metrics["xla_graphs_compiled"] > 0
     assert 1 <= max(h["step"] for h in metrics["history"]) <= len(metrics["buckets"])  # one step per training shape

@@ -20,8 +20,9 @@ import json
 import logging
 import math
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from byoc.errors import UserError
 
@@ -47,97 +48,158 @@ class TrainArguments:
         "else the bundled all-MiniLM-L6-v2 when installed.",
         ("model_id", "model_name", "model"),
     )
-    tokenizer_name_or_path: str | None = _hp(None, "Tokenizer, when not stored with the model.", ("tokenizer_name", "tokenizer"))
+    tokenizer_name_or_path: str | None = _hp(
+        None, "Tokenizer, when not stored with the model.", ("tokenizer_name", "tokenizer")
+    )
     trust_remote_code: bool = _hp(False, "Allow model code shipped with the checkpoint to run. Off unless asked.")
     # Schedule
     epochs: float = _hp(3.0, "Training epochs.", ("num_train_epochs", "num_epochs", "n_epochs"))
-    max_steps: int = _hp(-1, "Total optimizer steps; overrides `epochs` when > 0 (as in the tutorials).", ("max_train_steps",))
+    max_steps: int = _hp(
+        -1, "Total optimizer steps; overrides `epochs` when > 0 (as in the tutorials).", ("max_train_steps",)
+    )
     learning_rate: float = _hp(1e-4, "Peak learning rate (AdamW).", ("lr",))
-    per_device_train_batch_size: int = _hp(32, "Training batch size per device (GPU, NeuronCore or CPU process).", ("train_batch_size", "batch_size"))
+    per_device_train_batch_size: int = _hp(
+        32, "Training batch size per device (GPU, NeuronCore or CPU process).", ("train_batch_size", "batch_size")
+    )
     per_device_eval_batch_size: int = _hp(64, "Evaluation batch size per device.", ("eval_batch_size",))
     gradient_accumulation_steps: int = _hp(1, "Batches accumulated per optimizer step.")
     weight_decay: float = _hp(0.01, "AdamW weight decay (not applied to biases and LayerNorm).")
     warmup_ratio: float = _hp(0.1, "Fraction of the steps spent warming the learning rate up.")
     warmup_steps: int = _hp(0, "Warm-up steps; overrides `warmup_ratio` when > 0.")
     lr_scheduler_type: str = _hp(
-        "linear", "Learning-rate schedule after warm-up.", ("lr_scheduler", "scheduler"),
+        "linear",
+        "Learning-rate schedule after warm-up.",
+        ("lr_scheduler", "scheduler"),
         ("linear", "cosine", "constant", "constant_with_warmup", "polynomial", "cosine_with_restarts"),
     )
     max_grad_norm: float = _hp(1.0, "Gradient clipping norm (0 disables).")
     label_smoothing: float = _hp(0.0, "Label smoothing factor.", ("label_smoothing_factor",))
     seed: int = _hp(42, "Random seed (data order, head initialisation, dropout).")
     # Inputs
-    max_length: int = _hp(256, "Longest sequence in tokens; longer texts are truncated.", ("max_seq_length", "max_seq_len", "seq_len"))
-    pad_to_max_length: bool = _hp(False, "Pad every batch to `max_length` (the tutorials' recipe; slow). Default: pad each batch to its longest text.")
+    max_length: int = _hp(
+        256, "Longest sequence in tokens; longer texts are truncated.", ("max_seq_length", "max_seq_len", "seq_len")
+    )
+    pad_to_max_length: bool = _hp(
+        False,
+        "Pad every batch to `max_length` (the tutorials' recipe; slow). Default: pad each batch to its longest text.",
+    )
     group_by_length: bool = _hp(True, "Batch texts of similar length together, which cuts padding.")
     text_column: str | None = _hp(None, "Text column. Default: detected (text, sentence, review, tweet, content, ...).")
-    text_pair_column: str | None = _hp(None, "Second text column for sentence-pair tasks. Default: detected (sentence2, hypothesis, ...).")
+    text_pair_column: str | None = _hp(
+        None, "Second text column for sentence-pair tasks. Default: detected (sentence2, hypothesis, ...)."
+    )
     label_column: str | None = _hp(None, "Label column. Default: detected (label, labels, target, class, ...).")
-    validation_split: float = _hp(0.0, "Without eval data, hold out this fraction of train (stratified) to evaluate on. 0 = none.")
+    validation_split: float = _hp(
+        0.0, "Without eval data, hold out this fraction of train (stratified) to evaluate on. 0 = none."
+    )
     max_train_samples: int | None = _hp(None, "Use only the first N training examples (quick runs).")
     max_eval_samples: int | None = _hp(None, "Use only the first N eval and test examples.")
     # Speed (docs/training.md: measured on CPU, they keep accuracy)
-    freeze_embeddings: bool = _hp(True, "Freeze the embeddings (the word-embedding matrix is most of a small model's parameters): faster steps, same accuracy.")
-    freeze_layers: int = _hp(1, "Also freeze the bottom N transformer layers: no backward pass below them (docs/training.md: faster at equal accuracy). 0 trains every layer.")
-    dropout: float | None = _hp(0.0, "Dropout probability for hidden and attention layers; empty/null keeps the model's own.")
+    freeze_embeddings: bool = _hp(
+        True,
+        "Freeze the embeddings (the word-embedding matrix is most of a small model's parameters): "
+        "faster steps, same accuracy.",
+    )
+    freeze_layers: int = _hp(
+        1,
+        "Also freeze the bottom N transformer layers: no backward pass below them "
+        "(docs/training.md: faster at equal accuracy). 0 trains every layer.",
+    )
+    dropout: float | None = _hp(
+        0.0, "Dropout probability for hidden and attention layers; empty/null keeps the model's own."
+    )
     bf16: bool = _hp(False, "bfloat16 mixed precision (GPUs from Ampere on, Trainium; slower on CPUs without AMX).")
     fp16: bool = _hp(False, "float16 mixed precision (CUDA GPUs only; ignored with a warning elsewhere).")
     torch_compile: bool = _hp(False, "torch.compile the model (pays a one-off compilation of a minute or more).")
     gradient_checkpointing: bool = _hp(False, "Trade compute for memory on long sequences.")
-    attn_implementation: str | None = _hp(None, "Attention kernel: sdpa or eager. Default: the library's.", (), ("sdpa", "eager"))
+    attn_implementation: str | None = _hp(
+        None, "Attention kernel: sdpa or eager. Default: the library's.", (), ("sdpa", "eager")
+    )
     dataloader_num_workers: int = _hp(0, "Data-loader worker processes.")
     # Device: Trainium (XLA) and friends
     device: str = _hp(
-        "auto", "Where to train: auto (NeuronCores -> xla, else CUDA GPUs -> cuda, else cpu), or one of them. "
+        "auto",
+        "Where to train: auto (NeuronCores -> xla, else CUDA GPUs -> cuda, else cpu), or one of them. "
         "xla is torch-xla's path (one process per NeuronCore, fixed-shape batches); it also runs on whatever "
         "PJRT_DEVICE names, e.g. CPU, to try a Trainium job without Trainium.",
-        ("accelerator",), ("auto", "cpu", "cuda", "xla"),
+        ("accelerator",),
+        ("auto", "cpu", "cuda", "xla"),
     )
     buckets: str = _hp(
-        "auto", "XLA path: sequence lengths are padded up to one of these sizes (e.g. 32,64,128), so only that many "
-        "graphs compile; auto picks `max_buckets` sizes from the training data's lengths.", ("bucket_sizes",),
+        "auto",
+        "XLA path: sequence lengths are padded up to one of these sizes (e.g. 32,64,128), so only that many "
+        "graphs compile; auto picks `max_buckets` sizes from the training data's lengths.",
+        ("bucket_sizes",),
     )
-    max_buckets: int = _hp(5, "XLA path: how many sizes buckets=auto picks (more: less padding, more graphs to compile).")
+    max_buckets: int = _hp(
+        5, "XLA path: how many sizes buckets=auto picks (more: less padding, more graphs to compile)."
+    )
     neuron_precompile: bool = _hp(
-        False, "Compile only (neuron_parallel_compile): fill the compile cache with every bucket's training and "
+        False,
+        "Compile only (neuron_parallel_compile): fill the compile cache with every bucket's training and "
         "evaluation graphs from one batch each, then stop without a model. Needs the Neuron image.",
     )
     serving_graph: bool = _hp(
-        True, "Also write model.onnx, the forward pass as an ONNX graph whose weights stay in model.safetensors, so the "
+        True,
+        "Also write model.onnx, the forward pass as an ONNX graph whose weights stay in model.safetensors, so the "
         "endpoint serves on ONNX Runtime without importing torch (faster start and CPU inference). Skipped with a "
         "warning where the model cannot be exported.",
     )
     serving_int8: bool = _hp(
-        False, "Also write model.int8.onnx (about a quarter of the weights' size), so that an endpoint with "
+        False,
+        "Also write model.int8.onnx (about a quarter of the weights' size), so that an endpoint with "
         "BYOC_INFERENCE_PRECISION=int8 starts without quantizing (about 4 s). Needs serving_graph.",
     )
     # Evaluation, logging, checkpoints
     do_eval: bool = _hp(True, "Evaluate when there is eval (or test) data.")
-    do_predict: bool = _hp(False, "Also write per-example predictions on the test data to output/data/test_predictions.jsonl.")
+    do_predict: bool = _hp(
+        False, "Also write per-example predictions on the test data to output/data/test_predictions.jsonl."
+    )
     do_train: bool = _hp(True, "Accepted for run_glue.py compatibility; must be true.")
     eval_strategy: str = _hp(
-        "auto", "When to evaluate during training: auto (every epoch when training several epochs, else at the end), no, steps, epoch.",
-        ("evaluation_strategy",), ("auto", "no", "steps", "epoch"),
+        "auto",
+        "When to evaluate during training: auto (every epoch when training several epochs, else at the end), "
+        "no, steps, epoch.",
+        ("evaluation_strategy",),
+        ("auto", "no", "steps", "epoch"),
     )
     eval_steps: int | None = _hp(None, "Evaluate every N steps (with eval_strategy=steps). Default: logging_steps.")
     logging_steps: int = _hp(50, "Log loss, learning rate and throughput every N steps.")
-    save_strategy: str = _hp("auto", "When to write checkpoints besides on SIGTERM: no, steps, epoch; auto = steps when the job has a checkpoint_s3_uri, else no.", (), ("auto", "no", "steps", "epoch"))
+    save_strategy: str = _hp(
+        "auto",
+        "When to write checkpoints besides on SIGTERM: no, steps, epoch; "
+        "auto = steps when the job has a checkpoint_s3_uri, else no.",
+        (),
+        ("auto", "no", "steps", "epoch"),
+    )
     save_steps: int = _hp(500, "Checkpoint every N steps (with save_strategy=steps).")
     save_total_limit: int = _hp(2, "Checkpoints kept.")
-    output_dir: str | None = _hp(None, "Accepted for tutorial compatibility; the model always goes to SM_MODEL_DIR (/opt/ml/model).")
+    output_dir: str | None = _hp(
+        None, "Accepted for tutorial compatibility; the model always goes to SM_MODEL_DIR (/opt/ml/model)."
+    )
 
     def __post_init__(self) -> None:
         _validate(self)
 
 
 def _validate(args: TrainArguments) -> None:
-    positive = ("learning_rate", "per_device_train_batch_size", "per_device_eval_batch_size",
-                "gradient_accumulation_steps", "max_length", "logging_steps", "save_steps", "save_total_limit")
+    positive = (
+        "learning_rate",
+        "per_device_train_batch_size",
+        "per_device_eval_batch_size",
+        "gradient_accumulation_steps",
+        "max_length",
+        "logging_steps",
+        "save_steps",
+        "save_total_limit",
+    )
     for name in positive:
         if not getattr(args, name) > 0:
             raise HyperparameterError(f"hyperparameter {name} must be greater than 0, got {getattr(args, name)!r}")
     if args.max_steps <= 0 and not args.epochs > 0:
-        raise HyperparameterError(f"hyperparameter epochs must be greater than 0 (or set max_steps), got {args.epochs!r}")
+        raise HyperparameterError(
+            f"hyperparameter epochs must be greater than 0 (or set max_steps), got {args.epochs!r}"
+        )
     for name in ("warmup_ratio", "validation_split", "label_smoothing"):
         value = getattr(args, name)
         if not 0 <= value < 1:
@@ -152,15 +214,19 @@ def _validate(args: TrainArguments) -> None:
         if value is not None and value <= 0:
             raise HyperparameterError(f"hyperparameter {name} must be greater than 0 when set, got {value!r}")
     if not args.do_train:
-        raise HyperparameterError("hyperparameter do_train=false: `byoc train` always trains; remove it or set it to true")
+        raise HyperparameterError(
+            "hyperparameter do_train=false: `byoc train` always trains; remove it or set it to true"
+        )
     if args.max_buckets < 1:
         raise HyperparameterError(f"hyperparameter max_buckets must be at least 1, got {args.max_buckets!r}")
     bucket_sizes(args)  # a bad list fails here, before any work
     if args.bf16 and args.fp16:
         raise HyperparameterError("hyperparameters bf16 and fp16 are both true: choose one")
     if args.serving_int8 and not args.serving_graph:
-        raise HyperparameterError("hyperparameter serving_int8=true needs serving_graph=true (the int8 graph is made "
-                                  "from it): drop serving_graph=false or serving_int8")
+        raise HyperparameterError(
+            "hyperparameter serving_int8=true needs serving_graph=true (the int8 graph is made "
+            "from it): drop serving_graph=false or serving_int8"
+        )
 
 
 def bucket_sizes(args: TrainArguments) -> list[int] | None:
@@ -173,11 +239,14 @@ def bucket_sizes(args: TrainArguments) -> list[int] | None:
     except ValueError:
         sizes = []
     if not sizes or sizes[0] < 1:
-        raise HyperparameterError(f"hyperparameter buckets must be auto or a list of positive sizes such as 32,64,128, "
-                                  f"got {args.buckets!r}")
+        raise HyperparameterError(
+            f"hyperparameter buckets must be auto or a list of positive sizes such as 32,64,128, got {args.buckets!r}"
+        )
     if sizes[-1] > args.max_length:
-        raise HyperparameterError(f"hyperparameter buckets has {sizes[-1]}, above max_length={args.max_length}: "
-                                  "texts are cut at max_length, so no bucket needs to be longer; lower it or raise max_length")
+        raise HyperparameterError(
+            f"hyperparameter buckets has {sizes[-1]}, above max_length={args.max_length}: "
+            "texts are cut at max_length, so no bucket needs to be longer; lower it or raise max_length"
+        )
     return sizes
 
 
@@ -223,7 +292,10 @@ def parse_hyperparameters(raw: Mapping[str, Any]) -> TrainArguments:
 def _unknown_message(key: str, names: Mapping[str, str]) -> str:
     close = difflib.get_close_matches(key.lstrip("-").replace("-", "_"), list(names), n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"unknown hyperparameter {key!r}: {hint}See the hyperparameter table (docs/hyperparameters.md) for the valid names"
+    return (
+        f"unknown hyperparameter {key!r}: {hint}"
+        "See the hyperparameter table (docs/hyperparameters.md) for the valid names"
+    )
 
 
 def loads(value: Any) -> Any:
@@ -243,9 +315,7 @@ def _decode(key: str, value: Any, f: dataclasses.Field) -> Any:
     try:
         decoded = _coerce(value, kind)
     except (ValueError, TypeError):
-        raise HyperparameterError(
-            f"hyperparameter {key} must be {_describe(kind)}, got {value!r}"
-        ) from None
+        raise HyperparameterError(f"hyperparameter {key} must be {_describe(kind)}, got {value!r}") from None
     choices = f.metadata["choices"]
     if choices and decoded not in choices:
         raise HyperparameterError(f"hyperparameter {key} must be one of {', '.join(choices)}, got {decoded!r}")
@@ -298,8 +368,12 @@ def _base_type(hint: Any) -> tuple[type, bool]:
 
 
 def _describe(kind: type) -> str:
-    return {bool: "a boolean (true/false, True/False or 1/0)", int: "an integer", float: "a number",
-            str: "a string"}.get(kind, kind.__name__)
+    return {
+        bool: "a boolean (true/false, True/False or 1/0)",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+    }.get(kind, kind.__name__)
 
 
 def hyperparameter_table() -> str:

@@ -16,8 +16,8 @@ from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.trainer_utils import PredictionOutput
 
 from byoc import onnx_graph
-from byoc.model import ModelError
 from byoc.buckets import IGNORE_LABEL
+from byoc.model import ModelError
 from byoc.samplers import length_order
 
 logger = logging.getLogger("byoc.artifact")
@@ -31,12 +31,19 @@ def default_code_dir() -> Path:
     for candidate in (os.environ.get(CODE_DIR_ENV), Path(__file__).resolve().parents[2] / "code"):
         if candidate and (Path(candidate) / "inference.py").exists():
             return Path(candidate)
-    raise ModelError("cannot find the inference code to put in the model (code/inference.py): "
-                     f"set {CODE_DIR_ENV} to its folder")
+    raise ModelError(
+        f"cannot find the inference code to put in the model (code/inference.py): set {CODE_DIR_ENV} to its folder"
+    )
 
 
-def publish_model(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, code_dir: Path, model_dir: Path,
-                  serving_graph: bool = True, serving_int8: bool = False) -> None:
+def publish_model(
+    trainer: Trainer,
+    tokenizer: PreTrainedTokenizerBase,
+    code_dir: Path,
+    model_dir: Path,
+    serving_graph: bool = True,
+    serving_int8: bool = False,
+) -> None:
     """Save weights (safetensors), config, tokenizer, the serving graph (model.onnx; model.int8.onnx
     with `serving_int8`) and `code/`, so model.tar.gz deploys as it is.
 
@@ -69,8 +76,9 @@ def publish_model(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, code_dir
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def write_predictions(output: PredictionOutput, test_ds: datasets.Dataset, label_names: list[str],
-                      output_data_dir: Path) -> None:
+def write_predictions(
+    output: PredictionOutput, test_ds: datasets.Dataset, label_names: list[str], output_data_dir: Path
+) -> None:
     """output/data/test_predictions.jsonl: each test row's label, prediction and score, in the data's order."""
     logits = output.predictions[0] if isinstance(output.predictions, tuple) else output.predictions
     keep = np.asarray(output.label_ids) != IGNORE_LABEL  # filler rows of a fixed-shape last batch
@@ -81,6 +89,15 @@ def write_predictions(output: PredictionOutput, test_ds: datasets.Dataset, label
     with path.open("w", encoding="utf-8") as f:
         for index, row, label in rows:
             best = int(row.argmax())
-            f.write(json.dumps({"index": index, "label": label_names[int(label)],
-                                "predicted": label_names[best], "score": round(float(row[best]), 6)}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "index": index,
+                        "label": label_names[int(label)],
+                        "predicted": label_names[best],
+                        "score": round(float(row[best]), 6),
+                    }
+                )
+                + "\n"
+            )
     logger.info("test predictions written to %s", path)

@@ -19,9 +19,11 @@ number of rows: the number of distinct shapes is at most the number of buckets.
 from __future__ import annotations
 
 import bisect
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import torch
 
 MULTIPLE = 8  # compilers and matrix units like sizes in multiples of 8
 
@@ -74,8 +76,9 @@ def padding_efficiency(lengths: Sequence[int], buckets: Sequence[int]) -> float:
     return real / sum(bucket_of(n, buckets) for n in lengths)
 
 
-def bucket_batches(lengths: Sequence[int], buckets: Sequence[int], batch_size: int, seed: int, epoch: int,
-                   drop_last: bool = True) -> list[list[int]]:
+def bucket_batches(
+    lengths: Sequence[int], buckets: Sequence[int], batch_size: int, seed: int, epoch: int, drop_last: bool = True
+) -> list[list[int]]:
     """Batches of exactly `batch_size` row indices, each batch within one bucket, in random order.
 
     Rows are shuffled within their bucket; each bucket's leftovers join the next larger bucket.
@@ -91,7 +94,7 @@ def bucket_batches(lengths: Sequence[int], buckets: Sequence[int], batch_size: i
     for size in buckets:
         rows = carry + [int(i) for i in rng.permutation(by_bucket[size])]
         full = len(rows) // batch_size * batch_size
-        batches += [rows[i:i + batch_size] for i in range(0, full, batch_size)]
+        batches += [rows[i : i + batch_size] for i in range(0, full, batch_size)]
         carry = rows[full:]
     order = rng.permutation(len(batches))
     batches = [batches[i] for i in order]
@@ -114,9 +117,7 @@ class FixedShapeCollator:
     def __init__(self, pad_token_id: int, buckets: Sequence[int], batch_rows: int) -> None:
         self.pad_token_id, self.buckets, self.batch_rows = pad_token_id, list(buckets), batch_rows
 
-    def __call__(self, features: list[dict[str, Any]]) -> dict[str, "torch.Tensor"]:
-        import torch
-
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         width = bucket_of(max(len(f["input_ids"]) for f in features), self.buckets)
         rows = max(len(features), self.batch_rows)
         batch: dict[str, torch.Tensor] = {}
@@ -126,12 +127,12 @@ class FixedShapeCollator:
             tensor = torch.full((rows, width), self.pad_token_id if key == "input_ids" else 0, dtype=torch.long)
             for i, feature in enumerate(features):
                 values = feature[key][:width]
-                tensor[i, :len(values)] = torch.as_tensor(values, dtype=torch.long)
+                tensor[i, : len(values)] = torch.as_tensor(values, dtype=torch.long)
             batch[key] = tensor
         if "attention_mask" in batch:
-            batch["attention_mask"][len(features):, 0] = 1  # filler rows attend to their one token
+            batch["attention_mask"][len(features) :, 0] = 1  # filler rows attend to their one token
         if "labels" in features[0]:
             labels = torch.full((rows,), IGNORE_LABEL, dtype=torch.long)
-            labels[:len(features)] = torch.as_tensor([int(f["labels"]) for f in features], dtype=torch.long)
+            labels[: len(features)] = torch.as_tensor([int(f["labels"]) for f in features], dtype=torch.long)
             batch["labels"] = labels
         return batch

@@ -29,8 +29,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from byoc.errors import UserError
 from byoc import distributed
+from byoc.errors import UserError
 from byoc.interruption import Interrupted  # defined where importing it is cheap (see that module)
 
 logger = logging.getLogger("byoc.checkpoints")
@@ -188,11 +188,15 @@ def check_job(checkpoint_dir: Path, job: dict[str, Any]) -> None:
     path = checkpoint_dir / JOB_FILE
     if path.exists() and newest_complete(checkpoint_dir) is not None:
         previous = json.loads(path.read_text())
-        changed = [f"{key} {previous.get(key)!r} -> {job.get(key)!r}"
-                   for key in sorted(set(previous) | set(job)) if previous.get(key) != job.get(key)]
+        changed = [
+            f"{key} {previous.get(key)!r} -> {job.get(key)!r}"
+            for key in sorted(set(previous) | set(job))
+            if previous.get(key) != job.get(key)
+        ]
         if changed:
             raise CheckpointMismatch(
-                f"the checkpoints in {checkpoint_dir} come from a different job configuration ({'; '.join(changed[:5])}): "
+                f"the checkpoints in {checkpoint_dir} come from a different job configuration "
+                f"({'; '.join(changed[:5])}): "
                 "delete them or use a new checkpoint location to start over, or restore the configuration to resume"
             )
     path.write_text(json.dumps(job, indent=2, sort_keys=True))

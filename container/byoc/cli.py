@@ -15,7 +15,8 @@ import logging
 import os
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from byoc import __version__
 from byoc.errors import EXIT_FAILURE, EXIT_INTERRUPTED, UserError
@@ -32,8 +33,10 @@ def failure_message(err: BaseException) -> str:
     if _is_user_error(err):
         text = str(err)
     elif _is_out_of_memory(err):
-        text = ("out of memory while training: lower per_device_train_batch_size or max_length "
-                "(or raise gradient_accumulation_steps to keep the effective batch), or use an instance with more memory")
+        text = (
+            "out of memory while training: lower per_device_train_batch_size or max_length "
+            "(or raise gradient_accumulation_steps to keep the effective batch), or use an instance with more memory"
+        )
     else:
         text = f"unexpected error: {type(err).__name__}: {err} (the full traceback is in the job's log)"
     text = " ".join(text.split())
@@ -52,7 +55,7 @@ def _is_out_of_memory(err: BaseException) -> bool:
 
 def train() -> int:
     """Run the training job on this host (launching its ranks if there are several); return the exit code."""
-    from byoc.contract import base_dir, Paths, read_training_contract  # light imports
+    from byoc.contract import Paths, base_dir, read_training_contract  # light imports
 
     paths = Paths(base_dir())
     _stop_on_sigterm()  # before anything slow: from here on SIGTERM ends the job with its failure message
@@ -62,8 +65,13 @@ def train() -> int:
 
         contract = read_training_contract()
         paths = contract.paths
-        logger.info("byoc %s: training job %s on %s (%d host(s))", __version__, contract.job_name,
-                    contract.current_host, len(contract.hosts))
+        logger.info(
+            "byoc %s: training job %s on %s (%d host(s))",
+            __version__,
+            contract.job_name,
+            contract.current_host,
+            len(contract.hosts),
+        )
         if is_script_mode(contract.hyperparameters):
             command = prepare_script(contract)
             code, message = launch(plan_launch(contract), contract, command, tee_stderr=True)
@@ -109,7 +117,10 @@ def _run_precompile(command: list[str]) -> tuple[int, str | None]:
 
     logger.info("precompiling with %s", " ".join(command))
     done = subprocess.run(command, env={**os.environ, xla.PRECOMPILING_ENV: "1"})
-    return done.returncode, None if done.returncode == 0 else f"neuron_parallel_compile exited with code {done.returncode}"
+    return (
+        done.returncode,
+        None if done.returncode == 0 else f"neuron_parallel_compile exited with code {done.returncode}",
+    )
 
 
 def _stop_on_sigterm() -> None:
@@ -213,14 +224,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--version", action="version", version=f"byoc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("train", help="run the training job described by /opt/ml (or $SAGEMAKER_BASE_DIR)")
-    sub.add_parser("serve", help="serve /opt/ml/model (or $SAGEMAKER_BASE_DIR/model) over HTTP on $SAGEMAKER_BIND_TO_PORT")
+    sub.add_parser(
+        "serve", help="serve /opt/ml/model (or $SAGEMAKER_BASE_DIR/model) over HTTP on $SAGEMAKER_BIND_TO_PORT"
+    )
     sub.add_parser("worker", help="(internal) one rank of a launched training job")
     sub.add_parser("healthcheck", help="exit 0 if this container is healthy (the image's HEALTHCHECK)")
-    export = sub.add_parser("export-onnx", help="write MODEL_DIR/model.onnx, the serving graph, for a saved classifier "
-                            "(models trained before byoc wrote it, or weights saved again)")
+    export = sub.add_parser(
+        "export-onnx",
+        help="write MODEL_DIR/model.onnx, the serving graph, for a saved classifier "
+        "(models trained before byoc wrote it, or weights saved again)",
+    )
     export.add_argument("model_dir", help="a folder with config.json and model.safetensors")
-    export.add_argument("--int8", action="store_true", help="also write model.int8.onnx, so that serving with "
-                        "BYOC_INFERENCE_PRECISION=int8 starts without quantizing")
+    export.add_argument(
+        "--int8",
+        action="store_true",
+        help="also write model.int8.onnx, so that serving with BYOC_INFERENCE_PRECISION=int8 starts without quantizing",
+    )
     options = parser.parse_args(argv)
     if options.command == "healthcheck":
         from byoc.serve import healthcheck

@@ -22,7 +22,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 logger = logging.getLogger("byoc.compat")
 
@@ -71,8 +72,10 @@ def shutdown_grace(seconds: int) -> Iterator[None]:
 
     original = PContext.close
     if "timeout" not in _parameters(original):  # no way to lengthen it: the agent's own wait applies
-        logger.warning("this torch's elastic agent has no shutdown timeout to set: ranks get its default "
-                       "time to save a checkpoint after SIGTERM")
+        logger.warning(
+            "this torch's elastic agent has no shutdown timeout to set: ranks get its default "
+            "time to save a checkpoint after SIGTERM"
+        )
         yield
         return
 
@@ -96,8 +99,9 @@ def _training_fields() -> set[str]:
     return set(TrainingArguments.__dataclass_fields__)
 
 
-def sampling_arguments(grouped: bool, warmup_steps: int, warmup_ratio: float,
-                       gradient_checkpointing: bool) -> dict[str, Any]:
+def sampling_arguments(
+    grouped: bool, warmup_steps: int, warmup_ratio: float, gradient_checkpointing: bool
+) -> dict[str, Any]:
     """The `TrainingArguments` for length grouping, warm-up and activation checkpointing, in the
     names this transformers takes."""
     fields = _training_fields()
@@ -122,8 +126,10 @@ def sampling_arguments(grouped: bool, warmup_steps: int, warmup_ratio: float,
 
 def is_length_grouped(training_args: Any) -> bool:
     """Whether `TrainingArguments` ask for length-grouped training batches (either spelling)."""
-    return (getattr(training_args, "train_sampling_strategy", None) == "group_by_length"
-            or getattr(training_args, "group_by_length", False) is True)
+    return (
+        getattr(training_args, "train_sampling_strategy", None) == "group_by_length"
+        or getattr(training_args, "group_by_length", False) is True
+    )
 
 
 # name -> the leading parameters (after self) byoc's overrides take and its calls pass
@@ -144,13 +150,14 @@ def check_trainer_hooks(trainer_class: type | None = None) -> None:
     for name, wanted in TRAINER_HOOKS.items():
         method = getattr(trainer_class, name, None)
         have = tuple(p for p in _parameters(method) if p != "self") if method else None
-        if have is None or have[:len(wanted)] != wanted:
+        if have is None or have[: len(wanted)] != wanted:
             import transformers
 
             raise RuntimeError(
                 f"transformers {transformers.__version__}: Trainer.{name}"
                 f"{'(' + ', '.join(have) + ')' if have is not None else ' is missing'}; byoc overrides "
-                f"{name}({', '.join(wanted)}). Use transformers 4.55 to 5.x, or update byoc.compat")
+                f"{name}({', '.join(wanted)}). Use transformers 4.55 to 5.x, or update byoc.compat"
+            )
 
 
 # ---------------------------------------------------------------------------------------------

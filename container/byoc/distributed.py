@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -71,8 +72,14 @@ def setup() -> None:
     # Long enough for rank 0 to tokenize a large dataset while the others wait at a barrier.
     timeout = timedelta(seconds=float(os.environ.get("BYOC_COLLECTIVE_TIMEOUT", 1800)))
     dist.init_process_group(backend=backend, timeout=timeout)
-    logger.info("rank %d of %d (local rank %d on host %d) joined the %s process group",
-                rank(), world_size(), local_rank(), node_rank(), backend)
+    logger.info(
+        "rank %d of %d (local rank %d on host %d) joined the %s process group",
+        rank(),
+        world_size(),
+        local_rank(),
+        node_rank(),
+        backend,
+    )
 
 
 def _device() -> torch.device:

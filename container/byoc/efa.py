@@ -80,6 +80,10 @@ def efa_environment(environ: dict[str, str], devices: EfaDevices | None) -> dict
     out = {name: environ.get(name, value) for name, value in wanted.items()}
     rdma = {True: "with RDMA read", False: "without RDMA read", None: "RDMA left to libfabric"}[devices.rdma_read]
     mine = [f"{k}={v}" for k, v in out.items() if k in environ]
-    logger.info("EFA device(s) %s: the collectives between hosts use EFA (%s)%s", ", ".join(devices.names), rdma,
-                f"; kept from the environment: {', '.join(mine)}" if mine else "")
+    logger.info(
+        "EFA device(s) %s: the collectives between hosts use EFA (%s)%s",
+        ", ".join(devices.names),
+        rdma,
+        f"; kept from the environment: {', '.join(mine)}" if mine else "",
+    )
     return out

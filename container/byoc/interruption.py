@@ -14,13 +14,18 @@ class Interrupted(BaseException):
     it must not be caught and reworded by the `except Exception` of the step it interrupts.
     """
 
-    def __init__(self, step: int | None, max_steps: int = 0, checkpoint_dir: Path | None = None,
-                 phase: str = "training") -> None:
+    def __init__(
+        self, step: int | None, max_steps: int = 0, checkpoint_dir: Path | None = None, phase: str = "training"
+    ) -> None:
         if step is None:
-            text = (f"stopped by SIGTERM while {phase}, before the first training step: nothing was lost; "
-                    "run the job again to start it")
+            text = (
+                f"stopped by SIGTERM while {phase}, before the first training step: nothing was lost; "
+                "run the job again to start it"
+            )
         else:
-            text = (f"stopped by SIGTERM at step {step} of {max_steps} ({phase}); checkpoint saved in {checkpoint_dir}: "
-                    "run the job again with the same checkpoint location (checkpoint_s3_uri) and it resumes from there")
+            text = (
+                f"stopped by SIGTERM at step {step} of {max_steps} ({phase}); checkpoint saved in {checkpoint_dir}: "
+                "run the job again with the same checkpoint location (checkpoint_s3_uri) and it resumes from there"
+            )
         super().__init__(text)
         self.step = step

@@ -112,9 +112,15 @@ def prepare(contract: TrainingContract, args: TrainArguments) -> Job:
     with distributed.host_leader_first():  # one rank per host fills the caches, the others reuse them
         source = resolve_model(args, contract, cache_dir)
         logger.info("model: %s (%s)", source.path, source.origin)
-        spec = DataSpec(text_column=args.text_column, text_pair_column=args.text_pair_column,
-                        label_column=args.label_column, validation_split=args.validation_split, seed=args.seed,
-                        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples)
+        spec = DataSpec(
+            text_column=args.text_column,
+            text_pair_column=args.text_pair_column,
+            label_column=args.label_column,
+            validation_split=args.validation_split,
+            seed=args.seed,
+            max_train_samples=args.max_train_samples,
+            max_eval_samples=args.max_eval_samples,
+        )
         data = load_task_data(contract.channel_dirs, spec, cache_dir)
         tokenizer = load_tokenizer(source, args)
         tokenized = tokenize_splits(data, tokenizer, args, cache_dir)
@@ -125,10 +131,15 @@ def prepare(contract: TrainingContract, args: TrainArguments) -> Job:
         buckets = choose_job_buckets(tokenized, args, tokenizer)
     if args.neuron_precompile:
         if buckets is None:
-            raise ModelError("neuron_precompile=true compiles the XLA path's graphs: run on NeuronCores or set device=xla")
-        shapes = FixedShapeSampler(tokenized["train"]["length"], buckets, args.per_device_train_batch_size, args.seed,
-                                   distributed.world_size()).shapes()
-        logger.info("precompiling: one training batch of each shape %s, then one evaluation; no model is written", shapes)
+            raise ModelError(
+                "neuron_precompile=true compiles the XLA path's graphs: run on NeuronCores or set device=xla"
+            )
+        shapes = FixedShapeSampler(
+            tokenized["train"]["length"], buckets, args.per_device_train_batch_size, args.seed, distributed.world_size()
+        ).shapes()
+        logger.info(
+            "precompiling: one training batch of each shape %s, then one evaluation; no model is written", shapes
+        )
         args = dataclasses.replace(args, max_steps=len(shapes), eval_strategy="no", save_strategy="no")
     return Job(contract, args, use_xla, code_dir, source, data, tokenizer, tokenized, shard_consumers, buckets)
 
@@ -140,8 +151,9 @@ def load_model(job: Job) -> PreTrainedModel:
 
 def make_trainer(job: Job, model: PreTrainedModel) -> ClassifierTrainer:
     """The Trainer for this job's device and precision, with its shards and precompile mode."""
-    trainer = build_trainer(model, job.tokenizer, job.tokenized, job.args, job.contract, len(job.label_names),
-                            job.buckets)
+    trainer = build_trainer(
+        model, job.tokenizer, job.tokenized, job.args, job.contract, len(job.label_names), job.buckets
+    )
     trainer.precompile = job.args.neuron_precompile
     trainer.shard_consumers = job.shard_consumers
     return trainer
@@ -169,8 +181,12 @@ def train_and_evaluate(job: Job, trainer: ClassifierTrainer, stop: StopOnSignal)
     else:
         train_metrics = trainer.train(resume_from_checkpoint=str(resume) if resume else None).metrics
     if stop.stopped_at is not None:
-        raise Interrupted(stop.stopped_at, trainer.state.max_steps, checkpoint_dir,
-                          "during an evaluation" if stop.evaluation_stopped else "training")
+        raise Interrupted(
+            stop.stopped_at,
+            trainer.state.max_steps,
+            checkpoint_dir,
+            "during an evaluation" if stop.evaluation_stopped else "training",
+        )
     metrics: dict[str, Any] = dict(train_metrics)
     stop.arm("the final evaluation")
     if stop.stop_now():  # SIGTERM came as training ended
@@ -199,12 +215,20 @@ def finish(job: Job, trainer: ClassifierTrainer, metrics: dict[str, Any]) -> dic
     report = write_report(paths.output_data_dir, summary, trainer.state.log_history)
     logger.info(metrics_line({k: v for k, v in summary.items() if isinstance(v, (int, float))}))
     if args.neuron_precompile:  # the weights saw a handful of steps: a cache, not a model
-        logger.info("precompiled %d graph(s) into the compile cache; train without neuron_precompile to get a model",
-                    summary.get("xla_graphs_compiled", 0))
+        logger.info(
+            "precompiled %d graph(s) into the compile cache; train without neuron_precompile to get a model",
+            summary.get("xla_graphs_compiled", 0),
+        )
         return summary
     # The artifact comes last and whole: assembled in a staging folder, then moved into model/.
-    publish_model(trainer, job.tokenizer, job.code_dir, paths.model_dir, serving_graph=args.serving_graph,
-                  serving_int8=args.serving_int8)
+    publish_model(
+        trainer,
+        job.tokenizer,
+        job.code_dir,
+        paths.model_dir,
+        serving_graph=args.serving_graph,
+        serving_int8=args.serving_int8,
+    )
     logger.info("model saved to %s; metrics in %s", paths.model_dir, report)
     return summary
 
@@ -214,9 +238,11 @@ def _job_summary(job: Job, trainer: ClassifierTrainer) -> dict[str, Any]:
     buckets = job.buckets
     xla_figures: dict[str, Any] = {}
     if buckets:
-        xla_figures = {"buckets": buckets,
-                       "padding_efficiency": round(padding_efficiency(job.tokenized["train"]["length"], buckets), 4),
-                       **(trainer.compile_report.summary() if trainer.compile_report else {})}
+        xla_figures = {
+            "buckets": buckets,
+            "padding_efficiency": round(padding_efficiency(job.tokenized["train"]["length"], buckets), 4),
+            **(trainer.compile_report.summary() if trainer.compile_report else {}),
+        }
     return {
         "num_labels": len(job.label_names),
         "labels": job.label_names,
@@ -227,19 +253,30 @@ def _job_summary(job: Job, trainer: ClassifierTrainer) -> dict[str, Any]:
         "model": job.source.origin,
         **xla_figures,
         "hyperparameters": asdict(job.args),
-        "versions": {"byoc": __version__, "transformers": transformers.__version__,
-                     "torch": torch.__version__, "python": platform.python_version()},
+        "versions": {
+            "byoc": __version__,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
     }
 
 
-def choose_job_buckets(tokenized: dict[str, Any], args: TrainArguments, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+def choose_job_buckets(
+    tokenized: dict[str, Any], args: TrainArguments, tokenizer: PreTrainedTokenizerBase
+) -> list[int]:
     """The XLA path's sequence-length buckets: as given, or chosen from the training data's lengths."""
     lengths = tokenized["train"]["length"]
     max_length = min(args.max_length, model_max_length(tokenizer))
     buckets = bucket_sizes(args) or choose_buckets(lengths, args.max_buckets, max_length)
-    logger.info("XLA: sequence buckets %s (padding efficiency %.3f: real tokens / padded tokens; one length of %d "
-                "would give %.3f)", buckets, padding_efficiency(lengths, buckets), max_length,
-                padding_efficiency(lengths, [max_length]))
+    logger.info(
+        "XLA: sequence buckets %s (padding efficiency %.3f: real tokens / padded tokens; one length of %d "
+        "would give %.3f)",
+        buckets,
+        padding_efficiency(lengths, buckets),
+        max_length,
+        padding_efficiency(lengths, [max_length]),
+    )
     return buckets
 
 
@@ -261,8 +298,10 @@ def _agree_on_shards(contract: TrainingContract, data: TaskData, tokenized: dict
     for name in ("eval", "test", "validation", "testing"):
         other = contract.channels.get(name)
         if other is not None and other.distribution == "ShardedByS3Key":
-            raise DataError(f"channel {name!r} is ShardedByS3Key, but evaluation needs the whole set on every host: "
-                            f"use FullyReplicated for the {name!r} channel (only 'train' may be sharded)")
+            raise DataError(
+                f"channel {name!r} is ShardedByS3Key, but evaluation needs the whole set on every host: "
+                f"use FullyReplicated for the {name!r} channel (only 'train' may be sharded)"
+            )
     per_rank = distributed.all_gather((data.label_names, len(tokenized["train"])))
     labels = sorted({name for names, _ in per_rank for name in names}, key=_label_sort_key)
     if labels != data.label_names:
@@ -273,8 +312,12 @@ def _agree_on_shards(contract: TrainingContract, data: TaskData, tokenized: dict
     rows = min(n for _, n in per_rank)
     if rows < len(tokenized["train"]):
         tokenized["train"] = tokenized["train"].select(range(rows))
-    logger.info("train channel is ShardedByS3Key: host %s trains on its own shard (%d rows used; shards hold %s)",
-                contract.current_host, rows, sorted({n for _, n in per_rank}))
+    logger.info(
+        "train channel is ShardedByS3Key: host %s trains on its own shard (%d rows used; shards hold %s)",
+        contract.current_host,
+        rows,
+        sorted({n for _, n in per_rank}),
+    )
     return distributed.host_ranks()
 
 
@@ -283,8 +326,20 @@ def _label_sort_key(name: str) -> tuple:
 
 
 # Settings that change what is trained; the others (logging, evaluation, saving) may change on resume.
-_NOT_TRAJECTORY = {"logging_steps", "eval_strategy", "eval_steps", "save_strategy", "save_steps", "save_total_limit",
-                   "do_eval", "do_predict", "do_train", "output_dir", "dataloader_num_workers", "max_eval_samples"}
+_NOT_TRAJECTORY = {
+    "logging_steps",
+    "eval_strategy",
+    "eval_steps",
+    "save_strategy",
+    "save_steps",
+    "save_total_limit",
+    "do_eval",
+    "do_predict",
+    "do_train",
+    "output_dir",
+    "dataloader_num_workers",
+    "max_eval_samples",
+}
 
 
 def _job_fingerprint(args: TrainArguments, data: TaskData, source: ModelSource, world_size: int) -> dict[str, Any]:
@@ -301,8 +356,11 @@ def _final_evaluation(trainer: Trainer, tokenized: dict[str, Any], args: TrainAr
     eval_ds = tokenized.get("eval", tokenized.get("test"))
     if eval_ds is not None:
         last = [h for h in trainer.state.log_history if "eval_loss" in h and h.get("step") == trainer.state.global_step]
-        metrics.update({k: v for k, v in last[-1].items() if k.startswith("eval_")} if last
-                       else trainer.evaluate(eval_ds, metric_key_prefix="eval"))
+        metrics.update(
+            {k: v for k, v in last[-1].items() if k.startswith("eval_")}
+            if last
+            else trainer.evaluate(eval_ds, metric_key_prefix="eval")
+        )
     if "eval" in tokenized and "test" in tokenized:
         metrics.update(trainer.evaluate(tokenized["test"], metric_key_prefix="test"))
     return metrics

@@ -22,13 +22,13 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from byoc import compat, efa
-from byoc.devices import device_counts
 from byoc.contract import ContractError, TrainingContract
+from byoc.devices import device_counts
 from byoc.errors import EXIT_INTERRUPTED
 
 logger = logging.getLogger("byoc.launch")
@@ -74,8 +74,13 @@ def _env_number(environ: dict, name: str, default: float, minimum: float = 0) ->
     return value
 
 
-def plan_launch(contract: TrainingContract, environ: dict | None = None, cpu_count: int | None = None,
-                counts: tuple[int, int] | None = None, device: str = "auto") -> LaunchPlan:
+def plan_launch(
+    contract: TrainingContract,
+    environ: dict | None = None,
+    cpu_count: int | None = None,
+    counts: tuple[int, int] | None = None,
+    device: str = "auto",
+) -> LaunchPlan:
     """How to start this host's processes; `device` is the hyperparameter (auto, cpu, cuda, xla).
     `environ`, `cpu_count`, `counts` are for tests."""
     environ = dict(os.environ if environ is None else environ)
@@ -93,14 +98,18 @@ def plan_launch(contract: TrainingContract, environ: dict | None = None, cpu_cou
     else:
         device, backend, available = "cpu", "gloo", 1  # one process uses every core best
     if requested and device in ("cuda", "neuron") and requested > available:
-        raise LaunchError(f"BYOC_PROCESSES_PER_HOST={requested} but this host has only {available} "
-                          f"{'GPUs' if device == 'cuda' else 'NeuronCores'}: use at most {available}, or unset it")
+        raise LaunchError(
+            f"BYOC_PROCESSES_PER_HOST={requested} but this host has only {available} "
+            f"{'GPUs' if device == 'cuda' else 'NeuronCores'}: use at most {available}, or unset it"
+        )
     nproc = requested or available
     if device == "xla" and nproc > 1:
-        raise LaunchError(f"BYOC_PROCESSES_PER_HOST={requested} with device=xla and no NeuronCores: torch-xla's "
-                          f"{environ.get('PJRT_DEVICE') or 'CPU'} backend has no collectives between processes "
-                          "(pytorch/xla#9089), so its ranks could not share gradients. Run one process, or run on "
-                          "NeuronCores (one process per core)")
+        raise LaunchError(
+            f"BYOC_PROCESSES_PER_HOST={requested} with device=xla and no NeuronCores: torch-xla's "
+            f"{environ.get('PJRT_DEVICE') or 'CPU'} backend has no collectives between processes "
+            "(pytorch/xla#9089), so its ranks could not share gradients. Run one process, or run on "
+            "NeuronCores (one process per core)"
+        )
     master_port = int(_env_number(environ, "BYOC_MASTER_PORT", 0, minimum=0))
     if not master_port:
         master_port = _free_port() if len(contract.hosts) == 1 else DEFAULT_PORT
@@ -113,7 +122,9 @@ def plan_launch(contract: TrainingContract, environ: dict | None = None, cpu_cou
         master_port=master_port,
         device=device,
         backend=backend,
-        threads_per_process=max(1, cpu_count // nproc) if device in ("cpu", "xla") else max(1, min(8, cpu_count // nproc)),
+        threads_per_process=max(1, cpu_count // nproc)
+        if device in ("cpu", "xla")
+        else max(1, min(8, cpu_count // nproc)),
         network_interface=interface,
         hosts_timeout=_env_number(environ, "BYOC_HOSTS_TIMEOUT", 300, minimum=1),
         shutdown_timeout=int(_env_number(environ, "BYOC_SHUTDOWN_TIMEOUT", 100, minimum=1)),
@@ -126,8 +137,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def worker_environment(plan: LaunchPlan, host: str, failure_dir: Path,
-                       efa_devices: efa.EfaDevices | None = None) -> dict[str, str]:
+def worker_environment(
+    plan: LaunchPlan, host: str, failure_dir: Path, efa_devices: efa.EfaDevices | None = None
+) -> dict[str, str]:
     """What every rank gets on top of the launcher's environment (the agent adds RANK & co.);
     `efa_devices`: what `efa.find_efa` found on a host of a multi-host GPU or Neuron job."""
     env = {
@@ -146,8 +158,9 @@ def worker_environment(plan: LaunchPlan, host: str, failure_dir: Path,
     return env
 
 
-def wait_for_hosts(hosts: list[str], timeout: float, resolve: Callable[[str], str] = socket.gethostbyname,
-                   interval: float = 1.0) -> None:
+def wait_for_hosts(
+    hosts: list[str], timeout: float, resolve: Callable[[str], str] = socket.gethostbyname, interval: float = 1.0
+) -> None:
     """Wait until every host name resolves (SageMaker's DNS can lag behind the container start)."""
     deadline = time.monotonic() + timeout
     pending = list(hosts)
@@ -183,8 +196,13 @@ def write_rank_failure(message: str, exit_code: int) -> None:
     folder = os.environ.get(FAILURE_DIR_ENV)
     if not folder:
         return
-    record = {"rank": int(os.environ.get("RANK", 0)), "host": os.environ.get(HOST_ENV, "?"),
-              "message": message, "exit_code": exit_code, "time": time.time()}
+    record = {
+        "rank": int(os.environ.get("RANK", 0)),
+        "host": os.environ.get(HOST_ENV, "?"),
+        "message": message,
+        "exit_code": exit_code,
+        "time": time.time(),
+    }
     path = Path(folder) / f"rank-{record['rank']}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record))
@@ -232,8 +250,9 @@ def _last_error_line(log_dir: Path, local_rank: int) -> str | None:
 _PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "socket closed")
 
 
-def describe_failure(failures: dict[int, object], records: dict[int, dict], host: str,
-                     log_dir: Path | None) -> tuple[str, int]:
+def describe_failure(
+    failures: dict[int, object], records: dict[int, dict], host: str, log_dir: Path | None
+) -> tuple[str, int]:
     """(failure message, exit code) for the rank that failed first."""
     candidates = []
     for rank, failure in failures.items():
@@ -270,7 +289,9 @@ def _is_peer_loss(record: dict | None) -> bool:
 # The launch
 
 
-def launch(plan: LaunchPlan, contract: TrainingContract, command: list[str], tee_stderr: bool = False) -> tuple[int, str | None]:
+def launch(
+    plan: LaunchPlan, contract: TrainingContract, command: list[str], tee_stderr: bool = False
+) -> tuple[int, str | None]:
     """Run `command` (a program and its arguments) as every rank of this host; wait for the job.
 
     Returns (exit code, failure message or None). SIGTERM to this process reaches every rank.
@@ -302,9 +323,17 @@ def launch(plan: LaunchPlan, contract: TrainingContract, command: list[str], tee
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), tee=Std.ERR if tee_stderr else Std.NONE),
         shutdown_timeout=plan.shutdown_timeout,
     )
-    logger.info("launching %d process(es) on host %d of %d (%s, backend %s, %d thread(s) each), master %s:%d",
-                plan.nproc_per_node, plan.node_rank + 1, plan.nnodes, plan.device, plan.backend,
-                plan.threads_per_process, plan.master_addr, plan.master_port)
+    logger.info(
+        "launching %d process(es) on host %d of %d (%s, backend %s, %d thread(s) each), master %s:%d",
+        plan.nproc_per_node,
+        plan.node_rank + 1,
+        plan.nnodes,
+        plan.device,
+        plan.backend,
+        plan.threads_per_process,
+        plan.master_addr,
+        plan.master_port,
+    )
     program, *args = command
     try:
         with compat.shutdown_grace(plan.shutdown_timeout):

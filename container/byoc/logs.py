@@ -17,8 +17,13 @@ def configure_logging() -> None:
         level = "WARNING"
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # one copy of transformers' reports, from rank 0
     who = f" rank{rank}" if rank is not None else ""
-    logging.basicConfig(level=level, format=f"%(asctime)s{who} %(levelname)s %(name)s: %(message)s",
-                        datefmt="%Y-%m-%d %H:%M:%S", stream=sys.stdout, force=True)
+    logging.basicConfig(
+        level=level,
+        format=f"%(asctime)s{who} %(levelname)s %(name)s: %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        stream=sys.stdout,
+        force=True,
+    )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     # Progress bars are carriage-return noise in CloudWatch; byoc logs progress as lines instead.

@@ -92,10 +92,13 @@ class ProgressCallback(TrainerCallback):
             rate = steps * self.samples_per_step / max(now - self._last_time, 1e-9)
             self._last_time, self._last_step = now, state.global_step
             left = (state.max_steps - state.global_step) * self.samples_per_step / max(rate, 1e-9)
-            line.update(loss=float(logs["loss"]), learning_rate=float(logs.get("learning_rate", 0.0)),
-                        samples_per_second=round(rate, 2),
-                        progress=f"{100 * state.global_step / max(state.max_steps, 1):.0f}%",
-                        eta=_duration(left))
+            line.update(
+                loss=float(logs["loss"]),
+                learning_rate=float(logs.get("learning_rate", 0.0)),
+                samples_per_second=round(rate, 2),
+                progress=f"{100 * state.global_step / max(state.max_steps, 1):.0f}%",
+                eta=_duration(left),
+            )
         else:
             line.update({k: v for k, v in logs.items() if isinstance(v, (int, float)) and k != "epoch"})
         logger.info(metrics_line(line))

@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from byoc.arguments import TrainArguments
 from byoc.contract import TrainingContract
@@ -76,7 +82,9 @@ def _model_folder(path: Path, cache_dir: Path) -> Path:
     archives = sorted(path.glob("*.tar.gz")) + sorted(path.glob("*.tgz"))
     if len(archives) == 1:
         return _unpack(archives[0], cache_dir)
-    candidates = sorted(p.parent for p in path.glob("*/config.json")) + sorted(p.parent for p in path.glob("*/*/config.json"))
+    candidates = sorted(p.parent for p in path.glob("*/config.json")) + sorted(
+        p.parent for p in path.glob("*/*/config.json")
+    )
     if len(candidates) == 1:
         return candidates[0]
     found = ", ".join(sorted(p.name for p in path.iterdir())[:10]) if path.is_dir() else "nothing"
@@ -88,7 +96,9 @@ def _model_folder(path: Path, cache_dir: Path) -> Path:
 
 def _unpack(archive: Path, cache_dir: Path) -> Path:
     """Unpack a model.tar.gz (e.g. an earlier job's output) into the writable cache, never beside it."""
-    target = cache_dir / "models" / hashlib.sha256(f"{archive.resolve()}:{archive.stat().st_size}".encode()).hexdigest()[:16]
+    target = (
+        cache_dir / "models" / hashlib.sha256(f"{archive.resolve()}:{archive.stat().st_size}".encode()).hexdigest()[:16]
+    )
     if not (target / "config.json").exists():
         target.mkdir(parents=True, exist_ok=True)
         logger.info("unpacking %s into %s", archive, target)
@@ -109,8 +119,11 @@ def load_tokenizer(source: ModelSource, args: TrainArguments) -> PreTrainedToken
     # A tokenizer may claim more tokens than the model has positions for (then the forward pass
     # fails on long texts); cap it, and the saved artifact carries the cap to inference.
     try:
-        positions = getattr(AutoConfig.from_pretrained(source.path, trust_remote_code=args.trust_remote_code),
-                            "max_position_embeddings", None)
+        positions = getattr(
+            AutoConfig.from_pretrained(source.path, trust_remote_code=args.trust_remote_code),
+            "max_position_embeddings",
+            None,
+        )
     except Exception:
         positions = None  # load_model reports an unreadable config
     if positions and model_max_length(tokenizer) > positions:
@@ -118,7 +131,9 @@ def load_tokenizer(source: ModelSource, args: TrainArguments) -> PreTrainedToken
     return tokenizer
 
 
-def load_model(source: ModelSource, args: TrainArguments, label_names: list[str], use_xla: bool = False) -> PreTrainedModel:
+def load_model(
+    source: ModelSource, args: TrainArguments, label_names: list[str], use_xla: bool = False
+) -> PreTrainedModel:
     """A sequence classifier with our label maps; optional dropout override and frozen embeddings.
 
     On XLA, attention defaults to eager: the SDPA path inspects the mask's values to skip it, which
@@ -129,8 +144,14 @@ def load_model(source: ModelSource, args: TrainArguments, label_names: list[str]
     except Exception as err:
         raise ModelError(f"cannot read the model config from {source.path} ({source.origin}): {brief(err)}") from None
     if args.dropout is not None:
-        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout",
-                    "classifier_dropout", "seq_classif_dropout"):
+        for key in (
+            "hidden_dropout_prob",
+            "attention_probs_dropout_prob",
+            "dropout",
+            "attention_dropout",
+            "classifier_dropout",
+            "seq_classif_dropout",
+        ):
             if getattr(config, key, None) is not None:
                 overrides[key] = args.dropout
     kwargs: dict[str, Any] = {}
@@ -153,8 +174,14 @@ def load_model(source: ModelSource, args: TrainArguments, label_names: list[str]
     freeze_bottom(model, args.freeze_embeddings, args.freeze_layers)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
-    logger.info("model %s (%s): %.1fM parameters, %.1fM trained, %d labels",
-                type(model).__name__, source.origin, total / 1e6, trainable / 1e6, len(label_names))
+    logger.info(
+        "model %s (%s): %.1fM parameters, %.1fM trained, %d labels",
+        type(model).__name__,
+        source.origin,
+        total / 1e6,
+        trainable / 1e6,
+        len(label_names),
+    )
     return model
 
 
@@ -171,7 +198,10 @@ def freeze_bottom(model: PreTrainedModel, embeddings: bool, layers: int) -> None
     if layers:
         stack = _encoder_layers(model)
         if layers >= len(stack):
-            raise ModelError(f"freeze_layers={layers} would freeze all {len(stack)} layers of the model; use at most {len(stack) - 1}")
+            raise ModelError(
+                f"freeze_layers={layers} would freeze all {len(stack)} layers of the model; "
+                f"use at most {len(stack) - 1}"
+            )
         for layer in stack[:layers]:
             layer.requires_grad_(False)
 
@@ -182,10 +212,11 @@ def _encoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
     for module in model.base_model.modules():
         if isinstance(module, torch.nn.ModuleList) and len(module) == count:
             return module
-    raise ModelError(f"freeze_layers: cannot find the transformer layers of {type(model).__name__}; set freeze_layers=0")
+    raise ModelError(
+        f"freeze_layers: cannot find the transformer layers of {type(model).__name__}; set freeze_layers=0"
+    )
 
 
 def model_max_length(tokenizer: PreTrainedTokenizerBase) -> int:
     limit = getattr(tokenizer, "model_max_length", None) or 512
     return int(limit) if limit < 100_000 else 512  # some tokenizers report 1e30 for "unknown"
-

@@ -35,8 +35,9 @@ class LengthBucketSampler(torch.utils.data.Sampler):
     is dropped, as every rank must run the same number of equal steps.
     """
 
-    def __init__(self, lengths: list[int], batch_size: int, seed: int, world_size: int = 1,
-                 consumers: list[int] | None = None) -> None:
+    def __init__(
+        self, lengths: list[int], batch_size: int, seed: int, world_size: int = 1, consumers: list[int] | None = None
+    ) -> None:
         self.lengths = np.asarray(lengths, dtype=np.float64)
         self.batch_size, self.seed, self.epoch = batch_size, seed, 0
         self.world_size = world_size
@@ -79,8 +80,16 @@ class FixedShapeSampler(LengthBucketSampler):
     and the shapes a compiler sees are at most the buckets. Leftover rows move up to the next
     bucket; the last bucket's leftovers (fewer than one global batch) sit out that epoch."""
 
-    def __init__(self, lengths: list[int], buckets: list[int], batch_size: int, seed: int, world_size: int = 1,
-                 consumers: list[int] | None = None, one_per_shape: bool = False) -> None:
+    def __init__(
+        self,
+        lengths: list[int],
+        buckets: list[int],
+        batch_size: int,
+        seed: int,
+        world_size: int = 1,
+        consumers: list[int] | None = None,
+        one_per_shape: bool = False,
+    ) -> None:
         super().__init__(lengths, batch_size, seed, world_size, consumers)
         self.buckets = list(buckets)
         self.one_per_shape = one_per_shape  # precompiling: one batch of each shape is all the compiler needs

@@ -12,10 +12,17 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import (DataCollatorWithPadding, PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback,
-                          TrainingArguments)
+from transformers import (
+    DataCollatorWithPadding,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 from transformers.integrations import TensorBoardCallback
-from transformers.trainer_callback import PrinterCallback, ProgressCallback as TqdmCallback
+from transformers.trainer_callback import PrinterCallback
+from transformers.trainer_callback import ProgressCallback as TqdmCallback
 
 from byoc import compat, distributed, xla
 from byoc.arguments import TrainArguments
@@ -40,7 +47,7 @@ class ClassifierTrainer(Trainer):
 
     shard_consumers: list[int] | None = None  # set when each host trains on its own shard
     buckets: list[int] | None = None  # the XLA path's sequence-length buckets
-    compile_report: "CompileReport | None" = None
+    compile_report: CompileReport | None = None
     precompile: bool = False  # neuron_precompile: one batch per shape, then stop
 
     def __init__(self, *args, **kwargs) -> None:
@@ -54,12 +61,23 @@ class ClassifierTrainer(Trainer):
             return super()._get_train_sampler(train_dataset)
         lengths = [len(ids) for ids in dataset["input_ids"]]
         if self.buckets:  # XLA: every batch one of a few fixed shapes
-            self.bucket_sampler = FixedShapeSampler(lengths, self.buckets, self.args.per_device_train_batch_size,
-                                                    self.args.seed, self.args.world_size, self.shard_consumers,
-                                                    one_per_shape=self.precompile)
+            self.bucket_sampler = FixedShapeSampler(
+                lengths,
+                self.buckets,
+                self.args.per_device_train_batch_size,
+                self.args.seed,
+                self.args.world_size,
+                self.shard_consumers,
+                one_per_shape=self.precompile,
+            )
         else:
-            self.bucket_sampler = LengthBucketSampler(lengths, self.args.per_device_train_batch_size, self.args.seed,
-                                                      self.args.world_size, self.shard_consumers)
+            self.bucket_sampler = LengthBucketSampler(
+                lengths,
+                self.args.per_device_train_batch_size,
+                self.args.seed,
+                self.args.world_size,
+                self.shard_consumers,
+            )
         return self.bucket_sampler
 
     def _get_eval_sampler(self, eval_dataset):
@@ -106,7 +124,7 @@ class _SamplerEpoch(TrainerCallback):
     `set_epoch` no longer reaches it: a resumed job would replay epoch 0's order.)
     """
 
-    def __init__(self, trainer: "ClassifierTrainer") -> None:
+    def __init__(self, trainer: ClassifierTrainer) -> None:
         self.trainer = trainer
 
     def on_epoch_begin(self, args, state, control, **kwargs):
@@ -148,8 +166,13 @@ class CompileReport(TrainerCallback):
 
     def on_epoch_end(self, args, state, control, **kwargs):
         self.per_epoch.append(self._take())
-        logger.info("XLA: %d graph(s) compiled in epoch %d (%d in all, %.0f s compiling)",
-                    self.per_epoch[-1], len(self.per_epoch), xla.compiled_graphs(), xla.compile_seconds())
+        logger.info(
+            "XLA: %d graph(s) compiled in epoch %d (%d in all, %.0f s compiling)",
+            self.per_epoch[-1],
+            len(self.per_epoch),
+            xla.compiled_graphs(),
+            xla.compile_seconds(),
+        )
 
     def on_evaluate(self, args, state, control, **kwargs):
         self.evaluations.append(self._take())
@@ -162,12 +185,17 @@ class CompileReport(TrainerCallback):
         torch_xla.sync()
 
     def summary(self) -> dict[str, Any]:
-        return {"xla_graphs_compiled": xla.compiled_graphs(), "xla_graphs_per_epoch": self.per_epoch,
-                "xla_graphs_per_evaluation": self.evaluations, "xla_compile_seconds": round(xla.compile_seconds(), 1)}
+        return {
+            "xla_graphs_compiled": xla.compiled_graphs(),
+            "xla_graphs_per_epoch": self.per_epoch,
+            "xla_graphs_per_evaluation": self.evaluations,
+            "xla_compile_seconds": round(xla.compile_seconds(), 1),
+        }
 
 
-def precision_flags(args: TrainArguments, use_xla: bool = False, cuda: bool | None = None,
-                    cuda_bf16: bool | None = None) -> dict[str, bool]:
+def precision_flags(
+    args: TrainArguments, use_xla: bool = False, cuda: bool | None = None, cuda_bf16: bool | None = None
+) -> dict[str, bool]:
     """bf16/fp16 only where the hardware runs them; otherwise fp32 with a warning.
     `cuda`, `cuda_bf16`: the hardware (default: what torch sees here).
 
@@ -205,9 +233,15 @@ def save_strategy(args: TrainArguments, contract: TrainingContract) -> str:
     return "steps" if contract.checkpoint_s3_uri else "no"
 
 
-def build_trainer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tokenized: dict[str, Any],
-                  args: TrainArguments, contract: TrainingContract, num_labels: int,
-                  buckets: list[int] | None = None) -> Trainer:
+def build_trainer(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    tokenized: dict[str, Any],
+    args: TrainArguments,
+    contract: TrainingContract,
+    num_labels: int,
+    buckets: list[int] | None = None,
+) -> Trainer:
     """The Trainer for this job; `buckets` (the XLA path) switches to fixed-shape batches."""
     compat.check_trainer_hooks(ClassifierTrainer.__mro__[1])  # the private methods overridden below
     use_xla = buckets is not None
@@ -247,8 +281,12 @@ def build_trainer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, to
         # mean. (transformers would otherwise scale the loss by the world size for token-count losses.)
         average_tokens_across_devices=False,
         ddp_find_unused_parameters=False,  # every trainable parameter of a classifier is used
-        **compat.sampling_arguments(args.group_by_length and not args.pad_to_max_length and not use_xla,
-                                    args.warmup_steps, args.warmup_ratio, args.gradient_checkpointing),
+        **compat.sampling_arguments(
+            args.group_by_length and not args.pad_to_max_length and not use_xla,
+            args.warmup_steps,
+            args.warmup_ratio,
+            args.gradient_checkpointing,
+        ),
         **precision_flags(args, use_xla),
         **device_arguments(args, use_xla),
     )
@@ -258,7 +296,9 @@ def build_trainer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, to
         # Score against the label ids returned with the predictions, never the dataset's column:
         # the evaluation order need not be the dataset's. Filler rows (fixed-shape batches) are dropped.
         keep = np.asarray(prediction.label_ids) != IGNORE_LABEL
-        return classification_metrics(np.argmax(logits, axis=-1)[keep], np.asarray(prediction.label_ids)[keep], num_labels)
+        return classification_metrics(
+            np.argmax(logits, axis=-1)[keep], np.asarray(prediction.label_ids)[keep], num_labels
+        )
 
     if use_xla:
         collator = FixedShapeCollator(tokenizer.pad_token_id or 0, buckets, args.per_device_eval_batch_size)

@@ -53,8 +53,10 @@ def parallel_compile_command(command: list[str]) -> list[str] | None:
         return None
     tool = shutil.which("neuron_parallel_compile")
     if tool is None:
-        raise XlaError("neuron_precompile=true needs the Neuron SDK's neuron_parallel_compile, which is not on PATH: "
-                          "use the Neuron image (Dockerfile.neuron), or drop neuron_precompile")
+        raise XlaError(
+            "neuron_precompile=true needs the Neuron SDK's neuron_parallel_compile, which is not on PATH: "
+            "use the Neuron image (Dockerfile.neuron), or drop neuron_precompile"
+        )
     return [tool, *command]
 
 
@@ -95,9 +97,14 @@ def initialize(checkpoint_dir: Path) -> Any:
 
     for name in BF16_CAVEAT_VARS:
         if os.environ.get(name, "0") not in ("", "0"):
-            logger.warning("%s=%s casts the weights and optimizer state to bf16 too, which the tutorials warn loses "
-                           "small updates; byoc's bf16=true keeps fp32 weights with bf16 compute instead. Unset %s "
-                           "unless you mean it.", name, os.environ[name], name)
+            logger.warning(
+                "%s=%s casts the weights and optimizer state to bf16 too, which the tutorials warn loses "
+                "small updates; byoc's bf16=true keeps fp32 weights with bf16 compute instead. Unset %s "
+                "unless you mean it.",
+                name,
+                os.environ[name],
+                name,
+            )
 
     if not on_neuron():  # the Neuron runtime keeps its own cache (NEURON_COMPILE_CACHE_URL)
         cache = checkpoint_dir / COMPILE_CACHE_DIR
@@ -109,8 +116,12 @@ def initialize(checkpoint_dir: Path) -> Any:
     for handler in logging.getLogger().handlers:  # torch-xla's root-logger line at every logging step
         handler.addFilter(_quiet_rendezvous)
     device = torch_xla.device()
-    logger.info("XLA device %s (PJRT_DEVICE=%s), compile cache %s", device, os.environ.get("PJRT_DEVICE"),
-                os.environ.get("NEURON_COMPILE_CACHE_URL") or checkpoint_dir / COMPILE_CACHE_DIR)
+    logger.info(
+        "XLA device %s (PJRT_DEVICE=%s), compile cache %s",
+        device,
+        os.environ.get("PJRT_DEVICE"),
+        os.environ.get("NEURON_COMPILE_CACHE_URL") or checkpoint_dir / COMPILE_CACHE_DIR,
+    )
     return device
 
 

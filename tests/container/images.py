@@ -56,8 +56,12 @@ def debian_base() -> None:
     _log("debootstrap bookworm (about a minute)")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "rootfs"
-        subprocess.run(["debootstrap", "--variant=minbase", "bookworm", str(root), "http://deb.debian.org/debian"],
-                       check=True, capture_output=True, timeout=1200)
+        subprocess.run(
+            ["debootstrap", "--variant=minbase", "bookworm", str(root), "http://deb.debian.org/debian"],
+            check=True,
+            capture_output=True,
+            timeout=1200,
+        )
         tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
         subprocess.run(["docker", "import", "-", DEBIAN], stdin=tar.stdout, check=True, capture_output=True)
         tar.wait()
@@ -67,15 +71,34 @@ def wheelhouse() -> None:
     """Every wheel the image installs, built for this platform (sdists turned into wheels here)."""
     # Downloaded again (pip keeps the wheels it has) whenever the requirements change.
     stamp = WHEELS / ".requirements.sha256"
-    wanted = hashlib.sha256(b"".join((REPO / "requirements" / name).read_bytes() for name in
-                                     ("runtime.txt", "cpu-constraints.txt", "common-constraints.txt"))).hexdigest()
+    wanted = hashlib.sha256(
+        b"".join(
+            (REPO / "requirements" / name).read_bytes()
+            for name in ("runtime.txt", "cpu-constraints.txt", "common-constraints.txt")
+        )
+    ).hexdigest()
     if any(WHEELS.glob("torch-*.whl")) and stamp.exists() and stamp.read_text() == wanted:
         return
     _log("downloading the wheelhouse into wheels/")
     pip = [sys.executable, "-m", "pip"]
-    subprocess.run([*pip, "download", "-q", "-d", str(WHEELS), "torch==2.13.0", "setuptools", "wheel",
-                    "-r", str(REPO / "requirements" / "runtime.txt"),
-                    "-c", str(REPO / "requirements" / "cpu-constraints.txt")], check=True, timeout=1800)
+    subprocess.run(
+        [
+            *pip,
+            "download",
+            "-q",
+            "-d",
+            str(WHEELS),
+            "torch==2.13.0",
+            "setuptools",
+            "wheel",
+            "-r",
+            str(REPO / "requirements" / "runtime.txt"),
+            "-c",
+            str(REPO / "requirements" / "cpu-constraints.txt"),
+        ],
+        check=True,
+        timeout=1800,
+    )
     for sdist in [p for p in WHEELS.iterdir() if p.name.endswith((".tar.gz", ".zip"))]:
         subprocess.run([*pip, "wheel", "-q", "--no-deps", "-w", str(WHEELS), str(sdist)], check=True, timeout=600)
         sdist.unlink()
@@ -102,13 +125,36 @@ def build() -> dict[str, float]:
     started = time.monotonic()
     if not has_image(BASE):
         _log(f"building {BASE}")
-        docker("build", "--network=host", "-q", "--label", LABEL, "-f", "tests/container/Dockerfile.cpu-base",
-               "-t", BASE, ".", cwd=REPO)
+        docker(
+            "build",
+            "--network=host",
+            "-q",
+            "--label",
+            LABEL,
+            "-f",
+            "tests/container/Dockerfile.cpu-base",
+            "-t",
+            BASE,
+            ".",
+            cwd=REPO,
+        )
     timings["cpu-base"] = time.monotonic() - started
     started = time.monotonic()
     _log(f"building {IMAGE} from Dockerfile.gpu")
-    args = ["--network=host", "-q", "--label", LABEL, "-f", "Dockerfile.gpu", "--build-arg", f"BASE_IMAGE={BASE}",
-            "--build-arg", "FLAVOUR=cpu", "--build-arg", "PIP_OPTIONS=--no-index"]
+    args = [
+        "--network=host",
+        "-q",
+        "--label",
+        LABEL,
+        "-f",
+        "Dockerfile.gpu",
+        "--build-arg",
+        f"BASE_IMAGE={BASE}",
+        "--build-arg",
+        "FLAVOUR=cpu",
+        "--build-arg",
+        "PIP_OPTIONS=--no-index",
+    ]
     # The deps stage first, under a tag: otherwise the legacy builder leaves it as an untagged image
     # that no label marks as ours. The full build then takes it from the cache.
     docker("build", *args, "--target", "deps", "-t", DEPS, ".", cwd=REPO)

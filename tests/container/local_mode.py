@@ -31,14 +31,27 @@ def main() -> None:
     output = workdir / f"output-{scenario}"
     output.mkdir(parents=True, exist_ok=True)
     channels = {name: f"file://{workdir / 'data' / name}" for name in ("train", "test", "model")}
-    hyperparameters = {"max_steps": 120, "learning_rate": 5e-3, "per_device_train_batch_size": 8,
-                       "freeze_embeddings": False, "freeze_layers": 0, "logging_steps": 20}
+    hyperparameters = {
+        "max_steps": 120,
+        "learning_rate": 5e-3,
+        "per_device_train_batch_size": 8,
+        "freeze_embeddings": False,
+        "freeze_layers": 0,
+        "logging_steps": 20,
+    }
     kwargs = {}
     if scenario == "script":
         kwargs = {"entry_point": "train.py", "source_dir": str(REPO / "code")}
-    estimator = Estimator(image_uri=image, role=ROLE, instance_count=2 if scenario == "train2" else 1,
-                          instance_type="local", sagemaker_session=session, output_path=f"file://{output}",
-                          hyperparameters=hyperparameters, **kwargs)
+    estimator = Estimator(
+        image_uri=image,
+        role=ROLE,
+        instance_count=2 if scenario == "train2" else 1,
+        instance_type="local",
+        sagemaker_session=session,
+        output_path=f"file://{output}",
+        hyperparameters=hyperparameters,
+        **kwargs,
+    )
     estimator.fit(channels, logs=True)
     artifact = Path(estimator.model_data.replace("file://", ""))
     with tarfile.open(artifact) as tar:

@@ -3,6 +3,7 @@
 
 v3 has no Estimator; its local containers get no `train` argument, so the image's CMD (train) runs.
 """
+
 import sys
 from pathlib import Path
 
@@ -17,7 +18,9 @@ trainer = ModelTrainer(
     role="arn:aws:iam::111111111111:role/SageMakerRole",  # local mode never assumes it
     compute=Compute(instance_type="local_cpu", instance_count=1),
     hyperparameters={"max_steps": 60, "learning_rate": 5e-3, "freeze_layers": 0, "freeze_embeddings": False},
-    input_data_config=[InputData(channel_name=c, data_source=str(workdir / "data" / c)) for c in ("train", "test", "model")],
+    input_data_config=[
+        InputData(channel_name=c, data_source=str(workdir / "data" / c)) for c in ("train", "test", "model")
+    ],
     local_container_root=str(workdir / "v3-root"),
     base_job_name="byoc-v3",
 )

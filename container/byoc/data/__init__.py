@@ -71,7 +71,10 @@ def load_task_data(channels: Mapping[str, Path], spec: DataSpec, cache_dir: Path
         splits["train"] = splits["train"].select(train_idx)
         logger.info(
             "eval: no eval data given; held out %d of %d train rows (validation_split=%s, seed=%d)",
-            len(eval_idx), len(train_labels), spec.validation_split, spec.seed,
+            len(eval_idx),
+            len(train_labels),
+            spec.validation_split,
+            spec.seed,
         )
 
     limits = {"train": spec.max_train_samples, "eval": spec.max_eval_samples, "test": spec.max_eval_samples}
@@ -86,7 +89,8 @@ def load_task_data(channels: Mapping[str, Path], spec: DataSpec, cache_dir: Path
         len(splits["train"]),
         len(splits["eval"]) if "eval" in splits else "no",
         len(splits["test"]) if "test" in splits else "no",
-        len(label_names), shown,
+        len(label_names),
+        shown,
     )
     return TaskData(
         train=splits["train"],

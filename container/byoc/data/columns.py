@@ -51,7 +51,11 @@ def build_text(
             train_labels = labels
         logger.info(
             "%s: %d rows from %s; %s; %d labels",
-            role, len(frame), describe_sources(sources[role]), ps[0].described, len(np.unique(labels)),
+            role,
+            len(frame),
+            describe_sources(sources[role]),
+            ps[0].described,
+            len(np.unique(labels)),
         )
     return splits, codec.names, train_labels
 

@@ -30,8 +30,13 @@ logger = logging.getLogger("byoc.data")  # one name for the whole package: log l
 
 # File suffix (after an optional .gz) -> reader.
 FORMATS = {
-    ".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl",
-    ".parquet": "parquet", ".txt": "txt",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".json": "json",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+    ".txt": "txt",
 }
 _SAMPLE_CHARS = 64 * 1024
 
@@ -128,8 +133,15 @@ def _read_csv(path: Path, fmt: str) -> pd.DataFrame:
         warnings.simplefilter("error", pd.errors.ParserWarning)
         try:
             return pd.read_csv(
-                path, sep=sep, header=header, names=names, quoting=quoting, encoding="utf-8-sig", index_col=False,
-                keep_default_na=False, na_values=[""],  # only empty fields are missing ("NA" may be real text)
+                path,
+                sep=sep,
+                header=header,
+                names=names,
+                quoting=quoting,
+                encoding="utf-8-sig",
+                index_col=False,
+                keep_default_na=False,
+                na_values=[""],  # only empty fields are missing ("NA" may be real text)
             )
         except (pd.errors.ParserError, pd.errors.ParserWarning) as err:
             raise DataError(
@@ -197,7 +209,7 @@ def _records_frame(obj: object, path: Path) -> pd.DataFrame:
             return pd.DataFrame(lists)
     if not isinstance(obj, list) or not all(isinstance(r, dict) for r in obj):
         raise DataError(
-            f"{path.name}: expected a list of records like [{{\"text\": ..., \"label\": ...}}, ...] "
+            f'{path.name}: expected a list of records like [{{"text": ..., "label": ...}}, ...] '
             "(or one JSON object per line)."
         )
     return pd.DataFrame.from_records(obj)

@@ -80,8 +80,10 @@ def _as_numbers(values: pd.Series) -> pd.Series | None:
         return values
     stripped = values.map(lambda v: v.strip() if isinstance(v, str) else v)
     is_number = stripped.map(
-        lambda v: (isinstance(v, (int, float, np.number)) and not isinstance(v, bool))
-        or (isinstance(v, str) and bool(NUMBER.fullmatch(v)))
+        lambda v: (
+            (isinstance(v, (int, float, np.number)) and not isinstance(v, bool))
+            or (isinstance(v, str) and bool(NUMBER.fullmatch(v)))
+        )
     )
     return pd.to_numeric(stripped) if is_number.all() else None
 
@@ -126,5 +128,5 @@ def holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray,
 
 
 def row_count(n: int) -> str:
-    """"1 row" / "3 rows", for messages."""
+    """ "1 row" / "3 rows", for messages."""
     return f"{n} row" if n == 1 else f"{n} rows"

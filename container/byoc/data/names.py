@@ -6,16 +6,43 @@ from __future__ import annotations
 import re
 
 TEXT_COLUMNS = (
-    "text", "sentence", "sentence1", "review", "review_text", "tweet", "content", "document",
-    "body", "utterance", "message", "comment", "question", "premise", "query",
+    "text",
+    "sentence",
+    "sentence1",
+    "review",
+    "review_text",
+    "tweet",
+    "content",
+    "document",
+    "body",
+    "utterance",
+    "message",
+    "comment",
+    "question",
+    "premise",
+    "query",
 )
 PAIR_COLUMNS = (
-    ("sentence1", "sentence2"), ("premise", "hypothesis"), ("question", "sentence"),
-    ("question1", "question2"), ("text", "text_pair"), ("query", "passage"),
+    ("sentence1", "sentence2"),
+    ("premise", "hypothesis"),
+    ("question", "sentence"),
+    ("question1", "question2"),
+    ("text", "text_pair"),
+    ("query", "passage"),
 )
 LABEL_COLUMNS = (
-    "label", "labels", "label_name", "target", "class", "category", "sentiment", "emotion",
-    "intent", "y", "gold_label", "rating",
+    "label",
+    "labels",
+    "label_name",
+    "target",
+    "class",
+    "category",
+    "sentiment",
+    "emotion",
+    "intent",
+    "y",
+    "gold_label",
+    "rating",
 )
 TOKEN_COLUMNS = ("input_ids", "attention_mask", "token_type_ids")
 

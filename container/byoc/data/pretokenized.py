@@ -41,10 +41,7 @@ def build_pretokenized(
 ) -> tuple[dict[str, datasets.Dataset], list[str], np.ndarray]:
     """Each split as a dataset of its token columns + `labels`, the label names (ClassLabel names, else
     "0".."K-1") and the train label ids (for the hold-out)."""
-    parts = {
-        role: [_pretokenized_part(src, spec, role, cache_dir) for src in srcs]
-        for role, srcs in sources.items()
-    }
+    parts = {role: [_pretokenized_part(src, spec, role, cache_dir) for src in srcs] for role, srcs in sources.items()}
     train_names = next((p.class_names for p in parts["train"] if p.class_names is not None), None)
     train_max = max(int(p.labels.max()) for p in parts["train"])
     label_names = list(train_names) if train_names is not None else [str(i) for i in range(train_max + 1)]
@@ -76,15 +73,16 @@ def build_pretokenized(
             train_labels = labels
         logger.info(
             "%s: %d pretokenized rows from %s; columns %s; %d labels",
-            role, len(splits[role]), describe_sources(sources[role]), ", ".join(splits[role].column_names),
+            role,
+            len(splits[role]),
+            describe_sources(sources[role]),
+            ", ".join(splits[role].column_names),
             len(np.unique(labels)),
         )
     return splits, label_names, train_labels
 
 
-def _pretokenized_part(
-    src: Source, spec: DataSpec, role: str, cache_dir: Path
-) -> _TokenPart:
+def _pretokenized_part(src: Source, spec: DataSpec, role: str, cache_dir: Path) -> _TokenPart:
     columns = src.columns
     if spec.label_column:
         label = explicit_column(spec.label_column, "label_column", columns, role, src.where)

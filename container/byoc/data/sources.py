@@ -22,9 +22,7 @@ IGNORED_CHANNELS = frozenset({"model", "code", "checkpoints", "sm_drivers"})
 CHANNEL_ALIASES = {"training": "train", "testing": "test"}
 EVAL_NAMES = ("validation", "valid", "val", "eval", "dev", "evaluation")
 # A file name (or folder) that says which split it holds: train.csv, val.txt, test-00000.parquet.
-_SPLIT_MARK = re.compile(
-    r"(train|training|val|valid|validation|dev|eval|evaluation|test|testing)(?![a-z])"
-)
+_SPLIT_MARK = re.compile(r"(train|training|val|valid|validation|dev|eval|evaluation|test|testing)(?![a-z])")
 
 
 def data_channels(channels: Mapping[str, Path]) -> dict[str, Path]:
@@ -67,9 +65,7 @@ def collect_sources(channels: dict[str, Path]) -> dict[str, list[Source]]:
     return {role: sources[role] for role in ("train", "eval", "test") if role in sources}
 
 
-def _read_channel(
-    name: str, root: Path, role: str | None, skip: set[str] = frozenset()
-) -> dict[str, list[Source]]:
+def _read_channel(name: str, root: Path, role: str | None, skip: set[str] = frozenset()) -> dict[str, list[Source]]:
     """Read one channel. `role` is the split a separate channel holds; None for the train
     channel, which may hold several splits (a DatasetDict, or train.txt + val.txt + ...);
     splits in `skip` come from separate channels and are ignored here."""
@@ -89,7 +85,9 @@ def _read_channel(
         if file_role in skip:
             logger.warning(
                 "%s channel: ignoring %s; the separate %s channel takes precedence",
-                name, path.relative_to(root), file_role,
+                name,
+                path.relative_to(root),
+                file_role,
             )
             continue
         frame, class_names = read_file(path, fmt)
@@ -187,8 +185,7 @@ def _is_skipped(path: Path) -> bool:
 def _list_data_files(name: str, root: Path) -> list[tuple[Path, str]]:
     """Data files under `root` (recursively, sorted), with their format."""
     files = sorted(
-        p for p in root.rglob("*")
-        if p.is_file() and not any(_is_hidden(part) for part in p.relative_to(root).parts)
+        p for p in root.rglob("*") if p.is_file() and not any(_is_hidden(part) for part in p.relative_to(root).parts)
     )
     candidates = [p for p in files if not _is_skipped(p)]
     data = [(p, format_of(p)) for p in candidates if format_of(p)]

@@ -68,11 +68,10 @@ class Part:
 
 
 def describe_sources(sources: list[Source]) -> str:
-    """"1 file (csv) in /opt/ml/input/data/train" or "saved dataset split 'train' of /path": where a
+    """ "1 file (csv) in /opt/ml/input/data/train" or "saved dataset split 'train' of /path": where a
     split came from, for the log line of both the text and the pretokenized builders."""
     if sources[0].fmt == "dataset":
         return sources[0].where
     fmts = ", ".join(sorted({src.fmt for src in sources}))
     origins = ", ".join(sorted({src.origin for src in sources}))
     return f"{len(sources)} {'file' if len(sources) == 1 else 'files'} ({fmts}) in {origins}"
-
