@@ -82,9 +82,19 @@ if ! run aws ecr describe-repositories --region "$region" --repository-names "$r
         --image-scanning-configuration scanOnPush=true >/dev/null
 fi
 
+# A dry run prints the pipeline whole: piping one `run` into another lost the first line and, when
+# the echo on the right exited first, killed the one on the left with SIGPIPE (exit 141).
+login() {
+    if [ "$dry_run" = 1 ]; then
+        echo "+ aws ecr get-login-password --region $region | docker login --username AWS --password-stdin $1"
+    else
+        aws ecr get-login-password --region "$region" | docker login --username AWS --password-stdin "$1"
+    fi
+}
+
 echo "logging in to $base_registry (base image) and $registry"
-run aws ecr get-login-password --region "$region" | run docker login --username AWS --password-stdin "$base_registry"
-run aws ecr get-login-password --region "$region" | run docker login --username AWS --password-stdin "$registry"
+login "$base_registry"
+login "$registry"
 
 echo "building $image:$tag from Dockerfile.$flavour"
 started=$(date +%s)

@@ -90,6 +90,11 @@ def test_dry_run_prints_instead_of_running(standins):
     assert result.returncode == 0, result.stderr
     assert "+ docker build --file Dockerfile.gpu" in result.stdout and "+ docker push" in result.stdout
     assert "docker build" not in record.read_text()
+    # The login pipelines are printed whole (piping one echo into another lost them, and now and
+    # then killed the dry run with SIGPIPE: exit 141).
+    registry = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
+    login = f"+ aws ecr get-login-password --region us-east-1 | docker login --username AWS --password-stdin {registry}"
+    assert login in result.stdout.splitlines()
 
 
 @pytest.mark.parametrize(
