@@ -14,13 +14,13 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from byoc.arguments import loads as decode  # JSON where it parses, else the raw string, as the toolkit does
 from byoc.contract import ContractError, TrainingContract
+from byoc.requirements import RequirementsError, install_requirements
 
 logger = logging.getLogger("byoc.script")
 
@@ -58,18 +58,6 @@ def fetch_code(contract: TrainingContract) -> Path:
     return code_dir
 
 
-def install_requirements(code_dir: Path) -> None:
-    requirements = code_dir / "requirements.txt"
-    if not requirements.exists():
-        return
-    logger.info("installing %s", requirements)
-    result = subprocess.run([sys.executable, "-m", "pip", "install", "--no-input", "-r", str(requirements)],
-                            capture_output=True, text=True, cwd=code_dir)
-    if result.returncode:
-        tail = " | ".join(line for line in result.stderr.strip().splitlines()[-3:])
-        raise ScriptError(f"pip could not install {requirements.name} from source_dir: {tail}")
-
-
 def sm_environment(contract: TrainingContract) -> dict[str, str]:
     """The toolkit's SM_* variables (SM_MODEL_DIR, SM_CHANNEL_TRAIN, SM_HPS, ...) for this job."""
     from sagemaker_training import environment
@@ -91,7 +79,10 @@ def prepare_script(contract: TrainingContract) -> list[str]:
         found = ", ".join(sorted(p.name for p in code_dir.iterdir())[:10]) if code_dir.is_dir() else "nothing"
         raise ScriptError(f"the entry point {program!r} is not in the source directory {code_dir} (found: {found}): "
                           "check entry_point and source_dir")
-    install_requirements(code_dir)
+    try:
+        install_requirements(code_dir)
+    except RequirementsError as err:
+        raise ScriptError(f"pip could not install {err.requirements.name} from source_dir: {err}") from None
     for folder in (contract.paths.model_dir, contract.paths.output_data_dir):  # SageMaker creates them too
         folder.mkdir(parents=True, exist_ok=True)
     os.environ.update(sm_environment(contract))
