@@ -1,6 +1,6 @@
 """What int8 serving costs in accuracy and gains in speed, against fp32, on the emotion test split.
 
-Runs the default handlers (`code/inference.py`) in this process on each runtime: ONNX Runtime fp32
+Runs the default handlers (`byoc.inference`) in this process on each runtime: ONNX Runtime fp32
 (the default), ONNX Runtime int8 (BYOC_INFERENCE_PRECISION=int8) and torch; for each, accuracy on
 the 2000 test tweets, how often it picks the label fp32 picks (and how far that label's score
 moves), and sentences/s of `predict_fn` over all of them (no HTTP). The model is one
@@ -13,7 +13,6 @@ Run it alone.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,8 +20,11 @@ import sys
 import time
 from pathlib import Path
 
+from byoc import inference
+
 REPO = Path(__file__).resolve().parents[1]
-DATA = next((p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None)
+DATA = next((p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion"))
+             if p.is_dir()), None)
 WORK = Path("/tmp/byoc-bench-precision")
 
 
@@ -39,23 +41,16 @@ def trained_model() -> Path:
     return root / "model"
 
 
-def handlers():
-    spec = importlib.util.spec_from_file_location("byoc_default_inference", REPO / "code" / "inference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def measure(model_dir: Path, settings: dict[str, str], texts: list[str], labels: list[str]) -> dict:
-    os.environ.update(settings)
+    os.environ.update(settings)  # model_fn reads the backend and precision variables when called
     try:
-        inference = handlers()
         started = time.perf_counter()
         model = inference.model_fn(str(model_dir))
         load_s = time.perf_counter() - started
         inference.predict_fn({"inputs": texts[:64]}, model)  # warm-up
         started = time.perf_counter()
-        answers = [a for i in range(0, len(texts), 32) for a in inference.predict_fn({"inputs": texts[i:i + 32]}, model)]
+        answers = [a for i in range(0, len(texts), 32)
+                   for a in inference.predict_fn({"inputs": texts[i:i + 32]}, model)]
         seconds = time.perf_counter() - started
     finally:
         for key in settings:
@@ -78,7 +73,8 @@ def main() -> int:
     opts = parser.parse_args()
     if DATA is None:
         sys.exit("the emotion data (../shared/data/emotion) is not beside the project")
-    rows = [line.rsplit(";", 1) for line in (DATA / "test.txt").read_text(encoding="utf-8").split("\n")[1:] if line.strip()]
+    lines = (DATA / "test.txt").read_text(encoding="utf-8").split("\n")[1:]
+    rows = [line.rsplit(";", 1) for line in lines if line.strip()]
     texts, labels = [r[0] for r in rows], [r[1].strip() for r in rows]
     model_dir = opts.model or trained_model()
     results, exact = {}, None

@@ -26,7 +26,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -36,7 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reference_stack  # noqa: E402
 
-DATA = next((p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None)
+DATA = next((p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion"))
+             if p.is_dir()), None)
 WORK = Path("/tmp/byoc-bench-serve")
 
 
@@ -62,7 +62,8 @@ def train_model() -> Path:
     root = WORK / "opt-ml"
     model = root / "model"
     if (model / "model.safetensors").exists():
-        shutil.copy(REPO / "code" / "inference.py", model / "code" / "inference.py")  # today's defaults
+        # Today's template (the installed byoc.inference, predict_fn overridden), not an old copy of the defaults.
+        shutil.copy(REPO / "code" / "inference.py", model / "code" / "inference.py")
         if not (model / "model.int8.onnx").exists():  # trained before byoc wrote the serving graphs
             subprocess.run([str(Path(sys.executable).parent / "byoc"), "export-onnx", "--int8", str(model)], check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -71,7 +72,8 @@ def train_model() -> Path:
     (root / "input" / "data" / "train").mkdir(parents=True)
     shutil.copy(DATA / "train.txt", root / "input" / "data" / "train" / "train.txt")
     (root / "input" / "config").mkdir(parents=True)
-    (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps({"max_steps": "60", "logging_steps": "20", "serving_int8": "true"}))
+    hyperparameters = {"max_steps": "60", "logging_steps": "20", "serving_int8": "true"}
+    (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(hyperparameters))
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(WORK / "cache")}
     subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, check=True,
                    stdout=subprocess.DEVNULL)
@@ -159,7 +161,8 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 import bench_precision
 texts = json.loads(sys.stdin.read())
-print(json.dumps(bench_precision.measure(bench_precision.Path(sys.argv[2]), json.loads(sys.argv[3]), texts, [""] * len(texts))["sentences_per_second"]))
+result = bench_precision.measure(bench_precision.Path(sys.argv[2]), json.loads(sys.argv[3]), texts, [""] * len(texts))
+print(json.dumps(result["sentences_per_second"]))
 """
 
 
@@ -226,7 +229,8 @@ def measure(name: str, port: int, proc, started: float, texts: list[str], opts) 
         result["pss_mib"] = sum(reference_stack.memory(proc, "Pss").values())
     else:
         result["rss_mib"] = rss_tree_mib(proc.pid)
-    print(f"{name:10s} cold start: /ping {ping:.1f} s, first answer {first:.1f} s; resident {result['rss_mib']:.0f} MiB", flush=True)
+    print(f"{name:10s} cold start: /ping {ping:.1f} s, first answer {first:.1f} s; "
+          f"resident {result['rss_mib']:.0f} MiB", flush=True)
     return result
 
 
@@ -281,28 +285,31 @@ def main() -> int:
 def print_table(results: dict) -> None:
     ours, ref = results["byoc"], results["reference"]
     others = [results.get("byoc-torch"), results.get("byoc-int8")]
-    print("\n| measure | byoc serve (default: ONNX Runtime, fp32) | byoc serve on torch | byoc serve, int8 (opt-in, model.int8.onnx) "
-          "| reference (HF DLC: toolkit 2.6 on MMS 1.1.11) | default / reference | int8 / reference |")
+    print("\n| measure | byoc serve (default: ONNX Runtime, fp32) | byoc serve on torch "
+          "| byoc serve, int8 (opt-in, model.int8.onnx) | reference (HF DLC: toolkit 2.6 on MMS 1.1.11) "
+          "| default / reference | int8 / reference |")
     print("|---|---|---|---|---|---|---|")
     cells = lambda f: " | ".join(f(r) if r else "-" for r in [ours, *others, ref])
     ratio = lambda r, f: f"{f(r) / max(f(ref), 1e-9):.2f}x" if r else "-"
     for key in ("1x1", "1x8", "1x32", "16x1", "16x8", "16x32"):
         per, conc = key.split("x")
-        sps = lambda r: r["load"][key]["sentences_per_second"]
-        p50 = lambda r: r["load"][key]["p50_ms"]
-        lat = lambda r: "{p50_ms:.0f} / {p90_ms:.0f} / {p99_ms:.0f}".format(**r["load"][key])
-        print(f"| sentences/s, {per}/request, concurrency {conc} | {cells(lambda r: f'{sps(r):.0f}')} | "
+        sps = lambda r, key=key: r["load"][key]["sentences_per_second"]
+        p50 = lambda r, key=key: r["load"][key]["p50_ms"]
+        lat = lambda r, key=key: "{p50_ms:.0f} / {p90_ms:.0f} / {p99_ms:.0f}".format(**r["load"][key])
+        print(f"| sentences/s, {per}/request, concurrency {conc} | {cells(lambda r, sps=sps: f'{sps(r):.0f}')} | "
               f"{ratio(ours, sps)} | {ratio(others[1], sps)} |")
         print(f"| p50 / p90 / p99 ms, {per}/request, concurrency {conc} | {cells(lat)} | "
               f"{ratio(ours, p50)} (p50) | {ratio(others[1], p50)} (p50) |")
     for label, key in (("start to first 200 on /ping", "cold_start_ping_s"),
                        ("start to first answered /invocations", "cold_start_first_answer_s")):
-        value = lambda r: r[key]
-        print(f"| {label} | {cells(lambda r: f'{r[key]:.1f} s')} | {ratio(ours, value)} | {ratio(others[1], value)} |")
+        value = lambda r, key=key: r[key]
+        print(f"| {label} | {cells(lambda r, key=key: f'{r[key]:.1f} s')} | {ratio(ours, value)} "
+              f"| {ratio(others[1], value)} |")
     ceiling = results.get("ceiling")
     if ceiling:  # the most any server here could do: the model alone, without HTTP
-        print(f"| the model alone, in process, 32 sentences per call (no HTTP): sentences/s | {ceiling['fp32']:.0f} | - | "
-              f"{ceiling['int8']:.0f} | - | {ceiling['fp32'] / ref['load']['1x32']['sentences_per_second']:.2f}x "
+        print(f"| the model alone, in process, 32 sentences per call (no HTTP): sentences/s "
+              f"| {ceiling['fp32']:.0f} | - | {ceiling['int8']:.0f} | - "
+              f"| {ceiling['fp32'] / ref['load']['1x32']['sentences_per_second']:.2f}x "
               f"(of the reference at 1/request, concurrency 32) | "
               f"{ceiling['int8'] / ref['load']['1x32']['sentences_per_second']:.2f}x |")
     rss = lambda r: r["rss_mib"]

@@ -12,10 +12,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
 
-from byoc import onnx_graph
+from byoc import inference, onnx_graph
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,12 +27,11 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def classifier_dir(tmp_path_factory, tiny_model_dir) -> Path:
     """A tiny 3-label classifier saved as byoc publishes it, with its serving graph."""
-    from transformers import AutoModelForSequenceClassification
-
     target = tmp_path_factory.mktemp("classifier")
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(
-        tiny_model_dir, num_labels=3, id2label={0: "neg", 1: "neutral", 2: "pos"}, label2id={"neg": 0, "neutral": 1, "pos": 2})
+        tiny_model_dir, num_labels=3, id2label={0: "neg", 1: "neutral", 2: "pos"},
+        label2id={"neg": 0, "neutral": 1, "pos": 2})
     model.save_pretrained(target, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         if (tiny_model_dir / name).exists():
@@ -38,16 +41,12 @@ def classifier_dir(tmp_path_factory, tiny_model_dir) -> Path:
 
 
 def torch_logits(model_dir: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    from transformers import AutoModelForSequenceClassification
-
     model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
     with torch.inference_mode():
         return model(**{k: torch.from_numpy(v) for k, v in feeds.items()}).logits.numpy()
 
 
 def test_graph_holds_no_weights_and_gives_torchs_logits(classifier_dir):
-    import onnx
-
     graph = onnx.load(str(classifier_dir / "model.onnx"), load_external_data=False)
     weights = [i for i in graph.graph.initializer if i.name.startswith("model.")]
     assert weights and all(i.data_location == onnx.TensorProto.EXTERNAL for i in weights)
@@ -62,15 +61,12 @@ def test_graph_holds_no_weights_and_gives_torchs_logits(classifier_dir):
     expected = torch_logits(classifier_dir, feeds)
     np.testing.assert_allclose(onnx_graph.Session(classifier_dir, threads=1).logits(feeds), expected, atol=1e-5)
 
-    import onnxruntime as ort  # the graph also loads on its own: its offsets point into model.safetensors
-
+    # The graph also loads on its own: its offsets point into model.safetensors.
     plain = ort.InferenceSession(str(classifier_dir / "model.onnx"), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(plain.run(["logits"], feeds)[0], expected, atol=1e-5)
 
 
 def test_a_graph_from_other_weights_is_refused(classifier_dir, tmp_path):
-    from safetensors.torch import load_file, save_file
-
     copy = tmp_path / "model"
     shutil.copytree(classifier_dir, copy)
     tensors = load_file(copy / "model.safetensors")
@@ -109,12 +105,15 @@ def test_export_onnx_command(classifier_dir, tmp_path):
 
 
 def _handlers_in_subprocess(model_dir: Path, backend: str, texts: list) -> dict:
-    """The default handlers in a fresh interpreter: answers, backend, and what got imported."""
+    """What a model's code/inference.py (the template: the defaults, predict_fn overridden) does in a
+    fresh interpreter: answers, backend, and what got imported."""
     script = (
-        "import json, sys\n"
-        f"sys.path.insert(0, {str(REPO / 'code')!r})\n"
-        "import inference\n"
-        f"model = inference.model_fn({str(model_dir)!r})\n"
+        "import importlib.util, json, sys\n"
+        f"spec = importlib.util.spec_from_file_location('inference', {str(REPO / 'code' / 'inference.py')!r})\n"
+        "inference = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(inference)\n"
+        "from byoc.inference import model_fn\n"
+        f"model = model_fn({str(model_dir)!r})\n"
         f"answers = inference.predict_fn({{'inputs': {texts!r}, 'parameters': {{'top_k': 3}}}}, model)\n"
         "print(json.dumps({'backend': model['backend'], 'answers': answers,\n"
         "                  'torch': 'torch' in sys.modules, 'transformers': 'transformers' in sys.modules}))\n")
@@ -140,11 +139,6 @@ def test_default_handlers_serve_the_graph_without_torch_and_agree_with_torch(cla
 
 
 def test_backend_choice(classifier_dir, tmp_path, monkeypatch, caplog):
-    sys.path.insert(0, str(REPO / "code"))
-    try:
-        import inference
-    finally:
-        sys.path.remove(str(REPO / "code"))
     no_graph = tmp_path / "plain"
     shutil.copytree(classifier_dir, no_graph)
     (no_graph / "model.onnx").unlink()
@@ -163,8 +157,6 @@ def test_backend_choice(classifier_dir, tmp_path, monkeypatch, caplog):
 
     stale = tmp_path / "stale"  # weights saved again in another layout: torch serves, with a warning
     shutil.copytree(classifier_dir, stale)
-    from safetensors.torch import load_file, save_file
-
     tensors = load_file(stale / "model.safetensors")
     save_file(dict(reversed(list(tensors.items()))) | {"extra.weight": torch.zeros(3)}, stale / "model.safetensors",
               metadata={"format": "pt"})
@@ -176,8 +168,6 @@ def test_backend_choice(classifier_dir, tmp_path, monkeypatch, caplog):
 
 
 def test_int8_session_quantizes_and_stays_close(classifier_dir, tmp_path):
-    import onnx
-
     graph = onnx.load(str(onnx_graph.quantize(classifier_dir, tmp_path)))
     kinds = {node.op_type for node in graph.graph.node}
     assert kinds & {"QAttention", "DynamicQuantizeMatMul", "MatMulInteger"}, kinds  # int8 kernels in use
@@ -202,8 +192,6 @@ def test_int8_session_quantizes_and_stays_close(classifier_dir, tmp_path):
 
 
 def test_int8_graph_made_ahead_is_used_and_refused_when_stale(classifier_dir, tmp_path, monkeypatch, caplog):
-    from safetensors.torch import load_file, save_file
-
     copy = tmp_path / "model"
     shutil.copytree(classifier_dir, copy)
     done = subprocess.run([str(Path(sys.executable).parent / "byoc"), "export-onnx", "--int8", str(copy)],
@@ -233,18 +221,13 @@ def test_int8_graph_made_ahead_is_used_and_refused_when_stale(classifier_dir, tm
 
 
 def test_int8_choice(classifier_dir, tmp_path, monkeypatch):
-    sys.path.insert(0, str(REPO / "code"))
-    try:
-        import inference
-    finally:
-        sys.path.remove(str(REPO / "code"))
     monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "int8")
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "torch")
     with pytest.raises(ValueError, match="int8 needs the ONNX Runtime backend"):
         inference.model_fn(str(classifier_dir))
     monkeypatch.delenv("BYOC_INFERENCE_BACKEND")
     for gpu in (False, True):  # int8 is ONNX Runtime's on the CPU, on a GPU instance too
-        monkeypatch.setattr(inference, "nvidia_gpu", lambda: gpu)
+        monkeypatch.setattr(inference, "nvidia_gpu", lambda gpu=gpu: gpu)
         model = inference.model_fn(str(classifier_dir))
         assert model["backend"] == "onnxruntime" and model["model"].int8
     assert len(inference.predict_fn({"inputs": ["a text", "another one"]}, model)) == 2
@@ -254,8 +237,6 @@ def test_int8_choice(classifier_dir, tmp_path, monkeypatch):
 
 
 def test_export_of_a_model_with_a_small_vocabulary(tmp_path):
-    from transformers import BertConfig, BertForSequenceClassification
-
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=32, max_position_embeddings=32, num_labels=2)
     torch.manual_seed(0)

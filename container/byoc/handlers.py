@@ -3,7 +3,7 @@
 The contract is the AWS inference toolkits': `model_fn(model_dir)`, `input_fn(body, content_type)`,
 `predict_fn(data, model)`, `output_fn(prediction, accept)`, or a single
 `transform_fn(model, body, content_type, accept)`; each may take a trailing `context`. The
-defaults live in `code/inference.py`; a model's own `code/inference.py` overrides any subset.
+defaults are the module `byoc.inference`; a model's own `code/inference.py` overrides any subset.
 Mixing `transform_fn` with the others is a start-up error, as in the toolkits.
 """
 
@@ -14,38 +14,27 @@ import importlib.util
 import inspect
 import logging
 import os
-import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
+from byoc import inference as default_handlers
 from byoc.errors import UserError
+from byoc.inference import inference_threads  # noqa: F401  (re-exported, as are the request errors)
+from byoc.request_errors import InputError, NotAcceptable, UnsupportedMediaType  # noqa: F401
+from byoc.requirements import RequirementsError, install_requirements
+
+# Users' handlers raise byoc.handlers.InputError and its kin, and models trained before the defaults moved
+# into the package carry a copy of them whose code imports those errors and inference_threads from here.
 
 logger = logging.getLogger("byoc.handlers")
 
 HANDLER_NAMES = ("model_fn", "input_fn", "predict_fn", "output_fn", "transform_fn")
 # Positional arguments of each handler before the optional trailing `context`.
 _ARITY = {"model_fn": 1, "input_fn": 2, "predict_fn": 2, "output_fn": 2, "transform_fn": 4}
-
-
-class InputError(ValueError):
-    """A malformed or empty request: answered with 400 and this message."""
-
-    status = 400
-
-
-class UnsupportedMediaType(InputError):
-    """The request's Content-Type is not one the handler reads: 415."""
-
-    status = 415
-
-
-class NotAcceptable(InputError):
-    """The Accept type is not one the handler writes: 406."""
-
-    status = 406
 
 
 class HandlerError(UserError, RuntimeError):
@@ -72,14 +61,6 @@ class Handlers:
         return self.transform_fn is None and bool(getattr(self.predict_fn, "batchable", False))
 
 
-def inference_threads() -> int:
-    """Threads one worker's model may use: OMP_NUM_THREADS (the server sets it to cores / workers)."""
-    try:
-        return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
-    except ValueError:
-        return os.cpu_count() or 1
-
-
 def default_code_dir() -> Path:
     """The folder holding the default `inference.py` (`$BYOC_CODE_DIR`, else the repo's `code/`)."""
     for candidate in (os.environ.get("BYOC_CODE_DIR"), Path(__file__).resolve().parents[2] / "code"):
@@ -90,6 +71,8 @@ def default_code_dir() -> Path:
 
 def _import(path: Path, name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:  # not a Python file (SAGEMAKER_PROGRAM=serve.sh)
+        raise HandlerError(f"cannot import {path}: it is not a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(path.parent))  # the user's module may import its siblings
     try:
@@ -101,58 +84,46 @@ def _import(path: Path, name: str) -> ModuleType:
     return module
 
 
-def install_requirements(code_dir: Path) -> None:
-    """`pip install -r model/code/requirements.txt` when it lists anything, as the toolkits do at start."""
-    requirements = code_dir / "requirements.txt"
-    if not requirements.exists():
-        return
-    lines = [line.split("#")[0].strip() for line in requirements.read_text().splitlines()]
-    if not any(lines):
-        return
-    logger.info("installing %s", requirements)
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-input", "-r", str(requirements)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = " ".join(done.stderr.strip().splitlines()[-3:])
-        raise HandlerError(f"installing {requirements} failed: {tail}")
-
-
 def load_handlers(model_dir: Path) -> Handlers:
-    """The default handlers, overridden by `model_dir/code/inference.py` (or `$SAGEMAKER_PROGRAM`)."""
-    defaults = _import(default_code_dir() / "inference.py", "byoc_default_inference")
+    """The default handlers (`byoc.inference`), overridden by `model_dir/code/inference.py` (or
+    `$SAGEMAKER_PROGRAM`), after installing `model_dir/code/requirements.txt`."""
     user_dir = model_dir / "code"
     user_file = user_dir / os.environ.get("SAGEMAKER_PROGRAM", "inference.py")
     user = None
-    if user_file.exists() and not _same_file(user_file, defaults.__file__):
-        install_requirements(user_dir)
+    if user_file.exists() and not _same_file(user_file, default_handlers.__file__):
+        try:
+            install_requirements(user_dir)
+        except RequirementsError as err:
+            raise HandlerError(f"installing {err.requirements} failed: {err}") from None
         user = _import(user_file, "inference")
     functions = {name: getattr(user, name, None) for name in HANDLER_NAMES} if user else {}
     overridden = sorted(name for name, fn in functions.items() if fn is not None)
     if functions.get("transform_fn") and set(overridden) & {"input_fn", "predict_fn", "output_fn"}:
         raise HandlerError(
-            f"{user_file} defines transform_fn together with {', '.join(n for n in overridden if n != 'transform_fn')}: "
+            f"{user_file} defines transform_fn together with "
+            f"{', '.join(n for n in overridden if n != 'transform_fn')}: "
             "define either transform_fn or input_fn/predict_fn/output_fn, not both"
         )
     for name, fn in functions.items():
         if fn is not None and not callable(fn):
             raise HandlerError(f"{user_file}: {name} is not a function")
-    pick = lambda name: functions.get(name) or getattr(defaults, name, None)
+    pick = lambda name: functions.get(name) or getattr(default_handlers, name, None)
     transform = functions.get("transform_fn")
     handlers = Handlers(
-        model_fn=pick("model_fn"),
+        model_fn=functions.get("model_fn") or default_handlers.model_fn,
         input_fn=None if transform else pick("input_fn"),
         predict_fn=None if transform else pick("predict_fn"),
         output_fn=None if transform else pick("output_fn"),
         transform_fn=transform,
         source=f"{user_file} ({', '.join(overridden) or 'nothing'} overridden)" if user else "default handlers",
-        accept_types=None if (transform or functions.get("output_fn")) else tuple(getattr(defaults, "ACCEPT_TYPES", ()) or ()) or None,
+        accept_types=None if (transform or functions.get("output_fn")) else default_handlers.ACCEPT_TYPES,
     )
     logger.info("handlers: %s", handlers.source)
     return handlers
 
 
 def _same_file(a: Path, b: str) -> bool:
-    """The trained model carries a copy of the defaults: using it as an override changes nothing."""
+    """A copy of the defaults' module used as an override changes nothing: it is not imported twice."""
     try:
         return Path(a).read_bytes() == Path(b).read_bytes()
     except OSError:

@@ -1,0 +1,25 @@
+"""The errors a handler raises to answer a request with an honest status instead of a 500.
+
+A leaf module (no imports) so that the default handlers (`byoc.inference`) and the handler loader
+(`byoc.handlers`, which re-exports them for users' code) can both use them without importing each other.
+"""
+
+from __future__ import annotations
+
+
+class InputError(ValueError):
+    """A malformed or empty request: answered with 400 and this message."""
+
+    status = 400
+
+
+class UnsupportedMediaType(InputError):
+    """The request's Content-Type is not one the handler reads: 415."""
+
+    status = 415
+
+
+class NotAcceptable(InputError):
+    """The Accept type is not one the handler writes: 406."""
+
+    status = 406
