@@ -44,7 +44,7 @@ class Paths:
 
     @property
     def model_dir(self) -> Path:
-        return Path(os.environ.get("SM_MODEL_DIR", self.base / "model"))
+        return Path(os.environ.get("SM_MODEL_DIR") or self.base / "model")  # empty means unset, as everywhere
 
     @property
     def output_dir(self) -> Path:
@@ -52,7 +52,7 @@ class Paths:
 
     @property
     def output_data_dir(self) -> Path:
-        return Path(os.environ.get("SM_OUTPUT_DATA_DIR", self.output_dir / "data"))
+        return Path(os.environ.get("SM_OUTPUT_DATA_DIR") or self.output_dir / "data")
 
     @property
     def failure_file(self) -> Path:
@@ -101,7 +101,7 @@ class TrainingContract:
 
 
 def base_dir() -> Path:
-    """The root of the contract: `$SAGEMAKER_BASE_DIR`, else `/opt/ml`."""
+    """The root of the contract: `$SAGEMAKER_BASE_DIR`, else `/opt/ml` (also when it is empty)."""
     return Path(os.environ.get("SAGEMAKER_BASE_DIR") or DEFAULT_BASE_DIR)
 
 

@@ -123,7 +123,8 @@ def _point_weights_at_safetensors(graph: Any, weights: Path) -> None:
     with weights.open("rb") as f:
         for init in graph.graph.initializer:
             entry = header.get(init.name.removeprefix("model."))  # the Logits wrapper's attribute
-            if not entry or _ONNX_TYPES.get(entry["dtype"]) != init.data_type or list(entry["shape"]) != list(init.dims):
+            if (not entry or _ONNX_TYPES.get(entry["dtype"]) != init.data_type
+                    or list(entry["shape"]) != list(init.dims)):
                 continue  # not a saved weight (a buffer, a tied copy, another dtype): stays in the graph
             begin, end = entry["data_offsets"]
             f.seek(start + begin)

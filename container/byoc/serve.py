@@ -14,6 +14,7 @@ default 25 s, inside SageMaker's 30 s) and exits.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -34,8 +36,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from byoc.batching import Batcher
-from byoc.logs import configure_logging
+from byoc.contract import Paths, base_dir
 from byoc.handlers import Handlers, InputError, NotAcceptable, call, load_handlers
+from byoc.logs import configure_logging
 
 logger = logging.getLogger("byoc.serve")
 
@@ -60,15 +63,15 @@ class ServeSettings:
     graceful_timeout: int = 25
 
     @classmethod
-    def from_env(cls) -> "ServeSettings":
+    def from_env(cls) -> ServeSettings:
         env = os.environ
-        base = Path(env.get("SAGEMAKER_BASE_DIR") or "/opt/ml")
         workers = int(env.get("SAGEMAKER_MODEL_SERVER_WORKERS") or 1)
         return cls(
-            model_dir=Path(env.get("SM_MODEL_DIR") or base / "model"),
+            model_dir=Paths(base_dir()).model_dir,  # the training contract's rule: an empty variable is unset
             port=int(env.get("SAGEMAKER_BIND_TO_PORT") or 8080),
             workers=max(1, workers),
-            timeout=float(env.get("SAGEMAKER_MODEL_SERVER_TIMEOUT") or env.get("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS") or 60),
+            timeout=float(env.get("SAGEMAKER_MODEL_SERVER_TIMEOUT") or env.get("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS")
+                          or 60),
             max_payload_mb=float(env.get("SAGEMAKER_MAX_PAYLOAD_IN_MB") or 6),
             default_accept=env.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or JSON,
             batch_strategy=env.get("SAGEMAKER_BATCH_STRATEGY") or "MULTI_RECORD",
@@ -115,8 +118,10 @@ class ModelServer:
         logger.info("model loaded from %s in %.1f s; ready", self.settings.model_dir, time.monotonic() - started)
 
     def predict_batch(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
+        assert self.handlers is not None and self.handlers.predict_fn is not None  # batching implies both
         try:
-            return call(self.handlers.predict_fn, "predict_fn", {"inputs": inputs, "parameters": parameters}, self.model)
+            data = {"inputs": inputs, "parameters": parameters}
+            return call(self.handlers.predict_fn, "predict_fn", data, self.model)
         finally:
             if self.batcher is not None and self.batcher.queue.empty():
                 release_memory()
@@ -148,9 +153,15 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
     async def lifespan(app: Starlette):
         loop = asyncio.get_running_loop()
         loading = loop.run_in_executor(server.executor, server.load)
-        server.batcher = Batcher(server.predict_batch, server.executor, settings.max_batch, settings.max_delay_ms / 1000)
+        server.batcher = Batcher(server.predict_batch, server.executor, settings.max_batch,
+                                 settings.max_delay_ms / 1000)
         server.batcher.start()
-        loading.add_done_callback(lambda _: server.error and _fail_start(server.error, settings.workers))
+
+        def failed(_: asyncio.Future) -> None:
+            if server.error:
+                _fail_start(server.error, settings.workers)
+
+        loading.add_done_callback(failed)
         yield
         await server.batcher.stop()
         server.executor.shutdown(wait=False, cancel_futures=True)
@@ -158,7 +169,8 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
     async def ping(request: Request) -> Response:
         if server.ready.is_set():
             return Response(status_code=200)
-        return _error(503, "the model is still loading" if not server.error else f"the model failed to load: {server.error}")
+        reason = f"the model failed to load: {server.error}" if server.error else "the model is still loading"
+        return _error(503, reason)
 
     async def execution_parameters(request: Request) -> Response:
         return JSONResponse({
@@ -172,13 +184,14 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
             return _error(503, "the model is still loading; retry when /ping answers 200")
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > settings.max_payload_bytes:
-            return _error(413, f"the request body ({int(declared)} bytes) is over the limit of {settings.max_payload_mb:g} MB "
-                               "(SAGEMAKER_MAX_PAYLOAD_IN_MB)")
+            return _error(413, f"the request body ({int(declared)} bytes) is over the limit of "
+                               f"{settings.max_payload_mb:g} MB (SAGEMAKER_MAX_PAYLOAD_IN_MB)")
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > settings.max_payload_bytes:
-                return _error(413, f"the request body is over the limit of {settings.max_payload_mb:g} MB (SAGEMAKER_MAX_PAYLOAD_IN_MB)")
+                return _error(413, f"the request body is over the limit of {settings.max_payload_mb:g} MB "
+                                   "(SAGEMAKER_MAX_PAYLOAD_IN_MB)")
         content_type = request.headers.get("content-type") or JSON
         accept = request.headers.get("accept") or settings.default_accept
         if accept.strip() in ("*/*", ""):
@@ -186,7 +199,8 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
         try:
             return await asyncio.wait_for(_invoke(server, bytes(body), content_type, accept), settings.timeout)
         except asyncio.TimeoutError:
-            return _error(504, f"the prediction took longer than {settings.timeout:g} s (SAGEMAKER_MODEL_SERVER_TIMEOUT)")
+            return _error(504, f"the prediction took longer than {settings.timeout:g} s "
+                               "(SAGEMAKER_MODEL_SERVER_TIMEOUT)")
         except InputError as err:
             return _error(err.status, str(err))
         except Exception as err:  # a fault in the server or the handler code: logged in full, summarised to the client
@@ -221,23 +235,26 @@ def _failure_file(supervisor_pid: int) -> Path:
 
 
 async def _invoke(server: ModelServer, body: bytes, content_type: str, accept: str) -> Response:
-    handlers, loop = server.handlers, asyncio.get_running_loop()
-    if handlers.transform_fn is not None:
+    handlers, batcher, loop = server.handlers, server.batcher, asyncio.get_running_loop()
+    assert handlers is not None and batcher is not None  # the routes call this only once the model is ready
+    transform_fn, input_fn, predict_fn = handlers.transform_fn, handlers.input_fn, handlers.predict_fn
+    if transform_fn is not None:
         result = await loop.run_in_executor(
-            server.executor, lambda: call(handlers.transform_fn, "transform_fn", server.model, body, content_type, accept))
+            server.executor, lambda: call(transform_fn, "transform_fn", server.model, body, content_type, accept))
         return _response(result, accept)
+    assert input_fn is not None and predict_fn is not None  # load_handlers sets them wherever transform_fn is None
     _check_accept(handlers, accept)  # before spending time on the model
     try:
-        data = await _off_loop(len(body), call, handlers.input_fn, "input_fn", body, content_type)
+        data = await _off_loop(len(body), call, input_fn, "input_fn", body, content_type)
     except InputError:
         raise
     except (ValueError, TypeError, KeyError, UnicodeDecodeError) as err:  # a user input_fn rejecting the body
         raise InputError(f"malformed input: {err}") from None
     if handlers.batchable and _batch_shaped(data):
-        prediction = await server.batcher.submit(data["inputs"], data.get("parameters") or {})
+        prediction = await batcher.submit(data["inputs"], data.get("parameters") or {})
     else:
         prediction = await loop.run_in_executor(
-            server.executor, lambda: call(handlers.predict_fn, "predict_fn", data, server.model))
+            server.executor, lambda: call(predict_fn, "predict_fn", data, server.model))
     result = await _off_loop(len(body), call, handlers.output_fn, "output_fn", prediction, accept)
     return _response(result, accept)
 
@@ -282,8 +299,6 @@ def _tune_malloc() -> None:
     """glibc gives each allocating thread its own heap arena; the server needs two (glibc only)."""
     global _LIBC
     try:
-        import ctypes
-
         _LIBC = ctypes.CDLL("libc.so.6")
         _LIBC.mallopt(-8, 2)  # M_ARENA_MAX
     except (OSError, AttributeError):
@@ -302,8 +317,6 @@ HEALTH_FILE = Path(tempfile.gettempdir()) / "byoc-serve.port"
 
 def healthcheck() -> int:
     """0 when this container is healthy: it does not serve (a training container), or /ping says 200."""
-    import urllib.request
-
     try:
         port = int(HEALTH_FILE.read_text())
     except (OSError, ValueError):
@@ -317,7 +330,7 @@ def healthcheck() -> int:
 
 def main() -> None:
     """Run the server (`byoc serve`)."""
-    import uvicorn
+    import uvicorn  # here, not at the top: `byoc healthcheck` imports this module every 30 s and needs no server
 
     _tune_malloc()
 
@@ -327,8 +340,8 @@ def main() -> None:
         HEALTH_FILE.write_text(str(settings.port))
     except OSError:
         pass
-    options = dict(host="0.0.0.0", port=settings.port, log_level="info", access_log=False,
-                   timeout_graceful_shutdown=settings.graceful_timeout, timeout_keep_alive=75)
+    options: dict[str, Any] = dict(host="0.0.0.0", port=settings.port, log_level="info", access_log=False,
+                                   timeout_graceful_shutdown=settings.graceful_timeout, timeout_keep_alive=75)
     if settings.workers > 1:
         failure = _failure_file(os.getpid())
         failure.unlink(missing_ok=True)
