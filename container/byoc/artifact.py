@@ -8,11 +8,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import cast
 
 import datasets
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerBase, Trainer
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
 from transformers.trainer_utils import PredictionOutput
 
 from byoc import onnx_graph
@@ -52,10 +53,11 @@ def publish_model(
     model_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".byoc-staging-", dir=model_dir.parent))
     moved: list[Path] = []
+    model = cast(PreTrainedModel, trainer.model)  # the Trainer types it loosely (a Module, or None before init)
     try:
-        if trainer.model.device.type == "xla":  # safetensors reads host memory: the job is done, bring it home
-            trainer.model.to("cpu")
-        trainer.model.save_pretrained(staging, safe_serialization=True)
+        if model.device.type == "xla":  # safetensors reads host memory: the job is done, bring it home
+            model.cpu()
+        model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         if serving_graph and onnx_graph.export(staging) and serving_int8:
             onnx_graph.export_int8(staging)

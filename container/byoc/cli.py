@@ -251,9 +251,9 @@ def main(argv: list[str] | None = None) -> None:
     if options.command == "worker":
         sys.exit(run_job(_run_training))
     if options.command == "export-onnx":
-        from byoc.onnx_graph import export, export_int8
+        from byoc import onnx_graph
 
-        ok = export(options.model_dir) and (not options.int8 or export_int8(options.model_dir))
+        ok = onnx_graph.export(options.model_dir) and (not options.int8 or onnx_graph.export_int8(options.model_dir))
         sys.exit(0 if ok else 1)
     from byoc.serve import main as serve
 

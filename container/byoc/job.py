@@ -162,7 +162,7 @@ def make_trainer(job: Job, model: PreTrainedModel) -> ClassifierTrainer:
 def train_and_evaluate(job: Job, trainer: ClassifierTrainer, stop: StopOnSignal) -> dict[str, Any]:
     """Resume from the newest complete checkpoint, train, evaluate; on SIGTERM save and raise `Interrupted`."""
     args = job.args
-    checkpoint_dir = Path(trainer.args.output_dir)
+    checkpoint_dir = job.contract.checkpoint_folder  # the Trainer's output_dir
     # A precompile run neither resumes nor leaves checkpoints: it shares only the compile cache.
     resume = None if args.neuron_precompile else common_resume_point(checkpoint_dir)
     if trainer.is_local_process_zero() and not args.neuron_precompile:

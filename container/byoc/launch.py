@@ -22,7 +22,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,7 +251,7 @@ _PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken p
 
 
 def describe_failure(
-    failures: dict[int, object], records: dict[int, dict], host: str, log_dir: Path | None
+    failures: Mapping[int, object], records: dict[int, dict], host: str, log_dir: Path | None
 ) -> tuple[str, int]:
     """(failure message, exit code) for the rank that failed first."""
     candidates = []
@@ -282,7 +282,7 @@ def describe_failure(
 
 
 def _is_peer_loss(record: dict | None) -> bool:
-    return bool(record) and any(s in record["message"].lower() for s in _PEER_LOST)
+    return record is not None and any(s in record["message"].lower() for s in _PEER_LOST)
 
 
 # ---------------------------------------------------------------------------------------------

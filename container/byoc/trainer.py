@@ -56,7 +56,7 @@ class ClassifierTrainer(Trainer):
         self.add_callback(_SamplerEpoch(self))
 
     def _get_train_sampler(self, train_dataset=None):
-        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        dataset: Any = train_dataset if train_dataset is not None else self.train_dataset
         if "input_ids" not in dataset.column_names or not (self.buckets or compat.is_length_grouped(self.args)):
             return super()._get_train_sampler(train_dataset)
         lengths = [len(ids) for ids in dataset["input_ids"]]
@@ -195,7 +195,7 @@ class CompileReport(TrainerCallback):
 
 def precision_flags(
     args: TrainArguments, use_xla: bool = False, cuda: bool | None = None, cuda_bf16: bool | None = None
-) -> dict[str, bool]:
+) -> dict[str, Any]:
     """bf16/fp16 only where the hardware runs them; otherwise fp32 with a warning.
     `cuda`, `cuda_bf16`: the hardware (default: what torch sees here).
 
@@ -241,7 +241,7 @@ def build_trainer(
     contract: TrainingContract,
     num_labels: int,
     buckets: list[int] | None = None,
-) -> Trainer:
+) -> ClassifierTrainer:
     """The Trainer for this job; `buckets` (the XLA path) switches to fixed-shape batches."""
     compat.check_trainer_hooks(ClassifierTrainer.__mro__[1])  # the private methods overridden below
     use_xla = buckets is not None
@@ -300,7 +300,8 @@ def build_trainer(
             np.argmax(logits, axis=-1)[keep], np.asarray(prediction.label_ids)[keep], num_labels
         )
 
-    if use_xla:
+    collator: FixedShapeCollator | DataCollatorWithPadding
+    if buckets is not None:
         collator = FixedShapeCollator(tokenizer.pad_token_id or 0, buckets, args.per_device_eval_batch_size)
     else:
         collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=None)

@@ -16,6 +16,7 @@ import logging
 import re
 import warnings
 from pathlib import Path
+from typing import Literal
 
 import datasets
 import pandas as pd
@@ -120,7 +121,7 @@ def _read_csv(path: Path, fmt: str) -> pd.DataFrame:
         return pd.DataFrame()
     sep = "\t" if fmt == "tsv" else _sniff_delimiter(sample)
     # Tab-separated files are usually unquoted (GLUE style): a quote is just a character.
-    quoting = csv.QUOTE_NONE if sep == "\t" else csv.QUOTE_MINIMAL
+    quoting: Literal[0, 1, 2, 3] = csv.QUOTE_NONE if sep == "\t" else csv.QUOTE_MINIMAL
     first_row = next(csv.reader(io.StringIO(sample), delimiter=sep, quoting=quoting))
     header: int | None = 0
     names = None

@@ -24,9 +24,9 @@ class LabelCodec:
 
     @classmethod
     def from_train(cls, parts: list[Part]) -> LabelCodec:
-        with_names = [p for p in parts if p.class_names is not None]
+        with_names = [p.class_names for p in parts if p.class_names is not None]
         if with_names:  # a ClassLabel feature keeps its names and ids
-            names = list(with_names[0].class_names)
+            names = list(with_names[0])
             return cls(names, {n: i for i, n in enumerate(names)}, False, True)
         raw = pd.concat([p.labels for p in parts], ignore_index=True)
         numbers = _as_numbers(raw)

@@ -84,6 +84,7 @@ def build_pretokenized(
 
 def _pretokenized_part(src: Source, spec: DataSpec, role: str, cache_dir: Path) -> _TokenPart:
     columns = src.columns
+    label: str | None
     if spec.label_column:
         label = explicit_column(spec.label_column, "label_column", columns, role, src.where)
     else:

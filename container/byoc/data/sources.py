@@ -65,7 +65,9 @@ def collect_sources(channels: dict[str, Path]) -> dict[str, list[Source]]:
     return {role: sources[role] for role in ("train", "eval", "test") if role in sources}
 
 
-def _read_channel(name: str, root: Path, role: str | None, skip: set[str] = frozenset()) -> dict[str, list[Source]]:
+def _read_channel(
+    name: str, root: Path, role: str | None, skip: frozenset[str] | set[str] = frozenset()
+) -> dict[str, list[Source]]:
     """Read one channel. `role` is the split a separate channel holds; None for the train
     channel, which may hold several splits (a DatasetDict, or train.txt + val.txt + ...);
     splits in `skip` come from separate channels and are ignored here."""
@@ -79,7 +81,7 @@ def _read_channel(name: str, root: Path, role: str | None, skip: set[str] = froz
             logger.warning("%s channel: ignoring %s; the separate %s channel takes precedence", name, dropped, ignored)
         return by_role
 
-    by_role: dict[str, list[Source]] = {}
+    by_role = {}
     for path, fmt in _list_data_files(name, root):
         file_role = role or _split_of(path.relative_to(root))
         if file_role in skip:
@@ -188,7 +190,7 @@ def _list_data_files(name: str, root: Path) -> list[tuple[Path, str]]:
         p for p in root.rglob("*") if p.is_file() and not any(_is_hidden(part) for part in p.relative_to(root).parts)
     )
     candidates = [p for p in files if not _is_skipped(p)]
-    data = [(p, format_of(p)) for p in candidates if format_of(p)]
+    data = [(p, fmt) for p in candidates if (fmt := format_of(p))]
     ignored = [str(p.relative_to(root)) for p in candidates if not format_of(p)]
     if not data:
         supported = ", ".join(FORMATS) + " (optionally .gz)"
