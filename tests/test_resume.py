@@ -8,7 +8,6 @@ import json
 import random
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -167,56 +166,3 @@ def test_sigkill_at_random_moments_loses_at_most_one_checkpoint_interval(tmp_pat
     rerun(job, CPU_ONLY)
     assert max(resumed_from) > 0  # some kills hit mid-training, not only start-up
     assert_same_losses(job, reference)
-
-
-FILES = ("trainer_state.json", "optimizer.pt", "scheduler.pt", "model.safetensors", "rng_state.pth")
-
-
-def fake_checkpoint(root: Path, step: int, files=FILES, seal: bool = True) -> Path:
-    from byoc.checkpoints import mark_complete
-
-    folder = root / f"checkpoint-{step}"
-    folder.mkdir(parents=True)
-    for name in files:
-        (folder / name).write_text(f"{name} of step {step}")
-    if seal:
-        mark_complete(folder)
-    return folder
-
-
-def test_half_written_checkpoint_is_skipped(tmp_path):
-    from byoc.checkpoints import newest_complete
-
-    fake_checkpoint(tmp_path, 5)
-    fake_checkpoint(tmp_path, 10, seal=False)  # killed before it was sealed
-    assert newest_complete(tmp_path) == tmp_path / "checkpoint-5"
-    truncated = fake_checkpoint(tmp_path, 15)
-    (truncated / "optimizer.pt").write_text("cut")  # a file changed after sealing: not trusted
-    assert newest_complete(tmp_path) == tmp_path / "checkpoint-5"
-
-
-def test_sealing_refuses_a_checkpoint_with_missing_files(tmp_path):
-    with pytest.raises(RuntimeError, match="missing rng_state.pth"):
-        fake_checkpoint(tmp_path, 3, files=FILES[:-1])
-
-
-def test_rotation_waits_for_the_new_checkpoint(tmp_path):
-    from byoc.checkpoints import drop_unfinished_after, rotate
-
-    for step in (10, 20):
-        fake_checkpoint(tmp_path, step)
-    fake_checkpoint(tmp_path, 30, seal=False)
-    rotate(tmp_path, 1)  # keep 1: checkpoint-20 stays, since 30 is not complete
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-20", "checkpoint-30"]
-    drop_unfinished_after(tmp_path, tmp_path / "checkpoint-20")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-20"]
-
-
-def test_changed_configuration_is_refused(tmp_path):
-    from byoc.checkpoints import CheckpointMismatch, check_job
-
-    fake_checkpoint(tmp_path, 3)
-    check_job(tmp_path, {"learning_rate": 1e-3, "seed": 42})
-    check_job(tmp_path, {"learning_rate": 1e-3, "seed": 42})  # same job: fine
-    with pytest.raises(CheckpointMismatch, match="learning_rate 0.001 -> 0.002"):
-        check_job(tmp_path, {"learning_rate": 2e-3, "seed": 42})

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
 import signal
@@ -30,7 +29,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from byoc import distributed
-from byoc.errors import UserError
+from byoc.errors import UserError, brief
+from byoc.files import write_atomically
 from byoc.interruption import Interrupted  # defined where importing it is cheap (see that module)
 
 logger = logging.getLogger("byoc.checkpoints")
@@ -125,12 +125,7 @@ def mark_complete(folder: Path, ranks: list[int] | None = None) -> None:
     if missing or not any((folder / n).exists() for n in ("model.safetensors", "model.safetensors.index.json")):
         raise RuntimeError(f"checkpoint {folder} is missing {', '.join(missing) or 'its weights'} after saving")
     files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file() and p.name != MARKER}
-    tmp = folder / (MARKER + ".tmp")
-    with tmp.open("w") as f:
-        json.dump({"files": files}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, folder / MARKER)
+    write_atomically(folder / MARKER, json.dumps({"files": files}))
 
 
 def is_complete(folder: Path) -> bool:
@@ -187,7 +182,16 @@ def check_job(checkpoint_dir: Path, job: dict[str, Any]) -> None:
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     path = checkpoint_dir / JOB_FILE
     if path.exists() and newest_complete(checkpoint_dir) is not None:
-        previous = json.loads(path.read_text())
+        try:
+            previous = json.loads(path.read_text())
+            if not isinstance(previous, dict):
+                raise ValueError(f"a JSON {type(previous).__name__}, not an object")
+        except (OSError, ValueError) as err:  # not written by this version of byoc (its write is atomic)
+            raise CheckpointMismatch(
+                f"cannot tell which job configuration the checkpoints in {checkpoint_dir} come from: {path.name} is "
+                f"unreadable ({brief(err, 120)}). Delete {path} to resume from them anyway, or delete the "
+                "checkpoints (or use a new checkpoint location) to start over"
+            ) from None
         changed = [
             f"{key} {previous.get(key)!r} -> {job.get(key)!r}"
             for key in sorted(set(previous) | set(job))
@@ -199,4 +203,4 @@ def check_job(checkpoint_dir: Path, job: dict[str, Any]) -> None:
                 f"({'; '.join(changed[:5])}): "
                 "delete them or use a new checkpoint location to start over, or restore the configuration to resume"
             )
-    path.write_text(json.dumps(job, indent=2, sort_keys=True))
+    write_atomically(path, json.dumps(job, indent=2, sort_keys=True))

@@ -30,6 +30,7 @@ from byoc import compat, efa
 from byoc.contract import ContractError, TrainingContract
 from byoc.devices import device_counts
 from byoc.errors import EXIT_INTERRUPTED
+from byoc.files import write_atomically
 
 logger = logging.getLogger("byoc.launch")
 
@@ -204,9 +205,7 @@ def write_rank_failure(message: str, exit_code: int) -> None:
         "time": time.time(),
     }
     path = Path(folder) / f"rank-{record['rank']}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(record))
 
 
 def _records(failure_dir: Path) -> dict[int, dict]:

@@ -1,0 +1,100 @@
+"""Checkpoints on disk, without a job: sealing, half-written checkpoints, rotation, and the job
+record that refuses another configuration's checkpoints (test_resume runs the real jobs)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from byoc.checkpoints import (
+    JOB_FILE,
+    CheckpointMismatch,
+    check_job,
+    drop_unfinished_after,
+    mark_complete,
+    newest_complete,
+    rotate,
+)
+
+FILES = ("trainer_state.json", "optimizer.pt", "scheduler.pt", "model.safetensors", "rng_state.pth")
+
+
+def fake_checkpoint(root: Path, step: int, files=FILES, seal: bool = True) -> Path:
+    folder = root / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    for name in files:
+        (folder / name).write_text(f"{name} of step {step}")
+    if seal:
+        mark_complete(folder)
+    return folder
+
+
+def test_half_written_checkpoint_is_skipped(tmp_path):
+    fake_checkpoint(tmp_path, 5)
+    fake_checkpoint(tmp_path, 10, seal=False)  # killed before it was sealed
+    assert newest_complete(tmp_path) == tmp_path / "checkpoint-5"
+    truncated = fake_checkpoint(tmp_path, 15)
+    (truncated / "optimizer.pt").write_text("cut")  # a file changed after sealing: not trusted
+    assert newest_complete(tmp_path) == tmp_path / "checkpoint-5"
+
+
+def test_sealing_refuses_a_checkpoint_with_missing_files(tmp_path):
+    with pytest.raises(RuntimeError, match="missing rng_state.pth"):
+        fake_checkpoint(tmp_path, 3, files=FILES[:-1])
+
+
+def test_rotation_waits_for_the_new_checkpoint(tmp_path):
+    for step in (10, 20):
+        fake_checkpoint(tmp_path, step)
+    fake_checkpoint(tmp_path, 30, seal=False)
+    rotate(tmp_path, 1)  # keep 1: checkpoint-20 stays, since 30 is not complete
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-20", "checkpoint-30"]
+    drop_unfinished_after(tmp_path, tmp_path / "checkpoint-20")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-20"]
+
+
+def test_changed_configuration_is_refused(tmp_path):
+    fake_checkpoint(tmp_path, 3)
+    check_job(tmp_path, {"learning_rate": 1e-3, "seed": 42})
+    check_job(tmp_path, {"learning_rate": 1e-3, "seed": 42})  # same job: fine
+    with pytest.raises(CheckpointMismatch, match="learning_rate 0.001 -> 0.002"):
+        check_job(tmp_path, {"learning_rate": 2e-3, "seed": 42})
+
+
+def test_an_unreadable_job_record_is_a_clear_mismatch(tmp_path):
+    """A job record cut short (written in place by earlier versions, killed mid-write) blocked every
+    later resume with a JSONDecodeError; now it is a user error that says what to do."""
+    fake_checkpoint(tmp_path, 3)
+    (tmp_path / JOB_FILE).write_text('{"learning_rate": 0.0')
+    with pytest.raises(CheckpointMismatch, match=f"{JOB_FILE} is unreadable .*Delete .* to resume from them anyway"):
+        check_job(tmp_path, {"learning_rate": 1e-3})
+    (tmp_path / JOB_FILE).write_text("[1, 2]")
+    with pytest.raises(CheckpointMismatch, match="a JSON list, not an object"):
+        check_job(tmp_path, {"learning_rate": 1e-3})
+
+
+PADDING = "x" * 20_000_000  # a large record, so that a kill often lands mid-write
+
+
+def _write_job_records_forever(folder: str) -> None:
+    for i in range(10**9):
+        check_job(Path(folder), {"learning_rate": 1e-3, "padding": PADDING, "i": i})
+
+
+def test_the_job_record_is_never_half_written(tmp_path):
+    """SIGKILL while the record is being written over and over: what is on disk always parses.
+    (No checkpoint yet, so each call only writes.)"""
+    check_job(tmp_path, {"learning_rate": 1e-3, "padding": PADDING, "i": -1})
+    for _ in range(10):
+        writer = multiprocessing.get_context("fork").Process(target=_write_job_records_forever, args=(str(tmp_path),))
+        writer.start()
+        writer.join(0.25)
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.join()
+        record = json.loads((tmp_path / JOB_FILE).read_text())
+        assert record["learning_rate"] == 1e-3
