@@ -135,6 +135,11 @@ def test_alias_conflict_is_an_error():
         ({"do_train": "false"}, "always trains"),
         ({"serving_int8": "true", "serving_graph": "false"}, "serving_int8=true needs serving_graph=true"),
         ({"epochs": "nan"}, "epochs must be a number"),
+        # Out of range: these failed late, in the Trainer (OverflowError) or when allocating.
+        ({"epochs": "1e308"}, "epochs is out of range: at most 100000"),
+        ({"max_steps": "1e12"}, "max_steps is out of range: at most 2147483647"),
+        ({"per_device_train_batch_size": "10000000000"}, "per_device_train_batch_size is out of range"),
+        ({"max_train_samples": "-1e15"}, "max_train_samples is out of range"),
     ],
 )
 def test_invalid_values(values, words):

@@ -182,7 +182,23 @@ class TrainArguments:
         _validate(self)
 
 
+# Past these a job fails late (an OverflowError when the Trainer counts its steps, a tensor too
+# large to allocate); no real job comes near them.
+INT_LIMIT = 2**31 - 1
+EPOCHS_LIMIT = 100_000
+
+
 def _validate(args: TrainArguments) -> None:
+    hints = typing.get_type_hints(TrainArguments)
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        if _base_type(hints[f.name])[0] is int and value is not None and abs(value) > INT_LIMIT:
+            raise HyperparameterError(f"hyperparameter {f.name} is out of range: at most {INT_LIMIT}, got {value!r}")
+    if args.epochs > EPOCHS_LIMIT:
+        raise HyperparameterError(
+            f"hyperparameter epochs is out of range: at most {EPOCHS_LIMIT}, got {args.epochs!r} "
+            "(to train for a number of steps, set max_steps)"
+        )
     positive = (
         "learning_rate",
         "per_device_train_batch_size",
