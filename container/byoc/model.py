@@ -23,6 +23,7 @@ from transformers import (
 from byoc.arguments import TrainArguments
 from byoc.contract import TrainingContract
 from byoc.errors import UserError, brief
+from byoc.files import UnsafeArchive, extract_archive
 
 logger = logging.getLogger("byoc.model")
 
@@ -103,9 +104,8 @@ def _unpack(archive: Path, cache_dir: Path) -> Path:
         target.mkdir(parents=True, exist_ok=True)
         logger.info("unpacking %s into %s", archive, target)
         try:
-            with tarfile.open(archive) as tar:
-                tar.extractall(target, filter="data")
-        except (tarfile.TarError, OSError) as err:
+            extract_archive(archive, target)
+        except (tarfile.TarError, OSError, UnsafeArchive) as err:
             raise ModelError(f"cannot unpack the model archive {archive.name}: {err}") from None
     return _model_folder(target, cache_dir) if not (target / "config.json").exists() else target
 
