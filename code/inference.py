@@ -2,8 +2,8 @@
 
 `byoc serve` calls `model_fn(model_dir)`, `input_fn(body, content_type)`, `predict_fn(data, model)`
 and `output_fn(prediction, accept)` (the AWS inference toolkits' contract), or one
-`transform_fn(model, body, content_type, accept)`. Whatever this file does not define comes from
-`byoc.inference`, the defaults in the image. Every trained model carries this file as
+`transform_fn(model, body, content_type, accept)`. The defaults come from `byoc.inference`, in the
+image; define any handler here to replace it. Every trained model carries this file as
 `model/code/inference.py`: change it there, or here before training; list extra packages in
 requirements.txt beside it. Raise byoc.handlers.InputError (400) for a bad request.
 """
@@ -11,6 +11,9 @@ requirements.txt beside it. Raise byoc.handlers.InputError (400) for a bad reque
 from typing import Any
 
 from byoc import inference as defaults
+from byoc.inference import input_fn, model_fn, output_fn
+
+__all__ = ["model_fn", "input_fn", "predict_fn", "output_fn"]  # the handlers; all but predict_fn are the defaults
 
 
 def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:

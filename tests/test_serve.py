@@ -242,8 +242,9 @@ def model_with_code(trained_model: Path, tmp_path: Path, source: str) -> Path:
 
 
 def test_every_model_carries_the_template_which_keeps_the_defaults_and_batching(trained_model):
-    """code/inference.py, copied into each model, overrides predict_fn by delegating to the default: the
-    server still batches (the flag) and checks Accept up front (the default output_fn)."""
+    """code/inference.py, copied into each model, overrides predict_fn by delegating to the default and
+    re-exports the other defaults: the server still batches (the flag) and checks Accept up front (the
+    default output_fn, imported, is no override)."""
     assert (trained_model / "code" / "inference.py").read_bytes() == (REPO / "code" / "inference.py").read_bytes()
     handlers = load_handlers(trained_model)
     assert "(predict_fn overridden)" in handlers.source and handlers.predict_fn is not inference.predict_fn

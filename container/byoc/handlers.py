@@ -96,7 +96,10 @@ def load_handlers(model_dir: Path) -> Handlers:
         except RequirementsError as err:
             raise HandlerError(f"installing {err.requirements} failed: {err}") from None
         user = _import(user_file, "inference")
+    # A default the user's module imports (the template re-exports model_fn, input_fn and output_fn, so
+    # that it is a complete handler module) is no override: the server keeps treating it as the default.
     functions = {name: getattr(user, name, None) for name in HANDLER_NAMES} if user else {}
+    functions = {name: None if fn is getattr(default_handlers, name, None) else fn for name, fn in functions.items()}
     overridden = sorted(name for name, fn in functions.items() if fn is not None)
     if functions.get("transform_fn") and set(overridden) & {"input_fn", "predict_fn", "output_fn"}:
         raise HandlerError(
