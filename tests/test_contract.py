@@ -113,3 +113,25 @@ def test_user_errors_are_known_by_class_not_by_name():
 
     assert failure_message(RenamedByALaterRefactoring("no label column")) == "no label column"
     assert failure_message(ValueError("no label column")).startswith("unexpected error: ValueError")
+
+
+@pytest.mark.parametrize("char", ["x", "é", "€", "😀"])
+def test_the_failure_file_holds_at_most_1024_bytes_of_whole_characters(tmp_path, char):
+    """SageMaker keeps 1024 bytes of output/failure; every writer goes through write_failure, which cuts
+    (before, a launcher's message was written uncut, and failure_message cut characters, not bytes)."""
+    from byoc.contract import Paths, write_failure
+
+    paths = Paths(tmp_path)
+    write_failure(paths, "rank 1 failed:\n" + char * 5000)
+    data = paths.failure_file.read_bytes()
+    assert len(data) <= 1024 and data.endswith(b"...\n")
+    assert data.decode("utf-8").startswith("rank 1 failed: " + char)  # one line, whole characters
+
+
+def test_a_launcher_failure_is_cut_too(tmp_path):
+    from byoc import cli
+    from byoc.contract import Paths
+
+    paths = Paths(tmp_path)
+    assert cli._finish(paths, 1, "rank 0 on algo-1 failed: " + "ValueError: " * 1000) == 1
+    assert len(paths.failure_file.read_bytes()) <= 1024

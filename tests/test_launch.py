@@ -112,13 +112,13 @@ def test_the_first_real_failure_is_reported_not_the_peers_that_lost_it():
             "message": "unexpected error: RuntimeError: Connection closed by peer",
         }
     }
-    message, code = describe_failure(failures, records, "algo-1", None)
+    message, code = describe_failure(failures, records, "algo-1")
     assert (message, code) == (
         "rank 1 on algo-1 failed: the process was killed by SIGKILL (out of memory, or killed from outside)",
         137,
     )
     records[1] = {"rank": 1, "host": "algo-1", "exit_code": 1, "time": 100.5, "message": "DataError: bad"}
-    assert describe_failure(failures, records, "algo-1", None) == ("rank 1 on algo-1 failed: DataError: bad", 1)
+    assert describe_failure(failures, records, "algo-1") == ("rank 1 on algo-1 failed: DataError: bad", 1)
 
 
 def test_the_device_hyperparameter_picks_the_path():

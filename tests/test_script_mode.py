@@ -8,23 +8,28 @@ from pathlib import Path
 
 from helpers import CPU_ONLY, Job, run_train_process
 
-SCRIPT = '''
+SCRIPT = """
 import argparse, json, os, sys
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int)
 parser.add_argument("--name")
 parser.add_argument("--fail")
+parser.add_argument("--hf_token")
 args = parser.parse_args()
 if args.fail == "exception":
     raise ValueError("column 'review' not found")
 if args.fail == "exit":
     sys.exit(3)
+if args.fail == "noisy":
+    for _ in range(40):
+        print("x" * 500_000, file=sys.stderr)
+    raise ValueError("column 'review' not found after 20 MB of noise")
 rank = os.environ.get("RANK")
 out = {"epochs": args.epochs, "name": args.name, "rank": rank, "world": os.environ.get("WORLD_SIZE"),
        "train": os.environ["SM_CHANNEL_TRAIN"], "hosts": json.loads(os.environ["SM_HOSTS"]), "cwd": os.getcwd()}
 with open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{rank}.json"), "w") as f:
     json.dump(out, f)
-'''
+"""
 
 
 def script_job(tmp_path: Path, *, fail: str | None = None, requirements: str | None = None) -> Job:
@@ -40,8 +45,13 @@ def script_job(tmp_path: Path, *, fail: str | None = None, requirements: str | N
     job = Job(tmp_path / "opt-ml").resources()
     (job.channel("train") / "data.csv").write_text("text,label\nhi,1\n")
     # As the SDK sends them for an Estimator with entry_point/source_dir: JSON-encoded strings.
-    hps = {"sagemaker_program": json.dumps("train.py"), "sagemaker_submit_directory": json.dumps(str(archive)),
-           "sagemaker_region": json.dumps("us-east-1"), "epochs": "3", "name": json.dumps("my run")}
+    hps = {
+        "sagemaker_program": json.dumps("train.py"),
+        "sagemaker_submit_directory": json.dumps(str(archive)),
+        "sagemaker_region": json.dumps("us-east-1"),
+        "epochs": "3",
+        "name": json.dumps("my run"),
+    }
     if fail:
         hps["fail"] = json.dumps(fail)
     job.hyperparameters(hps)
@@ -54,9 +64,15 @@ def test_the_users_script_runs_on_every_rank_with_its_arguments(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     outputs = [json.loads((job.model_dir / f"rank-{r}.json").read_text()) for r in (0, 1)]
     for rank, out in enumerate(outputs):
-        assert out == {"epochs": 3, "name": "my run", "rank": str(rank), "world": "2",
-                       "train": str(job.root / "input" / "data" / "train"), "hosts": ["algo-1"],
-                       "cwd": str(job.root / "code")}
+        assert out == {
+            "epochs": 3,
+            "name": "my run",
+            "rank": str(rank),
+            "world": "2",
+            "train": str(job.root / "input" / "data" / "train"),
+            "hosts": ["algo-1"],
+            "cwd": str(job.root / "code"),
+        }
     assert "installing" in result.stdout and "requirements.txt" in result.stdout
 
 
@@ -64,8 +80,9 @@ def test_a_failing_script_keeps_its_error_and_exit_code(tmp_path):
     job = script_job(tmp_path / "a", fail="exception")
     result = run_train_process(job.root)
     assert result.returncode == 1
-    assert job.failure.strip() == ("rank 0 on algo-1 failed: the process exited with code 1; "
-                                   "its last error: ValueError: column 'review' not found")
+    assert job.failure.strip() == (
+        "rank 0 on algo-1 failed: the process exited with code 1; its last error: ValueError: column 'review' not found"
+    )
     job = script_job(tmp_path / "b", fail="exit")
     assert run_train_process(job.root).returncode == 3
     assert job.failure.startswith("rank 0 on algo-1 failed: the process exited with code 3")
@@ -82,3 +99,45 @@ def test_missing_entry_point_and_bad_requirements_fail_clearly(tmp_path):
     job = script_job(tmp_path / "b", requirements="./no-such-folder\n")
     assert run_train_process(job.root).returncode == 1
     assert job.failure.startswith("pip could not install requirements.txt from source_dir"), job.failure
+
+
+def test_a_noisy_script_fills_no_disk_and_its_last_error_is_quoted(tmp_path):
+    """A script that writes 20 MB to stderr: it all reaches the log, nothing is copied to disk (the
+    launcher teed each rank's stderr into a temporary file without a cap), and the failure quotes
+    the last error from a tail kept in memory."""
+    job = script_job(tmp_path / "a", fail="noisy")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    result = run_train_process(job.root, env={"TMPDIR": str(scratch)})
+    assert result.returncode == 1
+    assert job.failure.strip() == (
+        "rank 0 on algo-1 failed: the process exited with code 1; "
+        "its last error: ValueError: column 'review' not found after 20 MB of noise"
+    )
+    assert len(result.stdout) + len(result.stderr) > 20_000_000  # the noise was passed through
+    big = [(p, p.stat().st_size) for p in scratch.rglob("*") if p.is_file() and p.stat().st_size > 1_000_000]
+    assert not big, big
+
+
+def test_secret_looking_hyperparameters_stay_out_of_the_log(tmp_path):
+    job = script_job(tmp_path)
+    hps = json.loads((job.root / "input/config/hyperparameters.json").read_text())
+    job.hyperparameters({**hps, "hf_token": json.dumps("hf_SeCrEt123")})
+    result = run_train_process(job.root)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "--hf_token ***" in result.stdout
+    assert "hf_SeCrEt123" not in result.stdout + result.stderr
+
+
+def test_which_names_are_secret():
+    from byoc.script import is_secret, mask_secrets
+
+    assert all(map(is_secret, ["hf_token", "--WANDB_API_KEY", "db-password", "aws_secret", "auth"]))
+    assert not any(map(is_secret, ["keyword", "monkey", "tokenizer_name", "epochs", "max_tokens"]))
+    assert mask_secrets(["--api_key", "abc", "--epochs", "3", "--password=hunter2"]) == [
+        "--api_key",
+        "***",
+        "--epochs",
+        "3",
+        "--password=***",
+    ]

@@ -25,9 +25,6 @@ from byoc.logs import configure_logging
 
 logger = logging.getLogger("byoc")
 
-FAILURE_LIMIT = 1024
-
-
 def failure_message(err: BaseException) -> str:
     """One line for output/failure: the user-facing message of known errors, a summary otherwise."""
     if _is_user_error(err):
@@ -39,8 +36,7 @@ def failure_message(err: BaseException) -> str:
         )
     else:
         text = f"unexpected error: {type(err).__name__}: {err} (the full traceback is in the job's log)"
-    text = " ".join(text.split())
-    return text[: FAILURE_LIMIT - 3] + "..." if len(text) > FAILURE_LIMIT else text
+    return " ".join(text.split())  # write_failure cuts it to what SageMaker keeps
 
 
 def _is_out_of_memory(err: BaseException) -> bool:
@@ -74,7 +70,7 @@ def train() -> int:
         )
         if is_script_mode(contract.hyperparameters):
             command = prepare_script(contract)
-            code, message = launch(plan_launch(contract), contract, command, tee_stderr=True)
+            code, message = launch(plan_launch(contract), contract, command)
         else:
             from byoc.arguments import parse_hyperparameters
 

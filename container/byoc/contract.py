@@ -190,12 +190,24 @@ def _read_checkpoint_config(paths: Paths) -> tuple[Path | None, str | None]:
     return paths.base / "checkpoints", None
 
 
+FAILURE_LIMIT = 1024  # bytes: what SageMaker keeps of output/failure as the FailureReason
+
+
 def write_failure(paths: Paths, message: str) -> None:
-    """Write `output/failure` (SageMaker shows its first 1024 characters as the FailureReason).
+    """Write `output/failure`: the message on one line, cut to FAILURE_LIMIT bytes of UTF-8
+    (newline included; "..." marks a cut). Every failure of every entry point comes through here.
 
     Like the toolkit, an existing failure file is kept: the first, most specific reason wins.
     """
     paths.output_dir.mkdir(parents=True, exist_ok=True)
     if paths.failure_file.exists() and paths.failure_file.stat().st_size > 0:
         return
-    paths.failure_file.write_text(message.strip() + "\n", encoding="utf-8")
+    paths.failure_file.write_bytes(cut_to_bytes(" ".join(message.split()), FAILURE_LIMIT - 1) + b"\n")
+
+
+def cut_to_bytes(text: str, limit: int) -> bytes:
+    """`text` as UTF-8 of at most `limit` bytes, ending in "..." when cut, never inside a character."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return data
+    return data[: limit - 3].decode("utf-8", errors="ignore").encode("utf-8") + b"..."

@@ -192,6 +192,12 @@ def launched_rank() -> bool:
     return bool(os.environ.get(FAILURE_DIR_ENV))
 
 
+def rank_failure_recorded() -> bool:
+    """Whether this rank has already left a failure record."""
+    folder = os.environ.get(FAILURE_DIR_ENV)
+    return folder is not None and (Path(folder) / f"rank-{int(os.environ.get('RANK', 0))}.json").exists()
+
+
 def write_rank_failure(message: str, exit_code: int) -> None:
     """Called by a failing rank launched by `launch` (no-op otherwise)."""
     folder = os.environ.get(FAILURE_DIR_ENV)
@@ -200,7 +206,7 @@ def write_rank_failure(message: str, exit_code: int) -> None:
     record = {
         "rank": int(os.environ.get("RANK", 0)),
         "host": os.environ.get(HOST_ENV, "?"),
-        "message": message,
+        "message": message[:8192],  # the failure file keeps 1 KB of it
         "exit_code": exit_code,
         "time": time.time(),
     }
@@ -224,34 +230,21 @@ def exit_code_of(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def _describe_exit(code: int) -> str:
+def describe_exit(code: int) -> str:
+    """How a process ended, from its return code (negative: the signal that killed it)."""
     if code < 0:
         try:
-            return f"was killed by {signal.Signals(-code).name}"
+            name = signal.Signals(-code).name
         except ValueError:
-            return f"was killed by signal {-code}"
+            name = f"signal {-code}"
+        return f"was killed by {name}" + (" (out of memory, or killed from outside)" if code == -signal.SIGKILL else "")
     return f"exited with code {code}"
-
-
-def _last_error_line(log_dir: Path, local_rank: int) -> str | None:
-    """The last 'SomethingError: ...' line a rank printed to stderr (scripts that leave no record)."""
-    lines: list[str] = []
-    for path in log_dir.glob(f"**/{local_rank}/stderr.log"):
-        lines += path.read_text(errors="replace").splitlines()
-    for line in reversed(lines):
-        text = line.split("]:", 1)[-1].strip() if line.startswith("[") else line.strip()
-        head = text.split(":", 1)[0]
-        if ":" in text and (head.endswith(("Error", "Exception", "Interrupt")) or head == "SystemExit"):
-            return text
-    return next((line.strip() for line in reversed(lines) if line.strip()), None)
 
 
 _PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "socket closed")
 
 
-def describe_failure(
-    failures: Mapping[int, object], records: dict[int, dict], host: str, log_dir: Path | None
-) -> tuple[str, int]:
+def describe_failure(failures: Mapping[int, object], records: dict[int, dict], host: str) -> tuple[str, int]:
     """(failure message, exit code) for the rank that failed first."""
     candidates = []
     for rank, failure in failures.items():
@@ -269,13 +262,7 @@ def describe_failure(
         detail = record["message"]
     else:
         raw = getattr(failure, "exitcode", 1)
-        detail = f"the process {_describe_exit(raw)}"
-        if raw == -signal.SIGKILL:
-            detail += " (out of memory, or killed from outside)"
-        local = getattr(failure, "local_rank", None)
-        line = _last_error_line(log_dir, local) if (log_dir and local is not None) else None
-        if line:
-            detail += f"; its last error: {line}"
+        detail = f"the process {describe_exit(raw)}"
     where = record["host"] if record else host
     return f"rank {rank} on {where} failed: {detail}", code
 
@@ -288,9 +275,7 @@ def _is_peer_loss(record: dict | None) -> bool:
 # The launch
 
 
-def launch(
-    plan: LaunchPlan, contract: TrainingContract, command: list[str], tee_stderr: bool = False
-) -> tuple[int, str | None]:
+def launch(plan: LaunchPlan, contract: TrainingContract, command: list[str]) -> tuple[int, str | None]:
     """Run `command` (a program and its arguments) as every rank of this host; wait for the job.
 
     Returns (exit code, failure message or None). SIGTERM to this process reaches every rank.
@@ -318,8 +303,9 @@ def launch(
         max_restarts=0,  # a failed rank fails the job; spot restarts resume from checkpoints
         monitor_interval=0.5,
         start_method="spawn",
-        # stderr is copied to a file (and still printed) so a script's last error can be quoted.
-        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), tee=Std.ERR if tee_stderr else Std.NONE),
+        # Nothing is copied to log_dir: a rank's own failure record says what went wrong (script
+        # mode's ranks run under byoc.script_rank, which keeps the script's last error in memory).
+        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), tee=Std.NONE),
         shutdown_timeout=plan.shutdown_timeout,
     )
     logger.info(
@@ -339,7 +325,7 @@ def launch(
             elastic_launch(config, program)(*args)
         return 0, None
     except ChildFailedError as err:
-        message, code = describe_failure(err.failures, _records(failure_dir), contract.current_host, log_dir)
+        message, code = describe_failure(err.failures, _records(failure_dir), contract.current_host)
         return code, message
     except SignalException as err:
         records = _records(failure_dir)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -47,10 +48,12 @@ def fetch_code(contract: TrainingContract) -> Path:
     code_dir = contract.paths.base / "code"
     submit = decode(contract.hyperparameters.get("sagemaker_submit_directory") or "")
     if submit:
-        source = submit[len("file://"):] if submit.startswith("file://") else submit
+        source = submit[len("file://") :] if submit.startswith("file://") else submit
         if not source.startswith("s3://") and not Path(source).exists():
-            raise ScriptError(f"sagemaker_submit_directory {submit!r} does not exist: pass source_dir as a local "
-                              "folder or an S3 URI of a sourcedir.tar.gz")
+            raise ScriptError(
+                f"sagemaker_submit_directory {submit!r} does not exist: pass source_dir as a local "
+                "folder or an S3 URI of a sourcedir.tar.gz"
+            )
         try:
             download_and_extract(source, str(code_dir))
         except Exception as err:
@@ -63,8 +66,9 @@ def sm_environment(contract: TrainingContract) -> dict[str, str]:
     from sagemaker_training import environment
 
     variables = environment.Environment().to_env_vars()
-    variables.update({"SM_MODEL_DIR": str(contract.paths.model_dir),
-                      "SM_OUTPUT_DATA_DIR": str(contract.paths.output_data_dir)})
+    variables.update(
+        {"SM_MODEL_DIR": str(contract.paths.model_dir), "SM_OUTPUT_DATA_DIR": str(contract.paths.output_data_dir)}
+    )
     for name, channel in contract.channels.items():
         variables[f"SM_CHANNEL_{name.upper()}"] = str(channel.path)
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in variables.items()}
@@ -77,8 +81,10 @@ def prepare_script(contract: TrainingContract) -> list[str]:
     script = code_dir / program
     if not script.is_file():
         found = ", ".join(sorted(p.name for p in code_dir.iterdir())[:10]) if code_dir.is_dir() else "nothing"
-        raise ScriptError(f"the entry point {program!r} is not in the source directory {code_dir} (found: {found}): "
-                          "check entry_point and source_dir")
+        raise ScriptError(
+            f"the entry point {program!r} is not in the source directory {code_dir} (found: {found}): "
+            "check entry_point and source_dir"
+        )
     try:
         install_requirements(code_dir)
     except RequirementsError as err:
@@ -89,9 +95,33 @@ def prepare_script(contract: TrainingContract) -> list[str]:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code_dir), os.environ.get("PYTHONPATH")]))
     os.chdir(code_dir)  # the toolkit runs scripts from their folder
     args = user_arguments(contract.hyperparameters)
-    logger.info("script mode: running %s %s", program, " ".join(args))
+    logger.info("script mode: running %s %s", program, " ".join(mask_secrets(args)))
     if script.suffix == ".py":
-        return [sys.executable, "-u", str(script), *args]
-    if script.suffix == ".sh":
-        return [shutil.which("bash") or "/bin/sh", str(script), *args]
-    return [str(script), *args]
+        command = [sys.executable, "-u", str(script), *args]
+    elif script.suffix == ".sh":
+        command = [shutil.which("bash") or "/bin/sh", str(script), *args]
+    else:
+        command = [str(script), *args]
+    return [sys.executable, "-m", "byoc.script_rank", *command]  # passes stderr through, quotes its last error
+
+
+# A hyperparameter named like one of these holds a credential: its value never reaches the logs.
+SECRET_WORDS = ("token", "secret", "password", "passwd", "key", "apikey", "credential", "credentials", "auth")
+
+
+def is_secret(name: str) -> bool:
+    """hf_token, WANDB_API_KEY, db-password... (whole words of the name, so "keyword" or "monkey" are not)."""
+    words = re.split(r"[^a-z0-9]+", name.lower().lstrip("-"))
+    return any(word in SECRET_WORDS for word in words)
+
+
+def mask_secrets(args: list[str]) -> list[str]:
+    """`--name value` arguments with the values of secret-looking names replaced by ***."""
+    out = list(args)
+    for i, arg in enumerate(args[:-1]):
+        if arg.startswith("--") and is_secret(arg) and not args[i + 1].startswith("--"):
+            out[i + 1] = "***"
+    return [
+        f"{a.split('=', 1)[0]}=***" if a.startswith("--") and "=" in a and is_secret(a.split("=", 1)[0]) else a
+        for a in out
+    ]
