@@ -23,8 +23,9 @@ from pathlib import Path
 from byoc import inference
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = next((p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion"))
-             if p.is_dir()), None)
+DATA = next(
+    (p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None
+)
 WORK = Path("/tmp/byoc-bench-precision")
 
 
@@ -49,8 +50,9 @@ def measure(model_dir: Path, settings: dict[str, str], texts: list[str], labels:
         load_s = time.perf_counter() - started
         inference.predict_fn({"inputs": texts[:64]}, model)  # warm-up
         started = time.perf_counter()
-        answers = [a for i in range(0, len(texts), 32)
-                   for a in inference.predict_fn({"inputs": texts[i:i + 32]}, model)]
+        answers = [
+            a for i in range(0, len(texts), 32) for a in inference.predict_fn({"inputs": texts[i : i + 32]}, model)
+        ]
         seconds = time.perf_counter() - started
     finally:
         for key in settings:
@@ -78,16 +80,21 @@ def main() -> int:
     texts, labels = [r[0] for r in rows], [r[1].strip() for r in rows]
     model_dir = opts.model or trained_model()
     results, exact = {}, None
-    for name, settings in (("onnxruntime fp32 (default)", {}),
-                           ("onnxruntime int8", {"BYOC_INFERENCE_PRECISION": "int8"}),
-                           ("torch fp32", {"BYOC_INFERENCE_BACKEND": "torch"})):
+    for name, settings in (
+        ("onnxruntime fp32 (default)", {}),
+        ("onnxruntime int8", {"BYOC_INFERENCE_PRECISION": "int8"}),
+        ("torch fp32", {"BYOC_INFERENCE_BACKEND": "torch"}),
+    ):
         r = results[name] = measure(model_dir, settings, texts, labels)
         answers = r.pop("answers")
         exact = exact or answers  # the first runtime, ONNX Runtime fp32, is the yardstick
         r.update(agreement(answers, exact))
-        print(f"{name:28s} accuracy {r['accuracy']:.4f}  {r['sentences_per_second']:6.0f} sentences/s  "
-              f"model_fn {r['load_s']:.1f} s  same label as fp32 {r['agreement_with_fp32']:.2%} "
-              f"(score moves up to {r['max_score_change']:.3f})", flush=True)
+        print(
+            f"{name:28s} accuracy {r['accuracy']:.4f}  {r['sentences_per_second']:6.0f} sentences/s  "
+            f"model_fn {r['load_s']:.1f} s  same label as fp32 {r['agreement_with_fp32']:.2%} "
+            f"(score moves up to {r['max_score_change']:.3f})",
+            flush=True,
+        )
     if opts.json:
         opts.json.write_text(json.dumps(results, indent=2))
     return 0

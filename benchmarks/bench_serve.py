@@ -35,8 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reference_stack  # noqa: E402
 
-DATA = next((p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion"))
-             if p.is_dir()), None)
+DATA = next(
+    (p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None
+)
 WORK = Path("/tmp/byoc-bench-serve")
 
 
@@ -65,8 +66,12 @@ def train_model() -> Path:
         # Today's template (the installed byoc.inference, predict_fn overridden), not an old copy of the defaults.
         shutil.copy(REPO / "code" / "inference.py", model / "code" / "inference.py")
         if not (model / "model.int8.onnx").exists():  # trained before byoc wrote the serving graphs
-            subprocess.run([str(Path(sys.executable).parent / "byoc"), "export-onnx", "--int8", str(model)], check=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(
+                [str(Path(sys.executable).parent / "byoc"), "export-onnx", "--int8", str(model)],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         return model
     shutil.rmtree(root, ignore_errors=True)
     (root / "input" / "data" / "train").mkdir(parents=True)
@@ -75,16 +80,18 @@ def train_model() -> Path:
     hyperparameters = {"max_steps": "60", "logging_steps": "20", "serving_int8": "true"}
     (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(hyperparameters))
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(WORK / "cache")}
-    subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, check=True, stdout=subprocess.DEVNULL)
     return model
 
 
 # --- load generator -----------------------------------------------------------------------------
 
+
 async def _request(reader, writer, body: bytes) -> int:
-    writer.write(b"POST /invocations HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 b"Accept: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    writer.write(
+        b"POST /invocations HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Accept: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
     await writer.drain()
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1])
@@ -142,13 +149,21 @@ async def _load(port: int, bodies: list[bytes], concurrency: int, warmup: float,
     await asyncio.gather(*tasks, return_exceptions=True)
     latencies.sort()
     pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000 if latencies else float("nan")
-    return {"requests": len(latencies), "errors": errors, "requests_per_second": len(latencies) / seconds,
-            "p50_ms": pick(0.50), "p90_ms": pick(0.90), "p99_ms": pick(0.99)}
+    return {
+        "requests": len(latencies),
+        "errors": errors,
+        "requests_per_second": len(latencies) / seconds,
+        "p50_ms": pick(0.50),
+        "p90_ms": pick(0.90),
+        "p99_ms": pick(0.99),
+    }
 
 
 def run_load(port: int, texts: list[str], per_request: int, concurrency: int, warmup: float, seconds: float) -> dict:
-    bodies = [json.dumps({"inputs": texts[i:i + per_request] if per_request > 1 else texts[i]}).encode()
-              for i in range(0, len(texts) - per_request, per_request)]
+    bodies = [
+        json.dumps({"inputs": texts[i : i + per_request] if per_request > 1 else texts[i]}).encode()
+        for i in range(0, len(texts) - per_request, per_request)
+    ]
     result = asyncio.run(_load(port, bodies, concurrency, warmup, seconds))
     result["sentences_per_second"] = result["requests_per_second"] * per_request
     return result
@@ -170,13 +185,19 @@ def model_ceiling(model: Path, texts: list[str], settings: dict[str, str]) -> fl
     """Sentences/s of the default predict_fn in a process of its own, 32 tweets per call, no HTTP:
     what no server on this machine can beat at concurrency 32 (it runs with the same threads)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count() or 1)}
-    done = subprocess.run([sys.executable, "-c", CEILING, str(Path(__file__).resolve().parent), str(model),
-                           json.dumps(settings)], input=json.dumps(texts), env=env, capture_output=True, text=True,
-                          check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", CEILING, str(Path(__file__).resolve().parent), str(model), json.dumps(settings)],
+        input=json.dumps(texts),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return float(done.stdout.strip().splitlines()[-1])
 
 
 # --- servers ------------------------------------------------------------------------------------
+
 
 def rss_tree_mib(pid: int) -> float:
     """RSS of a process and all its descendants."""
@@ -204,8 +225,13 @@ def start_byoc(model: Path, port: int, settings: dict[str, str]) -> tuple[subpro
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(model.parent), "SAGEMAKER_BIND_TO_PORT": str(port), **settings}
     env.pop("SM_MODEL_DIR", None)
     started = time.monotonic()
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "byoc"), "serve"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "byoc"), "serve"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     return proc, started
 
 
@@ -220,17 +246,22 @@ def measure(name: str, port: int, proc, started: float, texts: list[str], opts) 
             key = f"{per_request}x{concurrency}"
             result["load"][key] = run_load(port, texts, per_request, concurrency, opts.warmup, opts.seconds)
             r = result["load"][key]
-            print(f"{name:10s} {per_request:2d} sentence(s)/request, concurrency {concurrency:2d}: "
-                  f"{r['requests_per_second']:7.1f} req/s {r['sentences_per_second']:7.1f} sentences/s "
-                  f"p50 {r['p50_ms']:7.0f} ms p90 {r['p90_ms']:7.0f} ms p99 {r['p99_ms']:7.0f} ms"
-                  f"{'  errors ' + str(r['errors']) if r['errors'] else ''}", flush=True)
+            print(
+                f"{name:10s} {per_request:2d} sentence(s)/request, concurrency {concurrency:2d}: "
+                f"{r['requests_per_second']:7.1f} req/s {r['sentences_per_second']:7.1f} sentences/s "
+                f"p50 {r['p50_ms']:7.0f} ms p90 {r['p90_ms']:7.0f} ms p99 {r['p99_ms']:7.0f} ms"
+                f"{'  errors ' + str(r['errors']) if r['errors'] else ''}",
+                flush=True,
+            )
     if name == "reference":
         result["rss_mib"] = sum(reference_stack.memory(proc, "Rss").values())
         result["pss_mib"] = sum(reference_stack.memory(proc, "Pss").values())
     else:
         result["rss_mib"] = rss_tree_mib(proc.pid)
-    print(f"{name:10s} cold start: /ping {ping:.1f} s, first answer {first:.1f} s; "
-          f"resident {result['rss_mib']:.0f} MiB", flush=True)
+    print(
+        f"{name:10s} cold start: /ping {ping:.1f} s, first answer {first:.1f} s; resident {result['rss_mib']:.0f} MiB",
+        flush=True,
+    )
     return result
 
 
@@ -240,8 +271,13 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured start of each phase")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--skip-reference", action="store_true")
-    parser.add_argument("--skip", nargs="*", default=[], choices=("torch", "int8"),
-                        help="leave out byoc serve on torch, or its int8 mode")
+    parser.add_argument(
+        "--skip",
+        nargs="*",
+        default=[],
+        choices=("torch", "int8"),
+        help="leave out byoc serve on torch, or its int8 mode",
+    )
     opts = parser.parse_args()
     if DATA is None:
         sys.exit("the emotion data (../shared/data/emotion) is not beside the project")
@@ -252,12 +288,17 @@ def main() -> int:
     results["ceiling"] = {}
     for name, settings in (("fp32", {}), ("int8", {"BYOC_INFERENCE_PRECISION": "int8"})):
         results["ceiling"][name] = model_ceiling(model, texts, settings)
-        print(f"the model alone ({name}, in process, 32 sentences per call): "
-              f"{results['ceiling'][name]:.0f} sentences/s", flush=True)
+        print(
+            f"the model alone ({name}, in process, 32 sentences per call): {results['ceiling'][name]:.0f} sentences/s",
+            flush=True,
+        )
 
     # The default (ONNX Runtime on the model's serving graph), the same server on torch, and int8.
-    for name, settings in (("byoc", {}), ("byoc-torch", {"BYOC_INFERENCE_BACKEND": "torch"}),
-                           ("byoc-int8", {"BYOC_INFERENCE_PRECISION": "int8"})):
+    for name, settings in (
+        ("byoc", {}),
+        ("byoc-torch", {"BYOC_INFERENCE_BACKEND": "torch"}),
+        ("byoc-int8", {"BYOC_INFERENCE_PRECISION": "int8"}),
+    ):
         if name != "byoc" and name.split("-")[1] in opts.skip:
             continue
         port = free_port()
@@ -285,9 +326,11 @@ def main() -> int:
 def print_table(results: dict) -> None:
     ours, ref = results["byoc"], results["reference"]
     others = [results.get("byoc-torch"), results.get("byoc-int8")]
-    print("\n| measure | byoc serve (default: ONNX Runtime, fp32) | byoc serve on torch "
-          "| byoc serve, int8 (opt-in, model.int8.onnx) | reference (HF DLC: toolkit 2.6 on MMS 1.1.11) "
-          "| default / reference | int8 / reference |")
+    print(
+        "\n| measure | byoc serve (default: ONNX Runtime, fp32) | byoc serve on torch "
+        "| byoc serve, int8 (opt-in, model.int8.onnx) | reference (HF DLC: toolkit 2.6 on MMS 1.1.11) "
+        "| default / reference | int8 / reference |"
+    )
     print("|---|---|---|---|---|---|---|")
     cells = lambda f: " | ".join(f(r) if r else "-" for r in [ours, *others, ref])
     ratio = lambda r, f: f"{f(r) / max(f(ref), 1e-9):.2f}x" if r else "-"
@@ -296,26 +339,38 @@ def print_table(results: dict) -> None:
         sps = lambda r, key=key: r["load"][key]["sentences_per_second"]
         p50 = lambda r, key=key: r["load"][key]["p50_ms"]
         lat = lambda r, key=key: "{p50_ms:.0f} / {p90_ms:.0f} / {p99_ms:.0f}".format(**r["load"][key])
-        print(f"| sentences/s, {per}/request, concurrency {conc} | {cells(lambda r, sps=sps: f'{sps(r):.0f}')} | "
-              f"{ratio(ours, sps)} | {ratio(others[1], sps)} |")
-        print(f"| p50 / p90 / p99 ms, {per}/request, concurrency {conc} | {cells(lat)} | "
-              f"{ratio(ours, p50)} (p50) | {ratio(others[1], p50)} (p50) |")
-    for label, key in (("start to first 200 on /ping", "cold_start_ping_s"),
-                       ("start to first answered /invocations", "cold_start_first_answer_s")):
+        print(
+            f"| sentences/s, {per}/request, concurrency {conc} | {cells(lambda r, sps=sps: f'{sps(r):.0f}')} | "
+            f"{ratio(ours, sps)} | {ratio(others[1], sps)} |"
+        )
+        print(
+            f"| p50 / p90 / p99 ms, {per}/request, concurrency {conc} | {cells(lat)} | "
+            f"{ratio(ours, p50)} (p50) | {ratio(others[1], p50)} (p50) |"
+        )
+    for label, key in (
+        ("start to first 200 on /ping", "cold_start_ping_s"),
+        ("start to first answered /invocations", "cold_start_first_answer_s"),
+    ):
         value = lambda r, key=key: r[key]
-        print(f"| {label} | {cells(lambda r, key=key: f'{r[key]:.1f} s')} | {ratio(ours, value)} "
-              f"| {ratio(others[1], value)} |")
+        print(
+            f"| {label} | {cells(lambda r, key=key: f'{r[key]:.1f} s')} | {ratio(ours, value)} "
+            f"| {ratio(others[1], value)} |"
+        )
     ceiling = results.get("ceiling")
     if ceiling:  # the most any server here could do: the model alone, without HTTP
-        print(f"| the model alone, in process, 32 sentences per call (no HTTP): sentences/s "
-              f"| {ceiling['fp32']:.0f} | - | {ceiling['int8']:.0f} | - "
-              f"| {ceiling['fp32'] / ref['load']['1x32']['sentences_per_second']:.2f}x "
-              f"(of the reference at 1/request, concurrency 32) | "
-              f"{ceiling['int8'] / ref['load']['1x32']['sentences_per_second']:.2f}x |")
+        print(
+            f"| the model alone, in process, 32 sentences per call (no HTTP): sentences/s "
+            f"| {ceiling['fp32']:.0f} | - | {ceiling['int8']:.0f} | - "
+            f"| {ceiling['fp32'] / ref['load']['1x32']['sentences_per_second']:.2f}x "
+            f"(of the reference at 1/request, concurrency 32) | "
+            f"{ceiling['int8'] / ref['load']['1x32']['sentences_per_second']:.2f}x |"
+        )
     rss = lambda r: r["rss_mib"]
     mib = lambda r: f"{r['rss_mib']:.0f} MiB"
-    print(f"| resident memory (RSS, all processes; reference PSS {ref['pss_mib']:.0f} MiB) | {cells(mib)} | "
-          f"{ratio(ours, rss)} | {ratio(others[1], rss)} |")
+    print(
+        f"| resident memory (RSS, all processes; reference PSS {ref['pss_mib']:.0f} MiB) | {cells(mib)} | "
+        f"{ratio(ours, rss)} | {ratio(others[1], rss)} |"
+    )
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@ async def _slow_server(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
-            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length"))
+            length = next(
+                int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+            )
             await reader.readexactly(length)
             await asyncio.sleep(LATENCY)
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]")

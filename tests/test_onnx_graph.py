@@ -30,8 +30,11 @@ def classifier_dir(tmp_path_factory, tiny_model_dir) -> Path:
     target = tmp_path_factory.mktemp("classifier")
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(
-        tiny_model_dir, num_labels=3, id2label={0: "neg", 1: "neutral", 2: "pos"},
-        label2id={"neg": 0, "neutral": 1, "pos": 2})
+        tiny_model_dir,
+        num_labels=3,
+        id2label={0: "neg", 1: "neutral", 2: "pos"},
+        label2id={"neg": 0, "neutral": 1, "pos": 2},
+    )
     model.save_pretrained(target, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         if (tiny_model_dir / name).exists():
@@ -95,12 +98,20 @@ def test_export_onnx_command(classifier_dir, tmp_path):
     copy = tmp_path / "model"
     shutil.copytree(classifier_dir, copy)
     (copy / "model.onnx").unlink()
-    done = subprocess.run([str(Path(sys.executable).parent / "byoc"), "export-onnx", str(copy)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "byoc"), "export-onnx", str(copy)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (copy / "model.onnx").exists() and "serving graph written" in done.stderr + done.stdout
-    bad = subprocess.run([str(Path(sys.executable).parent / "byoc"), "export-onnx", str(tmp_path / "missing")],
-                         capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [str(Path(sys.executable).parent / "byoc"), "export-onnx", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 1 and "exporting failed" in bad.stderr + bad.stdout
 
 
@@ -115,7 +126,8 @@ def _handlers_in_subprocess(model_dir: Path, backend: str, texts: list) -> dict:
         f"model = inference.model_fn({str(model_dir)!r})\n"
         f"answers = inference.predict_fn({{'inputs': {texts!r}, 'parameters': {{'top_k': 3}}}}, model)\n"
         "print(json.dumps({'backend': model['backend'], 'answers': answers,\n"
-        "                  'torch': 'torch' in sys.modules, 'transformers': 'transformers' in sys.modules}))\n")
+        "                  'torch': 'torch' in sys.modules, 'transformers': 'transformers' in sys.modules}))\n"
+    )
     env = {**os.environ, "BYOC_INFERENCE_BACKEND": backend}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -157,8 +169,11 @@ def test_backend_choice(classifier_dir, tmp_path, monkeypatch, caplog):
     stale = tmp_path / "stale"  # weights saved again in another layout: torch serves, with a warning
     shutil.copytree(classifier_dir, stale)
     tensors = load_file(stale / "model.safetensors")
-    save_file(dict(reversed(list(tensors.items()))) | {"extra.weight": torch.zeros(3)}, stale / "model.safetensors",
-              metadata={"format": "pt"})
+    save_file(
+        dict(reversed(list(tensors.items()))) | {"extra.weight": torch.zeros(3)},
+        stale / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     monkeypatch.delenv("BYOC_INFERENCE_BACKEND")
     monkeypatch.setattr(inference, "nvidia_gpu", lambda: False)  # auto picks ONNX Runtime, then falls back
     with caplog.at_level(logging.WARNING):
@@ -193,8 +208,12 @@ def test_int8_session_quantizes_and_stays_close(classifier_dir, tmp_path):
 def test_int8_graph_made_ahead_is_used_and_refused_when_stale(classifier_dir, tmp_path, monkeypatch, caplog):
     copy = tmp_path / "model"
     shutil.copytree(classifier_dir, copy)
-    done = subprocess.run([str(Path(sys.executable).parent / "byoc"), "export-onnx", "--int8", str(copy)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "byoc"), "export-onnx", "--int8", str(copy)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (copy / onnx_graph.INT8_GRAPH).exists() and not list(copy.glob("byoc-int8-*"))  # no scratch left
     rng = np.random.default_rng(3)
@@ -236,8 +255,15 @@ def test_int8_choice(classifier_dir, tmp_path, monkeypatch):
 
 
 def test_export_of_a_model_with_a_small_vocabulary(tmp_path):
-    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=32, num_labels=2)
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+        num_labels=2,
+    )
     torch.manual_seed(0)
     BertForSequenceClassification(config).save_pretrained(tmp_path, safe_serialization=True)
     assert onnx_graph.export(tmp_path) == tmp_path / "model.onnx"

@@ -32,7 +32,7 @@ def test_pip_runs_in_the_code_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(subprocess, "run", pip)
     (tmp_path / "requirements.txt").write_text("./my_package  # local\n")
     assert install_requirements(tmp_path) == tmp_path / "requirements.txt"
-    (cmd, options), = calls
+    ((cmd, options),) = calls
     assert cmd[1:] == ["-m", "pip", "install", "--no-input", "-r", str(tmp_path / "requirements.txt")]
     assert Path(options["cwd"]) == tmp_path
 

@@ -53,12 +53,21 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         base = model_dir.parent
-        full_env = {**os.environ, "SAGEMAKER_BASE_DIR": str(base), "SAGEMAKER_BIND_TO_PORT": str(self.port),
-                    **(env or {})}
+        full_env = {
+            **os.environ,
+            "SAGEMAKER_BASE_DIR": str(base),
+            "SAGEMAKER_BIND_TO_PORT": str(self.port),
+            **(env or {}),
+        }
         full_env.pop("SM_MODEL_DIR", None)
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([str(Path(sys.executable).parent / "byoc"), "serve"], env=full_env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "byoc"), "serve"],
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.client = httpx.Client(base_url=self.url, timeout=60)
 
     def wait_ready(self, timeout: float = 120) -> None:
@@ -137,16 +146,19 @@ def test_csv_and_jsonlines(server, trained_model):
     assert server.invoke({"inputs": "x"}, accept="*/*").headers["content-type"].startswith("application/json")
 
 
-@pytest.mark.parametrize("body,content_type,accept,status,words", [
-    ({"inputs": "x"}, "application/xml", None, 415, "unsupported content type"),
-    ({"inputs": "x"}, "application/json", "image/png", 406, "unsupported accept"),
-    ("{not json", "application/json", None, 400, "not valid JSON"),
-    ({"inputs": []}, "application/json", None, 400, "empty"),
-    ("", "application/json", None, 400, "empty"),
-    ({"inputs": [1, 2]}, "application/json", None, 400, "each input"),
-    ({"inputs": "x", "parameters": {"top_k": -1}}, "application/json", None, 400, "top_k"),
-    (b"\xff\xfe\x00", "application/json", None, 400, "UTF-8"),
-])
+@pytest.mark.parametrize(
+    "body,content_type,accept,status,words",
+    [
+        ({"inputs": "x"}, "application/xml", None, 415, "unsupported content type"),
+        ({"inputs": "x"}, "application/json", "image/png", 406, "unsupported accept"),
+        ("{not json", "application/json", None, 400, "not valid JSON"),
+        ({"inputs": []}, "application/json", None, 400, "empty"),
+        ("", "application/json", None, 400, "empty"),
+        ({"inputs": [1, 2]}, "application/json", None, 400, "each input"),
+        ({"inputs": "x", "parameters": {"top_k": -1}}, "application/json", None, 400, "top_k"),
+        (b"\xff\xfe\x00", "application/json", None, 400, "UTF-8"),
+    ],
+)
 def test_errors_are_honest_and_the_server_keeps_answering(server, body, content_type, accept, status, words):
     bad = server.invoke(body, content_type, accept)
     assert bad.status_code == status and words in bad.json()["error"]
@@ -234,6 +246,7 @@ def test_ping_answers_quickly_under_load(server):
 
 # --- handler overrides -------------------------------------------------------------------------
 
+
 def model_with_code(trained_model: Path, tmp_path: Path, source: str) -> Path:
     target = tmp_path / "opt-ml" / "model"
     shutil.copytree(trained_model, target)
@@ -250,7 +263,10 @@ def test_every_model_carries_the_template_which_keeps_the_defaults_and_batching(
     assert "(predict_fn overridden)" in handlers.source and handlers.predict_fn is not inference.predict_fn
     assert handlers.batchable and handlers.accept_types == inference.ACCEPT_TYPES
     assert (handlers.model_fn, handlers.input_fn, handlers.output_fn) == (
-        inference.model_fn, inference.input_fn, inference.output_fn)
+        inference.model_fn,
+        inference.input_fn,
+        inference.output_fn,
+    )
 
 
 def test_the_model_folder_is_the_contracts_and_an_empty_variable_is_unset(tmp_path, monkeypatch):
@@ -298,10 +314,7 @@ def test_override_all_functions_with_context(trained_model, tmp_path):
 
 
 def test_transform_fn_and_requirements(trained_model, tmp_path):
-    source = (
-        "def transform_fn(model, body, content_type, accept):\n"
-        "    return body[::-1], 'text/plain'\n"
-    )
+    source = "def transform_fn(model, body, content_type, accept):\n    return body[::-1], 'text/plain'\n"
     model_dir = model_with_code(trained_model, tmp_path, source)
     (model_dir / "code" / "requirements.txt").write_text("# nothing to install\n")
     s = Server(model_dir)
@@ -339,6 +352,7 @@ def test_user_handler_fault_is_a_500_and_the_server_survives(trained_model, tmp_
 
 
 # --- lifecycle ---------------------------------------------------------------------------------
+
 
 def test_sigterm_drains_in_flight_requests(trained_model):
     s = Server(trained_model, env={"BYOC_MAX_BATCH_SIZE": "8"})
@@ -395,7 +409,8 @@ def test_unloadable_model_with_several_workers_exits_non_zero(tmp_path):
     model_dir = tmp_path / "opt-ml" / "model"
     (model_dir / "code").mkdir(parents=True)
     (model_dir / "code" / "inference.py").write_text(
-        "def model_fn(model_dir):\n    raise RuntimeError('broken on purpose')\n")
+        "def model_fn(model_dir):\n    raise RuntimeError('broken on purpose')\n"
+    )
     s = Server(model_dir, env={"SAGEMAKER_MODEL_SERVER_WORKERS": "2"})
     try:
         code = s.proc.wait(60)
@@ -424,7 +439,8 @@ def test_each_runtime_serves_the_same_answers(server, trained_model):
             assert "model runs on torch" in log
             assert [[e["label"] for e in row] for row in other] == [[e["label"] for e in row] for row in default]
             assert [[e["score"] for e in row] for row in other] == [
-                [pytest.approx(e["score"], abs=tolerance) for e in row] for row in default]
+                [pytest.approx(e["score"], abs=tolerance) for e in row] for row in default
+            ]
         else:
             assert "model runs on ONNX Runtime (model.onnx, int8" in log
             assert other != default  # int8 changes the answers a little (else this compares fp32 with itself)
@@ -436,7 +452,8 @@ def test_each_runtime_serves_the_same_answers(server, trained_model):
             for a, b, agree in zip(other, default, same):
                 if agree:
                     assert {e["label"]: e["score"] for e in a} == pytest.approx(
-                        {e["label"]: e["score"] for e in b}, abs=0.006)
+                        {e["label"]: e["score"] for e in b}, abs=0.006
+                    )
 
 
 def test_workers_split_the_cores(trained_model):
@@ -490,13 +507,22 @@ def test_requirements_are_installed_at_start_and_failures_stop_it(trained_model,
 
 
 def test_sagemaker_environment_variables_are_honoured(trained_model):
-    s = Server(trained_model, env={"SAGEMAKER_MAX_PAYLOAD_IN_MB": "1", "SAGEMAKER_BATCH_STRATEGY": "SINGLE_RECORD",
-                                   "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "3",
-                                   "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT": "text/csv"})
+    s = Server(
+        trained_model,
+        env={
+            "SAGEMAKER_MAX_PAYLOAD_IN_MB": "1",
+            "SAGEMAKER_BATCH_STRATEGY": "SINGLE_RECORD",
+            "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "3",
+            "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT": "text/csv",
+        },
+    )
     try:
         s.wait_ready()
         assert s.client.get("/execution-parameters").json() == {
-            "MaxConcurrentTransforms": 3, "BatchStrategy": "SINGLE_RECORD", "MaxPayloadInMB": 1}
+            "MaxConcurrentTransforms": 3,
+            "BatchStrategy": "SINGLE_RECORD",
+            "MaxPayloadInMB": 1,
+        }
         assert s.invoke({"inputs": "a" * (1024 * 1024 + 1)}).status_code == 413
         answer = s.invoke({"inputs": TEXTS[:2]})  # no Accept header: the configured default
         assert answer.headers["content-type"].startswith("text/csv") and len(answer.text.splitlines()) == 2

@@ -138,18 +138,19 @@ def test_serving_graph_can_be_left_out(job, tiny_model_dir):
     assert (job.model_dir / "model.safetensors").exists() and not (job.model_dir / "model.onnx").exists()
 
 
-def test_trained_model_serves_through_the_default_handlers(job, tiny_model_dir):
+def test_trained_model_serves_through_the_default_handlers(job, tiny_model_dir, monkeypatch):
     job.hyperparameters({**QUICK, "max_steps": "30"})
     job.model_channel(tiny_model_dir)
     write_csv(job.channel("train") / "train.csv", sentiment_rows(64))
     assert train_in_process(job) == 0, job.failure
+    # The CPU default: ONNX Runtime (on a GPU, auto picks torch).
+    monkeypatch.setattr("byoc.inference.nvidia_gpu", lambda: False)
     sys.path.insert(0, str(job.model_dir / "code"))
     try:
         import importlib
 
         inference = importlib.import_module("inference")
         importlib.reload(inference)
-        inference.nvidia_gpu = lambda: False  # the CPU default: ONNX Runtime (on a GPU, auto picks torch)
         model = inference.model_fn(str(job.model_dir))
         texts = [POS, NEG] = ["i love this so much number 1000", "i hate this a lot number 1001"]
         data = inference.input_fn(json.dumps({"inputs": texts, "parameters": {"top_k": 2}}), "application/json")

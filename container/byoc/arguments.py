@@ -6,8 +6,8 @@
 - framework estimators and anything with `source_dir`: `json.dumps(v)`, so strings arrive quoted;
 - SDK v3 `ModelTrainer`: strings raw, everything else `json.dumps`.
 `parse_hyperparameters` accepts all three by decoding each value against the type of its field
-(JSON first, then the raw string), so "True", "true", "1" and true all
-mean True, and '"bert"' and 'bert' both mean bert. Names follow the public tutorials and
+(JSON first, then the raw string), so "True", "true", "1" and true all mean True, and '"bert"' and
+'bert' both mean bert. Names follow the public tutorials and
 `run_glue.py`; aliases map to one canonical field. Keys SageMaker adds (`sagemaker_*`) are kept
 apart for the launcher. Anything else unknown is an error that suggests the closest name.
 """
@@ -199,16 +199,8 @@ def _validate(args: TrainArguments) -> None:
             f"hyperparameter epochs is out of range: at most {EPOCHS_LIMIT}, got {args.epochs!r} "
             "(to train for a number of steps, set max_steps)"
         )
-    positive = (
-        "learning_rate",
-        "per_device_train_batch_size",
-        "per_device_eval_batch_size",
-        "gradient_accumulation_steps",
-        "max_length",
-        "logging_steps",
-        "save_steps",
-        "save_total_limit",
-    )
+    positive = """learning_rate per_device_train_batch_size per_device_eval_batch_size gradient_accumulation_steps
+        max_length logging_steps save_steps save_total_limit""".split()
     for name in positive:
         if not getattr(args, name) > 0:
             raise HyperparameterError(f"hyperparameter {name} must be greater than 0, got {getattr(args, name)!r}")
@@ -383,13 +375,11 @@ def _base_type(hint: Any) -> tuple[type, bool]:
     return (typing.get_origin(hint) or hint), False
 
 
+_KINDS = {bool: "a boolean (true/false, True/False or 1/0)", int: "an integer", float: "a number", str: "a string"}
+
+
 def _describe(kind: type) -> str:
-    return {
-        bool: "a boolean (true/false, True/False or 1/0)",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-    }.get(kind, kind.__name__)
+    return _KINDS.get(kind, kind.__name__)
 
 
 def hyperparameter_table() -> str:

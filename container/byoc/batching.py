@@ -34,8 +34,13 @@ class _Request:
 class Batcher:
     """Collects requests into batches and runs `predict(inputs, parameters) -> results` on them."""
 
-    def __init__(self, predict: Callable[[list[Any], dict[str, Any]], list[Any]], executor: ThreadPoolExecutor,
-                 max_batch: int = 32, max_delay: float = 0.002) -> None:
+    def __init__(
+        self,
+        predict: Callable[[list[Any], dict[str, Any]], list[Any]],
+        executor: ThreadPoolExecutor,
+        max_batch: int = 32,
+        max_delay: float = 0.002,
+    ) -> None:
         self.predict, self.executor = predict, executor
         self.max_batch, self.max_delay = max_batch, max_delay
         self.queue: asyncio.Queue[tuple[_Request, int, int]] = asyncio.Queue()
@@ -101,7 +106,7 @@ class Batcher:
                 continue
             offset = 0
             for request, start, end in live:
-                request.results[start:end] = results[offset:offset + end - start]
+                request.results[start:end] = results[offset : offset + end - start]
                 offset += end - start
                 request.pending -= 1
                 if request.pending == 0 and not request.future.done():

@@ -25,6 +25,7 @@ from byoc.logs import configure_logging
 
 logger = logging.getLogger("byoc")
 
+
 def failure_message(err: BaseException) -> str:
     """One line for output/failure: the user-facing message of known errors, a summary otherwise."""
     if _is_user_error(err):

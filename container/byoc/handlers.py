@@ -61,14 +61,6 @@ class Handlers:
         return self.transform_fn is None and bool(getattr(self.predict_fn, "batchable", False))
 
 
-def default_code_dir() -> Path:
-    """The folder holding the default `inference.py` (`$BYOC_CODE_DIR`, else the repo's `code/`)."""
-    for candidate in (os.environ.get("BYOC_CODE_DIR"), Path(__file__).resolve().parents[2] / "code"):
-        if candidate and (Path(candidate) / "inference.py").exists():
-            return Path(candidate)
-    raise HandlerError("cannot find the default inference code (code/inference.py): set BYOC_CODE_DIR to its folder")
-
-
 def _import(path: Path, name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:  # not a Python file (SAGEMAKER_PROGRAM=serve.sh)

@@ -51,8 +51,10 @@ def model_fn(model_dir: str) -> dict[str, Any]:
     wanted, int8 = _wanted_backend(), _int8()
     backend = choose_backend(folder, int8=int8)
     if int8 and backend != "onnxruntime":
-        raise ValueError(f"{PRECISION_ENV}=int8 needs the ONNX Runtime backend, and this model is served by torch "
-                         f"(model.onnx, tokenizer.json or onnxruntime missing, or {BACKEND_ENV}=torch)")
+        raise ValueError(
+            f"{PRECISION_ENV}=int8 needs the ONNX Runtime backend, and this model is served by torch "
+            f"(model.onnx, tokenizer.json or onnxruntime missing, or {BACKEND_ENV}=torch)"
+        )
     if backend == "onnxruntime":
         try:
             return _load_onnx(folder, int8)
@@ -85,13 +87,19 @@ def nvidia_gpu() -> bool:
 def choose_backend(model_dir: Path, int8: bool = False, gpu: bool | None = None) -> str:
     """onnxruntime or torch for this model; `gpu` (default: whether an NVIDIA GPU is present)."""
     wanted = _wanted_backend()
-    missing = [what for what, ok in (
-        ("model.onnx (the serving graph byoc train writes)", (model_dir / "model.onnx").exists()),
-        ("tokenizer.json (a fast tokenizer)", (model_dir / "tokenizer.json").exists()),
-        ("the onnxruntime package", importlib.util.find_spec("onnxruntime") is not None)) if not ok]
+    missing = [
+        what
+        for what, ok in (
+            ("model.onnx (the serving graph byoc train writes)", (model_dir / "model.onnx").exists()),
+            ("tokenizer.json (a fast tokenizer)", (model_dir / "tokenizer.json").exists()),
+            ("the onnxruntime package", importlib.util.find_spec("onnxruntime") is not None),
+        )
+        if not ok
+    ]
     if wanted == "onnxruntime" and missing:
-        raise ValueError(f"{BACKEND_ENV}=onnxruntime but {' and '.join(missing)} is missing; "
-                         f"unset it to serve with torch")
+        raise ValueError(
+            f"{BACKEND_ENV}=onnxruntime but {' and '.join(missing)} is missing; unset it to serve with torch"
+        )
     if wanted == "auto":
         # ONNX Runtime here is the CPU build: on a GPU fp32 stays with torch (CUDA), but an explicit
         # int8 is a request for ONNX Runtime's int8 on the CPU, honoured on any instance.
@@ -115,8 +123,9 @@ def _max_length(*limits: Any) -> int:
 def _load_onnx(model_dir: Path, int8: bool = False) -> dict[str, Any]:
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     tokenizer_config_path = model_dir / "tokenizer_config.json"
-    tokenizer_config = (json.loads(tokenizer_config_path.read_text(encoding="utf-8"))
-                        if tokenizer_config_path.exists() else {})
+    tokenizer_config = (
+        json.loads(tokenizer_config_path.read_text(encoding="utf-8")) if tokenizer_config_path.exists() else {}
+    )
     max_length = _max_length(tokenizer_config.get("model_max_length"), config.get("max_position_embeddings"))
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     tokenizer.no_padding()  # batches are padded here, per length-sorted chunk
@@ -128,12 +137,21 @@ def _load_onnx(model_dir: Path, int8: bool = False) -> dict[str, Any]:
     logger.info("model runs on ONNX Runtime (%s%s, %d threads)", GRAPH, ", int8" if int8 else "", session.threads)
 
     def encode(inputs: list[str | tuple[str, str]]) -> list[dict[str, list[int]]]:
-        return [{"input_ids": e.ids, "attention_mask": e.attention_mask, "token_type_ids": e.type_ids}
-                for e in tokenizer.encode_batch(inputs)]
+        return [
+            {"input_ids": e.ids, "attention_mask": e.attention_mask, "token_type_ids": e.type_ids}
+            for e in tokenizer.encode_batch(inputs)
+        ]
 
-    return {"backend": "onnxruntime", "model": session, "tokenizer": tokenizer, "encode": encode,
-            "logits": session.logits, "id2label": {int(k): v for k, v in config["id2label"].items()},
-            "max_length": max_length, "pad_id": pad_id}
+    return {
+        "backend": "onnxruntime",
+        "model": session,
+        "tokenizer": tokenizer,
+        "encode": encode,
+        "logits": session.logits,
+        "id2label": {int(k): v for k, v in config["id2label"].items()},
+        "max_length": max_length,
+        "pad_id": pad_id,
+    }
 
 
 def _load_torch(model_dir: Path) -> dict[str, Any]:
@@ -155,8 +173,16 @@ def _load_torch(model_dir: Path) -> dict[str, Any]:
         with torch.inference_mode():
             return model(**{k: torch.from_numpy(v).to(device) for k, v in feeds.items()}).logits.float().cpu().numpy()
 
-    return {"backend": "torch", "model": model, "tokenizer": tokenizer, "encode": encode, "logits": logits,
-            "id2label": dict(model.config.id2label), "max_length": max_length, "pad_id": tokenizer.pad_token_id or 0}
+    return {
+        "backend": "torch",
+        "model": model,
+        "tokenizer": tokenizer,
+        "encode": encode,
+        "logits": logits,
+        "id2label": dict(model.config.id2label),
+        "max_length": max_length,
+        "pad_id": tokenizer.pad_token_id or 0,
+    }
 
 
 def input_fn(body: bytes | str, content_type: str = "application/json") -> dict[str, Any]:
@@ -169,7 +195,7 @@ def input_fn(body: bytes | str, content_type: str = "application/json") -> dict[
     except UnicodeDecodeError:
         raise InputError("the body is not UTF-8 text") from None
     if not text.strip():
-        raise InputError("the body is empty: send {\"inputs\": \"a text\"} or a list of texts")
+        raise InputError('the body is empty: send {"inputs": "a text"} or a list of texts')
     if kind == "application/json":
         try:
             payload = json.loads(text)
@@ -234,7 +260,7 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     id2label = model["id2label"]
     results: list[Any] = []
     for row in scores:
-        best = np.argsort(-row, kind="stable")[:top_k or 1]
+        best = np.argsort(-row, kind="stable")[: top_k or 1]
         entries = [{"label": id2label[int(j)], "score": float(row[j])} for j in best]
         results.append(entries if top_k else entries[0])
     return results
@@ -251,8 +277,10 @@ def _encode(tokenizer: Any, inputs: list[str | tuple[str, str]], max_length: int
     encoded: list[dict[str, list[int]] | None] = [None] * len(inputs)
     singles = [i for i, x in enumerate(inputs) if isinstance(x, str)]
     pairs = [i for i, x in enumerate(inputs) if not isinstance(x, str)]
-    for rows, args in ((singles, ([inputs[i] for i in singles],)),
-                       (pairs, ([inputs[i][0] for i in pairs], [inputs[i][1] for i in pairs]))):
+    for rows, args in (
+        (singles, ([inputs[i] for i in singles],)),
+        (pairs, ([inputs[i][0] for i in pairs], [inputs[i][1] for i in pairs])),
+    ):
         if rows:
             enc = tokenizer(*args, truncation=True, max_length=max_length)
             for n, i in enumerate(rows):
@@ -275,11 +303,13 @@ def _batches(order: list[int], encoded: list[dict[str, list[int]]]) -> list[list
 
 def _pad(rows: list[int], encoded: list[dict[str, list[int]]], pad_id: int) -> dict[str, np.ndarray]:
     width = max(len(encoded[i]["input_ids"]) for i in rows)
-    batch = {key: np.full((len(rows), width), pad_id if key == "input_ids" else 0, dtype=np.int64)
-             for key in encoded[rows[0]]}
+    batch = {
+        key: np.full((len(rows), width), pad_id if key == "input_ids" else 0, dtype=np.int64)
+        for key in encoded[rows[0]]
+    }
     for row, i in enumerate(rows):
         for key, values in encoded[i].items():
-            batch[key][row, :len(values)] = values
+            batch[key][row, : len(values)] = values
     return batch
 
 

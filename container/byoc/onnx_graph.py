@@ -60,14 +60,20 @@ def export(model_dir: Path) -> Path | None:
         import onnx  # noqa: F401  (torch's exporter needs it)
         import onnxruntime  # noqa: F401
     except ImportError as err:
-        logger.warning("no serving graph (model.onnx): %s is not installed, so the model will be served by torch "
-                       "(install onnx and onnxruntime for faster serving)", err.name)
+        logger.warning(
+            "no serving graph (model.onnx): %s is not installed, so the model will be served by torch "
+            "(install onnx and onnxruntime for faster serving)",
+            err.name,
+        )
         return None
     try:
         target = _export(model_dir)
     except Exception as err:  # an architecture the exporter cannot trace must not fail the training job
-        logger.warning("no serving graph (model.onnx): exporting failed (%s: %s); the model will be served by torch",
-                       type(err).__name__, err)
+        logger.warning(
+            "no serving graph (model.onnx): exporting failed (%s: %s); the model will be served by torch",
+            type(err).__name__,
+            err,
+        )
         (model_dir / GRAPH).unlink(missing_ok=True)
         return None
     logger.info("serving graph written to %s (weights stay in %s)", target, WEIGHTS)
@@ -82,7 +88,8 @@ def _export(model_dir: Path) -> Path:
     # Eager attention traces to plain ops with dynamic batch and length; loading from the saved
     # folder exports exactly what was published, whatever device or state the trainer left.
     model = AutoModelForSequenceClassification.from_pretrained(
-        model_dir, attn_implementation="eager", use_safetensors=True, trust_remote_code=False).eval()
+        model_dir, attn_implementation="eager", use_safetensors=True, trust_remote_code=False
+    ).eval()
     accepted = inspect.signature(model.forward).parameters
     names = [n for n in INPUTS if n in accepted]  # DistilBERT takes no token_type_ids
 
@@ -94,8 +101,10 @@ def _export(model_dir: Path) -> Path:
         def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
             return self.model(**dict(zip(names, tensors))).logits
 
-    sample = tuple(torch.ones(2, 8, dtype=torch.long) if n != "token_type_ids" else torch.zeros(2, 8, dtype=torch.long)
-                   for n in names)
+    sample = tuple(
+        torch.ones(2, 8, dtype=torch.long) if n != "token_type_ids" else torch.zeros(2, 8, dtype=torch.long)
+        for n in names
+    )
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         # The tracer's warnings (Python conditions on shapes, deprecations) are noise in the job
         # log: whether the graph is right is decided by _check_against_torch on another shape.
@@ -103,9 +112,17 @@ def _export(model_dir: Path) -> Path:
         path = Path(tmp) / GRAPH
         # do_constant_folding=False keeps every weight a named initializer (folding would store
         # transposed copies under new names that safetensors does not have).
-        torch.onnx.export(Logits().eval(), sample, str(path), input_names=names, output_names=["logits"],
-                          dynamic_axes={**{n: {0: "batch", 1: "length"} for n in names}, "logits": {0: "batch"}},
-                          opset_version=17, dynamo=False, do_constant_folding=False)
+        torch.onnx.export(
+            Logits().eval(),
+            sample,
+            str(path),
+            input_names=names,
+            output_names=["logits"],
+            dynamic_axes={**{n: {0: "batch", 1: "length"} for n in names}, "logits": {0: "batch"}},
+            opset_version=17,
+            dynamo=False,
+            do_constant_folding=False,
+        )
         graph = onnx.load(str(path))
     _point_weights_at_safetensors(graph, model_dir / WEIGHTS)
     target = model_dir / GRAPH
@@ -123,8 +140,11 @@ def _point_weights_at_safetensors(graph: Any, weights: Path) -> None:
     with weights.open("rb") as f:
         for init in graph.graph.initializer:
             entry = header.get(init.name.removeprefix("model."))  # the Logits wrapper's attribute
-            if (not entry or _ONNX_TYPES.get(entry["dtype"]) != init.data_type
-                    or list(entry["shape"]) != list(init.dims)):
+            if (
+                not entry
+                or _ONNX_TYPES.get(entry["dtype"]) != init.data_type
+                or list(entry["shape"]) != list(init.dims)
+            ):
                 continue  # not a saved weight (a buffer, a tied copy, another dtype): stays in the graph
             begin, end = entry["data_offsets"]
             f.seek(start + begin)
@@ -236,8 +256,10 @@ def _check_layout(recorded: str | None, layout: str, model_dir: Path, name: str 
     if recorded != layout:
         # The graph was made from another weights file (model.onnx's byte offsets would read garbage).
         again = "byoc export-onnx --int8" if name == INT8_GRAPH else "byoc export-onnx"
-        raise GraphError(f"{name} does not match {WEIGHTS} (the weights were saved again after export); "
-                         f"delete {name} or export it again with `{again} {model_dir}`")
+        raise GraphError(
+            f"{name} does not match {WEIGHTS} (the weights were saved again after export); "
+            f"delete {name} or export it again with `{again} {model_dir}`"
+        )
 
 
 def quantize(model_dir: Path, folder: Path) -> Path:
@@ -252,9 +274,13 @@ def quantize(model_dir: Path, folder: Path) -> Path:
     try:
         from onnxruntime.transformers import optimizer
 
-        model = optimizer.optimize_model(str(model_dir / GRAPH), model_type="bert", opt_level=0,
-                                         num_heads=int(config.get("num_attention_heads", 0)),
-                                         hidden_size=int(config.get("hidden_size", 0)))
+        model = optimizer.optimize_model(
+            str(model_dir / GRAPH),
+            model_type="bert",
+            opt_level=0,
+            num_heads=int(config.get("num_attention_heads", 0)),
+            hidden_size=int(config.get("hidden_size", 0)),
+        )
         model.save_model_to_file(str(fused))
     except Exception as err:  # an architecture the fusions do not know: quantize the plain graph
         logger.warning("int8: operator fusion failed (%s); quantizing the unfused graph", err)
@@ -268,8 +294,13 @@ def quantize(model_dir: Path, folder: Path) -> Path:
     try:
         # One scale per output column, not one per matrix: on the emotion model this agreed with
         # fp32 on 98% of the test tweets against 95%, at the same speed (README, int8).
-        quantize_dynamic(str(fused), str(target), weight_type=QuantType.QInt8, per_channel=True,
-                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+        quantize_dynamic(
+            str(fused),
+            str(target),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
     finally:
         root.setLevel(level)
     # Self-contained (every weight it needs is inside, int8 mostly); the fusion and the quantizer

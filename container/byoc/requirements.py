@@ -38,8 +38,12 @@ def install_requirements(code_dir: Path) -> Path | None:
     if not requirements.is_file() or not lists_anything(requirements):
         return None
     logger.info("installing %s", requirements)
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-input", "-r", str(requirements)],
-                          capture_output=True, text=True, cwd=requirements.parent)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-input", "-r", str(requirements)],
+        capture_output=True,
+        text=True,
+        cwd=requirements.parent,
+    )
     if done.returncode != 0:
         tail = " | ".join((done.stderr.strip() or done.stdout.strip()).splitlines()[-3:])
         raise RequirementsError(requirements, tail or f"pip exited with code {done.returncode}")

@@ -70,8 +70,9 @@ class ServeSettings:
             model_dir=Paths(base_dir()).model_dir,  # the training contract's rule: an empty variable is unset
             port=int(env.get("SAGEMAKER_BIND_TO_PORT") or 8080),
             workers=max(1, workers),
-            timeout=float(env.get("SAGEMAKER_MODEL_SERVER_TIMEOUT") or env.get("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS")
-                          or 60),
+            timeout=float(
+                env.get("SAGEMAKER_MODEL_SERVER_TIMEOUT") or env.get("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS") or 60
+            ),
             max_payload_mb=float(env.get("SAGEMAKER_MAX_PAYLOAD_IN_MB") or 6),
             default_accept=env.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or JSON,
             batch_strategy=env.get("SAGEMAKER_BATCH_STRATEGY") or "MULTI_RECORD",
@@ -153,8 +154,9 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
     async def lifespan(app: Starlette):
         loop = asyncio.get_running_loop()
         loading = loop.run_in_executor(server.executor, server.load)
-        server.batcher = Batcher(server.predict_batch, server.executor, settings.max_batch,
-                                 settings.max_delay_ms / 1000)
+        server.batcher = Batcher(
+            server.predict_batch, server.executor, settings.max_batch, settings.max_delay_ms / 1000
+        )
         server.batcher.start()
 
         def failed(_: asyncio.Future) -> None:
@@ -173,25 +175,33 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
         return _error(503, reason)
 
     async def execution_parameters(request: Request) -> Response:
-        return JSONResponse({
-            "MaxConcurrentTransforms": settings.max_concurrent_transforms or settings.workers * 4,
-            "BatchStrategy": settings.batch_strategy,
-            "MaxPayloadInMB": int(settings.max_payload_mb),
-        })
+        return JSONResponse(
+            {
+                "MaxConcurrentTransforms": settings.max_concurrent_transforms or settings.workers * 4,
+                "BatchStrategy": settings.batch_strategy,
+                "MaxPayloadInMB": int(settings.max_payload_mb),
+            }
+        )
 
     async def invocations(request: Request) -> Response:
         if not server.ready.is_set():
             return _error(503, "the model is still loading; retry when /ping answers 200")
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > settings.max_payload_bytes:
-            return _error(413, f"the request body ({int(declared)} bytes) is over the limit of "
-                               f"{settings.max_payload_mb:g} MB (SAGEMAKER_MAX_PAYLOAD_IN_MB)")
+            return _error(
+                413,
+                f"the request body ({int(declared)} bytes) is over the limit of "
+                f"{settings.max_payload_mb:g} MB (SAGEMAKER_MAX_PAYLOAD_IN_MB)",
+            )
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > settings.max_payload_bytes:
-                return _error(413, f"the request body is over the limit of {settings.max_payload_mb:g} MB "
-                                   "(SAGEMAKER_MAX_PAYLOAD_IN_MB)")
+                return _error(
+                    413,
+                    f"the request body is over the limit of {settings.max_payload_mb:g} MB "
+                    "(SAGEMAKER_MAX_PAYLOAD_IN_MB)",
+                )
         content_type = request.headers.get("content-type") or JSON
         accept = request.headers.get("accept") or settings.default_accept
         if accept.strip() in ("*/*", ""):
@@ -199,19 +209,23 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
         try:
             return await asyncio.wait_for(_invoke(server, bytes(body), content_type, accept), settings.timeout)
         except asyncio.TimeoutError:
-            return _error(504, f"the prediction took longer than {settings.timeout:g} s "
-                               "(SAGEMAKER_MODEL_SERVER_TIMEOUT)")
+            return _error(
+                504, f"the prediction took longer than {settings.timeout:g} s (SAGEMAKER_MODEL_SERVER_TIMEOUT)"
+            )
         except InputError as err:
             return _error(err.status, str(err))
         except Exception as err:  # a fault in the server or the handler code: logged in full, summarised to the client
             logger.exception("invocation failed")
             return _error(500, f"internal error while predicting ({type(err).__name__}); see the endpoint's logs")
 
-    return Starlette(routes=[
-        Route("/ping", ping, methods=["GET"]),
-        Route("/invocations", invocations, methods=["POST"]),
-        Route("/execution-parameters", execution_parameters, methods=["GET"]),
-    ], lifespan=lifespan)
+    return Starlette(
+        routes=[
+            Route("/ping", ping, methods=["GET"]),
+            Route("/invocations", invocations, methods=["POST"]),
+            Route("/execution-parameters", execution_parameters, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
 
 
 def _fail_start(message: str, workers: int = 1) -> None:
@@ -240,7 +254,8 @@ async def _invoke(server: ModelServer, body: bytes, content_type: str, accept: s
     transform_fn, input_fn, predict_fn = handlers.transform_fn, handlers.input_fn, handlers.predict_fn
     if transform_fn is not None:
         result = await loop.run_in_executor(
-            server.executor, lambda: call(transform_fn, "transform_fn", server.model, body, content_type, accept))
+            server.executor, lambda: call(transform_fn, "transform_fn", server.model, body, content_type, accept)
+        )
         return _response(result, accept)
     assert input_fn is not None and predict_fn is not None  # load_handlers sets them wherever transform_fn is None
     _check_accept(handlers, accept)  # before spending time on the model
@@ -254,14 +269,18 @@ async def _invoke(server: ModelServer, body: bytes, content_type: str, accept: s
         prediction = await batcher.submit(data["inputs"], data.get("parameters") or {})
     else:
         prediction = await loop.run_in_executor(
-            server.executor, lambda: call(predict_fn, "predict_fn", data, server.model))
+            server.executor, lambda: call(predict_fn, "predict_fn", data, server.model)
+        )
     result = await _off_loop(len(body), call, handlers.output_fn, "output_fn", prediction, accept)
     return _response(result, accept)
 
 
 def _batch_shaped(data: Any) -> bool:
-    return (isinstance(data, dict) and isinstance(data.get("inputs"), list)
-            and isinstance(data.get("parameters") or {}, dict))
+    return (
+        isinstance(data, dict)
+        and isinstance(data.get("inputs"), list)
+        and isinstance(data.get("parameters") or {}, dict)
+    )
 
 
 INLINE_LIMIT = 256 * 1024  # bodies below this are parsed and answered on the event loop
@@ -286,7 +305,7 @@ def _response(result: Any, accept: str) -> Response:
     """Handlers return (body, content_type) or just a body."""
     if isinstance(result, Response):
         return result
-    body, content_type = (result if isinstance(result, tuple) and len(result) == 2 else (result, accept))
+    body, content_type = result if isinstance(result, tuple) and len(result) == 2 else (result, accept)
     if not isinstance(body, (str, bytes)):
         body, content_type = json.dumps(body), JSON
     return Response(body, media_type=content_type)
@@ -340,8 +359,14 @@ def main() -> None:
         HEALTH_FILE.write_text(str(settings.port))
     except OSError:
         pass
-    options: dict[str, Any] = dict(host="0.0.0.0", port=settings.port, log_level="info", access_log=False,
-                                   timeout_graceful_shutdown=settings.graceful_timeout, timeout_keep_alive=75)
+    options: dict[str, Any] = dict(
+        host="0.0.0.0",
+        port=settings.port,
+        log_level="info",
+        access_log=False,
+        timeout_graceful_shutdown=settings.graceful_timeout,
+        timeout_keep_alive=75,
+    )
     if settings.workers > 1:
         failure = _failure_file(os.getpid())
         failure.unlink(missing_ok=True)
