@@ -94,6 +94,7 @@ def test_export_failure_leaves_no_graph_and_says_why(classifier_dir, tmp_path, m
     assert "cannot be traced" in caplog.text and "served by torch" in caplog.text
 
 
+@pytest.mark.integration  # byoc in processes of its own
 def test_export_onnx_command(classifier_dir, tmp_path):
     copy = tmp_path / "model"
     shutil.copytree(classifier_dir, copy)
@@ -137,6 +138,7 @@ def _handlers_in_subprocess(model_dir: Path, backend: str, texts: list) -> dict:
 TEXTS = ["i love this so much", "rude people and cold food", ["is it good?", "yes, very good"], "x " * 400]
 
 
+@pytest.mark.integration  # byoc in processes of its own
 def test_default_handlers_serve_the_graph_without_torch_and_agree_with_torch(classifier_dir):
     # The CPU default (auto picks it where there is no GPU: test_backend_choice), asked for by name
     # so that it runs the same with a GPU present.
@@ -205,6 +207,7 @@ def test_int8_session_quantizes_and_stays_close(classifier_dir, tmp_path):
     assert np.abs(approx - exact).max() < 0.1 * max(1.0, np.abs(exact).max())
 
 
+@pytest.mark.integration  # byoc in processes of its own
 def test_int8_graph_made_ahead_is_used_and_refused_when_stale(classifier_dir, tmp_path, monkeypatch, caplog):
     copy = tmp_path / "model"
     shutil.copytree(classifier_dir, copy)

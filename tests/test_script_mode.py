@@ -6,6 +6,8 @@ import json
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from helpers import CPU_ONLY, Job, run_train_process
 
 SCRIPT = """
@@ -58,6 +60,7 @@ def script_job(tmp_path: Path, *, fail: str | None = None, requirements: str | N
     return job
 
 
+@pytest.mark.integration  # a real job in processes
 def test_the_users_script_runs_on_every_rank_with_its_arguments(tmp_path):
     job = script_job(tmp_path, requirements="numpy\n")
     result = run_train_process(job.root, env={"BYOC_PROCESSES_PER_HOST": "2", **CPU_ONLY})  # two CPU ranks
@@ -76,6 +79,7 @@ def test_the_users_script_runs_on_every_rank_with_its_arguments(tmp_path):
     assert "installing" in result.stdout and "requirements.txt" in result.stdout
 
 
+@pytest.mark.integration  # a real job in processes
 def test_a_failing_script_keeps_its_error_and_exit_code(tmp_path):
     job = script_job(tmp_path / "a", fail="exception")
     result = run_train_process(job.root)
@@ -88,6 +92,7 @@ def test_a_failing_script_keeps_its_error_and_exit_code(tmp_path):
     assert job.failure.startswith("rank 0 on algo-1 failed: the process exited with code 3")
 
 
+@pytest.mark.integration  # a real job in processes
 def test_missing_entry_point_and_bad_requirements_fail_clearly(tmp_path):
     job = script_job(tmp_path / "a")
     hps = json.loads((job.root / "input/config/hyperparameters.json").read_text())
@@ -101,6 +106,7 @@ def test_missing_entry_point_and_bad_requirements_fail_clearly(tmp_path):
     assert job.failure.startswith("pip could not install requirements.txt from source_dir"), job.failure
 
 
+@pytest.mark.integration  # a real job in processes
 def test_a_noisy_script_fills_no_disk_and_its_last_error_is_quoted(tmp_path):
     """A script that writes 20 MB to stderr: it all reaches the log, nothing is copied to disk (the
     launcher teed each rank's stderr into a temporary file without a cap), and the failure quotes
@@ -119,6 +125,7 @@ def test_a_noisy_script_fills_no_disk_and_its_last_error_is_quoted(tmp_path):
     assert not big, big
 
 
+@pytest.mark.integration  # a real job in processes
 def test_secret_looking_hyperparameters_stay_out_of_the_log(tmp_path):
     job = script_job(tmp_path)
     hps = json.loads((job.root / "input/config/hyperparameters.json").read_text())
