@@ -132,3 +132,21 @@ def test_the_device_hyperparameter_picks_the_path():
         plan_launch(job, environ={}, cpu_count=8, counts=(0, 0), device="cuda")
     with pytest.raises(LaunchError, match="no collectives between processes"):
         plan_launch(job, environ={"BYOC_PROCESSES_PER_HOST": "2"}, cpu_count=8, counts=(0, 0), device="xla")
+
+
+def test_control_collectives_stay_on_the_cpu_under_nccl(monkeypatch):
+    """Under NCCL, byoc's per-step stop check goes over a gloo group with a CPU tensor: a CUDA
+    all_reduce and .item() there would make the host wait for the GPU after every step."""
+    import torch
+
+    from byoc import distributed
+
+    calls = []
+    control = object()
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(distributed.dist, "all_reduce", lambda t, op=None, group=None: calls.append((t, group)))
+    monkeypatch.setattr(distributed, "_control_group", control)
+    assert distributed.any_rank(False) is False
+    tensor, group = calls[0]
+    assert tensor.device == torch.device("cpu") and group is control

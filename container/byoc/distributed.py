@@ -23,6 +23,11 @@ logger = logging.getLogger("byoc.distributed")
 
 BACKEND_ENV = "BYOC_BACKEND"  # set by the launcher: gloo (CPU), nccl (CUDA)
 
+# byoc's own decisions (stop on SIGTERM? which shards?) travel over a CPU group. Under NCCL a
+# collective on a CUDA tensor followed by .item() waits for the GPU, and the stop check runs after
+# every step: the host would wait for the GPU once a step, and could never queue work ahead.
+_control_group: Any = None
+
 
 def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
@@ -72,6 +77,8 @@ def setup() -> None:
     # Long enough for rank 0 to tokenize a large dataset while the others wait at a barrier.
     timeout = timedelta(seconds=float(os.environ.get("BYOC_COLLECTIVE_TIMEOUT", 1800)))
     dist.init_process_group(backend=backend, timeout=timeout)
+    global _control_group
+    _control_group = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else None
     logger.info(
         "rank %d of %d (local rank %d on host %d) joined the %s process group",
         rank(),
@@ -83,7 +90,8 @@ def setup() -> None:
 
 
 def _device() -> torch.device:
-    if dist.is_initialized() and dist.get_backend() == "nccl":
+    """Where a control tensor lives: the CPU, unless the only group is one that needs the device."""
+    if dist.is_initialized() and _control_group is None and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -93,7 +101,7 @@ def any_rank(flag: bool) -> bool:
     if not dist.is_initialized():
         return flag
     value = torch.tensor([1 if flag else 0], device=_device())
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=_control_group)
     return bool(value.item())
 
 
@@ -102,22 +110,24 @@ def all_gather(value: Any) -> list[Any]:
     if not dist.is_initialized():
         return [value]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
+    dist.all_gather_object(out, value, group=_control_group)
     return out
 
 
 def barrier() -> None:
     if dist.is_initialized():
-        dist.barrier()
+        dist.barrier(group=_control_group)
 
 
 def teardown() -> None:
     """Leave the process group together. A rank that exits while its peers still talk to it can
     abort in the collective library's threads ("terminate called without an active exception",
     exit 134) even though its work is done."""
+    global _control_group
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+        _control_group = None
 
 
 @contextlib.contextmanager
