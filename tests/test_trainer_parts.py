@@ -61,8 +61,21 @@ def test_cpu_jobs_tell_the_trainer_they_are_cpu_ones():
 
     auto, cpu = parse_hyperparameters({}), parse_hyperparameters({"device": "cpu"})
     assert device_arguments(auto, use_xla=False, cuda=False) == {"use_cpu": True}  # even with torch-xla installed
-    assert device_arguments(auto, use_xla=False, cuda=True) == {"use_cpu": False}
+    assert device_arguments(auto, use_xla=False, cuda=True, tf32_capable=True) == {"use_cpu": False, "tf32": True}
     assert device_arguments(cpu, use_xla=False, cuda=True) == {"use_cpu": True}
+
+
+def test_tf32_on_ampere_and_newer_unless_turned_off():
+    """TF32 matmuls are on by default where the GPU has them (A10G, A100, H100...), never asked for
+    where it has not (T4, V100: transformers would raise), and tf32=false keeps full fp32."""
+    from byoc.trainer import device_arguments
+
+    auto, off, on = (parse_hyperparameters(hp) for hp in ({}, {"tf32": "false"}, {"tf32": "true"}))
+    assert device_arguments(auto, use_xla=False, cuda=True, tf32_capable=True)["tf32"] is True
+    assert device_arguments(auto, use_xla=False, cuda=True, tf32_capable=False)["tf32"] is False  # T4, V100
+    assert device_arguments(off, use_xla=False, cuda=True, tf32_capable=True)["tf32"] is False
+    assert device_arguments(on, use_xla=False, cuda=True, tf32_capable=False)["tf32"] is False
+    assert "tf32" not in device_arguments(on, use_xla=False, cuda=False)
     assert "use_cpu" not in device_arguments(auto, use_xla=True, cuda=False)
 
 

@@ -110,6 +110,11 @@ class TrainArguments:
     )
     bf16: bool = _hp(False, "bfloat16 mixed precision (GPUs from Ampere on, Trainium; slower on CPUs without AMX).")
     fp16: bool = _hp(False, "float16 mixed precision (CUDA GPUs only; ignored with a warning elsewhere).")
+    tf32: bool | None = _hp(
+        None,
+        "TF32 matrix multiplies on CUDA GPUs from Ampere on (default: on there, about 2x fp32 for BERT on an "
+        "H100); false keeps full fp32 precision. Ignored elsewhere.",
+    )
     torch_compile: bool = _hp(False, "torch.compile the model (pays a one-off compilation of a minute or more).")
     gradient_checkpointing: bool = _hp(False, "Trade compute for memory on long sequences.")
     attn_implementation: str | None = _hp(

@@ -132,8 +132,11 @@ class _SamplerEpoch(TrainerCallback):
             self.trainer.bucket_sampler.set_epoch(math.floor((state.epoch or 0.0) + 1e-6))
 
 
-def device_arguments(args: TrainArguments, use_xla: bool, cuda: bool | None = None) -> dict[str, Any]:
-    """What the device path changes in `TrainingArguments`; `cuda`: the hardware (default: torch's view)."""
+def device_arguments(
+    args: TrainArguments, use_xla: bool, cuda: bool | None = None, tf32_capable: bool | None = None
+) -> dict[str, Any]:
+    """What the device path changes in `TrainingArguments`; `cuda`, `tf32_capable` (Ampere or newer):
+    the hardware (default: torch's view). AdamW is the Trainer's default, fused, on CUDA."""
     if use_xla:
         # Fused AdamW refuses XLA tensors. (Every training batch is full already: the sampler sees to
         # it; drop_last would also drop the last evaluation batch, which the collator pads instead.)
@@ -145,7 +148,14 @@ def device_arguments(args: TrainArguments, use_xla: bool, cuda: bool | None = No
     # A CPU job says so: accelerate treats several CPU processes as one data-parallel job only when
     # told they are CPU ones, and with transformers 4.55 it takes torch-xla's device wherever
     # torch-xla is installed (the Neuron image on a host without NeuronCores), fused AdamW and all.
-    return {"use_cpu": gloo or args.device == "cpu" or not cuda}
+    on_cpu = gloo or args.device == "cpu" or not cuda
+    if on_cpu:
+        return {"use_cpu": True}
+    if tf32_capable is None:
+        tf32_capable = torch.cuda.get_device_capability() >= (8, 0)
+    # TF32 keeps fp32's range with a 10-bit mantissa in matrix multiplies: what fp32 training on an
+    # Ampere-or-newer GPU should use unless told otherwise (transformers leaves it to torch's default, off).
+    return {"use_cpu": False, "tf32": (tf32_capable if args.tf32 is None else args.tf32) and tf32_capable}
 
 
 class CompileReport(TrainerCallback):
