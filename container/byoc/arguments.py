@@ -115,7 +115,8 @@ class TrainArguments:
         "TF32 matrix multiplies on CUDA GPUs from Ampere on (default: on there, about 2x fp32 for BERT on an "
         "H100); false keeps full fp32 precision. Ignored elsewhere.",
     )
-    torch_compile: bool = _hp(False, "torch.compile the model (pays a one-off compilation of a minute or more).")
+    torch_compile: bool = _hp(False, "torch.compile the model; batches in fixed-shape length buckets (see buckets).")
+    cuda_graphs: bool = _hp(True, "With torch_compile on a CUDA GPU: replay each step as a CUDA graph.")
     gradient_checkpointing: bool = _hp(False, "Trade compute for memory on long sequences.")
     attn_implementation: str | None = _hp(
         None, "Attention kernel: sdpa or eager. Default: the library's.", (), ("sdpa", "eager")
@@ -132,13 +133,11 @@ class TrainArguments:
     )
     buckets: str = _hp(
         "auto",
-        "XLA path: sequence lengths are padded up to one of these sizes (e.g. 32,64,128), so only that many "
-        "graphs compile; auto picks `max_buckets` sizes from the training data's lengths.",
+        "Compiled paths (XLA, torch_compile): lengths are padded up to one of these sizes (e.g. 32,64,128), so only "
+        "that many graphs compile; auto picks `max_buckets` sizes from the training data's lengths.",
         ("bucket_sizes",),
     )
-    max_buckets: int = _hp(
-        5, "XLA path: how many sizes buckets=auto picks (more: less padding, more graphs to compile)."
-    )
+    max_buckets: int = _hp(5, "Compiled paths: how many sizes buckets=auto picks (more: less padding, more graphs).")
     neuron_precompile: bool = _hp(
         False,
         "Compile only (neuron_parallel_compile): fill the compile cache with every bucket's training and "

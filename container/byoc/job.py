@@ -33,6 +33,7 @@ from byoc.arguments import TrainArguments, bucket_sizes
 from byoc.artifact import default_code_dir, publish_model, write_predictions
 from byoc.buckets import choose_buckets, padding_efficiency
 from byoc.checkpoints import Interrupted, StopOnSignal, check_job, common_resume_point, drop_unfinished_after
+from byoc.compiled import wants_buckets
 from byoc.contract import TrainingContract
 from byoc.data import DataError, DataSpec, TaskData, load_task_data
 from byoc.metrics import metrics_line, write_report
@@ -60,7 +61,7 @@ class Job:
     tokenizer: PreTrainedTokenizerBase
     tokenized: dict[str, Any]  # split name -> tokenized dataset
     shard_consumers: list[int] | None  # the ranks reading this host's shard (ShardedByS3Key), else None
-    buckets: list[int] | None  # the XLA path's sequence-length buckets
+    buckets: list[int] | None  # fixed-shape length buckets (XLA, or torch_compile)
 
     @property
     def label_names(self) -> list[str]:
@@ -128,6 +129,7 @@ def prepare(contract: TrainingContract, args: TrainArguments) -> Job:
     buckets = None
     if use_xla:
         xla.initialize(contract.checkpoint_folder)
+    if wants_buckets(args, use_xla):
         buckets = choose_job_buckets(tokenized, args, tokenizer)
     if args.neuron_precompile:
         if buckets is None:
@@ -152,7 +154,7 @@ def load_model(job: Job) -> PreTrainedModel:
 def make_trainer(job: Job, model: PreTrainedModel) -> ClassifierTrainer:
     """The Trainer for this job's device and precision, with its shards and precompile mode."""
     trainer = build_trainer(
-        model, job.tokenizer, job.tokenized, job.args, job.contract, len(job.label_names), job.buckets
+        model, job.tokenizer, job.tokenized, job.args, job.contract, len(job.label_names), job.buckets, job.use_xla
     )
     trainer.precompile = job.args.neuron_precompile
     trainer.shard_consumers = job.shard_consumers
@@ -265,13 +267,14 @@ def _job_summary(job: Job, trainer: ClassifierTrainer) -> dict[str, Any]:
 def choose_job_buckets(
     tokenized: dict[str, Any], args: TrainArguments, tokenizer: PreTrainedTokenizerBase
 ) -> list[int]:
-    """The XLA path's sequence-length buckets: as given, or chosen from the training data's lengths."""
+    """The compiled path's sequence-length buckets: as given, or chosen from the training data's lengths."""
     lengths = tokenized["train"]["length"]
     max_length = min(args.max_length, model_max_length(tokenizer))
     buckets = bucket_sizes(args) or choose_buckets(lengths, args.max_buckets, max_length)
     logger.info(
-        "XLA: sequence buckets %s (padding efficiency %.3f: real tokens / padded tokens; one length of %d "
+        "%s: sequence buckets %s (padding efficiency %.3f: real tokens / padded tokens; one length of %d "
         "would give %.3f)",
+        "XLA" if xla.wants_xla(args.device) else "torch.compile",
         buckets,
         padding_efficiency(lengths, buckets),
         max_length,

@@ -28,6 +28,7 @@ from byoc import compat, distributed, xla
 from byoc.arguments import TrainArguments
 from byoc.buckets import IGNORE_LABEL, FixedShapeCollator
 from byoc.checkpoints import EvaluationStopped, mark_complete, rotate
+from byoc.compiled import CompileReport, compile_arguments, static_graphs_per_bucket
 from byoc.contract import TrainingContract
 from byoc.metrics import ProgressCallback, classification_metrics
 from byoc.samplers import FixedShapeSampler, LengthBucketSampler, length_order
@@ -46,7 +47,8 @@ class ClassifierTrainer(Trainer):
     """
 
     shard_consumers: list[int] | None = None  # set when each host trains on its own shard
-    buckets: list[int] | None = None  # the XLA path's sequence-length buckets
+    buckets: list[int] | None = None  # fixed-shape length buckets (XLA, or torch_compile)
+    use_xla: bool = False
     compile_report: CompileReport | None = None
     precompile: bool = False  # neuron_precompile: one batch per shape, then stop
 
@@ -60,7 +62,7 @@ class ClassifierTrainer(Trainer):
         if "input_ids" not in dataset.column_names or not (self.buckets or compat.is_length_grouped(self.args)):
             return super()._get_train_sampler(train_dataset)
         lengths = [len(ids) for ids in dataset["input_ids"]]
-        if self.buckets:  # XLA: every batch one of a few fixed shapes
+        if self.buckets:  # compiled: every batch one of a few fixed shapes
             self.bucket_sampler = FixedShapeSampler(
                 lengths,
                 self.buckets,
@@ -88,7 +90,7 @@ class ClassifierTrainer(Trainer):
 
     def create_optimizer(self, *args, **kwargs):
         optimizer = super().create_optimizer(*args, **kwargs)
-        if self.buckets and "weight_decay" in optimizer.defaults:  # the XLA path
+        if self.use_xla and "weight_decay" in optimizer.defaults:
             xla.decay_with_device_tensors(optimizer)
         return optimizer
 
@@ -158,51 +160,6 @@ def device_arguments(
     return {"use_cpu": False, "tf32": (tf32_capable if args.tf32 is None else args.tf32) and tf32_capable}
 
 
-class CompileReport(TrainerCallback):
-    """Counts the graphs compiled in each training epoch and each evaluation, and logs them."""
-
-    def __init__(self) -> None:
-        self.per_epoch: list[int] = []
-        self.evaluations: list[int] = []
-        self._mark = 0
-
-    def _take(self) -> int:
-        now = xla.compiled_graphs()
-        new, self._mark = now - self._mark, now
-        return new
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._mark = xla.compiled_graphs()
-
-    def on_epoch_end(self, args, state, control, **kwargs):
-        self.per_epoch.append(self._take())
-        logger.info(
-            "XLA: %d graph(s) compiled in epoch %d (%d in all, %.0f s compiling)",
-            self.per_epoch[-1],
-            len(self.per_epoch),
-            xla.compiled_graphs(),
-            xla.compile_seconds(),
-        )
-
-    def on_evaluate(self, args, state, control, **kwargs):
-        self.evaluations.append(self._take())
-
-    def on_log(self, args, state, control, **kwargs):
-        # Logging resets the loss accumulator; run that now, or it joins the next step's graph and
-        # makes a second variant of every bucket's step.
-        import torch_xla
-
-        torch_xla.sync()
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "xla_graphs_compiled": xla.compiled_graphs(),
-            "xla_graphs_per_epoch": self.per_epoch,
-            "xla_graphs_per_evaluation": self.evaluations,
-            "xla_compile_seconds": round(xla.compile_seconds(), 1),
-        }
-
-
 def precision_flags(
     args: TrainArguments, use_xla: bool = False, cuda: bool | None = None, cuda_bf16: bool | None = None
 ) -> dict[str, Any]:
@@ -251,10 +208,13 @@ def build_trainer(
     contract: TrainingContract,
     num_labels: int,
     buckets: list[int] | None = None,
+    use_xla: bool = False,
 ) -> ClassifierTrainer:
-    """The Trainer for this job; `buckets` (the XLA path) switches to fixed-shape batches."""
+    """The Trainer for this job; `buckets` (XLA, or torch_compile) switches to fixed-shape batches."""
     compat.check_trainer_hooks(ClassifierTrainer.__mro__[1])  # the private methods overridden below
-    use_xla = buckets is not None
+    cuda = torch.cuda.is_available() and not use_xla
+    if buckets is not None and not use_xla and args.torch_compile:
+        static_graphs_per_bucket(buckets)
     eval_ds = tokenized.get("eval", tokenized.get("test"))
     has_eval = eval_ds is not None
     strategy = _eval_strategy(args, has_eval)
@@ -283,7 +243,7 @@ def build_trainer(
         logging_steps=args.logging_steps,
         report_to="none",  # our own callbacks below: readable lines and TensorBoard in output/
         disable_tqdm=True,
-        torch_compile=args.torch_compile,
+        **compile_arguments(args, use_xla, cuda),
         dataloader_num_workers=args.dataloader_num_workers,
         dataloader_pin_memory=torch.cuda.is_available() and not use_xla,
         ddp_backend=os.environ.get(distributed.BACKEND_ENV) if distributed.is_distributed() and not use_xla else None,
@@ -324,9 +284,9 @@ def build_trainer(
         data_collator=collator,
         compute_metrics=compute_metrics,
     )
-    trainer.buckets = buckets
-    if use_xla:
-        trainer.compile_report = CompileReport()
+    trainer.buckets, trainer.use_xla = buckets, use_xla
+    if use_xla or args.torch_compile:
+        trainer.compile_report = CompileReport(use_xla)
         trainer.add_callback(trainer.compile_report)
     for callback in (PrinterCallback, TqdmCallback):
         trainer.remove_callback(callback)

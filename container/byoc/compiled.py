@@ -1,0 +1,105 @@
+"""Compiled training steps: graphs built once per input shape, and a count of them.
+
+On XLA (Trainium) compiling is how the device runs at all. On CUDA and CPU it is the opt-in
+`torch_compile=true`: the job then takes the XLA path's fixed-shape length buckets too, so
+`torch.compile` builds one static graph per bucket (never a dynamic-shape one) and, on CUDA, replays
+each step as a CUDA graph (`cuda_graphs`, on by default there): at BERT's batch sizes a step is
+bound by kernel launches and host work, which graph replay removes. Graph capture is the CUDA-only
+part; the rest, buckets and static graphs included, runs and is tested on CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+from transformers import TrainerCallback
+
+from byoc import xla
+from byoc.arguments import TrainArguments
+
+logger = logging.getLogger("byoc.compiled")
+
+
+def wants_buckets(args: TrainArguments, use_xla: bool) -> bool:
+    """Fixed-shape length buckets: on XLA always, elsewhere with torch_compile."""
+    return use_xla or args.torch_compile
+
+
+def compile_arguments(args: TrainArguments, use_xla: bool, cuda: bool) -> dict[str, Any]:
+    """`TrainingArguments` for torch.compile (none on XLA, which compiles by itself)."""
+    if use_xla or not args.torch_compile:
+        return {"torch_compile": False}
+    mode = "reduce-overhead" if cuda and args.cuda_graphs else "default"  # reduce-overhead: CUDA graphs
+    return {"torch_compile": True, "torch_compile_mode": mode}
+
+
+def static_graphs_per_bucket(buckets: list[int]) -> None:
+    """One static graph per bucket shape: dynamo otherwise turns the second shape it sees into a
+    dynamic-shape graph (slower, and never a CUDA graph), and gives up past 8 recompiles."""
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    limit = 4 * len(buckets) + 8  # train and evaluation graphs per bucket, and their graph breaks
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, limit)
+    if hasattr(torch._dynamo.config, "recompile_limit"):  # the newer name (torch >= 2.6)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+
+
+def dynamo_graphs() -> int:
+    """Graphs torch.compile built so far in this process."""
+    return int(counters["stats"]["unique_graphs"])
+
+
+class CompileReport(TrainerCallback):
+    """Counts the graphs compiled in each training epoch and each evaluation, and logs them: a
+    job shows that nothing recompiles after its first epoch."""
+
+    def __init__(self, use_xla: bool) -> None:
+        self.use_xla = use_xla
+        self.name, self.prefix = ("XLA", "xla") if use_xla else ("torch.compile", "torch_compile")
+        self.count: Callable[[], int] = xla.compiled_graphs if use_xla else dynamo_graphs
+        self.per_epoch: list[int] = []
+        self.evaluations: list[int] = []
+        self._mark = 0
+
+    def _take(self) -> int:
+        now = self.count()
+        new, self._mark = now - self._mark, now
+        return new
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._mark = self.count()
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.per_epoch.append(self._take())
+        logger.info(
+            "%s: %d graph(s) compiled in epoch %d (%d in all)",
+            self.name,
+            self.per_epoch[-1],
+            len(self.per_epoch),
+            self.count(),
+        )
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.evaluations.append(self._take())
+
+    def on_log(self, args, state, control, **kwargs):
+        if self.use_xla:
+            # Logging resets the loss accumulator; run that now, or it joins the next step's graph and
+            # makes a second variant of every bucket's step.
+            import torch_xla  # only on the XLA path, where it is installed
+
+            torch_xla.sync()
+
+    def summary(self) -> dict[str, Any]:
+        out = {
+            f"{self.prefix}_graphs_compiled": self.count(),
+            f"{self.prefix}_graphs_per_epoch": self.per_epoch,
+            f"{self.prefix}_graphs_per_evaluation": self.evaluations,
+        }
+        if self.use_xla:
+            out["xla_compile_seconds"] = round(xla.compile_seconds(), 1)
+        return out

@@ -1,0 +1,59 @@
+"""The compiled path off XLA (torch_compile=true): fixed-shape length buckets and one static graph
+per bucket, so nothing compiles after the first epoch. On CUDA each step also replays as a CUDA
+graph; that part needs a GPU (tests/test_gpu.py), the rest runs here on CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from byoc.arguments import parse_hyperparameters
+from byoc.compiled import compile_arguments, wants_buckets
+from helpers import CPU_ONLY, Job, run_train_process, sentiment_rows, write_csv
+
+
+def test_compile_settings_follow_the_hardware():
+    compiled, plain = parse_hyperparameters({"torch_compile": "true"}), parse_hyperparameters({})
+    no_graphs = parse_hyperparameters({"torch_compile": "true", "cuda_graphs": "false"})
+    assert compile_arguments(compiled, use_xla=False, cuda=True) == {
+        "torch_compile": True,
+        "torch_compile_mode": "reduce-overhead",
+    }  # CUDA graphs
+    assert compile_arguments(no_graphs, use_xla=False, cuda=True)["torch_compile_mode"] == "default"
+    assert compile_arguments(compiled, use_xla=False, cuda=False)["torch_compile_mode"] == "default"  # CPU
+    assert compile_arguments(compiled, use_xla=True, cuda=False) == {"torch_compile": False}  # XLA compiles itself
+    assert compile_arguments(plain, use_xla=False, cuda=True) == {"torch_compile": False}
+    assert wants_buckets(compiled, use_xla=False) and wants_buckets(plain, use_xla=True)
+    assert not wants_buckets(plain, use_xla=False)  # dynamic padding stays the default
+
+
+@pytest.mark.integration  # a real job in a process of its own
+def test_a_compiled_job_uses_buckets_and_compiles_nothing_after_epoch_one(tmp_path, tiny_model_dir):
+    job = Job(tmp_path / "opt-ml").resources()
+    job.hyperparameters(
+        {
+            "torch_compile": "true",
+            "max_buckets": "2",
+            "epochs": "3",
+            "eval_strategy": "epoch",
+            "per_device_train_batch_size": "8",
+            "per_device_eval_batch_size": "8",
+            "learning_rate": "5e-3",
+            "device": "cpu",
+            "logging_steps": "4",
+        }
+    )
+    job.model_channel(tiny_model_dir)
+    write_csv(job.channel("train") / "t.csv", sentiment_rows(64))
+    write_csv(job.channel("validation") / "v.csv", sentiment_rows(20))  # a short last evaluation batch
+    done = run_train_process(job.root, env=CPU_ONLY)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    metrics = job.metrics
+    assert len(metrics["buckets"]) <= 2 and "torch.compile: sequence buckets" in done.stdout
+    per_epoch, per_evaluation = (
+        metrics["torch_compile_graphs_per_epoch"],
+        metrics["torch_compile_graphs_per_evaluation"],
+    )
+    assert per_epoch[0] > 0 and per_epoch[1:] == [0, 0], per_epoch
+    # (Evaluation runs the model uncompiled on transformers 5; whatever it compiles, it compiles once.)
+    assert per_evaluation[1:] == [0, 0], per_evaluation
+    assert 0 <= metrics["eval_accuracy"] <= 1 and (job.model_dir / "model.safetensors").exists()
