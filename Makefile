@@ -11,7 +11,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla bench-train bench-serve bench-precision bench-xla clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla bench-train bench-serve bench-precision bench-xla bench-gpu clean
 
 venv: $(STAMP)
 
@@ -79,6 +79,11 @@ bench-serve: venv
 
 bench-precision: venv
 	$(PY) benchmarks/bench_precision.py --json benchmarks/results/precision.json
+
+# On a machine with an NVIDIA GPU and its own CUDA torch (as test-gpu): byoc vs a stock Trainer vs
+# plain PyTorch, MiniLM- and BERT-base-sized, and byoc serve on the GPU (docs/benchmarks.md).
+bench-gpu:
+	$(GPU_PYTHON) benchmarks/bench_gpu.py --json benchmarks/results/gpu.json --accuracy
 
 bench-xla: venv-xla
 	$(XLA_PY) benchmarks/bench_xla.py --json benchmarks/results/xla.json

