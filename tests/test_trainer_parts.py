@@ -62,7 +62,12 @@ def test_cpu_jobs_tell_the_trainer_they_are_cpu_ones():
     auto, cpu = parse_hyperparameters({}), parse_hyperparameters({"device": "cpu"})
     assert device_arguments(auto, use_xla=False, cuda=False) == {"use_cpu": True}  # even with torch-xla installed
     on_gpu = device_arguments(auto, use_xla=False, cuda=True, tf32_capable=True)
-    assert on_gpu == {"use_cpu": False, "tf32": True, "accelerator_config": {"non_blocking": True}}
+    assert on_gpu == {
+        "use_cpu": False,
+        "tf32": True,
+        "accelerator_config": {"non_blocking": True},
+        "logging_nan_inf_filter": False,
+    }  # no host synchronisation per step
     assert device_arguments(cpu, use_xla=False, cuda=True) == {"use_cpu": True}
 
 

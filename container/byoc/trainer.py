@@ -163,6 +163,9 @@ def device_arguments(
         # Batches are copied from pinned memory without the host waiting for the copy (accelerate's
         # DataLoader moves them to the GPU; the default copy blocks the host once a step).
         "accelerator_config": {"non_blocking": True},
+        # The Trainer's NaN filter tests every step's loss on the host (`if torch.isnan(loss) or ...`):
+        # one GPU synchronisation a step. Off, a NaN loss shows in the logged average instead of being hidden.
+        "logging_nan_inf_filter": False,
     }
 
 
