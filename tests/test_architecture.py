@@ -38,3 +38,25 @@ def test_architecture_doc_shows_the_current_graph():
     # Regenerate with: .venv/bin/python scripts/import_graph.py
     doc = (REPO / "docs" / "architecture.md").read_text()
     assert import_graph.render(import_graph.graph()) in doc
+
+
+def _job_steps(source: str, function: str) -> list[str]:
+    """The byoc.job steps `function` calls, in order (`job.prepare(...)` and `prepare(...)` alike)."""
+    import ast
+
+    steps = {"stop_on_sigterm", "prepare", "load_model", "make_trainer", "train_and_evaluate", "finish", "teardown"}
+    tree = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef) and n.name == function)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    names = [(c.lineno, c.col_offset, getattr(c.func, "attr", getattr(c.func, "id", ""))) for c in calls]
+    return [name for _, _, name in sorted(names) if name in steps]
+
+
+def test_code_train_py_runs_the_steps_byoc_train_runs():
+    """The script users copy composes the same steps, in the same order, as `byoc train`'s job."""
+    ours = _job_steps((REPO / "container" / "byoc" / "job.py").read_text(), "run_training")
+    theirs = _job_steps((REPO / "code" / "train.py").read_text(), "main")
+    assert (
+        ours
+        == theirs
+        == ["stop_on_sigterm", "prepare", "load_model", "make_trainer", "train_and_evaluate", "finish", "teardown"]
+    )
