@@ -32,6 +32,7 @@ from byoc.requirements import RequirementsError, install_requirements
 
 logger = logging.getLogger("byoc.handlers")
 
+USER_MODULE_MARK = "__byoc_user_code__"
 HANDLER_NAMES = ("model_fn", "input_fn", "predict_fn", "output_fn", "transform_fn")
 # Positional arguments of each handler before the optional trailing `context`.
 _ARITY = {"model_fn": 1, "input_fn": 2, "predict_fn": 2, "output_fn": 2, "transform_fn": 4}
@@ -61,18 +62,34 @@ class Handlers:
         return self.transform_fn is None and bool(getattr(self.predict_fn, "batchable", False))
 
 
-def _import(path: Path, name: str) -> ModuleType:
+def _import(path: Path) -> ModuleType:
+    """Import the user's module as the AWS toolkits do: under its own name (`inference` for
+    inference.py) in sys.modules, its folder kept on sys.path. So its dataclasses resolve their
+    annotations, its classes pickle and unpickle, `import inference` in a helper finds this module
+    rather than running it again, and `import helper` works inside its functions, not only at import."""
+    name = path.stem
+    existing = sys.modules.get(name)
+    if existing is not None and not getattr(existing, USER_MODULE_MARK, False):
+        raise HandlerError(
+            f"{path} has the name of the module {name!r}, which the server already uses: rename it "
+            "(and SAGEMAKER_PROGRAM with it)"
+        )
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:  # not a Python file (SAGEMAKER_PROGRAM=serve.sh)
         raise HandlerError(f"cannot import {path}: it is not a Python module")
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.parent))  # the user's module may import its siblings
+    setattr(module, USER_MODULE_MARK, True)  # a model loaded again (tests) replaces it
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))  # the user's module may import its siblings, at any time
+    sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as err:
-        raise HandlerError(f"cannot import {path}: {type(err).__name__}: {err}") from None
-    finally:
-        sys.path.remove(str(path.parent))
+    except BaseException as err:  # SystemExit too (argparse at import): a failed start, never a server left at 503
+        del sys.modules[name]
+        hint = " (code that parses arguments or exits belongs under `if __name__ == '__main__':`)"
+        raise HandlerError(
+            f"cannot import {path}: {type(err).__name__}: {err}{hint if isinstance(err, SystemExit) else ''}"
+        ) from None
     return module
 
 
@@ -87,7 +104,7 @@ def load_handlers(model_dir: Path) -> Handlers:
             install_requirements(user_dir)
         except RequirementsError as err:
             raise HandlerError(f"installing {err.requirements} failed: {err}") from None
-        user = _import(user_file, "inference")
+        user = _import(user_file)
     # A default the user's module imports (the template re-exports model_fn, input_fn and output_fn, so
     # that it is a complete handler module) is no override: the server keeps treating it as the default.
     functions = {name: getattr(user, name, None) for name in HANDLER_NAMES} if user else {}
