@@ -1,4 +1,6 @@
-"""The handlers in process: a model's own code is loaded as the AWS toolkits load it."""
+"""The handlers in process: the default input_fn refuses, with a 4xx naming the input, whatever a
+model could choke on; output_fn negotiates as the server does; and a model's own code is loaded as
+the AWS toolkits load it."""
 
 from __future__ import annotations
 
@@ -7,8 +9,17 @@ import pickle
 import sys
 
 import pytest
+import serve_helpers
 
+from byoc import inference
 from byoc.handlers import HandlerError, call, load_handlers
+from byoc.request_errors import InputError, NotAcceptable
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier_model(tmp_path_factory, tiny_model_dir):
+    """What the default model_fn returns for a tiny classifier (ONNX Runtime)."""
+    return inference.model_fn(str(serve_helpers.tiny_classifier(tmp_path_factory, tiny_model_dir)))
 
 
 def test_handlers_get_context_only_when_they_take_it():
@@ -22,6 +33,72 @@ def test_handlers_get_context_only_when_they_take_it():
     assert call(lambda data, model, context=None: context, "predict_fn", 1, 2, context="ctx") == "ctx"
     assert call(lambda *args: args[-1], "predict_fn", 1, 2, context="ctx") == "ctx"
     assert call(Unhashable(), "predict_fn", 1, 2, context="ctx") == "ctx"
+
+
+# --- input_fn: every input checked before it can join a batch ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "body,content_type,words",
+    [
+        # Valid JSON, but strings the tokenizer cannot encode (lone surrogates): the batch's poison.
+        (b'{"inputs": ["fine", "\\ud800 broken"]}', "application/json", "input 1 is not valid Unicode"),
+        (b'{"inputs": [{"text": "ok", "text_pair": "\\udfff"}]}', "application/json", "input 0 is not valid Unicode"),
+        (b'["a", "b", ["c", "\\ud83d"]]', "application/json", "input 2 is not valid Unicode"),
+        (b'{"inputs": "x"}\n"\\ud800"\n', "application/jsonlines", "input 1 is not valid Unicode"),
+        (b'{"inputs": ["a", 7]}', "application/json", "input 1: each input must be"),
+        # Deeply nested JSON: a RecursionError in the parser.
+        (b"[" * 100_000 + b"]" * 100_000, "application/json", "nested too deeply"),
+        (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "application/json", "nested too deeply"),
+        (b"[" * 100_000 + b"\n", "application/jsonlines", "nested too deeply"),
+        # What json and csv raise that is not their usual error class.
+        (b"1" * 5000, "application/json", "not valid JSON"),
+        (b'"' + b"x" * 200_000 + b'"\n', "text/csv", "not valid CSV"),
+        (b"fine\n\xff\xfe\n", "text/csv", "not UTF-8 text (byte 5, line 2)"),
+        # top_k is checked before the request joins a batch, not in the batch.
+        (b'{"inputs": "x", "parameters": {"top_k": 0}}', "application/json", "top_k"),
+        (b'{"inputs": "x", "parameters": {"top_k": true}}', "application/json", "top_k"),
+    ],
+)
+def test_input_fn_refuses_what_the_model_cannot_take(body, content_type, words):
+    with pytest.raises(InputError) as caught:
+        inference.input_fn(body, content_type)
+    assert caught.value.status == 400 and words in str(caught.value)
+
+
+def test_input_fn_keeps_every_valid_text():
+    texts = ["plain", "émotions 😀", "\x00nul", "", "\uffff", '"quoted, with comma"']
+    parsed = inference.input_fn(json.dumps({"inputs": texts}).encode(), "application/json")
+    assert parsed["inputs"] == texts
+
+
+def test_predict_fn_names_the_input_a_custom_input_fn_let_through(tiny_classifier_model):
+    """A user's input_fn may skip the checks: the default predict_fn still blames the input (4xx)."""
+    with pytest.raises(InputError, match="input 1 is not valid Unicode"):
+        inference.predict_fn({"inputs": ["fine", "\ud800"], "parameters": {}}, tiny_classifier_model)
+
+
+@pytest.mark.parametrize(
+    "accept,kind",
+    [
+        ("application/json, text/csv", "application/json"),
+        ("*/*;q=0.8", "application/json"),
+        ("application/*", "application/json"),
+        ("text/*", "text/csv"),
+        ("text/csv;q=0.5, application/json;q=0.9", "application/json"),
+        ("application/json;q=0, */*", "text/csv"),
+        ("application/jsonlines", "application/jsonlines"),
+    ],
+)
+def test_output_fn_reads_a_whole_accept_header(accept, kind):
+    prediction = [{"label": "positive", "score": 0.75}]
+    _, content_type = inference.output_fn(prediction, accept)
+    assert content_type == kind
+
+
+def test_output_fn_refuses_what_nobody_accepts():
+    with pytest.raises(NotAcceptable):
+        inference.output_fn([{"label": "a", "score": 1.0}], "image/png, */*;q=0")
 
 
 # --- a model's own code, loaded like the AWS toolkits load it ---------------------------------

@@ -24,6 +24,7 @@ from typing import Any, cast
 import numpy as np
 from tokenizers import Tokenizer
 
+from byoc import negotiation
 from byoc.onnx_graph import GRAPH, Session
 from byoc.request_errors import InputError, NotAcceptable, UnsupportedMediaType
 
@@ -186,42 +187,60 @@ def _load_torch(model_dir: Path) -> dict[str, Any]:
 
 
 def input_fn(body: bytes | str, content_type: str = "application/json") -> dict[str, Any]:
-    """Parse a request into {"inputs": [text or (text, text_pair)], "parameters": {...}}."""
+    """Parse a request into {"inputs": [text or (text, text_pair)], "parameters": {...}}.
+
+    Everything a model could choke on is refused here, with a 4xx naming the input, before the
+    request can join a batch with other clients' requests."""
     kind = (content_type or "application/json").split(";")[0].strip().lower()
     if kind not in CONTENT_TYPES:
         raise UnsupportedMediaType(f"unsupported content type {content_type!r}: send one of {', '.join(CONTENT_TYPES)}")
     try:
         text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else body
-    except UnicodeDecodeError:
-        raise InputError("the body is not UTF-8 text") from None
+    except UnicodeDecodeError as err:
+        line = cast(bytes, body)[: err.start].count(b"\n") + 1
+        raise InputError(f"the body is not UTF-8 text (byte {err.start}, line {line})") from None
     if not text.strip():
         raise InputError('the body is empty: send {"inputs": "a text"} or a list of texts')
+    try:
+        inputs, parameters = _parse(text, kind)
+    except RecursionError:
+        raise InputError("the body is nested too deeply") from None
+    if not isinstance(parameters, dict):
+        raise InputError('"parameters" must be a JSON object')
+    _check_top_k(parameters.get("top_k"))
+    return {"inputs": _normalise(inputs), "parameters": parameters}
+
+
+def _parse(text: str, kind: str) -> tuple[Any, Any]:
     if kind == "application/json":
         try:
             payload = json.loads(text)
-        except json.JSONDecodeError as err:
+        except ValueError as err:  # JSONDecodeError, and integers too long to convert
             raise InputError(f"the body is not valid JSON: {err}") from None
         if isinstance(payload, dict) and "inputs" in payload:
-            inputs, parameters = payload["inputs"], payload.get("parameters") or {}
-        else:
-            inputs, parameters = payload, {}
-    elif kind in JSON_LINES:
-        inputs, parameters = [_jsonline(line) for line in text.split("\n") if line.strip()], {}
-    elif kind == "text/csv":
-        inputs, parameters = [row if len(row) > 1 else row[0] for row in csv.reader(io.StringIO(text)) if row], {}
-    else:  # text/plain: one text per line
-        inputs, parameters = [line for line in text.split("\n") if line.strip()], {}
-    if not isinstance(parameters, dict):
-        raise InputError('"parameters" must be a JSON object')
-    return {"inputs": _normalise(inputs), "parameters": parameters}
+            return payload["inputs"], payload.get("parameters") or {}
+        return payload, {}
+    if kind in JSON_LINES:
+        return [_jsonline(line) for line in text.split("\n") if line.strip()], {}
+    if kind == "text/csv":
+        try:
+            return [row if len(row) > 1 else row[0] for row in csv.reader(io.StringIO(text)) if row], {}
+        except csv.Error as err:  # a field over csv's size limit, a quote left open
+            raise InputError(f"the body is not valid CSV: {err}") from None
+    return [line for line in text.split("\n") if line.strip()], {}  # text/plain: one text per line
 
 
 def _jsonline(line: str) -> Any:
     try:
         value = json.loads(line)
-    except json.JSONDecodeError as err:
+    except ValueError as err:
         raise InputError(f"a JSON Lines record is not valid JSON: {err}") from None
     return value.get("inputs", value) if isinstance(value, dict) and "inputs" in value else value
+
+
+def _check_top_k(top_k: Any) -> None:
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        raise InputError('"top_k" must be a positive integer')
 
 
 def _normalise(inputs: Any) -> list[str | tuple[str, str]]:
@@ -229,7 +248,7 @@ def _normalise(inputs: Any) -> list[str | tuple[str, str]]:
     if not items:
         raise InputError('"inputs" is empty: send a text or a list of texts')
     out: list[str | tuple[str, str]] = []
-    for item in items:
+    for index, item in enumerate(items):
         if isinstance(item, dict) and isinstance(item.get("text"), str):
             pair = item.get("text_pair")
             out.append((item["text"], pair) if isinstance(pair, str) else item["text"])
@@ -238,17 +257,37 @@ def _normalise(inputs: Any) -> list[str | tuple[str, str]]:
         elif isinstance(item, str):
             out.append(item)
         else:
-            raise InputError('each input must be a string, [text, text_pair] or {"text": ..., "text_pair": ...}')
+            raise InputError(
+                f'input {index}: each input must be a string, [text, text_pair] or {{"text": ..., "text_pair": ...}}'
+            )
+        last = out[-1]
+        if not (_encodable(last) if isinstance(last, str) else _encodable(last[0]) and _encodable(last[1])):
+            raise InputError(f"input {index} is not valid Unicode text (a lone surrogate such as \\ud800)")
     return out
+
+
+def _encodable(text: str) -> bool:
+    """Whether the text is valid Unicode, as the tokenizer needs: JSON's \\ud800 escapes make strings
+    that are not (lone surrogates). ASCII, nearly every text, is checked in C without a copy."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     """Classify; returns, per input, the best {"label", "score"} or the top_k of them."""
     inputs, parameters = data["inputs"], data.get("parameters", {})
     top_k = parameters.get("top_k")
-    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
-        raise InputError('"top_k" must be a positive integer')
-    encoded = model["encode"](inputs)
+    _check_top_k(top_k)
+    try:
+        encoded = model["encode"](inputs)
+    except Exception:  # a user's input_fn let through what the tokenizer cannot take: the input's fault
+        _normalise(inputs)  # raises InputError naming it, if that is the cause
+        raise
     # Shortest first, cut into batches of a bounded padded size: each batch pads only to its own
     # longest text (tweets of 5 and 60 tokens never share one); answers go back in request order.
     order = sorted(range(len(inputs)), key=lambda i: len(encoded[i]["input_ids"]))
@@ -319,9 +358,10 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[str, str]:
-    """Serialise as JSON (default), JSON Lines or CSV (label,score per line)."""
-    kind = (accept or "application/json").split(";")[0].strip().lower()
-    if kind in ("application/json", "*/*"):
+    """Serialise as JSON (default), JSON Lines or CSV (label,score per line). `accept` is the type
+    the server chose (byoc.negotiation); a full Accept header (lists, weights, wildcards) works too."""
+    kind = accept if accept in ACCEPT_TYPES else negotiation.choose(accept, ACCEPT_TYPES, "application/json")
+    if kind == "application/json":
         return json.dumps(prediction), "application/json"
     if kind in JSON_LINES:
         return "\n".join(json.dumps(p) for p in prediction) + "\n", kind

@@ -23,3 +23,9 @@ class NotAcceptable(InputError):
     """The Accept type is not one the handler writes: 406."""
 
     status = 406
+
+
+class PayloadTooLarge(InputError):
+    """The request is over a size limit (its body, or its number of inputs): 413."""
+
+    status = 413
