@@ -5,97 +5,31 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+import serve_helpers
 import torch
+from serve_helpers import TEXTS, Server
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from byoc import inference
-from byoc.contract import Paths
-from byoc.handlers import call, load_handlers
-from byoc.serve import ServeSettings
-from helpers import Job, run_train_process, sentiment_rows, write_csv
+from byoc.handlers import load_handlers
 
-JSON = {"content-type": "application/json"}
+pytestmark = pytest.mark.integration  # servers in processes: not in make test-fast
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def trained_model(tmp_path_factory, tiny_model_dir) -> Path:
     """A tiny classifier trained by `byoc train` (the artifact layout the server must serve)."""
-    root = tmp_path_factory.mktemp("serve-job") / "opt-ml"
-    job = Job(root).resources()
-    job.hyperparameters({"max_steps": "30", "learning_rate": "5e-3", "per_device_train_batch_size": "8"})
-    job.model_channel(tiny_model_dir)
-    write_csv(job.channel("train") / "t.csv", sentiment_rows(64))
-    done = run_train_process(root)
-    assert done.returncode == 0, done.stdout[-2000:]
-    return job.model_dir
-
-
-class Server:
-    def __init__(self, model_dir: Path, env: dict | None = None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        base = model_dir.parent
-        full_env = {
-            **os.environ,
-            "SAGEMAKER_BASE_DIR": str(base),
-            "SAGEMAKER_BIND_TO_PORT": str(self.port),
-            **(env or {}),
-        }
-        full_env.pop("SM_MODEL_DIR", None)
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "byoc"), "serve"],
-            env=full_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.client = httpx.Client(base_url=self.url, timeout=60)
-
-    def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError("server exited: " + self.proc.stdout.read()[-3000:])
-            try:
-                if self.client.get("/ping").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("server never became ready")
-
-    def invoke(self, body, content_type="application/json", accept=None, **kwargs) -> httpx.Response:
-        headers = {"content-type": content_type, **({"accept": accept} if accept else {})}
-        data = json.dumps(body) if not isinstance(body, (str, bytes)) else body
-        return self.client.post("/invocations", content=data, headers=headers, **kwargs)
-
-    def stop(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.stdout.read()
+    return serve_helpers.trained_classifier(tmp_path_factory, tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -115,9 +49,6 @@ def direct_predictions(model_dir: Path, texts: list[str]) -> list[tuple[str, flo
             probs = model(**tokenizer(text, return_tensors="pt")).logits.softmax(-1)[0]
             out.append((model.config.id2label[int(probs.argmax())], float(probs.max())))
     return out
-
-
-TEXTS = ["i love this so much", "i hate this a lot number 3", "what a great day it was", "rude people and cold food"]
 
 
 def test_json_formats_match_the_model(server, trained_model):
@@ -248,10 +179,7 @@ def test_ping_answers_quickly_under_load(server):
 
 
 def model_with_code(trained_model: Path, tmp_path: Path, source: str) -> Path:
-    target = tmp_path / "opt-ml" / "model"
-    shutil.copytree(trained_model, target)
-    (target / "code" / "inference.py").write_text(source)
-    return target
+    return serve_helpers.model_with_code(trained_model, tmp_path, source)
 
 
 def test_every_model_carries_the_template_which_keeps_the_defaults_and_batching(trained_model):
@@ -267,16 +195,6 @@ def test_every_model_carries_the_template_which_keeps_the_defaults_and_batching(
         inference.input_fn,
         inference.output_fn,
     )
-
-
-def test_the_model_folder_is_the_contracts_and_an_empty_variable_is_unset(tmp_path, monkeypatch):
-    monkeypatch.setenv("SAGEMAKER_BASE_DIR", "")
-    monkeypatch.setenv("SM_MODEL_DIR", "")
-    assert ServeSettings.from_env().model_dir == Path("/opt/ml/model")
-    monkeypatch.setenv("SAGEMAKER_BASE_DIR", str(tmp_path))
-    assert ServeSettings.from_env().model_dir == tmp_path / "model" == Paths(tmp_path).model_dir
-    monkeypatch.setenv("SM_MODEL_DIR", str(tmp_path / "elsewhere"))
-    assert ServeSettings.from_env().model_dir == tmp_path / "elsewhere"
 
 
 def test_override_one_function(trained_model, tmp_path):
@@ -528,16 +446,3 @@ def test_sagemaker_environment_variables_are_honoured(trained_model):
         assert answer.headers["content-type"].startswith("text/csv") and len(answer.text.splitlines()) == 2
     finally:
         s.stop()
-
-
-def test_handlers_get_context_only_when_they_take_it():
-    class Unhashable:
-        __hash__ = None
-
-        def __call__(self, data, model, context):
-            return context
-
-    assert call(lambda data, model: "plain", "predict_fn", 1, 2, context="ctx") == "plain"
-    assert call(lambda data, model, context=None: context, "predict_fn", 1, 2, context="ctx") == "ctx"
-    assert call(lambda *args: args[-1], "predict_fn", 1, 2, context="ctx") == "ctx"
-    assert call(Unhashable(), "predict_fn", 1, 2, context="ctx") == "ctx"

@@ -2,10 +2,20 @@
 
 Every prediction runs on one inference thread (torch uses the worker's cores inside it), so the
 event loop stays free to answer `/ping` and read requests while the model works. While it works,
-new requests queue up; when it is free it takes everything queued (up to `max_batch` texts, and
-waiting at most `max_delay` for more when the queue is short), merges requests that share their
-parameters, and splits the answers back. A request with more texts than `max_batch` is cut into
-several batches. The model call itself sorts a batch by length so that it pads little.
+new requests queue up; when it is free it takes what is queued (up to `max_batch` inputs, waiting
+at most `max_delay` for more when the queue is short), merges requests that share their
+parameters, and splits the answers back. The model call itself sorts a batch by length so that it
+pads little.
+
+Many clients share it, so no client can hurt the others:
+- Fair: a request with more inputs than `max_batch` is cut into chunks, and waiting requests take
+  turns: each batch takes at most one chunk of a request, which then goes behind every other
+  waiting request. A small request waits for one chunk of each big one, not for all of them.
+- Bounded: at most `max_queued` inputs wait; beyond that `submit` raises `QueueFull` at once.
+- Isolated: when a merged batch fails (an exception, or not one answer per input), its requests
+  run again one at a time, so that only the faulty one fails, with its own error.
+- Contained: nothing a `predict` does (a `BaseException`, a wrong answer) ends the batching task.
+  If it ends anyway (a bug here), every waiting request fails at once and `on_death` is called.
 """
 
 from __future__ import annotations
@@ -13,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,13 +32,47 @@ from typing import Any
 logger = logging.getLogger("byoc.batching")
 
 
-@dataclass
+class QueueFull(Exception):
+    """More inputs are waiting than the queue holds: the request is refused at once (503)."""
+
+
+class BatcherStopped(Exception):
+    """The batching task is not running (it ended, or the server is stopping): 503."""
+
+
+class HandlerFailed(RuntimeError):
+    """A handler raised something that is not an Exception (SystemExit, KeyboardInterrupt...), or a
+    batchable predict did not return one answer per input: a fault of the handler code (500)."""
+
+
+@dataclass(eq=False)
 class _Request:
     inputs: list[Any]
     parameters: dict[str, Any]
+    key: object  # requests with equal keys share a predict call
     future: asyncio.Future
     results: list[Any] = field(default_factory=list)
-    pending: int = 0  # chunks not answered yet
+    next: int = 0  # the first input not yet taken into a batch
+    pending: int = 0  # chunks taken and not answered yet
+
+
+def guarded(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a handler in the inference thread; a BaseException it raises comes back as HandlerFailed
+    (a SystemExit carried to the event loop would stop the server, a CancelledError would look like
+    the batcher being stopped)."""
+    try:
+        return fn(*args)
+    except Exception:
+        raise
+    except BaseException as err:
+        raise HandlerFailed(f"the handler raised {type(err).__name__}: {err}") from err
+
+
+def parameters_key(parameters: dict[str, Any]) -> object:
+    try:
+        return repr(sorted(parameters.items()))
+    except (TypeError, RecursionError):  # keys that do not sort, parameters nested too deeply
+        return object()  # a key of its own: the request is never merged
 
 
 class Batcher:
@@ -40,74 +84,165 @@ class Batcher:
         executor: ThreadPoolExecutor,
         max_batch: int = 32,
         max_delay: float = 0.002,
+        max_queued: int = 1 << 30,
+        on_death: Callable[[str], None] | None = None,
     ) -> None:
         self.predict, self.executor = predict, executor
-        self.max_batch, self.max_delay = max_batch, max_delay
-        self.queue: asyncio.Queue[tuple[_Request, int, int]] = asyncio.Queue()
+        self.max_batch, self.max_delay, self.max_queued = max_batch, max_delay, max_queued
+        self.on_death = on_death
+        self.waiting: deque[_Request] = deque()
+        self.queued = 0  # inputs of waiting requests not yet taken into a batch
+        self.running: list[_Request] = []  # the requests of the batch being predicted
         self.task: asyncio.Task | None = None
+        self.death: str | None = None
+        self._wake: asyncio.Event | None = None
+        self._stopping = False
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting
+
+    @property
+    def alive(self) -> bool:
+        return self.task is not None and not self.task.done()
 
     def start(self) -> None:
+        self._wake = asyncio.Event()
         self.task = asyncio.get_running_loop().create_task(self._run(), name="byoc-batcher")
+        self.task.add_done_callback(self._ended)
 
     async def stop(self) -> None:
+        self._stopping = True
         if self.task:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
 
     async def submit(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
         """Queue one request's inputs; return its results in order."""
-        request = _Request(inputs, parameters, asyncio.get_running_loop().create_future())
-        request.results = [None] * len(inputs)
-        chunks = range(0, len(inputs), self.max_batch)
-        request.pending = len(chunks)
-        for start in chunks:
-            self.queue.put_nowait((request, start, min(start + self.max_batch, len(inputs))))
-        return await request.future
+        if not self.alive or self._wake is None:
+            raise BatcherStopped(self.death or "the server is stopping")
+        if self.queued + len(inputs) > self.max_queued:
+            raise QueueFull(f"{self.queued} inputs are waiting for the model, and this request has {len(inputs)}")
+        future = asyncio.get_running_loop().create_future()
+        request = _Request(inputs, parameters, parameters_key(parameters), future, [None] * len(inputs))
+        self.waiting.append(request)
+        self.queued += len(inputs)
+        self._wake.set()
+        try:
+            return await future
+        finally:
+            if request.next < len(request.inputs):  # it failed or left (timeout, disconnect): drop the rest
+                self._drop(request)
+
+    def _drop(self, request: _Request) -> None:
+        try:
+            self.waiting.remove(request)
+        except ValueError:
+            return
+        self.queued -= len(request.inputs) - request.next
 
     async def _run(self) -> None:
         while True:
-            first = await self.queue.get()
-            batch, size = [first], first[2] - first[1]
-            deadline = time.monotonic() + self.max_delay
-            while size < self.max_batch:
-                try:
-                    item = self.queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    try:
-                        item = await asyncio.wait_for(self.queue.get(), left)
-                    except asyncio.TimeoutError:
-                        break
-                if size + item[2] - item[1] > self.max_batch:
-                    self.queue.put_nowait(item)  # goes into the next batch (order within a request does not matter)
-                    break
-                batch.append(item)
-                size += item[2] - item[1]
+            batch = await self._collect()
             await self._run_batch(batch)
 
+    async def _collect(self) -> list[tuple[_Request, int, int]]:
+        """The next batch: requests in turn, each giving one chunk, while they fit in max_batch."""
+        assert self._wake is not None
+        while not self.waiting:
+            self._wake.clear()
+            await self._wake.wait()
+        batch: list[tuple[_Request, int, int]] = []
+        size, deadline = 0, time.monotonic() + self.max_delay
+        while size < self.max_batch:
+            if self.waiting:
+                request = self.waiting[0]
+                if request.future.done():  # failed or left: nothing more to do for it
+                    self._drop(request)
+                    continue
+                take = min(len(request.inputs) - request.next, self.max_batch)
+                if size + take > self.max_batch:
+                    break  # it heads the next batch
+                self.waiting.popleft()
+                batch.append((request, request.next, request.next + take))
+                request.next += take
+                request.pending += 1
+                self.queued -= take
+                size += take
+                if request.next < len(request.inputs):
+                    self.waiting.append(request)  # its next chunk comes after every other waiting request
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), left)
+            except asyncio.TimeoutError:
+                break
+        return batch
+
     async def _run_batch(self, batch: list[tuple[_Request, int, int]]) -> None:
-        groups: dict[str, list[tuple[_Request, int, int]]] = defaultdict(list)
+        groups: dict[object, list[tuple[_Request, int, int]]] = {}
         for item in batch:
-            groups[repr(sorted(item[0].parameters.items()))].append(item)
-        loop = asyncio.get_running_loop()
+            groups.setdefault(item[0].key, []).append(item)
+        self.running = [request for request, _, _ in batch]  # kept if the task dies here: _ended fails them
         for items in groups.values():
             live = [item for item in items if not item[0].future.done()]  # skip requests that failed or left
-            if not live:
-                continue
-            inputs = [x for request, start, end in live for x in request.inputs[start:end]]
-            try:
-                results = await loop.run_in_executor(self.executor, self.predict, inputs, live[0][0].parameters)
-            except Exception as err:  # the error belongs to these requests, not to the batcher
-                for request, _, _ in live:
-                    if not request.future.done():
-                        request.future.set_exception(err)
-                continue
-            offset = 0
-            for request, start, end in live:
-                request.results[start:end] = results[offset : offset + end - start]
-                offset += end - start
-                request.pending -= 1
-                if request.pending == 0 and not request.future.done():
-                    request.future.set_result(request.results)
+            if live:
+                await self._predict(live, isolate=len(live) > 1)
+        self.running = []
+
+    async def _predict(self, items: list[tuple[_Request, int, int]], isolate: bool) -> None:
+        inputs = [x for request, start, end in items for x in request.inputs[start:end]]
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(
+                self.executor, guarded, self.predict, inputs, items[0][0].parameters
+            )
+            if not isinstance(results, (list, tuple)) or len(results) != len(inputs):
+                raise HandlerFailed(
+                    f"predict_fn returned {_describe(results)} for {len(inputs)} inputs: a batchable "
+                    "predict_fn returns a list with one answer per input, in order"
+                )
+        except asyncio.CancelledError:
+            raise  # the batcher is stopping
+        except Exception as err:
+            if isolate:  # find the faulty request: each runs alone, and only its own fault fails it
+                logger.info("a batch of %d requests failed (%s); running them one at a time", len(items), err)
+                for item in items:
+                    if not item[0].future.done():
+                        await self._predict([item], isolate=False)
+                return
+            for request, _, _ in items:
+                if not request.future.done():
+                    request.future.set_exception(err)
+            return
+        offset = 0
+        for request, start, end in items:
+            request.results[start:end] = results[offset : offset + end - start]
+            offset += end - start
+            request.pending -= 1
+            if request.pending == 0 and request.next == len(request.inputs) and not request.future.done():
+                request.future.set_result(request.results)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        """The batching task ended. Asked to (stop): nothing to do. Otherwise it died: say why, fail
+        every request it holds (they would wait for their timeout), and tell the server."""
+        if self._stopping:
+            return
+        error = None if task.cancelled() else task.exception()
+        self.death = f"the batching task ended: {type(error).__name__}: {error}" if error else "the batching task ended"
+        logger.error("%s; requests can no longer be batched", self.death, exc_info=error)
+        for request in [*self.running, *self.waiting]:
+            if not request.future.done():
+                request.future.set_exception(BatcherStopped(self.death))
+        self.waiting.clear()
+        self.queued = 0
+        if self.on_death is not None:
+            self.on_death(self.death)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return f"{len(value)} answers"
+    return f"a {type(value).__name__}"

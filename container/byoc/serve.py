@@ -1,32 +1,30 @@
 """`byoc serve`: the SageMaker hosting contract on an ASGI server (Starlette on uvicorn).
 
-- `GET /ping`: 200 once the model is loaded (it loads eagerly at start, in the background, so
-  /ping answers 503 at once while loading instead of hanging), always answered from the event
-  loop, never behind inference.
-- `POST /invocations`: handlers from `byoc.handlers`; requests batched by `byoc.batching`.
+- `GET /ping`: 200 while this worker can serve: the model loaded (it loads eagerly at start, in the
+  background, so /ping answers 503 at once while loading instead of hanging), the batching task
+  running, and no inference call running past the request timeout; 503 with the reason otherwise.
+  Always answered from the event loop, never behind inference.
+- `POST /invocations`: handlers from `byoc.handlers`, run by `byoc.model_server`; requests batched
+  by `byoc.batching`.
 - `GET /execution-parameters`: batch transform settings.
 Errors are JSON `{"error": ...}` with honest codes: 400 bad input, 406 bad accept, 413 too large,
-415 bad content type, 503 not ready, 504 over the timeout, 500 only for real server faults.
+415 bad content type, 503 not ready or at capacity (with Retry-After), 504 over the timeout, 500
+only for real server faults.
 SIGTERM: uvicorn stops accepting, finishes in-flight requests (up to `BYOC_GRACEFUL_TIMEOUT`,
-default 25 s, inside SageMaker's 30 s) and exits.
+default 25 s, inside SageMaker's 30 s) and exits. A worker whose batching task died gives up the
+same way, and exits non-zero, so that the platform (or uvicorn's supervisor) replaces it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import json
 import logging
 import os
 import signal
 import sys
 import tempfile
-import threading
-import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,113 +33,23 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from byoc.batching import Batcher
-from byoc.contract import Paths, base_dir
-from byoc.handlers import Handlers, InputError, NotAcceptable, call, load_handlers
+from byoc.batching import Batcher, BatcherStopped, QueueFull
+from byoc.handlers import InputError
 from byoc.logs import configure_logging
+from byoc.model_server import ModelServer, tune_malloc
+from byoc.serve_settings import ServeSettings, ServeSettingsError
 
 logger = logging.getLogger("byoc.serve")
 
-JSON = "application/json"
-SWITCH_INTERVAL = 0.0005
+RETRY_AFTER = "1"  # seconds, on every 503: SageMaker and its SDKs retry such answers
 
 
-@dataclass(frozen=True)
-class ServeSettings:
-    """Everything the server reads from the environment (SageMaker's variables and byoc's own)."""
-
-    model_dir: Path
-    port: int = 8080
-    workers: int = 1
-    timeout: float = 60.0
-    max_payload_mb: float = 6.0
-    default_accept: str = JSON
-    batch_strategy: str = "MULTI_RECORD"
-    max_concurrent_transforms: int = 0
-    max_batch: int = 128
-    max_delay_ms: float = 0.0
-    graceful_timeout: int = 25
-
-    @classmethod
-    def from_env(cls) -> ServeSettings:
-        env = os.environ
-        workers = int(env.get("SAGEMAKER_MODEL_SERVER_WORKERS") or 1)
-        return cls(
-            model_dir=Paths(base_dir()).model_dir,  # the training contract's rule: an empty variable is unset
-            port=int(env.get("SAGEMAKER_BIND_TO_PORT") or 8080),
-            workers=max(1, workers),
-            timeout=float(
-                env.get("SAGEMAKER_MODEL_SERVER_TIMEOUT") or env.get("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS") or 60
-            ),
-            max_payload_mb=float(env.get("SAGEMAKER_MAX_PAYLOAD_IN_MB") or 6),
-            default_accept=env.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or JSON,
-            batch_strategy=env.get("SAGEMAKER_BATCH_STRATEGY") or "MULTI_RECORD",
-            max_concurrent_transforms=int(env.get("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS") or 0),
-            max_batch=int(env.get("BYOC_MAX_BATCH_SIZE") or 128),
-            max_delay_ms=float(env.get("BYOC_MAX_BATCH_DELAY_MS") or 0),
-            graceful_timeout=int(env.get("BYOC_GRACEFUL_TIMEOUT") or 25),
-        )
-
-    @property
-    def max_payload_bytes(self) -> int:
-        return int(self.max_payload_mb * 1024 * 1024)
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "status": status}, status_code=status, headers=headers)
 
 
-class ModelServer:
-    """The loaded model, its handlers and the inference thread; shared by the routes."""
-
-    def __init__(self, settings: ServeSettings) -> None:
-        self.settings = settings
-        self.handlers: Handlers | None = None
-        self.model: Any = None
-        self.error: str | None = None
-        self.ready = threading.Event()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="byoc-inference")
-        self.batcher: Batcher | None = None
-
-    def load(self) -> None:
-        """Runs in the inference thread at start-up (torch state stays on the thread that uses it)."""
-        started = time.monotonic()
-        # The inference thread gives up the GIL inside every torch op and must win it back after;
-        # with the default 5 ms switch interval a busy event loop makes it wait that long each time.
-        sys.setswitchinterval(SWITCH_INTERVAL)
-        # Progress bars are carriage-return noise in CloudWatch (transformers reads this at import).
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        try:
-            _split_cores(self.settings.workers)
-            self.handlers = load_handlers(self.settings.model_dir)
-            self.model = call(self.handlers.model_fn, "model_fn", str(self.settings.model_dir))
-        except Exception as err:
-            self.error = f"{type(err).__name__}: {err}"
-            logger.exception("loading the model from %s failed", self.settings.model_dir)
-            return
-        self.ready.set()
-        logger.info("model loaded from %s in %.1f s; ready", self.settings.model_dir, time.monotonic() - started)
-
-    def predict_batch(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
-        assert self.handlers is not None and self.handlers.predict_fn is not None  # batching implies both
-        try:
-            data = {"inputs": inputs, "parameters": parameters}
-            return call(self.handlers.predict_fn, "predict_fn", data, self.model)
-        finally:
-            if self.batcher is not None and self.batcher.queue.empty():
-                release_memory()
-
-
-def _split_cores(workers: int) -> None:
-    """Several workers share the cores instead of each taking them all (oversubscribed threads slow
-    everything several-fold). OMP_NUM_THREADS is set before the handlers load: torch reads it at
-    import, and the default model_fn gives ONNX Runtime the same number."""
-    if "OMP_NUM_THREADS" not in os.environ:
-        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
-    torch = sys.modules.get("torch")  # imported already (a user's code): set it directly too
-    if torch is not None:
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    logger.info("worker %d: %s inference threads", os.getpid(), os.environ["OMP_NUM_THREADS"])
-
-
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message, "status": status}, status_code=status)
+def _unavailable(message: str) -> JSONResponse:
+    return _error(503, message, {"Retry-After": RETRY_AFTER})
 
 
 def create_app(settings: ServeSettings | None = None) -> Starlette:
@@ -155,7 +63,12 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
         loop = asyncio.get_running_loop()
         loading = loop.run_in_executor(server.executor, server.load)
         server.batcher = Batcher(
-            server.predict_batch, server.executor, settings.max_batch, settings.max_delay_ms / 1000
+            server.predict_batch,
+            server.executor,
+            settings.max_batch,
+            settings.max_delay_ms / 1000,
+            settings.max_queued_inputs,
+            on_death=lambda reason: give_up(server, reason),
         )
         server.batcher.start()
 
@@ -169,10 +82,8 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
         server.executor.shutdown(wait=False, cancel_futures=True)
 
     async def ping(request: Request) -> Response:
-        if server.ready.is_set():
-            return Response(status_code=200)
-        reason = f"the model failed to load: {server.error}" if server.error else "the model is still loading"
-        return _error(503, reason)
+        problem = server.problem()
+        return Response(status_code=200) if problem is None else _error(503, problem)
 
     async def execution_parameters(request: Request) -> Response:
         return JSONResponse(
@@ -185,7 +96,10 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
 
     async def invocations(request: Request) -> Response:
         if not server.ready.is_set():
-            return _error(503, "the model is still loading; retry when /ping answers 200")
+            return _unavailable("the model is still loading; retry when /ping answers 200")
+        problem = server.problem()
+        if problem:
+            return _unavailable(f"{problem}; retry in a moment")
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > settings.max_payload_bytes:
             return _error(
@@ -202,18 +116,21 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
                     f"the request body is over the limit of {settings.max_payload_mb:g} MB "
                     "(SAGEMAKER_MAX_PAYLOAD_IN_MB)",
                 )
-        content_type = request.headers.get("content-type") or JSON
-        accept = request.headers.get("accept") or settings.default_accept
-        if accept.strip() in ("*/*", ""):
-            accept = settings.default_accept
+        content_type = request.headers.get("content-type") or "application/json"
         try:
-            return await asyncio.wait_for(_invoke(server, bytes(body), content_type, accept), settings.timeout)
+            return await asyncio.wait_for(
+                server.invoke(bytes(body), content_type, request.headers.get("accept")), settings.timeout
+            )
         except asyncio.TimeoutError:
             return _error(
                 504, f"the prediction took longer than {settings.timeout:g} s (SAGEMAKER_MODEL_SERVER_TIMEOUT)"
             )
         except InputError as err:
             return _error(err.status, str(err))
+        except QueueFull as err:
+            return _unavailable(f"the server is at capacity: {err} (BYOC_MAX_QUEUED_INPUTS); retry in a moment")
+        except BatcherStopped as err:
+            return _unavailable(f"this worker cannot serve: {err}; retry in a moment")
         except Exception as err:  # a fault in the server or the handler code: logged in full, summarised to the client
             logger.exception("invocation failed")
             return _error(500, f"internal error while predicting ({type(err).__name__}); see the endpoint's logs")
@@ -226,6 +143,16 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
         ],
         lifespan=lifespan,
     )
+
+
+def give_up(server: ModelServer, reason: str) -> None:
+    """The batching task died (a fault in byoc: the handlers' faults are contained): this worker can
+    no longer serve. /ping answers 503 from now on, and the worker stops as on SIGTERM (requests in
+    flight are answered) and exits non-zero: SageMaker replaces a container that exits, uvicorn's
+    supervisor a worker. A fresh process is the only state known to be sound."""
+    server.fatal = f"this worker is restarting: {reason}"
+    logger.error("cannot serve any more (%s); stopping so that the platform replaces this worker", reason)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _fail_start(message: str, workers: int = 1) -> None:
@@ -248,89 +175,6 @@ def _failure_file(supervisor_pid: int) -> Path:
     return Path(tempfile.gettempdir()) / f"byoc-serve-{supervisor_pid}.failed"
 
 
-async def _invoke(server: ModelServer, body: bytes, content_type: str, accept: str) -> Response:
-    handlers, batcher, loop = server.handlers, server.batcher, asyncio.get_running_loop()
-    assert handlers is not None and batcher is not None  # the routes call this only once the model is ready
-    transform_fn, input_fn, predict_fn = handlers.transform_fn, handlers.input_fn, handlers.predict_fn
-    if transform_fn is not None:
-        result = await loop.run_in_executor(
-            server.executor, lambda: call(transform_fn, "transform_fn", server.model, body, content_type, accept)
-        )
-        return _response(result, accept)
-    assert input_fn is not None and predict_fn is not None  # load_handlers sets them wherever transform_fn is None
-    _check_accept(handlers, accept)  # before spending time on the model
-    try:
-        data = await _off_loop(len(body), call, input_fn, "input_fn", body, content_type)
-    except InputError:
-        raise
-    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as err:  # a user input_fn rejecting the body
-        raise InputError(f"malformed input: {err}") from None
-    if handlers.batchable and _batch_shaped(data):
-        prediction = await batcher.submit(data["inputs"], data.get("parameters") or {})
-    else:
-        prediction = await loop.run_in_executor(
-            server.executor, lambda: call(predict_fn, "predict_fn", data, server.model)
-        )
-    result = await _off_loop(len(body), call, handlers.output_fn, "output_fn", prediction, accept)
-    return _response(result, accept)
-
-
-def _batch_shaped(data: Any) -> bool:
-    return (
-        isinstance(data, dict)
-        and isinstance(data.get("inputs"), list)
-        and isinstance(data.get("parameters") or {}, dict)
-    )
-
-
-INLINE_LIMIT = 256 * 1024  # bodies below this are parsed and answered on the event loop
-
-
-async def _off_loop(size: int, fn, *args):
-    """Small requests are handled on the event loop itself: a thread hop per request would fight
-    the inference thread for the GIL (each torch op re-acquires it). Large ones go to a thread so
-    that /ping never waits behind a 6 MB JSON parse."""
-    if size < INLINE_LIMIT:
-        return fn(*args)
-    return await asyncio.to_thread(fn, *args)
-
-
-def _check_accept(handlers: Handlers, accept: str) -> None:
-    kinds = [a.split(";")[0].strip().lower() for a in accept.split(",")]
-    if handlers.accept_types and not any(k in handlers.accept_types for k in kinds):
-        raise NotAcceptable(f"unsupported accept type {accept!r}: ask for one of {', '.join(handlers.accept_types)}")
-
-
-def _response(result: Any, accept: str) -> Response:
-    """Handlers return (body, content_type) or just a body."""
-    if isinstance(result, Response):
-        return result
-    body, content_type = result if isinstance(result, tuple) and len(result) == 2 else (result, accept)
-    if not isinstance(body, (str, bytes)):
-        body, content_type = json.dumps(body), JSON
-    return Response(body, media_type=content_type)
-
-
-_LIBC = None
-
-
-def _tune_malloc() -> None:
-    """glibc gives each allocating thread its own heap arena; the server needs two (glibc only)."""
-    global _LIBC
-    try:
-        _LIBC = ctypes.CDLL("libc.so.6")
-        _LIBC.mallopt(-8, 2)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        _LIBC = None  # not glibc: nothing to tune
-
-
-def release_memory() -> None:
-    """Give freed activation buffers back to the system once the server is idle (glibc keeps
-    them in its heaps otherwise, so resident memory would stay at its busiest)."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
 HEALTH_FILE = Path(tempfile.gettempdir()) / "byoc-serve.port"
 
 
@@ -351,9 +195,12 @@ def main() -> None:
     """Run the server (`byoc serve`)."""
     import uvicorn  # here, not at the top: `byoc healthcheck` imports this module every 30 s and needs no server
 
-    _tune_malloc()
-
-    settings = ServeSettings.from_env()
+    tune_malloc()
+    try:
+        settings = ServeSettings.from_env()
+    except ServeSettingsError as err:
+        logger.error("cannot serve: %s", err)
+        sys.exit(f"cannot serve: {err}")
     logger.info("serving %s on port %d with %d worker(s)", settings.model_dir, settings.port, settings.workers)
     try:  # tells `byoc healthcheck` (the image's HEALTHCHECK) that this container serves, and where
         HEALTH_FILE.write_text(str(settings.port))
@@ -366,6 +213,7 @@ def main() -> None:
         access_log=False,
         timeout_graceful_shutdown=settings.graceful_timeout,
         timeout_keep_alive=75,
+        limit_concurrency=settings.max_concurrency,  # beyond it uvicorn answers 503 at once
     )
     if settings.workers > 1:
         failure = _failure_file(os.getpid())

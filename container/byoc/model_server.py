@@ -1,0 +1,217 @@
+"""The model behind `byoc serve`: its handlers, its one inference thread, its health, and the path
+of one request through the handlers (negotiate, parse, admit, predict, answer).
+
+Health is what `/ping` answers: the model loaded, the batching task running, and no inference call
+running for longer than the request timeout (a stuck call: every request would wait for it and time
+out, so the endpoint says so and SageMaker can replace the host).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from starlette.responses import Response
+
+from byoc import negotiation
+from byoc.batching import Batcher, guarded
+from byoc.handlers import HandlerError, Handlers, InputError, NotAcceptable, call, load_handlers
+from byoc.request_errors import PayloadTooLarge
+from byoc.serve_settings import JSON, ServeSettings
+
+logger = logging.getLogger("byoc.serve")
+
+SWITCH_INTERVAL = 0.0005
+INLINE_LIMIT = 256 * 1024  # bodies below this are parsed and answered on the event loop
+
+
+class ModelServer:
+    """The loaded model, its handlers and the inference thread; shared by the routes."""
+
+    def __init__(self, settings: ServeSettings) -> None:
+        self.settings = settings
+        self.handlers: Handlers | None = None
+        self.model: Any = None
+        self.error: str | None = None  # why the model could not load
+        self.fatal: str | None = None  # why this worker gave up serving (it is being replaced)
+        self.ready = threading.Event()
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="byoc-inference")
+        self.batcher: Batcher | None = None
+        self.busy_since: float | None = None  # when the inference call now running began
+
+    def load(self) -> None:
+        """Runs in the inference thread at start-up (torch state stays on the thread that uses it)."""
+        started = time.monotonic()
+        # The inference thread gives up the GIL inside every torch op and must win it back after;
+        # with the default 5 ms switch interval a busy event loop makes it wait that long each time.
+        sys.setswitchinterval(SWITCH_INTERVAL)
+        # Progress bars are carriage-return noise in CloudWatch (transformers reads this at import).
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        try:
+            _split_cores(self.settings.workers)
+            self.handlers = load_handlers(self.settings.model_dir)
+            accept_types = self.handlers.accept_types
+            if accept_types and self.settings.default_accept not in accept_types:
+                raise HandlerError(
+                    f"SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT={self.settings.default_accept}: the default "
+                    f"output_fn writes {', '.join(accept_types)}"
+                )
+            self.model = call(self.handlers.model_fn, "model_fn", str(self.settings.model_dir))
+        except BaseException as err:  # SystemExit too (argparse in a model_fn): a failed start, never a hang
+            self.error = f"{type(err).__name__}: {err}"
+            logger.exception("loading the model from %s failed", self.settings.model_dir)
+            return
+        self.ready.set()
+        logger.info("model loaded from %s in %.1f s; ready", self.settings.model_dir, time.monotonic() - started)
+
+    def problem(self) -> str | None:
+        """Why this worker cannot serve now (/ping answers 503 with it), or None when it can."""
+        if self.fatal:
+            return self.fatal
+        if not self.ready.is_set():
+            return f"the model failed to load: {self.error}" if self.error else "the model is still loading"
+        if self.batcher is not None and not self.batcher.alive:
+            return self.batcher.death or "the batching task is not running"
+        return self.stuck()
+
+    def stuck(self) -> str | None:
+        began = self.busy_since
+        if began is not None and time.monotonic() - began > self.settings.timeout:
+            return (
+                f"an inference call has been running for {time.monotonic() - began:.0f} s, over the "
+                f"{self.settings.timeout:g} s of SAGEMAKER_MODEL_SERVER_TIMEOUT"
+            )
+        return None
+
+    def predict_batch(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
+        """The batcher's predict, in the inference thread."""
+        assert self.handlers is not None and self.handlers.predict_fn is not None  # batching implies both
+        self.busy_since = time.monotonic()
+        try:
+            data = {"inputs": inputs, "parameters": parameters}
+            return call(self.handlers.predict_fn, "predict_fn", data, self.model)
+        finally:
+            self.busy_since = None
+            if self.batcher is not None and self.batcher.idle:
+                release_memory()
+
+    async def in_thread(self, fn: Any, *args: Any) -> Any:
+        """One unbatched handler call in the inference thread, timed like the batched ones."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self._timed, fn, args)
+
+    def _timed(self, fn: Any, args: tuple) -> Any:
+        self.busy_since = time.monotonic()
+        try:
+            return guarded(fn, *args)
+        finally:
+            self.busy_since = None
+
+    def negotiate(self, header: str | None) -> str:
+        """The answer's type, chosen once, before the model runs (406 here, never after it)."""
+        assert self.handlers is not None
+        default, offered = self.settings.default_accept, self.handlers.accept_types
+        if not offered:  # the user's output_fn or transform_fn: the header, as the AWS toolkits pass it
+            return negotiation.passthrough(header, default)
+        chosen = negotiation.choose(header, offered, default)
+        if chosen is None:
+            raise NotAcceptable(f"unsupported accept type {header!r}: ask for one of {', '.join(offered)}")
+        return chosen
+
+    async def invoke(self, body: bytes, content_type: str, accept_header: str | None) -> Response:
+        handlers, batcher = self.handlers, self.batcher
+        assert handlers is not None and batcher is not None  # the routes call this only once the model is ready
+        accept = self.negotiate(accept_header)
+        if handlers.transform_fn is not None:
+            result = await self.in_thread(
+                call, handlers.transform_fn, "transform_fn", self.model, body, content_type, accept
+            )
+            return self._response(result, accept)
+        assert handlers.input_fn is not None and handlers.predict_fn is not None  # set wherever transform_fn is None
+        try:
+            data = await _off_loop(len(body), guarded, call, handlers.input_fn, "input_fn", body, content_type)
+        except InputError:
+            raise
+        except (ValueError, TypeError, KeyError, UnicodeError, RecursionError) as err:  # a user input_fn refusing it
+            raise InputError(f"malformed input: {err}") from None
+        if handlers.batchable and _batch_shaped(data):
+            inputs = data["inputs"]
+            if len(inputs) > self.settings.max_inputs:
+                raise PayloadTooLarge(
+                    f"the request has {len(inputs)} inputs, over the limit of {self.settings.max_inputs} "
+                    "(BYOC_MAX_INPUTS_PER_REQUEST): send them in several requests"
+                )
+            prediction = await batcher.submit(inputs, data.get("parameters") or {})
+        else:
+            prediction = await self.in_thread(call, handlers.predict_fn, "predict_fn", data, self.model)
+        result = await _off_loop(len(body), guarded, call, handlers.output_fn, "output_fn", prediction, accept)
+        return self._response(result, accept)
+
+    def _response(self, result: Any, accept: str) -> Response:
+        """Handlers return (body, content_type) or just a body."""
+        if isinstance(result, Response):
+            return result
+        if isinstance(result, tuple) and len(result) == 2:
+            body, content_type = result
+        else:
+            body = result
+            content_type = accept if negotiation.is_concrete(accept) else self.settings.default_accept
+        if not isinstance(body, (str, bytes)):
+            body, content_type = json.dumps(body), JSON
+        return Response(body, media_type=content_type)
+
+
+def _batch_shaped(data: Any) -> bool:
+    return (
+        isinstance(data, dict)
+        and isinstance(data.get("inputs"), list)
+        and isinstance(data.get("parameters") or {}, dict)
+    )
+
+
+async def _off_loop(size: int, fn, *args):
+    """Small requests are handled on the event loop itself: a thread hop per request would fight
+    the inference thread for the GIL (each torch op re-acquires it). Large ones go to a thread so
+    that /ping never waits behind a 6 MB JSON parse."""
+    if size < INLINE_LIMIT:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
+
+
+def _split_cores(workers: int) -> None:
+    """Several workers share the cores instead of each taking them all (oversubscribed threads slow
+    everything several-fold). OMP_NUM_THREADS is set before the handlers load: torch reads it at
+    import, and the default model_fn gives ONNX Runtime the same number."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    torch = sys.modules.get("torch")  # imported already (a user's code): set it directly too
+    if torch is not None:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    logger.info("worker %d: %s inference threads", os.getpid(), os.environ["OMP_NUM_THREADS"])
+
+
+_LIBC: Any = None
+
+
+def tune_malloc() -> None:
+    """glibc gives each allocating thread its own heap arena; the server needs two (glibc only)."""
+    global _LIBC
+    try:
+        _LIBC = ctypes.CDLL("libc.so.6")
+        _LIBC.mallopt(-8, 2)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        _LIBC = None  # not glibc: nothing to tune
+
+
+def release_memory() -> None:
+    """Give freed activation buffers back to the system once the server is idle (glibc keeps
+    them in its heaps otherwise, so resident memory would stay at its busiest)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)

@@ -1,0 +1,208 @@
+"""The batcher in process, with a fake model: many clients share it, and none can hurt the others
+(a poisoned request, a wrong answer, a huge request, a full queue, a client that leaves)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from byoc.batching import Batcher
+from byoc.request_errors import InputError
+
+WAIT = 10  # seconds: a request the batcher lost would wait forever; these tests fail instead
+
+
+class Model:
+    """Upper-cases its inputs; `poison` is an input fault, `none`/`dict`/`exit` are faults of the
+    handler code, `block` waits for `gate`. Records the inputs of every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.gate = threading.Event()
+
+    def __call__(self, inputs, parameters):
+        self.calls.append(list(inputs))
+        if "block" in inputs:
+            assert self.gate.wait(WAIT)
+        if "poison" in inputs:
+            raise InputError("input 0 is poison")
+        if "none" in inputs:
+            return None
+        if "dict" in inputs:
+            return {"label": "x"}
+        if "short" in inputs:
+            return []
+        if "exit" in inputs:
+            raise SystemExit(3)
+        time.sleep(0.001)
+        return [f"{x.upper()}{parameters.get('suffix', '')}" for x in inputs]
+
+
+def run(main, model: Model, **options):
+    async def wrapper():
+        with ThreadPoolExecutor(1) as executor:
+            batcher = Batcher(model, executor, **options)
+            batcher.start()
+            try:
+                return await asyncio.wait_for(main(batcher), WAIT)
+            finally:
+                model.gate.set()
+                await batcher.stop()
+
+    return asyncio.run(wrapper())
+
+
+async def outcome(batcher: Batcher, inputs, parameters=None):
+    try:
+        return await batcher.submit(inputs, parameters or {})
+    except Exception as err:
+        return err
+
+
+def test_a_poisoned_request_fails_alone_with_its_own_error():
+    """12 ordinary requests batched with one the model rejects: it used to fail all 13."""
+    model = Model()
+
+    async def main(batcher):
+        requests = [[f"text {i}"] for i in range(6)] + [["poison"]] + [[f"text {i}"] for i in range(6, 12)]
+        return await asyncio.gather(*(outcome(batcher, r) for r in requests))
+
+    answers = run(main, model, max_batch=128, max_delay=0)
+    assert len(model.calls[0]) == 13  # they were merged
+    assert isinstance(answers[6], InputError) and "poison" in str(answers[6])
+    assert answers[:6] + answers[7:] == [[f"TEXT {i}"] for i in range(12)]
+
+
+@pytest.mark.parametrize("fault", ["none", "dict", "short", "exit"])
+def test_a_wrong_answer_or_a_base_exception_fails_its_request_and_the_batcher_lives(fault):
+    """A batchable predict_fn returning None, a dict or too few answers, or raising SystemExit, used to
+    end the batching task: every later request waited for its timeout."""
+    model = Model()
+
+    async def main(batcher):
+        first = await asyncio.gather(outcome(batcher, ["a"]), outcome(batcher, [fault]), outcome(batcher, ["b"]))
+        later = await outcome(batcher, ["c", "d"])
+        return first, later, batcher.alive
+
+    (a, bad, b), later, alive = run(main, model, max_batch=8, max_delay=0)
+    assert (a, b, later, alive) == (["A"], ["B"], ["C", "D"], True)
+    assert isinstance(bad, RuntimeError) and not isinstance(bad, InputError)  # the handler's fault: a 500
+    if fault == "exit":
+        assert "SystemExit" in str(bad)
+
+
+def test_a_big_request_cannot_hold_small_ones_behind_it():
+    """Chunks of different requests take turns: a small request waits for one chunk of the big one,
+    not for all 100 of them."""
+    model = Model()
+
+    async def main(batcher):
+        big = asyncio.ensure_future(batcher.submit([f"b{i}" for i in range(400)], {}))
+        while not model.calls:
+            await asyncio.sleep(0.001)
+        calls_before = len(model.calls)  # the last one is running (or the next one just handed to the thread)
+        small = await batcher.submit(["small"], {})
+        return calls_before, small, big.done(), await big
+
+    calls_before, small, big_done_first, big = run(main, model, max_batch=4, max_delay=0)
+    assert small == ["SMALL"] and not big_done_first and big == [f"B{i}" for i in range(400)]
+    # After the running chunk (and one handed to the thread but not started), the big request's next chunk
+    # (it was waiting first), then the small one: not behind the ~100 chunks of the big request.
+    assert next(n for n, call in enumerate(model.calls) if "small" in call) <= calls_before + 2 < 10
+
+
+def test_the_queue_is_bounded():
+    model = Model()
+
+    async def main(batcher):
+        running = asyncio.ensure_future(batcher.submit(["block"], {}))  # holds the inference thread
+        while not model.calls:
+            await asyncio.sleep(0.001)
+        waiting = asyncio.ensure_future(batcher.submit(list("abcdef"), {}))
+        await asyncio.sleep(0)
+        refused = await outcome(batcher, list("ghijk"))  # 6 + 5 > 10
+        fits = asyncio.ensure_future(batcher.submit(list("ghij"), {}))  # 6 + 4 = 10
+        await asyncio.sleep(0)
+        queued = batcher.queued
+        model.gate.set()
+        return refused, queued, await running, await waiting, await fits
+
+    refused, queued, *answers = run(main, model, max_batch=128, max_delay=0, max_queued=10)
+    assert type(refused).__name__ == "QueueFull" and queued == 10
+    assert answers == [["BLOCK"], list("ABCDEF"), list("GHIJ")]
+
+
+def test_a_request_that_leaves_gives_back_its_place():
+    """A request that times out (or whose client leaves) is dropped: its inputs never run."""
+    model = Model()
+
+    async def main(batcher):
+        running = asyncio.ensure_future(batcher.submit(["block"], {}))
+        while not model.calls:
+            await asyncio.sleep(0.001)
+        leaving = asyncio.ensure_future(batcher.submit([f"gone{i}" for i in range(8)], {}))
+        await asyncio.sleep(0)
+        leaving.cancel()
+        await asyncio.gather(leaving, return_exceptions=True)
+        queued = batcher.queued
+        model.gate.set()
+        return queued, await running, await batcher.submit(list("abcdefghij"), {})
+
+    queued, running, after = run(main, model, max_batch=4, max_delay=0, max_queued=10)
+    assert queued == 0 and running == ["BLOCK"] and after == list("ABCDEFGHIJ")
+    assert not any(x.startswith("gone") for call in model.calls for x in call)
+
+
+def test_requests_merge_only_with_equal_parameters():
+    model = Model()
+
+    async def main(batcher):
+        return await asyncio.gather(
+            outcome(batcher, ["a"], {"suffix": "!"}),
+            outcome(batcher, ["b"], {"suffix": "?"}),
+            outcome(batcher, ["c"], {"suffix": "!"}),
+            outcome(batcher, ["d"], {1: "unsortable", "suffix": "."}),
+        )
+
+    answers = run(main, model, max_batch=128, max_delay=0)
+    assert answers == [["A!"], ["B?"], ["C!"], ["D."]]
+    assert sorted(map(sorted, model.calls)) == [["a", "c"], ["b"], ["d"]]
+
+
+def test_ordinary_batching_is_unchanged():
+    """Small requests that arrive together share one call; a big one alone is cut into max_batch chunks."""
+    model = Model()
+
+    async def main(batcher):
+        small = await asyncio.gather(*(batcher.submit([f"r{i}-{k}" for k in range(16)], {}) for i in range(8)))
+        big = await batcher.submit([f"x{i}" for i in range(150)], {})
+        return small, big
+
+    small, big = run(main, model, max_batch=32, max_delay=0)
+    assert small == [[f"R{i}-{k}" for k in range(16)] for i in range(8)]
+    assert big == [f"X{i}" for i in range(150)]
+    assert [len(call) for call in model.calls] == [32] * 4 + [32] * 4 + [22]
+
+
+def test_a_dead_batcher_fails_its_requests_at_once_and_says_so():
+    """If the batching task ends other than by stop() (a bug in byoc), its requests fail at once
+    instead of waiting for their timeout, later ones are refused, and the server is told."""
+    model, deaths = Model(), []
+
+    async def main(batcher):
+        running = asyncio.ensure_future(outcome(batcher, ["block"]))
+        while not model.calls:
+            await asyncio.sleep(0.001)
+        waiting = asyncio.ensure_future(outcome(batcher, ["later"]))
+        await asyncio.sleep(0)
+        batcher.task.cancel()
+        answers = await asyncio.gather(running, waiting)
+        return answers, batcher.alive, await outcome(batcher, ["after"])
+
+    answers, alive, after = run(main, model, max_batch=8, max_delay=0, on_death=deaths.append)
+    assert [type(a).__name__ for a in answers + [after]] == ["BatcherStopped"] * 3
+    assert not alive and deaths == ["the batching task ended"]

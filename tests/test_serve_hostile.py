@@ -1,0 +1,422 @@
+"""`byoc serve` against hostile clients, each case as the serving issue found it: a request can cost its
+sender a 4xx, never another client its answer, and never the server its health."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import serve_helpers
+from serve_helpers import TEXTS, Server
+
+pytestmark = pytest.mark.integration  # servers in processes: not in make test-fast
+
+
+@pytest.fixture(scope="module")
+def trained_model(tmp_path_factory, tiny_model_dir) -> Path:
+    return serve_helpers.trained_classifier(tmp_path_factory, tiny_model_dir)
+
+
+def serve(model_dir: Path, tmp_path: Path | None = None, source: str | None = None, **env: str) -> Server:
+    if source is not None:
+        assert tmp_path is not None
+        model_dir = serve_helpers.model_with_code(model_dir, tmp_path, source)
+    s = Server(model_dir, env=env)
+    s.wait_ready()
+    return s
+
+
+def concurrently(s: Server, requests: list[tuple[bytes, dict]]) -> list[httpx.Response]:
+    def send(request):
+        body, headers = request
+        with httpx.Client(base_url=s.url, timeout=60) as client:
+            return client.post("/invocations", content=body, headers=headers)
+
+    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+        return list(pool.map(send, requests))
+
+
+JSON = {"content-type": "application/json"}
+ORDINARY = [(json.dumps({"inputs": [f"{TEXTS[i % 4]} {i}"] * 3}).encode(), JSON) for i in range(12)]
+POISONED = (b'{"inputs": ["fine", "\\ud800 cannot be encoded"]}', JSON)
+
+
+def test_a_poisoned_request_costs_its_sender_a_400_and_nobody_else_anything(trained_model):
+    """Valid JSON the tokenizer rejects, batched with 12 ordinary requests: it used to be a 500 for
+    it and for most of them."""
+    s = serve(trained_model, BYOC_MAX_BATCH_DELAY_MS="300")  # all 13 share a batch
+    try:
+        answers = concurrently(s, ORDINARY[:6] + [POISONED] + ORDINARY[6:])
+    finally:
+        s.stop()
+    poisoned = answers.pop(6)
+    assert poisoned.status_code == 400 and "input 1" in poisoned.json()["error"]
+    assert [a.status_code for a in answers] == [200] * 12
+    assert all(len(a.json()) == 3 for a in answers)
+
+
+ISOLATING = """
+from byoc.handlers import InputError
+from byoc.inference import predict_fn as default
+
+
+def predict_fn(data, model):
+    if "poison" in data["inputs"]:
+        raise InputError("poison is not welcome")
+    if "boom" in data["inputs"]:
+        raise RuntimeError("the model broke")
+    return default(data, model)
+
+
+predict_fn.batchable = True
+"""
+
+
+def test_a_failed_batch_runs_again_one_request_at_a_time(trained_model, tmp_path):
+    """A predict_fn that rejects one input fails the merged batch: its requests run again alone, so
+    that only the faulty one fails, with the status its fault deserves."""
+    s = serve(trained_model, tmp_path, ISOLATING, BYOC_MAX_BATCH_DELAY_MS="300")
+    try:
+        poison = (json.dumps({"inputs": ["poison"]}).encode(), JSON)
+        boom = (json.dumps({"inputs": ["boom"]}).encode(), JSON)
+        answers = concurrently(s, ORDINARY[:5] + [poison] + ORDINARY[5:10] + [boom])
+    finally:
+        log = s.stop()
+    assert answers[5].status_code == 400 and "poison is not welcome" in answers[5].json()["error"]
+    assert answers[11].status_code == 500 and "the model broke" not in answers[11].text
+    assert [a.status_code for a in answers[:5] + answers[6:11]] == [200] * 10
+    assert "running them one at a time" in log
+
+
+@pytest.mark.parametrize(
+    "accept,kind",
+    [
+        ("application/json, text/csv", "application/json"),
+        ("*/*;q=0.8", "application/json"),
+        ("application/*", "application/json"),
+        ("text/*", "text/csv"),
+        ("text/csv;q=0.5, application/json;q=0.9", "application/json"),
+        ("application/json;q=0.5, text/csv;q=0.9", "text/csv"),
+        ("application/jsonlines;q=1, */*;q=0.1", "application/jsonlines"),
+    ],
+)
+def test_accept_headers_that_clients_send(shared_server, accept, kind):
+    """All of them used to be a 406, some after the model had run."""
+    answer = shared_server.invoke({"inputs": TEXTS[:2]}, accept=accept)
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith(kind)
+    assert len(answer.text.strip().splitlines()) == (1 if kind == "application/json" else 2)
+
+
+@pytest.fixture(scope="module")
+def shared_server(trained_model):
+    s = serve(trained_model)
+    yield s
+    s.stop()
+
+
+PRINTING = """
+from byoc.inference import predict_fn as default
+
+
+def predict_fn(data, model):
+    print("predict_fn ran on", data["inputs"], flush=True)
+    return default(data, model)
+
+
+predict_fn.batchable = True
+"""
+
+
+def test_406_only_when_nothing_acceptable_exists_and_before_the_model_runs(trained_model, tmp_path):
+    s = serve(trained_model, tmp_path, PRINTING)
+    try:
+        for accept in ("image/png", "application/json;q=0", "*/*;q=0", "text/html, image/*"):
+            answer = s.invoke({"inputs": f"probe for {accept}"}, accept=accept)
+            assert answer.status_code == 406 and "application/json" in answer.json()["error"], accept
+        assert s.invoke({"inputs": "after"}, accept="application/json").status_code == 200
+    finally:
+        log = s.stop()
+    assert "predict_fn ran on ['after']" in log and "probe for" not in log  # predict_fn said what it ran on
+
+
+@pytest.mark.parametrize(
+    "body,content_type,words",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "application/json", "nested too deeply"),
+        (b'{"inputs": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", "application/json", "nested too deeply"),
+        (b'"' + b"x" * 200_000 + b'"\n', "text/csv", "not valid CSV"),
+        (b"1" * 5000, "application/json", "not valid JSON"),
+        (b'{"inputs": "x", "parameters": {"top_k": 0}}', "application/json", "top_k"),
+    ],
+)
+def test_malformed_bodies_are_a_400(shared_server, body, content_type, words):
+    """Deeply nested JSON was a 500 (a RecursionError), as were a CSV field over csv's limit and an
+    integer too long to convert."""
+    answer = shared_server.invoke(body, content_type)
+    assert answer.status_code == 400 and words in answer.json()["error"]
+
+
+SLOW = """
+import time
+from byoc.inference import predict_fn as default
+
+
+def predict_fn(data, model):
+    if "block" in data["inputs"]:
+        time.sleep(2)
+    time.sleep(0.005)  # every call takes a while: a request of many chunks takes seconds
+    return default(data, model)
+
+
+predict_fn.batchable = True
+"""
+
+
+def test_a_huge_request_is_refused_at_once(trained_model):
+    """150,000 short inputs (under 1 MB) ran until the timeout (504) while everyone waited."""
+    s = serve(trained_model, SAGEMAKER_MODEL_SERVER_TIMEOUT="10")
+    try:
+        huge = s.invoke({"inputs": ["hi"] * 150_000})
+        ordinary = s.invoke({"inputs": TEXTS[0]})
+    finally:
+        s.stop()
+    assert huge.status_code == 413
+    assert "150000 inputs" in huge.json()["error"] and "BYOC_MAX_INPUTS_PER_REQUEST" in huge.json()["error"]
+    assert ordinary.status_code == 200
+
+
+def test_a_big_request_cannot_hold_small_ones_behind_it(trained_model, tmp_path):
+    """Chunks of different requests take turns: a small request sent while a big one runs is answered
+    before the big one is, not after all of its chunks."""
+    s = serve(trained_model, tmp_path, SLOW, BYOC_MAX_BATCH_SIZE="8")
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            done: dict[str, float] = {}
+
+            def send(name: str, inputs: list[str]) -> int:
+                with httpx.Client(base_url=s.url, timeout=120) as client:
+                    status = client.post("/invocations", json={"inputs": inputs}).status_code
+                done[name] = time.monotonic()
+                return status
+
+            big = pool.submit(send, "big", [f"{TEXTS[i % 4]} {i}" for i in range(2000)])  # 250 calls
+            time.sleep(0.5)
+            small = pool.submit(send, "small", [TEXTS[1]])
+            assert (small.result(), big.result()) == (200, 200)
+    finally:
+        s.stop()
+    assert done["small"] < done["big"]
+
+
+def test_a_full_queue_is_a_503_with_retry_after(trained_model, tmp_path):
+    s = serve(trained_model, tmp_path, SLOW, BYOC_MAX_QUEUED_INPUTS="10", BYOC_MAX_INPUTS_PER_REQUEST="10")
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            blocking = pool.submit(s.invoke, {"inputs": ["block"]})  # holds the model for 2 s
+            time.sleep(0.5)
+            waiting = pool.submit(s.invoke, {"inputs": TEXTS * 2})  # 8 of the 10 places
+            time.sleep(0.5)
+            refused = httpx.post(f"{s.url}/invocations", json={"inputs": TEXTS}, timeout=10)  # 8 + 4 > 10
+            assert (blocking.result().status_code, waiting.result().status_code) == (200, 200)
+        after = s.invoke({"inputs": TEXTS})
+    finally:
+        s.stop()
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert "BYOC_MAX_QUEUED_INPUTS" in refused.json()["error"]
+    assert after.status_code == 200
+
+
+def test_connections_beyond_the_concurrency_limit_are_a_503(trained_model, tmp_path):
+    s = serve(trained_model, tmp_path, SLOW, BYOC_MAX_CONCURRENCY="3")  # uvicorn counts the new connection
+    s.client.close()  # its keep-alive connection would count
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            held = [pool.submit(httpx.post, f"{s.url}/invocations", json={"inputs": ["block"]}, timeout=30)]
+            time.sleep(0.3)
+            held.append(pool.submit(httpx.post, f"{s.url}/invocations", json={"inputs": ["x"]}, timeout=30))
+            time.sleep(0.3)
+            third = httpx.post(f"{s.url}/invocations", json={"inputs": ["y"]}, timeout=30)
+            assert [f.result().status_code for f in held] == [200, 200]
+    finally:
+        s.stop()
+    assert third.status_code == 503
+
+
+FAULTY = """
+from byoc.inference import predict_fn as default
+
+
+def predict_fn(data, model):
+    kind = data["inputs"][0]
+    if kind == "none":
+        return None
+    if kind == "dict":
+        return {"label": "one for all"}
+    if kind == "exit":
+        raise SystemExit(3)
+    if kind == "interrupt":
+        raise KeyboardInterrupt
+    return default(data, model)
+
+
+predict_fn.batchable = True
+"""
+
+
+def test_a_faulty_batchable_predict_fn_costs_one_request_never_the_batcher(trained_model, tmp_path):
+    """predict_fn returning None or a dict, or raising a BaseException, used to end the batching task:
+    every later request waited for its timeout (504) while /ping kept answering 200."""
+    s = serve(trained_model, tmp_path, FAULTY, SAGEMAKER_MODEL_SERVER_TIMEOUT="5")
+    try:
+        for fault in ("none", "dict", "exit", "interrupt"):
+            bad = s.invoke({"inputs": [fault]})
+            assert bad.status_code == 500 and "internal error" in bad.json()["error"], fault
+            good = s.invoke({"inputs": TEXTS})
+            assert good.status_code == 200 and len(good.json()) == 4, fault
+        assert s.client.get("/ping").status_code == 200
+    finally:
+        s.stop()
+
+
+KILLER = """
+import asyncio
+import gc
+
+from byoc.inference import predict_fn as default
+
+
+def predict_fn(data, model):
+    if data["inputs"] == ["kill the batcher"]:  # stands for a bug in byoc: the batching task dies
+        task = next(o for o in gc.get_objects() if isinstance(o, asyncio.Task) and o.get_name() == "byoc-batcher")
+        task.get_loop().call_soon_threadsafe(task.cancel)
+    return default(data, model)
+
+
+predict_fn.batchable = True
+"""
+
+
+def test_a_dead_batcher_fails_ping_and_the_worker_exits_to_be_replaced(trained_model, tmp_path):
+    s = serve(trained_model, tmp_path, KILLER)
+    s.invoke({"inputs": ["kill the batcher"]})
+    pings = []
+    try:
+        code = None
+        deadline = time.monotonic() + 30
+        while code is None and time.monotonic() < deadline:
+            try:
+                pings.append(s.client.get("/ping", timeout=2).status_code)
+            except httpx.TransportError:
+                pings.append("closed")
+            code = s.proc.poll()
+            time.sleep(0.05)
+    finally:
+        log = s.stop()
+    assert 200 not in pings and code not in (None, 0), (pings, log[-2000:])
+    assert "the batching task ended" in log and "replaces this worker" in log
+
+
+STUCK = """
+import time
+
+from byoc.inference import predict_fn as default
+
+
+def predict_fn(data, model):
+    if data["inputs"] == ["stuck"]:
+        time.sleep(3600)
+    return default(data, model)
+
+
+predict_fn.batchable = True
+"""
+
+
+def test_a_stuck_inference_call_fails_ping_and_sigterm_still_ends_the_server(trained_model, tmp_path):
+    s = serve(trained_model, tmp_path, STUCK, SAGEMAKER_MODEL_SERVER_TIMEOUT="1", BYOC_GRACEFUL_TIMEOUT="3")
+    try:
+        assert s.invoke({"inputs": "stuck"}).status_code == 504
+        deadline = time.monotonic() + 10
+        while (ping := s.client.get("/ping")).status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ping.status_code == 503 and "inference call has been running" in ping.json()["error"]
+        refused = s.invoke({"inputs": "fine"})
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        signalled = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        s.proc.wait(30)  # the stuck thread does not keep the process alive
+        assert time.monotonic() - signalled < 30
+    finally:
+        s.stop()
+
+
+def test_code_that_exits_while_loading_stops_the_server_with_the_reason(trained_model, tmp_path):
+    """argparse at import exits (SystemExit): the server used to stay at 503, saying nothing, until
+    SageMaker's start-up timeout."""
+    source = "import argparse\nargparse.ArgumentParser().parse_args()  # byoc serve's argv: 'serve' is unknown\n"
+    s = Server(serve_helpers.model_with_code(trained_model, tmp_path, source))
+    try:
+        code = s.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        s.proc.kill()
+        raise AssertionError("the server kept running: " + s.proc.stdout.read()[-2000:]) from None
+    log = s.proc.stdout.read()
+    assert code != 0 and "cannot serve" in log and "SystemExit: 2" in log
+
+
+TOOLKIT_LIKE = """
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+
+from byoc.inference import predict_fn as default
+
+
+@dataclass
+class Answer:
+    label: str
+    score: float
+
+
+def predict_fn(data, model):
+    import helper  # a sibling module, imported inside a function
+
+    answers = [Answer(**a) for a in default(data, model)]
+    return helper.plain(pickle.loads(pickle.dumps(answers)))
+
+
+predict_fn.batchable = True
+"""
+
+
+def test_user_code_is_loaded_like_the_toolkits(trained_model, tmp_path):
+    """A dataclass with postponed annotations, pickling a class defined there, `import helper` in a
+    function: each failed when the module was not in sys.modules and its folder left sys.path."""
+    model = serve_helpers.model_with_code(trained_model, tmp_path, TOOLKIT_LIKE)
+    (model / "code" / "helper.py").write_text("def plain(answers):\n    return [vars(a) for a in answers]\n")
+    s = serve(model)
+    try:
+        answer = s.invoke({"inputs": TEXTS})
+    finally:
+        s.stop()
+    assert answer.status_code == 200 and [set(a) for a in answer.json()] == [{"label", "score"}] * 4
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_an_impossible_batch_size_stops_the_server_at_start(trained_model, value):
+    """BYOC_MAX_BATCH_SIZE=0 made every request a 500, a negative one hung them."""
+    s = Server(trained_model, env={"BYOC_MAX_BATCH_SIZE": value})
+    try:
+        code = s.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        s.proc.kill()
+        raise AssertionError("the server started") from None
+    log = s.proc.stdout.read()
+    assert code != 0 and f"BYOC_MAX_BATCH_SIZE='{value}'" in log and "at least 1" in log

@@ -1,0 +1,129 @@
+"""The serving settings: read once at start, and a value the server cannot run with stops it there,
+naming the variable (BYOC_MAX_BATCH_SIZE=0 used to fail every request, a negative one to hang them)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from byoc.contract import Paths
+from byoc.errors import UserError
+from byoc.serve import ServeSettings
+
+
+def test_the_model_folder_is_the_contracts_and_an_empty_variable_is_unset(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAGEMAKER_BASE_DIR", "")
+    monkeypatch.setenv("SM_MODEL_DIR", "")
+    assert ServeSettings.from_env().model_dir == Path("/opt/ml/model")
+    monkeypatch.setenv("SAGEMAKER_BASE_DIR", str(tmp_path))
+    assert ServeSettings.from_env().model_dir == tmp_path / "model" == Paths(tmp_path).model_dir
+    monkeypatch.setenv("SM_MODEL_DIR", str(tmp_path / "elsewhere"))
+    assert ServeSettings.from_env().model_dir == tmp_path / "elsewhere"
+
+
+@pytest.fixture
+def env(monkeypatch):
+    """Sets serving variables for ServeSettings.from_env(), none set to begin with."""
+    for name in [*VARIABLES, "SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS", "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT"]:
+        monkeypatch.delenv(name, raising=False)
+
+    def set_env(values: dict[str, str]) -> ServeSettings:
+        for name, value in values.items():
+            monkeypatch.setenv(name, value)
+        return ServeSettings.from_env()
+
+    return set_env
+
+
+def test_unset_and_empty_variables_give_the_defaults(env):
+    defaults = {f.name: f.default for f in dataclasses.fields(ServeSettings) if f.name != "model_dir"}
+    for values in ({}, {name: "" for name in VARIABLES}):
+        settings = env(values)
+        assert {name: getattr(settings, name) for name in defaults} == defaults
+
+
+VARIABLES = {
+    "SAGEMAKER_BIND_TO_PORT": "port",
+    "SAGEMAKER_MODEL_SERVER_WORKERS": "workers",
+    "SAGEMAKER_MODEL_SERVER_TIMEOUT": "timeout",
+    "SAGEMAKER_MAX_PAYLOAD_IN_MB": "max_payload_mb",
+    "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "max_concurrent_transforms",
+    "BYOC_MAX_BATCH_SIZE": "max_batch",
+    "BYOC_MAX_BATCH_DELAY_MS": "max_delay_ms",
+    "BYOC_GRACEFUL_TIMEOUT": "graceful_timeout",
+    "BYOC_MAX_INPUTS_PER_REQUEST": "max_inputs",
+    "BYOC_MAX_QUEUED_INPUTS": "max_queued_inputs",
+    "BYOC_MAX_CONCURRENCY": "max_concurrency",
+}
+
+
+@pytest.mark.parametrize(
+    "variable,value",
+    [
+        ("BYOC_MAX_BATCH_SIZE", "0"),
+        ("BYOC_MAX_BATCH_SIZE", "-4"),
+        ("BYOC_MAX_BATCH_SIZE", "12.5"),
+        ("BYOC_MAX_BATCH_SIZE", "many"),
+        ("BYOC_MAX_BATCH_DELAY_MS", "-1"),
+        ("BYOC_MAX_BATCH_DELAY_MS", "nan"),
+        ("BYOC_GRACEFUL_TIMEOUT", "-1"),
+        ("BYOC_MAX_INPUTS_PER_REQUEST", "0"),
+        ("BYOC_MAX_QUEUED_INPUTS", "-10"),
+        ("BYOC_MAX_CONCURRENCY", "0"),
+        ("SAGEMAKER_BIND_TO_PORT", "0"),
+        ("SAGEMAKER_BIND_TO_PORT", "70000"),
+        ("SAGEMAKER_MODEL_SERVER_WORKERS", "0"),
+        ("SAGEMAKER_MODEL_SERVER_WORKERS", "two"),
+        ("SAGEMAKER_MODEL_SERVER_TIMEOUT", "0"),
+        ("SAGEMAKER_MODEL_SERVER_TIMEOUT", "inf"),
+        ("SAGEMAKER_MODEL_SERVER_TIMEOUT", "-3"),
+        ("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS", "0"),
+        ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "0"),
+        ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "six"),
+        ("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", "-1"),
+        ("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", "*/*"),
+        ("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", "application/json, text/csv"),
+        ("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", "json"),
+    ],
+)
+def test_a_value_out_of_range_stops_the_server_naming_the_variable(env, variable, value):
+    with pytest.raises(ValueError) as caught:
+        env({variable: value})
+    assert f"{variable}={value!r}" in str(caught.value)
+    assert isinstance(caught.value, UserError)  # a message for the user, not a traceback
+
+
+def test_values_in_range_are_read(env):
+    settings = env(
+        {
+            "BYOC_MAX_BATCH_SIZE": " 1 ",
+            "BYOC_MAX_BATCH_DELAY_MS": "2.5",
+            "BYOC_MAX_INPUTS_PER_REQUEST": "10",
+            "BYOC_MAX_QUEUED_INPUTS": "10",
+            "BYOC_MAX_CONCURRENCY": "3",
+            "SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS": "7",
+            "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT": "Text/CSV",
+        }
+    )
+    assert (settings.max_batch, settings.max_delay_ms, settings.max_inputs, settings.max_queued_inputs) == (
+        1,
+        2.5,
+        10,
+        10,
+    )
+    assert (settings.max_concurrency, settings.timeout, settings.default_accept) == (3, 7.0, "text/csv")
+
+
+def test_a_request_limit_over_the_queue_is_refused(env):
+    with pytest.raises(ValueError, match="BYOC_MAX_QUEUED_INPUTS"):
+        env({"BYOC_MAX_INPUTS_PER_REQUEST": "100", "BYOC_MAX_QUEUED_INPUTS": "99"})
+
+
+def test_the_new_limits_are_documented_with_their_defaults():
+    serving = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
+    defaults = {f.name: f.default for f in dataclasses.fields(ServeSettings)}
+    for variable in ("BYOC_MAX_INPUTS_PER_REQUEST", "BYOC_MAX_QUEUED_INPUTS", "BYOC_MAX_CONCURRENCY"):
+        row = next(line for line in serving.splitlines() if line.startswith(f"| `{variable}` |"))
+        assert int(row.split("|")[2]) == defaults[VARIABLES[variable]], row
