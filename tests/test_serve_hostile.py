@@ -13,7 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 import serve_helpers
+from hypothesis import HealthCheck, given, settings
+from request_strategies import SERVER_BODIES, requests
 from serve_helpers import TEXTS, Server
+
+from byoc import inference, negotiation
 
 pytestmark = pytest.mark.integration  # servers in processes: not in make test-fast
 
@@ -118,6 +122,38 @@ def shared_server(trained_model):
     s = serve(trained_model)
     yield s
     s.stop()
+
+
+SERVER_EXAMPLES = 1000  # generated requests against the real server (about 10 s here)
+
+
+@settings(
+    max_examples=SERVER_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+)
+@given(request=requests(SERVER_BODIES))
+def test_generated_requests_never_get_a_5xx_or_hang(shared_server, request):
+    """Random JSON, nesting, wrong types, invalid UTF-8, CSV and JSON Lines variants, odd content types
+    and Accept headers, requests over the input limit: a 4xx at worst, within the client's timeout."""
+    body, content_type, accept = request
+    accept = None if accept is None else accept.strip()  # HTTP has no field value with spaces around it
+    headers = {"content-type": content_type.strip(), **({"accept": accept} if accept is not None else {})}
+    answer = shared_server.client.post("/invocations", content=body, headers=headers, timeout=30)
+    assert answer.status_code in (200, 400, 406, 413, 415), answer.text
+    if answer.status_code == 200:
+        chosen = negotiation.choose(accept, inference.ACCEPT_TYPES, "application/json")
+        assert chosen and answer.headers["content-type"].startswith(chosen)
+    else:
+        assert answer.json()["status"] == answer.status_code and "Traceback" not in answer.text
+
+
+def test_after_the_generated_requests_the_server_is_healthy(shared_server):
+    assert shared_server.client.get("/ping").status_code == 200
+    answer = shared_server.invoke({"inputs": TEXTS})
+    assert answer.status_code == 200 and len(answer.json()) == 4
 
 
 PRINTING = """
