@@ -77,6 +77,10 @@ bench-train: venv
 bench-serve: venv
 	$(PY) benchmarks/bench_serve.py --json benchmarks/results/serve.json
 
+# Ordinary traffic at concurrency 32 with 10% hostile requests mixed in, 60 s a phase (docs/benchmarks.md).
+bench-soak: venv
+	$(PY) benchmarks/bench_soak.py --json benchmarks/results/soak.json
+
 bench-precision: venv
 	$(PY) benchmarks/bench_precision.py --json benchmarks/results/precision.json
 

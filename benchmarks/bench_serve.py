@@ -87,10 +87,12 @@ def train_model() -> Path:
 # --- load generator -----------------------------------------------------------------------------
 
 
-async def _request(reader, writer, body: bytes) -> int:
+async def _request(
+    reader, writer, body: bytes, content_type: bytes = b"application/json", accept: bytes = b"application/json"
+) -> int:
     writer.write(
-        b"POST /invocations HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        b"Accept: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        b"POST /invocations HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: " + content_type + b"\r\n"
+        b"Accept: " + accept + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
     )
     await writer.drain()
     head = await reader.readuntil(b"\r\n\r\n")
