@@ -11,7 +11,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla bench-train bench-serve bench-precision bench-xla bench-gpu clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla bench-train bench-serve bench-precision bench-xla bench-gpu bench-soak clean
 
 venv: $(STAMP)
 
