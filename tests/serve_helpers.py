@@ -119,6 +119,15 @@ class Server:
         data = json.dumps(body) if not isinstance(body, (str, bytes)) else body
         return self.client.post("/invocations", content=data, headers=headers, **kwargs)
 
+    def wait_exit(self, timeout: float = 60) -> tuple[int, str]:
+        """(exit code, log) of a server expected to exit on its own; fails if it keeps running."""
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError("the server kept running: " + self.proc.stdout.read()[-2000:]) from None
+        return code, self.proc.stdout.read()
+
     def stop(self) -> str:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

@@ -397,12 +397,7 @@ def test_code_that_exits_while_loading_stops_the_server_with_the_reason(trained_
     SageMaker's start-up timeout."""
     source = "import argparse\nargparse.ArgumentParser().parse_args()  # byoc serve's argv: 'serve' is unknown\n"
     s = Server(serve_helpers.model_with_code(trained_model, tmp_path, source))
-    try:
-        code = s.proc.wait(60)
-    except subprocess.TimeoutExpired:
-        s.proc.kill()
-        raise AssertionError("the server kept running: " + s.proc.stdout.read()[-2000:]) from None
-    log = s.proc.stdout.read()
+    code, log = s.wait_exit()
     assert code != 0 and "cannot serve" in log and "SystemExit: 2" in log
 
 
