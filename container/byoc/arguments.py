@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import logging
-import math
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from byoc.errors import UserError
+from byoc.values import base_type, coerce, describe
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +195,7 @@ def _validate(args: TrainArguments) -> None:
     hints = typing.get_type_hints(TrainArguments)
     for f in dataclasses.fields(args):
         value = getattr(args, f.name)
-        if _base_type(hints[f.name])[0] is int and value is not None and abs(value) > INT_LIMIT:
+        if base_type(hints[f.name])[0] is int and value is not None and abs(value) > INT_LIMIT:
             raise HyperparameterError(f"hyperparameter {f.name} is out of range: at most {INT_LIMIT}, got {value!r}")
     if args.epochs > EPOCHS_LIMIT:
         raise HyperparameterError(
@@ -310,80 +309,18 @@ def _unknown_message(key: str, names: Mapping[str, str]) -> str:
     )
 
 
-def loads(value: Any) -> Any:
-    """JSON first (framework estimators, v3), else the raw string (v2 `str(v)`)."""
-    if not isinstance(value, str):
-        return value
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value
-
-
 def _decode(key: str, value: Any, f: dataclasses.Field) -> Any:
-    kind, optional = _base_type(typing.get_type_hints(TrainArguments)[f.name])
+    kind, optional = base_type(typing.get_type_hints(TrainArguments)[f.name])
     if optional and (value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null"))):
         return None
     try:
-        decoded = _coerce(value, kind)
+        decoded = coerce(value, kind)
     except (ValueError, TypeError):
-        raise HyperparameterError(f"hyperparameter {key} must be {_describe(kind)}, got {value!r}") from None
+        raise HyperparameterError(f"hyperparameter {key} must be {describe(kind)}, got {value!r}") from None
     choices = f.metadata["choices"]
     if choices and decoded not in choices:
         raise HyperparameterError(f"hyperparameter {key} must be one of {', '.join(choices)}, got {decoded!r}")
     return decoded
-
-
-def _coerce(value: Any, kind: type) -> Any:
-    if kind is str:
-        parsed = loads(value)
-        # A quoted JSON string (framework estimators) is unquoted; anything else keeps its raw text,
-        # so a v3 raw "1.0" or "123" stays exactly what the user typed.
-        return parsed if isinstance(parsed, str) else (value if isinstance(value, str) else json.dumps(value))
-    parsed = loads(value)
-    if isinstance(parsed, str):
-        parsed = parsed.strip()
-    if kind is bool:
-        if isinstance(parsed, bool):
-            return parsed
-        if isinstance(parsed, (int, float)) and parsed in (0, 1):
-            return bool(parsed)
-        if isinstance(parsed, str) and parsed.lower() in ("true", "yes", "y", "on", "t"):
-            return True
-        if isinstance(parsed, str) and parsed.lower() in ("false", "no", "n", "off", "f"):
-            return False
-        raise ValueError(value)
-    if kind is int:
-        if isinstance(parsed, bool):
-            raise TypeError(value)
-        number = float(parsed) if isinstance(parsed, str) else parsed
-        if isinstance(number, float) and not number.is_integer():
-            raise ValueError(value)
-        return int(number)
-    if kind is float:
-        if isinstance(parsed, bool):
-            raise TypeError(value)
-        number = float(parsed)
-        if not math.isfinite(number):
-            raise ValueError(value)
-        return number
-    raise TypeError(kind)
-
-
-def _base_type(hint: Any) -> tuple[type, bool]:
-    """`int | None` -> (int, True)."""
-    args = typing.get_args(hint)
-    if args and type(None) in args:
-        inner = [a for a in args if a is not type(None)][0]
-        return (typing.get_origin(inner) or inner), True
-    return (typing.get_origin(hint) or hint), False
-
-
-_KINDS = {bool: "a boolean (true/false, True/False or 1/0)", int: "an integer", float: "a number", str: "a string"}
-
-
-def _describe(kind: type) -> str:
-    return _KINDS.get(kind, kind.__name__)
 
 
 def hyperparameter_table() -> str:

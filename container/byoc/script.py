@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from byoc.arguments import loads as decode  # JSON where it parses, else the raw string, as the toolkit does
 from byoc.contract import ContractError, TrainingContract
 from byoc.requirements import RequirementsError, install_requirements
+from byoc.values import loads as decode  # JSON where it parses, else the raw string, as the toolkit does
 
 logger = logging.getLogger("byoc.script")
 
