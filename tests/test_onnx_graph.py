@@ -157,9 +157,11 @@ def test_backend_choice(classifier_dir, tmp_path, monkeypatch, caplog):
     (no_graph / "model.onnx").unlink()
     monkeypatch.delenv("BYOC_INFERENCE_BACKEND", raising=False)
     assert inference.choose_backend(classifier_dir, gpu=False) == "onnxruntime"
-    assert inference.choose_backend(classifier_dir, gpu=True) == "torch"  # fp32 on CUDA
+    cuda_ep = "CUDAExecutionProvider" in ort.get_available_providers()  # onnxruntime-gpu: ONNX Runtime on CUDA
+    assert inference.choose_backend(classifier_dir, gpu=True) == ("onnxruntime" if cuda_ep else "torch")
     assert inference.choose_backend(classifier_dir, int8=True, gpu=True) == "onnxruntime"  # int8: the CPU's
-    assert inference.choose_backend(classifier_dir) == ("torch" if Path("/dev/nvidia0").exists() else "onnxruntime")
+    gpu_here = Path("/dev/nvidia0").exists() and not cuda_ep
+    assert inference.choose_backend(classifier_dir) == ("torch" if gpu_here else "onnxruntime")
     assert inference.choose_backend(no_graph, gpu=False) == "torch"  # an artifact from before the graph existed
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "onnxruntime")
     with pytest.raises(ValueError, match="model.onnx"):
@@ -252,8 +254,8 @@ def test_int8_choice(classifier_dir, tmp_path, monkeypatch):
         model = inference.model_fn(str(classifier_dir))
         assert model["backend"] == "onnxruntime" and model["model"].int8
     assert len(inference.predict_fn({"inputs": ["a text", "another one"]}, model)) == 2
-    monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "fp16")
-    with pytest.raises(ValueError, match="use fp32 or int8"):
+    monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "fp8")
+    with pytest.raises(ValueError, match="use auto, fp32, fp16, bf16 or int8"):
         inference.model_fn(str(classifier_dir))
 
 
