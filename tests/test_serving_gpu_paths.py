@@ -1,0 +1,190 @@
+"""The GPU serving paths, as far as a CPU can run them: ONNX Runtime's CUDA provider asked for and
+checked (a CPU build must be refused, never silently used), the fp16 graph, torch in half precision,
+the bucketed shapes (answers equal to exact padding), and torch.compile per shape. What only a GPU
+can show (CUDA kernels, speed) is in tests/test_gpu.py and make bench-gpu."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from byoc import inference, onnx_cuda, onnx_graph, runtimes, shapes
+from byoc.backend_choice import Plan
+
+TEXTS = [
+    "i love this",
+    "this is the worst day of my life and nothing went right at all",
+    "ok",
+    "what a wonderful surprise, thank you so much",
+    "meh",
+] * 3
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory, tiny_model_dir) -> Path:
+    target = tmp_path_factory.mktemp("classifier")
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        tiny_model_dir,
+        num_labels=3,
+        id2label={0: "neg", 1: "neutral", 2: "pos"},
+        label2id={"neg": 0, "neutral": 1, "pos": 2},
+    )
+    model.save_pretrained(target, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (tiny_model_dir / name).exists():
+            shutil.copy(tiny_model_dir / name, target / name)
+    assert onnx_graph.export(target)
+    return target
+
+
+def feeds(n: int = 6, length: int = 13) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(4)
+    ids = rng.integers(1000, 30000, size=(n, length), dtype=np.int64)
+    mask = np.ones_like(ids)
+    mask[2, 7:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+
+def test_cuda_provider_options():
+    (cuda, options), cpu = onnx_cuda.providers("cuda")
+    assert (cuda, cpu) == ("CUDAExecutionProvider", "CPUExecutionProvider")  # the CPU takes what CUDA cannot
+    assert options["use_tf32"] == "1" and options["arena_extend_strategy"] == "kSameAsRequested"
+    assert options["cudnn_conv_algo_search"] == "HEURISTIC"
+    assert onnx_cuda.providers("cpu") == ["CPUExecutionProvider"]
+
+
+def test_a_cuda_session_that_runs_on_the_cpu_is_refused(classifier_dir):
+    """ONNX Runtime runs on the CPU, with a log line, when the CUDA provider cannot load: byoc says so."""
+    with pytest.raises(onnx_cuda.ProviderError, match="CUDAExecutionProvider did not load.*onnxruntime-gpu"):
+        onnx_graph.Session(classifier_dir, threads=1, device="cuda")
+    assert onnx_graph.Session(classifier_dir, threads=1).provider == "CPUExecutionProvider"
+
+
+def test_auto_falls_back_to_torch_when_the_cuda_provider_does_not_load(classifier_dir, monkeypatch, caplog):
+    """A GPU host whose onnxruntime lists the CUDA provider, which then does not load (here: no GPU)."""
+    monkeypatch.setattr(inference, "nvidia_gpu", lambda: True)
+    monkeypatch.setattr(onnx_cuda, "available_providers", lambda: ("CUDAExecutionProvider", "CPUExecutionProvider"))
+    monkeypatch.delenv("BYOC_INFERENCE_BACKEND", raising=False)
+    monkeypatch.delenv("BYOC_INFERENCE_PRECISION", raising=False)
+    with caplog.at_level(logging.INFO):
+        model = inference.model_fn(str(classifier_dir))
+    assert model["backend"] == "torch" and "serving with torch instead of ONNX Runtime" in caplog.text
+    assert "CUDAExecutionProvider did not load" in caplog.text
+    assert len(inference.predict_fn({"inputs": TEXTS[:2]}, model)) == 2
+    monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "onnxruntime")  # asked for by name: an error, not a fallback
+    with pytest.raises(onnx_cuda.ProviderError):
+        inference.model_fn(str(classifier_dir))
+
+
+def test_fp16_graph_keeps_fp32_inputs_and_outputs_and_the_answers(classifier_dir, tmp_path):
+    made = onnx_cuda.fp16_graph(classifier_dir / "model.onnx", classifier_dir / "config.json", tmp_path)
+    graph = onnx.load(str(made))
+    assert [i.type.tensor_type.elem_type for i in graph.graph.input] == [onnx.TensorProto.INT64] * 3
+    assert graph.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    kinds = {i.data_type for i in graph.graph.initializer if len(i.dims) == 2}
+    assert onnx.TensorProto.FLOAT16 in kinds, kinds  # the weight matrices are fp16
+    assert {n.op_type for n in graph.graph.node} & {"Attention", "SkipLayerNormalization"}  # fused first
+    # On the CPU, ONNX Runtime runs the fp16 nodes it has no kernel for in fp32 (inserted casts): this
+    # checks the conversion and the weights, not CUDA's fp16 arithmetic (make test-gpu does that).
+    session = onnx_graph.Session(classifier_dir, threads=1, fp16=True)
+    exact = onnx_graph.Session(classifier_dir, threads=1).logits(feeds())
+    half = session.logits(feeds())
+    assert half.dtype == np.float32 and half.shape == exact.shape
+    np.testing.assert_allclose(half, exact, atol=5e-3 * max(1.0, float(np.abs(exact).max())))
+    assert (half.argmax(-1) == exact.argmax(-1)).all()
+
+
+def answers(model: dict, texts: list[str]) -> list:
+    return inference.predict_fn({"inputs": texts, "parameters": {"top_k": 3}}, model)
+
+
+def assert_same_answers(a: list, b: list, tolerance: float) -> None:
+    for x, y in zip(a, b):
+        assert x[0]["label"] == y[0]["label"]
+        assert [e["score"] for e in x] == pytest.approx([e["score"] for e in y], abs=tolerance)
+
+
+def test_torch_in_bf16_gives_fp32s_answers(classifier_dir, monkeypatch):
+    """Half precision inside, fp32 logits out; bf16 runs on CPUs too, so the CPU can check it."""
+    monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "torch")
+    monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "fp32")
+    exact = inference.model_fn(str(classifier_dir))
+    monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "bf16")
+    half = inference.model_fn(str(classifier_dir))
+    assert half["precision"] == "bfloat16" and next(half["model"].parameters()).dtype == torch.bfloat16
+    assert half["logits"](feeds()).dtype == np.float32
+    assert_same_answers(answers(half, TEXTS), answers(exact, TEXTS), 0.02)
+
+
+def test_bucket_shapes():
+    gpu = shapes.gpu(max_length=512)
+    assert [gpu.length(n) for n in (1, 16, 17, 20, 33, 64, 65, 100, 129, 300, 512)] == [
+        16,
+        16,
+        32,
+        32,
+        48,
+        64,
+        96,
+        128,
+        192,
+        384,
+        512,
+    ]
+    assert [gpu.rows(n) for n in (1, 2, 3, 5, 17, 100, 128)] == [1, 2, 4, 8, 32, 128, 128]
+    assert shapes.gpu(max_length=100).length(99) == 100  # never past the model's limit
+    assert shapes.gpu(max_length=2048).length(700) == 768
+    assert [shapes.CPU.length(n) for n in (1, 17, 100)] == [1, 17, 100]  # the CPU pads exactly
+    assert [shapes.CPU.rows(n) for n in (3, 17)] == [3, 17]
+    assert len(gpu.all()) <= 80  # few enough to capture each as a graph
+    assert all(r & (r - 1) == 0 and w in shapes.LENGTHS for r, w in gpu.all())
+
+
+def test_bucketed_batches_are_few_shapes_and_pad_rows_that_are_never_fully_masked():
+    rng = np.random.default_rng(5)
+    encoded = [
+        {"input_ids": [101] * n, "attention_mask": [1] * n, "token_type_ids": [0] * n} for n in rng.integers(3, 60, 300)
+    ]
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]["input_ids"]))
+    gpu = shapes.gpu(max_length=512)
+    seen = set()
+    for chunk in shapes.batches(order, encoded, gpu):
+        batch = shapes.pad(chunk, encoded, 0, gpu)
+        seen.add(batch["input_ids"].shape)
+        assert batch["attention_mask"].sum(axis=1).min() >= 1
+        assert batch["input_ids"].shape[0] * batch["input_ids"].shape[1] <= gpu.token_budget
+    assert seen <= set(gpu.all()) and len(seen) <= 3, seen
+    cpu_passes = shapes.batches(order, encoded, shapes.CPU)
+    assert all(len(c) * max(len(encoded[i]["input_ids"]) for i in c) <= 256 for c in cpu_passes)
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
+def test_bucketed_answers_equal_exact_padding(classifier_dir, monkeypatch, backend):
+    monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
+    monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "fp32")
+    model = inference.model_fn(str(classifier_dir))
+    assert model["shapes"] == shapes.CPU
+    exact = answers(model, TEXTS)
+    padded: list = []
+    original = model["logits"]
+    model = {**model, "shapes": shapes.gpu(model["max_length"]), "logits": lambda f: padded.append(f) or original(f)}
+    assert_same_answers(answers(model, TEXTS), exact, 1e-5)
+    assert padded and all(f["input_ids"].shape in shapes.gpu(model["max_length"]).all() for f in padded)
+
+
+@pytest.mark.integration  # compiles (inductor on the CPU: tens of seconds)
+def test_torch_compile_per_shape_gives_the_eager_answers(classifier_dir):
+    plan = Plan("torch", "cpu", "fp32", "test")
+    eager = runtimes.load_torch(classifier_dir, plan)
+    compiled = runtimes.load_torch(classifier_dir, plan, compiled=True)
+    compiled["shapes"] = eager["shapes"] = shapes.gpu(eager["max_length"])
+    texts = TEXTS[:4]  # one shape
+    assert_same_answers(answers(compiled, texts), answers(eager, texts), 1e-4)
