@@ -131,7 +131,7 @@ def test_alias_conflict_is_an_error():
         ({"learning_rate": "0"}, "learning_rate must be greater than 0"),
         ({"validation_split": "1.5"}, "validation_split must be in [0, 1)"),
         ({"eval_strategy": "sometimes"}, "must be one of auto, no, steps, epoch"),
-        ({"bf16": "true", "fp16": "true"}, "choose one"),
+        ({"bf16": "true", "fp16": "true"}, "set precision alone"),
         ({"do_train": "false"}, "always trains"),
         ({"serving_int8": "true", "serving_graph": "false"}, "serving_int8=true needs serving_graph=true"),
         ({"epochs": "nan"}, "epochs must be a number"),

@@ -12,18 +12,17 @@ from helpers import CPU_ONLY, Job, run_train_process, sentiment_rows, write_csv
 
 
 def test_compile_settings_follow_the_hardware():
-    compiled, plain = parse_hyperparameters({"torch_compile": "true"}), parse_hyperparameters({})
-    no_graphs = parse_hyperparameters({"torch_compile": "true", "cuda_graphs": "false"})
-    assert compile_arguments(compiled, use_xla=False, cuda=True) == {
+    args, no_graphs = parse_hyperparameters({}), parse_hyperparameters({"cuda_graphs": "false"})
+    assert compile_arguments(args, True, use_xla=False, cuda=True) == {
         "torch_compile": True,
         "torch_compile_mode": "reduce-overhead",
     }  # CUDA graphs
-    assert compile_arguments(no_graphs, use_xla=False, cuda=True)["torch_compile_mode"] == "default"
-    assert compile_arguments(compiled, use_xla=False, cuda=False)["torch_compile_mode"] == "default"  # CPU
-    assert compile_arguments(compiled, use_xla=True, cuda=False) == {"torch_compile": False}  # XLA compiles itself
-    assert compile_arguments(plain, use_xla=False, cuda=True) == {"torch_compile": False}
-    assert wants_buckets(compiled, use_xla=False) and wants_buckets(plain, use_xla=True)
-    assert not wants_buckets(plain, use_xla=False)  # dynamic padding stays the default
+    assert compile_arguments(no_graphs, True, use_xla=False, cuda=True)["torch_compile_mode"] == "default"
+    assert compile_arguments(args, True, use_xla=False, cuda=False)["torch_compile_mode"] == "default"  # CPU
+    assert compile_arguments(args, True, use_xla=True, cuda=False) == {"torch_compile": False}  # XLA compiles itself
+    assert compile_arguments(args, False, use_xla=False, cuda=True) == {"torch_compile": False}
+    assert wants_buckets(True, use_xla=False) and wants_buckets(False, use_xla=True)
+    assert not wants_buckets(False, use_xla=False)  # dynamic padding stays the default
 
 
 @pytest.mark.integration  # a real job in a process of its own

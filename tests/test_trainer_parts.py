@@ -61,44 +61,27 @@ def test_cpu_jobs_tell_the_trainer_they_are_cpu_ones():
 
     auto, cpu = parse_hyperparameters({}), parse_hyperparameters({"device": "cpu"})
     assert device_arguments(auto, use_xla=False, cuda=False) == {"use_cpu": True}  # even with torch-xla installed
-    on_gpu = device_arguments(auto, use_xla=False, cuda=True, tf32_capable=True)
+    on_gpu = device_arguments(auto, use_xla=False, cuda=True)
     assert on_gpu == {
         "use_cpu": False,
-        "tf32": True,
         "accelerator_config": {"non_blocking": True},
         "logging_nan_inf_filter": False,
     }  # no host synchronisation per step
     assert device_arguments(cpu, use_xla=False, cuda=True) == {"use_cpu": True}
-
-
-def test_tf32_on_ampere_and_newer_unless_turned_off():
-    """TF32 matmuls are on by default where the GPU has them (A10G, A100, H100...), never asked for
-    where it has not (T4, V100: transformers would raise), and tf32=false keeps full fp32."""
-    from byoc.trainer import device_arguments
-
-    auto, off, on = (parse_hyperparameters(hp) for hp in ({}, {"tf32": "false"}, {"tf32": "true"}))
-    assert device_arguments(auto, use_xla=False, cuda=True, tf32_capable=True)["tf32"] is True
-    assert device_arguments(auto, use_xla=False, cuda=True, tf32_capable=False)["tf32"] is False  # T4, V100
-    assert device_arguments(off, use_xla=False, cuda=True, tf32_capable=True)["tf32"] is False
-    assert device_arguments(on, use_xla=False, cuda=True, tf32_capable=False)["tf32"] is False
-    assert "tf32" not in device_arguments(on, use_xla=False, cuda=False)
     assert "use_cpu" not in device_arguments(auto, use_xla=True, cuda=False)
 
 
-def test_precision_follows_the_hardware(caplog):
-    from byoc.trainer import precision_flags
+def test_precision_flags_reach_the_trainer_arguments():
+    """TF32 is a CUDA setting: never passed on CPU (transformers raises for tf32=true without an Ampere GPU)."""
+    from byoc.precision import Precision
+    from byoc.trainer import precision_arguments
 
-    fp16, bf16 = parse_hyperparameters({"fp16": "true"}), parse_hyperparameters({"bf16": "true"})
-    assert precision_flags(fp16, cuda=False) == {"bf16": False, "fp16": False}
-    assert "fp16 needs a CUDA GPU; none here, so training runs in fp32" in caplog.text
-    assert precision_flags(fp16, cuda=True) == {"bf16": False, "fp16": True}
-    assert precision_flags(bf16, cuda=True, cuda_bf16=True) == {"bf16": True, "fp16": False}
-    caplog.clear()
-    assert precision_flags(bf16, cuda=True, cuda_bf16=False) == {"bf16": False, "fp16": False}  # T4, V100
-    assert "this GPU has no bf16; training runs in fp32 (try fp16=true)" in caplog.text
-    assert precision_flags(bf16, cuda=False) == {"bf16": True, "fp16": False}  # CPU autocast: slow, but correct
-    assert precision_flags(fp16, use_xla=True) == {"bf16": False, "fp16": False}
-    assert precision_flags(bf16, use_xla=True) == {"bf16": True, "fp16": False}
+    tf32 = Precision("tf32", False, "auto", tf32=True)
+    assert precision_arguments(tf32, cuda=True) == {"bf16": False, "fp16": False, "tf32": True}
+    assert precision_arguments(Precision("fp32", False, "a CPU"), cuda=False) == {"bf16": False, "fp16": False}
+    bf16 = Precision("bf16", True, "requested", tf32=True)
+    assert precision_arguments(bf16, cuda=True) == {"bf16": True, "fp16": False, "tf32": True}
+    assert precision_arguments(Precision("fp16", True, "t4"), cuda=True) == {"bf16": False, "fp16": True, "tf32": False}
 
 
 def test_weight_decay_as_a_device_tensor_matches_adamw_exactly():

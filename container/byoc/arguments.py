@@ -107,15 +107,27 @@ class TrainArguments:
     dropout: float | None = _hp(
         0.0, "Dropout probability for hidden and attention layers; empty/null keeps the model's own."
     )
-    bf16: bool = _hp(False, "bfloat16 mixed precision (GPUs from Ampere on, Trainium; slower on CPUs without AMX).")
-    fp16: bool = _hp(False, "float16 mixed precision (CUDA GPUs only; ignored with a warning elsewhere).")
+    precision: str = _hp(
+        "auto",
+        "Training precision. auto: on CUDA GPUs from Ampere on tf32, or bf16 when compiled with CUDA graphs; "
+        "before Ampere fp32, or fp16 compiled; fp32 on CPU and Trainium (docs/training.md). bf16/fp16 on a CUDA "
+        "GPU also compile the step unless torch_compile=false.",
+        (),
+        ("auto", "fp32", "tf32", "bf16", "fp16"),
+    )
+    bf16: bool = _hp(False, "Same as precision=bf16: bfloat16 mixed precision (GPUs from Ampere on, Trainium).")
+    fp16: bool = _hp(False, "Same as precision=fp16: float16 mixed precision (CUDA GPUs only).")
     tf32: bool | None = _hp(
         None,
-        "TF32 matrix multiplies on CUDA GPUs from Ampere on (default: on there, about 2x fp32 for BERT on an "
-        "H100); false keeps full fp32 precision. Ignored elsewhere.",
+        "TF32 matrix multiplies on CUDA GPUs from Ampere on (precision=auto uses them there); false keeps full "
+        "fp32 precision (same as precision=fp32). Ignored elsewhere.",
     )
-    torch_compile: bool = _hp(False, "torch.compile the model; batches in fixed-shape length buckets (see buckets).")
-    cuda_graphs: bool = _hp(True, "With torch_compile on a CUDA GPU: replay each step as a CUDA graph.")
+    torch_compile: bool | None = _hp(
+        None,
+        "torch.compile the training step, in fixed-shape length buckets (see buckets). Default: on for bf16/fp16 "
+        "on a single CUDA GPU, else off.",
+    )
+    cuda_graphs: bool = _hp(True, "When compiled on a CUDA GPU: replay each step as a CUDA graph.")
     gradient_checkpointing: bool = _hp(False, "Trade compute for memory on long sequences.")
     attn_implementation: str | None = _hp(
         None, "Attention kernel: sdpa or eager. Default: the library's.", (), ("sdpa", "eager")
@@ -231,12 +243,24 @@ def _validate(args: TrainArguments) -> None:
     if args.max_buckets < 1:
         raise HyperparameterError(f"hyperparameter max_buckets must be at least 1, got {args.max_buckets!r}")
     bucket_sizes(args)  # a bad list fails here, before any work
-    if args.bf16 and args.fp16:
-        raise HyperparameterError("hyperparameters bf16 and fp16 are both true: choose one")
+    _check_precision(args)
     if args.serving_int8 and not args.serving_graph:
         raise HyperparameterError(
             "hyperparameter serving_int8=true needs serving_graph=true (the int8 graph is made "
             "from it): drop serving_graph=false or serving_int8"
+        )
+
+
+def _check_precision(args: TrainArguments) -> None:
+    """precision, bf16, fp16 and tf32 must not contradict each other (tf32 beside bf16/fp16 says
+    whether what autocast leaves in fp32 may use TF32)."""
+    wanted = ({args.precision} - {"auto"}) | {name for name in ("bf16", "fp16") if getattr(args, name)}
+    full = {"tf32" if args.tf32 else "fp32"} if args.tf32 is not None else set()
+    if len(wanted) > 1 or (full and wanted & {"fp32", "tf32"} and wanted != full):
+        raise HyperparameterError(
+            "hyperparameters precision, bf16, fp16 and tf32 disagree "
+            f"(they ask for {' and '.join(sorted(wanted | full))}): "
+            "set precision alone, to one of auto, fp32, tf32, bf16, fp16"
         )
 
 

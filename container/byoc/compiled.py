@@ -1,11 +1,12 @@
 """Compiled training steps: graphs built once per input shape, and a count of them.
 
-On XLA (Trainium) compiling is how the device runs at all. On CUDA and CPU it is the opt-in
-`torch_compile=true`: the job then takes the XLA path's fixed-shape length buckets too, so
-`torch.compile` builds one static graph per bucket (never a dynamic-shape one) and, on CUDA, replays
-each step as a CUDA graph (`cuda_graphs`, on by default there): at BERT's batch sizes a step is
-bound by kernel launches and host work, which graph replay removes. Graph capture is the CUDA-only
-part; the rest, buckets and static graphs included, runs and is tested on CPU.
+On XLA (Trainium) compiling is how the device runs at all. On CUDA and CPU it is `torch_compile=true`
+(on by default for bf16/fp16 on one CUDA GPU: `byoc.precision`): the job then takes the XLA path's
+fixed-shape length buckets too, so `torch.compile` builds one static graph per bucket (never a
+dynamic-shape one) and, on CUDA, replays each step as a CUDA graph (`cuda_graphs`, on by default
+there): at BERT's batch sizes a step is bound by kernel launches and host work, which graph replay
+removes. Graph capture is the CUDA-only part; the rest, buckets and static graphs included, runs and
+is tested on CPU.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ from byoc.arguments import TrainArguments
 logger = logging.getLogger("byoc.compiled")
 
 
-def wants_buckets(args: TrainArguments, use_xla: bool) -> bool:
-    """Fixed-shape length buckets: on XLA always, elsewhere with torch_compile."""
-    return use_xla or args.torch_compile
+def wants_buckets(compile: bool, use_xla: bool) -> bool:
+    """Fixed-shape length buckets: on XLA always, elsewhere when the step is compiled."""
+    return use_xla or compile
 
 
-def compile_arguments(args: TrainArguments, use_xla: bool, cuda: bool) -> dict[str, Any]:
+def compile_arguments(args: TrainArguments, compile: bool, use_xla: bool, cuda: bool) -> dict[str, Any]:
     """`TrainingArguments` for torch.compile (none on XLA, which compiles by itself)."""
-    if use_xla or not args.torch_compile:
+    if use_xla or not compile:
         return {"torch_compile": False}
     mode = "reduce-overhead" if cuda and args.cuda_graphs else "default"  # reduce-overhead: CUDA graphs
     return {"torch_compile": True, "torch_compile_mode": mode}

@@ -28,7 +28,7 @@ import torch
 import transformers
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerState
 
-from byoc import __version__, distributed, xla
+from byoc import __version__, distributed, precision, xla
 from byoc.arguments import TrainArguments, bucket_sizes
 from byoc.artifact import default_code_dir, publish_model, write_predictions
 from byoc.buckets import choose_buckets, padding_efficiency
@@ -39,6 +39,7 @@ from byoc.data import DataError, DataSpec, TaskData, load_task_data
 from byoc.metrics import metrics_line, write_report
 from byoc.model import ModelError, ModelSource, load_tokenizer, model_max_length, resolve_model
 from byoc.model import load_model as _load_model  # job.load_model is the step
+from byoc.precision import Precision
 from byoc.samplers import FixedShapeSampler
 from byoc.tokenization import tokenize_splits
 from byoc.trainer import ClassifierTrainer, build_trainer
@@ -62,6 +63,7 @@ class Job:
     tokenized: dict[str, Any]  # split name -> tokenized dataset
     shard_consumers: list[int] | None  # the ranks reading this host's shard (ShardedByS3Key), else None
     buckets: list[int] | None  # fixed-shape length buckets (XLA, or torch_compile)
+    precision: Precision  # what the step computes in, and whether it compiles
 
     @property
     def label_names(self) -> list[str]:
@@ -126,10 +128,13 @@ def prepare(contract: TrainingContract, args: TrainArguments) -> Job:
         tokenizer = load_tokenizer(source, args)
         tokenized = tokenize_splits(data, tokenizer, args, cache_dir)
     shard_consumers = _agree_on_shards(contract, data, tokenized)
+    chosen = precision.choose(args, precision.detect(use_xla, distributed.world_size()))
+    logger.info("precision: %s (%s)%s", chosen.name, chosen.reason, "; step compiled" if chosen.compile else "")
+    args = dataclasses.replace(args, torch_compile=chosen.compile)  # later steps see the decision
     buckets = None
     if use_xla:
         xla.initialize(contract.checkpoint_folder)
-    if wants_buckets(args, use_xla):
+    if wants_buckets(chosen.compile, use_xla):
         buckets = choose_job_buckets(tokenized, args, tokenizer)
     if args.neuron_precompile:
         if buckets is None:
@@ -143,7 +148,7 @@ def prepare(contract: TrainingContract, args: TrainArguments) -> Job:
             "precompiling: one training batch of each shape %s, then one evaluation; no model is written", shapes
         )
         args = dataclasses.replace(args, max_steps=len(shapes), eval_strategy="no", save_strategy="no")
-    return Job(contract, args, use_xla, code_dir, source, data, tokenizer, tokenized, shard_consumers, buckets)
+    return Job(contract, args, use_xla, code_dir, source, data, tokenizer, tokenized, shard_consumers, buckets, chosen)
 
 
 def load_model(job: Job) -> PreTrainedModel:
@@ -154,7 +159,15 @@ def load_model(job: Job) -> PreTrainedModel:
 def make_trainer(job: Job, model: PreTrainedModel) -> ClassifierTrainer:
     """The Trainer for this job's device and precision, with its shards and precompile mode."""
     trainer = build_trainer(
-        model, job.tokenizer, job.tokenized, job.args, job.contract, len(job.label_names), job.buckets, job.use_xla
+        model,
+        job.tokenizer,
+        job.tokenized,
+        job.args,
+        job.contract,
+        len(job.label_names),
+        job.buckets,
+        job.use_xla,
+        job.precision,
     )
     trainer.precompile = job.args.neuron_precompile
     trainer.shard_consumers = job.shard_consumers
@@ -251,7 +264,8 @@ def _job_summary(job: Job, trainer: ClassifierTrainer) -> dict[str, Any]:
         "train_samples": len(job.tokenized["train"]),
         "world_size": trainer.args.world_size,
         "device": trainer.args.device.type,  # cuda, cpu or xla: where the job really ran
-        "precision": "bf16" if trainer.args.bf16 else "fp16" if trainer.args.fp16 else "fp32",
+        "precision": job.precision.name,  # fp32, tf32, bf16 or fp16
+        "precision_reason": job.precision.reason,
         "model": job.source.origin,
         **xla_figures,
         "hyperparameters": asdict(job.args),

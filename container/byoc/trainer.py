@@ -24,13 +24,14 @@ from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import PrinterCallback
 from transformers.trainer_callback import ProgressCallback as TqdmCallback
 
-from byoc import compat, distributed, xla
+from byoc import compat, distributed, precision, xla
 from byoc.arguments import TrainArguments
 from byoc.buckets import IGNORE_LABEL, FixedShapeCollator
 from byoc.checkpoints import EvaluationStopped, mark_complete, rotate
 from byoc.compiled import CompileReport, compile_arguments, static_graphs_per_bucket
 from byoc.contract import TrainingContract
 from byoc.metrics import ProgressCallback, classification_metrics
+from byoc.precision import Precision
 from byoc.samplers import FixedShapeSampler, LengthBucketSampler, length_order
 
 logger = logging.getLogger("byoc.trainer")
@@ -134,32 +135,19 @@ class _SamplerEpoch(TrainerCallback):
             self.trainer.bucket_sampler.set_epoch(math.floor((state.epoch or 0.0) + 1e-6))
 
 
-def device_arguments(
-    args: TrainArguments, use_xla: bool, cuda: bool | None = None, tf32_capable: bool | None = None
-) -> dict[str, Any]:
-    """What the device path changes in `TrainingArguments`; `cuda`, `tf32_capable` (Ampere or newer):
-    the hardware (default: torch's view). AdamW is the Trainer's default, fused, on CUDA."""
+def device_arguments(args: TrainArguments, use_xla: bool, cuda: bool | None = None) -> dict[str, Any]:
+    """What the device path changes in `TrainingArguments`; `cuda`: the hardware (default: torch's
+    view). AdamW is the Trainer's default, fused, on CUDA."""
     if use_xla:
         # Fused AdamW refuses XLA tensors. (Every training batch is full already: the sampler sees to
         # it; drop_last would also drop the last evaluation batch, which the collator pads instead.)
         # Evaluation results move to the host after every step: kept on the device, they would be
         # concatenated into a growing tensor, a new shape (and graph) at each step.
         return {"optim": "adamw_torch", "eval_accumulation_steps": 1}
-    cuda = torch.cuda.is_available() if cuda is None else cuda
-    gloo = distributed.is_distributed() and os.environ.get(distributed.BACKEND_ENV) == "gloo"
-    # A CPU job says so: accelerate treats several CPU processes as one data-parallel job only when
-    # told they are CPU ones, and with transformers 4.55 it takes torch-xla's device wherever
-    # torch-xla is installed (the Neuron image on a host without NeuronCores), fused AdamW and all.
-    on_cpu = gloo or args.device == "cpu" or not cuda
-    if on_cpu:
+    if not on_cuda(args, use_xla, cuda):
         return {"use_cpu": True}
-    if tf32_capable is None:
-        tf32_capable = torch.cuda.get_device_capability() >= (8, 0)
-    # TF32 keeps fp32's range with a 10-bit mantissa in matrix multiplies: what fp32 training on an
-    # Ampere-or-newer GPU should use unless told otherwise (transformers leaves it to torch's default, off).
     return {
         "use_cpu": False,
-        "tf32": (tf32_capable if args.tf32 is None else args.tf32) and tf32_capable,
         # Batches are copied from pinned memory without the host waiting for the copy (accelerate's
         # DataLoader moves them to the GPU; the default copy blocks the host once a step).
         "accelerator_config": {"non_blocking": True},
@@ -169,29 +157,24 @@ def device_arguments(
     }
 
 
-def precision_flags(
-    args: TrainArguments, use_xla: bool = False, cuda: bool | None = None, cuda_bf16: bool | None = None
-) -> dict[str, Any]:
-    """bf16/fp16 only where the hardware runs them; otherwise fp32 with a warning.
-    `cuda`, `cuda_bf16`: the hardware (default: what torch sees here).
-
-    On XLA, bf16 is autocast: bf16 compute with fp32 weights and optimizer state (not the
-    tutorials' XLA_USE_BF16, which stores the weights in bf16 and loses small updates)."""
+def on_cuda(args: TrainArguments, use_xla: bool, cuda: bool | None = None) -> bool:
+    """Whether this process trains on its CUDA GPU (`cuda`: whether one is visible; default: torch's view)."""
     if use_xla:
-        if args.fp16:
-            logger.warning("fp16 is for CUDA GPUs; on XLA use bf16=true. Training runs in fp32")
-        return {"bf16": args.bf16, "fp16": False}
+        return False
     cuda = torch.cuda.is_available() if cuda is None else cuda
-    fp16 = args.fp16 and cuda
-    if args.fp16 and not cuda:
-        logger.warning("fp16 needs a CUDA GPU; none here, so training runs in fp32")
-    bf16 = args.bf16
-    if bf16 and cuda and not (torch.cuda.is_bf16_supported() if cuda_bf16 is None else cuda_bf16):
-        logger.warning("this GPU has no bf16; training runs in fp32 (try fp16=true)")
-        bf16 = False
-    if bf16 and not cuda:
-        logger.warning("bf16 on a CPU: correct, but slower than fp32 on CPUs without AMX")
-    return {"bf16": bf16, "fp16": fp16}
+    gloo = distributed.is_distributed() and os.environ.get(distributed.BACKEND_ENV) == "gloo"
+    # A CPU job says so: accelerate treats several CPU processes as one data-parallel job only when
+    # told they are CPU ones, and with transformers 4.55 it takes torch-xla's device wherever
+    # torch-xla is installed (the Neuron image on a host without NeuronCores), fused AdamW and all.
+    return cuda and not gloo and args.device != "cpu"
+
+
+def precision_arguments(chosen: Precision, cuda: bool) -> dict[str, Any]:
+    """`TrainingArguments`' bf16/fp16/tf32 for the chosen precision (tf32 is a CUDA setting only)."""
+    flags = chosen.training_arguments()
+    if not cuda:
+        flags.pop("tf32")
+    return flags
 
 
 def _eval_strategy(args: TrainArguments, has_eval: bool) -> str:
@@ -218,11 +201,16 @@ def build_trainer(
     num_labels: int,
     buckets: list[int] | None = None,
     use_xla: bool = False,
+    chosen: Precision | None = None,
 ) -> ClassifierTrainer:
-    """The Trainer for this job; `buckets` (XLA, or torch_compile) switches to fixed-shape batches."""
+    """The Trainer for this job; `buckets` (XLA, or torch_compile) switches to fixed-shape batches;
+    `chosen`: the job's precision (default: chosen here, from `args` and this machine)."""
     compat.check_trainer_hooks(ClassifierTrainer.__mro__[1])  # the private methods overridden below
-    cuda = torch.cuda.is_available() and not use_xla
-    if buckets is not None and not use_xla and args.torch_compile:
+    cuda = on_cuda(args, use_xla)
+    if chosen is None:
+        chosen = precision.choose(args, precision.detect(use_xla, distributed.world_size()))
+    compiling = chosen.compile and not use_xla
+    if buckets is not None and compiling:
         static_graphs_per_bucket(buckets)
     eval_ds = tokenized.get("eval", tokenized.get("test"))
     has_eval = eval_ds is not None
@@ -252,9 +240,9 @@ def build_trainer(
         logging_steps=args.logging_steps,
         report_to="none",  # our own callbacks below: readable lines and TensorBoard in output/
         disable_tqdm=True,
-        **compile_arguments(args, use_xla, cuda),
+        **compile_arguments(args, compiling, use_xla, cuda),
         dataloader_num_workers=args.dataloader_num_workers,
-        dataloader_pin_memory=torch.cuda.is_available() and not use_xla,
+        dataloader_pin_memory=cuda,
         ddp_backend=os.environ.get(distributed.BACKEND_ENV) if distributed.is_distributed() and not use_xla else None,
         # One label per row and equal per-rank batches: DDP's gradient average is already the global
         # mean. (transformers would otherwise scale the loss by the world size for token-count losses.)
@@ -266,8 +254,8 @@ def build_trainer(
             args.warmup_ratio,
             args.gradient_checkpointing,
         ),
-        **precision_flags(args, use_xla),
-        **device_arguments(args, use_xla),
+        **precision_arguments(chosen, cuda),
+        **device_arguments(args, use_xla, cuda),
     )
 
     def compute_metrics(prediction) -> dict[str, float]:
@@ -283,7 +271,9 @@ def build_trainer(
     if buckets is not None:
         collator = FixedShapeCollator(tokenizer.pad_token_id or 0, buckets, args.per_device_eval_batch_size)
     else:
-        collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=None)
+        # On a GPU, lengths padded to a multiple of 8: tensor-core-aligned matrices in bf16/fp16/TF32,
+        # and fewer distinct shapes for the kernel and allocator caches. (On CPU, padding is pure cost.)
+        collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if cuda else None)
     trainer = ClassifierTrainer(
         model=model,
         args=training_args,
@@ -294,7 +284,7 @@ def build_trainer(
         compute_metrics=compute_metrics,
     )
     trainer.buckets, trainer.use_xla = buckets, use_xla
-    if use_xla or args.torch_compile:
+    if use_xla or compiling:
         trainer.compile_report = CompileReport(use_xla)
         trainer.add_callback(trainer.compile_report)
     for callback in (PrinterCallback, TqdmCallback):

@@ -1,0 +1,111 @@
+"""The precision and compile decision (byoc.precision), per hardware description: H100/A100/A10G
+(Ampere and later), T4/V100 (before Ampere), CPU, Trainium. Runs anywhere: no GPU is needed to
+test what a GPU job would choose."""
+
+from __future__ import annotations
+
+import pytest
+
+from byoc.arguments import HyperparameterError, parse_hyperparameters
+from byoc.precision import Hardware, choose, requested
+
+H100 = Hardware("cuda", (9, 0), name="NVIDIA H100 80GB HBM3")
+A10G = Hardware("cuda", (8, 6), name="NVIDIA A10G")
+T4 = Hardware("cuda", (7, 5), name="Tesla T4")
+V100 = Hardware("cuda", (7, 0), name="Tesla V100-SXM2-16GB")
+CPU = Hardware("cpu")
+TRAINIUM = Hardware("xla")
+
+
+def decide(hardware: Hardware, **hyperparameters: str) -> tuple[str, bool, bool]:
+    chosen = choose(parse_hyperparameters(hyperparameters), hardware)
+    return chosen.name, chosen.compile, chosen.tf32
+
+
+@pytest.mark.parametrize("gpu", [H100, A10G])
+def test_auto_on_ampere_and_later(gpu):
+    assert decide(gpu) == ("tf32", False, True)  # eager: TF32 (eager bf16 measured slower than fp32)
+    assert decide(gpu, torch_compile="true") == ("bf16", True, True)  # CUDA graphs: where bf16 pays
+    assert decide(gpu, torch_compile="true", cuda_graphs="false") == ("tf32", True, True)
+    assert decide(gpu, tf32="false") == ("fp32", False, False)  # full precision, as asked
+    assert decide(gpu, tf32="false", torch_compile="true") == ("fp32", True, False)
+
+
+@pytest.mark.parametrize("gpu", [T4, V100])
+def test_auto_before_ampere(gpu):
+    assert decide(gpu) == ("fp32", False, False)  # no TF32 there (transformers would refuse it)
+    assert decide(gpu, torch_compile="true") == ("fp16", True, False)  # tensor cores: fp16 only
+    assert decide(gpu, fp16="true") == ("fp16", True, False)
+
+
+def test_half_precision_compiles_on_one_gpu_unless_told_not_to(caplog):
+    assert decide(H100, bf16="true") == ("bf16", True, True)
+    assert decide(H100, precision="bf16") == ("bf16", True, True)
+    assert decide(H100, precision="fp16") == ("fp16", True, True)
+    assert decide(H100, bf16="true", tf32="false") == ("bf16", True, False)
+    caplog.clear()
+    assert decide(H100, bf16="true", torch_compile="false") == ("bf16", False, True)
+    assert "eager autocast is usually slower than fp32" in caplog.text
+    # several processes: compile stays the user's call (not measured there yet), and the log says how
+    several = Hardware("cuda", (9, 0), processes=8)
+    caplog.clear()
+    assert decide(several, bf16="true") == ("bf16", False, True)
+    assert "set torch_compile=true" in caplog.text
+    assert decide(several, bf16="true", torch_compile="true") == ("bf16", True, True)
+
+
+def test_what_the_hardware_lacks_falls_back_to_fp32_with_a_warning(caplog):
+    assert decide(T4, bf16="true") == ("fp32", False, False)
+    assert "has no bf16; training runs in fp32 (try fp16=true)" in caplog.text
+    caplog.clear()
+    assert decide(V100, precision="tf32") == ("fp32", False, False)
+    assert "TF32 needs a GPU from Ampere on" in caplog.text
+    caplog.clear()
+    assert decide(CPU, fp16="true") == ("fp32", False, False)
+    assert "fp16 needs a CUDA GPU; none here, so training runs in fp32" in caplog.text
+
+
+def test_cpu_and_trainium():
+    assert decide(CPU) == ("fp32", False, False)
+    assert decide(CPU, bf16="true") == ("bf16", False, False)  # correct, slower without AMX: not compiled for you
+    assert decide(CPU, torch_compile="true") == ("fp32", True, False)
+    assert decide(TRAINIUM) == ("fp32", False, False)  # XLA compiles by itself: never torch.compile
+    assert decide(TRAINIUM, bf16="true") == ("bf16", False, False)
+    assert decide(TRAINIUM, fp16="true") == ("fp32", False, False)
+    assert not Hardware("cpu", (9, 0)).ampere and Hardware("cuda", (8, 0)).ampere
+
+
+def test_the_tutorials_switches_mean_a_precision():
+    assert requested(parse_hyperparameters({})) == "auto"
+    assert requested(parse_hyperparameters({"bf16": "True"})) == "bf16"
+    assert requested(parse_hyperparameters({"fp16": "true"})) == "fp16"
+    assert requested(parse_hyperparameters({"tf32": "true"})) == "tf32"
+    assert requested(parse_hyperparameters({"tf32": "false"})) == "fp32"
+    assert requested(parse_hyperparameters({"precision": "bf16", "bf16": "true"})) == "bf16"
+
+
+@pytest.mark.parametrize(
+    "hyperparameters",
+    [
+        {"bf16": "true", "fp16": "true"},
+        {"precision": "fp32", "bf16": "true"},
+        {"precision": "fp16", "bf16": "true"},
+        {"precision": "fp32", "tf32": "true"},
+        {"precision": "tf32", "tf32": "false"},
+    ],
+)
+def test_contradicting_precision_settings_are_refused(hyperparameters):
+    with pytest.raises(HyperparameterError, match="disagree .*set precision alone"):
+        parse_hyperparameters(hyperparameters)
+
+
+def test_agreeing_precision_settings_are_accepted():
+    for hyperparameters in (
+        {"precision": "bf16", "bf16": "true"},
+        {"precision": "tf32", "tf32": "true"},
+        {"bf16": "true", "tf32": "false"},  # bf16, with what autocast leaves in fp32 kept at full fp32
+        {"precision": "fp32", "tf32": "false"},
+    ):
+        parse_hyperparameters(hyperparameters)
+    with pytest.raises(HyperparameterError, match="must be one of auto, fp32, tf32, bf16, fp16"):
+        parse_hyperparameters({"precision": "int8"})
