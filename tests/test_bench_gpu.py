@@ -41,6 +41,11 @@ def test_the_gpu_benchmark_runs_every_kind_of_recipe(tmp_path):
     assert set(train) == {"byoc:bf16", "plain:fp32", "ceiling:compiled-bf16"}
     assert all(r["samples_per_second"] > 0 for r in train.values()), train
     assert train["byoc:bf16"]["precision"] == "bf16"
-    serving = results["serving"]
-    assert serving["first_answer_s"] > 0 and serving["rss_mib"] > 0
-    assert all(r["errors"] == 0 and r["sentences_per_second"] > 0 for r in serving["load"].values())
+    served = results["serving"]["backends"]
+    assert set(served) == {"auto", "torch:fp32"}  # on a GPU: auto and the four CUDA backends
+    for name, serving in served.items():
+        assert serving["first_answer_s"] > 0 and serving["rss_mib"] > 0, (name, serving)
+        assert all(r["errors"] == 0 and r["sentences_per_second"] > 0 for r in serving["load"].values())
+        assert set(serving["meets"]) == set(results["serving"]["targets"])
+    assert served["auto"]["served_by"].startswith("onnxruntime on cpu, fp32")  # the CPU default, unchanged
+    assert served["torch:fp32"]["served_by"].startswith("torch on cpu, fp32")
