@@ -128,24 +128,40 @@ def test_sigterm_on_cuda_checkpoints_and_the_rerun_resumes_exactly(tmp_path, tin
         assert ours[s] == pytest.approx(theirs[s], rel=1e-3, abs=1e-4), s
 
 
-def test_serving_on_cuda_answers_as_onnx_runtime_on_the_cpu(tmp_path, tiny_model_dir):
+def test_serving_on_cuda_every_backend_answers_as_torch_fp32(tmp_path, tiny_model_dir):
+    """auto (ONNX Runtime's CUDA provider with onnxruntime-gpu, else torch in half precision), ONNX
+    Runtime fp32 and fp16, torch half: the same labels as torch fp32 on the GPU, scores close."""
+    import onnxruntime
     from test_serve import Server
 
     job = gpu_job(tmp_path / "opt-ml", tiny_model_dir)
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    texts = ["i love this so much", "rude people and cold food", "what a great day it was"]
+    texts = ["i love this so much", "rude people and cold food", "what a great day it was"] * 3
+    cuda_ep = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    variants = {
+        "reference": {"BYOC_INFERENCE_BACKEND": "torch", "BYOC_INFERENCE_PRECISION": "fp32"},
+        "auto": {},
+        "torch-half": {"BYOC_INFERENCE_BACKEND": "torch"},
+        **({"ort-fp32": {"BYOC_INFERENCE_BACKEND": "onnxruntime"}} if cuda_ep else {}),
+        **({"ort-fp16": {"BYOC_INFERENCE_PRECISION": "fp16"}} if cuda_ep else {}),
+    }
     answers, logs = {}, {}
-    for backend in ("auto", "onnxruntime"):
-        server = Server(job.model_dir, env={"BYOC_INFERENCE_BACKEND": backend})
+    for name, env in variants.items():
+        server = Server(job.model_dir, env=env)
         try:
             server.wait_ready()
-            answers[backend] = server.invoke({"inputs": texts}).json()
+            answers[name] = server.invoke({"inputs": texts}).json()
         finally:
-            logs[backend] = server.stop()
-    assert "model runs on torch" in logs["auto"] and "(cuda" in logs["auto"], logs["auto"][-2000:]
-    assert "model runs on ONNX Runtime" in logs["onnxruntime"]
-    assert [a["label"] for a in answers["auto"]] == [a["label"] for a in answers["onnxruntime"]]
-    assert [a["score"] for a in answers["auto"]] == pytest.approx(
-        [a["score"] for a in answers["onnxruntime"]], abs=1e-3
-    )
+            logs[name] = server.stop()
+    if cuda_ep:
+        assert "CUDAExecutionProvider" in logs["auto"] and "model runs on ONNX Runtime" in logs["auto"], logs["auto"]
+        assert "fp16, CUDAExecutionProvider" in logs["ort-fp16"], logs["ort-fp16"][-2000:]
+    else:
+        assert "model runs on torch" in logs["auto"] and "(cuda" in logs["auto"], logs["auto"][-2000:]
+    half = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    assert f"(cuda, {half}" in logs["torch-half"], logs["torch-half"][-2000:]
+    expected = answers.pop("reference")
+    for name, got in answers.items():
+        assert [a["label"] for a in got] == [a["label"] for a in expected], name
+        assert [a["score"] for a in got] == pytest.approx([a["score"] for a in expected], abs=2e-2), name
