@@ -4,6 +4,8 @@ graph; that part needs a GPU (tests/test_gpu.py), the rest runs here on CPU."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from byoc.arguments import parse_hyperparameters
@@ -25,22 +27,35 @@ def test_compile_settings_follow_the_hardware():
     assert not wants_buckets(False, use_xla=False)  # dynamic padding stays the default
 
 
+def test_the_compile_cache_goes_with_the_checkpoints_unless_the_user_placed_it(tmp_path, monkeypatch):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from byoc.compiled import CACHE_ENV, persistent_cache
+
+    monkeypatch.setenv(CACHE_ENV, "set first, so that monkeypatch restores the real value, unset included")
+    monkeypatch.delenv(CACHE_ENV)
+    assert persistent_cache(tmp_path) == tmp_path / "torch-compile-cache"
+    monkeypatch.setenv(CACHE_ENV, default_cache_dir())  # what torch writes there the first time it looks
+    assert persistent_cache(tmp_path) == tmp_path / "torch-compile-cache"
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
+    assert persistent_cache(tmp_path) == tmp_path / "mine"
+
+
 @pytest.mark.integration  # a real job in a process of its own
 def test_a_compiled_job_uses_buckets_and_compiles_nothing_after_epoch_one(tmp_path, tiny_model_dir):
     job = Job(tmp_path / "opt-ml").resources()
-    job.hyperparameters(
-        {
-            "torch_compile": "true",
-            "max_buckets": "2",
-            "epochs": "3",
-            "eval_strategy": "epoch",
-            "per_device_train_batch_size": "8",
-            "per_device_eval_batch_size": "8",
-            "learning_rate": "5e-3",
-            "device": "cpu",
-            "logging_steps": "4",
-        }
-    )
+    hyperparameters = {
+        "torch_compile": "true",
+        "max_buckets": "2",
+        "epochs": "3",
+        "eval_strategy": "epoch",
+        "per_device_train_batch_size": "8",
+        "per_device_eval_batch_size": "8",
+        "learning_rate": "5e-3",
+        "device": "cpu",
+        "logging_steps": "4",
+    }
+    job.hyperparameters(hyperparameters)
     job.model_channel(tiny_model_dir)
     write_csv(job.channel("train") / "t.csv", sentiment_rows(64))
     write_csv(job.channel("validation") / "v.csv", sentiment_rows(20))  # a short last evaluation batch
@@ -56,3 +71,17 @@ def test_a_compiled_job_uses_buckets_and_compiles_nothing_after_epoch_one(tmp_pa
     # (Evaluation runs the model uncompiled on transformers 5; whatever it compiles, it compiles once.)
     assert per_evaluation[1:] == [0, 0], per_evaluation
     assert 0 <= metrics["eval_accuracy"] <= 1 and (job.model_dir / "model.safetensors").exists()
+
+    # The compiled steps are kept with the checkpoints (synced to S3): a spot restart on a new
+    # instance, which gets the checkpoint folder back, loads them instead of compiling again.
+    cache = job.root / "checkpoints" / "torch-compile-cache"
+    assert metrics["torch_compile_cache_misses"] > 0 and any(p.is_file() for p in cache.rglob("*"))
+    restarted = Job(tmp_path / "new-instance").resources()
+    restarted.hyperparameters({**hyperparameters, "epochs": "1", "eval_strategy": "no"})
+    restarted.model_channel(tiny_model_dir)
+    shutil.copytree(job.channel("train"), restarted.channel("train"), dirs_exist_ok=True)
+    shutil.copytree(cache, restarted.root / "checkpoints" / "torch-compile-cache")
+    done = run_train_process(restarted.root, env=CPU_ONLY)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert restarted.metrics["torch_compile_cache_hits"] > 0
+    assert restarted.metrics["torch_compile_cache_misses"] == 0, restarted.metrics  # nothing compiled again

@@ -33,7 +33,7 @@ from byoc.arguments import TrainArguments, bucket_sizes
 from byoc.artifact import default_code_dir, publish_model, write_predictions
 from byoc.buckets import choose_buckets, padding_efficiency
 from byoc.checkpoints import Interrupted, StopOnSignal, check_job, common_resume_point, drop_unfinished_after
-from byoc.compiled import wants_buckets
+from byoc.compiled import persistent_cache, wants_buckets
 from byoc.contract import TrainingContract
 from byoc.data import DataError, DataSpec, TaskData, load_task_data
 from byoc.metrics import metrics_line, write_report
@@ -131,6 +131,8 @@ def prepare(contract: TrainingContract, args: TrainArguments) -> Job:
     chosen = precision.choose(args, precision.detect(use_xla, distributed.world_size()))
     logger.info("precision: %s (%s)%s", chosen.name, chosen.reason, "; step compiled" if chosen.compile else "")
     args = dataclasses.replace(args, torch_compile=chosen.compile)  # later steps see the decision
+    if chosen.compile and not use_xla:
+        logger.info("torch.compile cache: %s", persistent_cache(contract.checkpoint_folder))
     buckets = None
     if use_xla:
         xla.initialize(contract.checkpoint_folder)
