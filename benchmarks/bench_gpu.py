@@ -7,10 +7,14 @@ trained on the data with `tokenizers`. Data: the emotion tweets from shared/data
 else generated sentences of the same length (about 20 tokens). Batch 32 everywhere.
 
 Recipes, per model:
-  byoc:fp32 / byoc:bf16                 the real `byoc train` (dynamic padding, length buckets;
-                                        TF32 on Ampere and newer)
-  byoc-compiled:fp32 / byoc-compiled:bf16   `byoc train` with torch_compile=true (fixed-shape
-                                        buckets, CUDA graphs on a GPU)
+  byoc:auto                             the real `byoc train` as users get it (precision=auto:
+                                        TF32 eagerly on Ampere and newer; dynamic padding,
+                                        length buckets)
+  byoc:fp32                             precision=fp32 (full fp32: the issue's baseline)
+  byoc:bf16                             bf16=true, which on one GPU compiles the step (fixed-shape
+                                        buckets, CUDA graphs)
+  byoc-eager:bf16                       bf16=true torch_compile=false: eager autocast
+  byoc-compiled:auto / byoc-compiled:tf32   torch_compile=true (auto picks bf16 there)
   plain:fp32 / plain:bf16               a stock Trainer: dynamic padding, group_by_length
   ceiling:eager-fp32 / ceiling:eager-bf16 / ceiling:compiled-bf16
                                         plain PyTorch on one fixed 32x32 batch, fused AdamW;
@@ -62,7 +66,19 @@ MODELS = {  # BertConfig sizes
     "bert-base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
     "tiny": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64},
 }
-TRAIN_RECIPES = ("byoc:fp32", "byoc:bf16", "byoc-compiled:fp32", "byoc-compiled:bf16", "plain:fp32", "plain:bf16")
+TRAIN_RECIPES = (
+    "byoc:auto",
+    "byoc:fp32",
+    "byoc:bf16",
+    "byoc-eager:bf16",
+    "byoc-compiled:auto",
+    "byoc-compiled:tf32",
+    "plain:fp32",
+    "plain:bf16",
+)
+# The issue's figures for byoc before this work (H100, batch 32, samples/s) and its targets.
+BEFORE = {"minilm": 1475.0, "bert-base": 854.0}
+TRAIN_TARGETS = {"speedup_over_before": 3.0, "bert-base_samples_per_second": 2500.0, "accuracy": 0.91, "f1": 0.86}
 CEILINGS = ("ceiling:eager-fp32", "ceiling:eager-bf16", "ceiling:compiled-bf16")
 WORDS = "i feel so happy sad angry afraid surprised loved today about this that work life people really".split()
 
@@ -134,10 +150,10 @@ def run_byoc(work: Path, model: Path, texts, labels, recipe: str, steps: int, de
         "device": device,
         "freeze_embeddings": "false",
         "freeze_layers": 0,
-        "bf16": precision == "bf16",
+        "precision": precision,
     }
-    if kind == "byoc-compiled":
-        hp["torch_compile"] = "true"
+    if kind in ("byoc-compiled", "byoc-eager"):
+        hp["torch_compile"] = "true" if kind == "byoc-compiled" else "false"
     root = write_job(work / recipe.replace(":", "-") / "opt-ml", model, texts, labels, hp)
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(work / "cache")}
     done = subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, capture_output=True, text=True)
@@ -152,6 +168,9 @@ def run_byoc(work: Path, model: Path, texts, labels, recipe: str, steps: int, de
     return {
         "samples_per_second": steady(rates),
         "precision": metrics.get("precision"),
+        "precision_reason": metrics.get("precision_reason"),
+        "compiled": "torch_compile_graphs_compiled" in metrics,
+        "train_runtime_s": metrics.get("train_runtime"),  # compilation included
         "device": metrics.get("device"),
         "model_dir": str(root / "model"),
     }
@@ -286,6 +305,33 @@ def accuracy(work: Path, device: str) -> dict:
     return {k: m.get(k) for k in ("test_accuracy", "test_f1", "eval_accuracy", "eval_f1", "train_samples_per_second")}
 
 
+def training_checks(results: dict) -> dict:
+    """The issue's training targets against this run: the best byoc recipe over the issue's
+    before-figures, bf16 against fp32 and auto, and the accuracy bar."""
+    checks: dict = {"targets": TRAIN_TARGETS}
+    for size, recipes in results["train"].items():
+        rate = {name: r["samples_per_second"] for name, r in recipes.items() if "samples_per_second" in r}
+        mine = {name: v for name, v in rate.items() if name.startswith("byoc")}
+        if not mine:
+            continue
+        best = max(mine, key=mine.__getitem__)
+        row: dict = {"best": best, "best_samples_per_second": mine[best]}
+        if size in BEFORE:
+            row["speedup_over_before"] = round(mine[best] / BEFORE[size], 2)
+            row["default_speedup_over_before"] = round(mine.get("byoc:auto", float("nan")) / BEFORE[size], 2)
+        if "byoc:bf16" in mine:
+            row["bf16_never_slower"] = all(
+                mine["byoc:bf16"] >= mine[o] for o in ("byoc:fp32", "byoc:auto") if o in mine
+            )
+        checks[size] = row
+    if "accuracy" in results:
+        acc = results["accuracy"]
+        checks["accuracy_met"] = (acc.get("test_accuracy") or 0) >= TRAIN_TARGETS["accuracy"] and (
+            acc.get("test_f1") or 0
+        ) >= TRAIN_TARGETS["f1"]
+    return checks
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -348,6 +394,8 @@ def main() -> int:
     if opts.accuracy:
         results["accuracy"] = accuracy(work, opts.device)
         print(f"accuracy: {results['accuracy']}", flush=True)
+    results["training_checks"] = training_checks(results)
+    print(f"training checks: {results['training_checks']}", flush=True)
     if opts.json:
         opts.json.parent.mkdir(parents=True, exist_ok=True)
         opts.json.write_text(json.dumps(results, indent=2) + "\n")

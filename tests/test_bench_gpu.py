@@ -40,7 +40,10 @@ def test_the_gpu_benchmark_runs_every_kind_of_recipe(tmp_path):
     train = results["train"]["tiny"]
     assert set(train) == {"byoc:bf16", "plain:fp32", "ceiling:compiled-bf16"}
     assert all(r["samples_per_second"] > 0 for r in train.values()), train
-    assert train["byoc:bf16"]["precision"] == "bf16"
+    assert (
+        train["byoc:bf16"]["precision"] == "bf16" and not train["byoc:bf16"]["compiled"]
+    )  # CPU: never compiled for you
+    assert set(results["training_checks"]["tiny"]) >= {"best", "bf16_never_slower"}
     served = results["serving"]["backends"]
     assert set(served) == {"auto", "torch:fp32"}  # on a GPU: auto and the four CUDA backends
     for name, serving in served.items():
