@@ -41,8 +41,8 @@ def gpu_job(root, tiny_model_dir, extra: dict | None = None) -> Job:
 def test_training_on_cuda_in_each_precision(tmp_path, tiny_model_dir, precision):
     if precision == "bf16" and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16 (T4, V100)")
-    flags = {"bf16": "true"} if precision == "bf16" else {"fp16": "true"} if precision == "fp16" else {}
-    job = gpu_job(tmp_path / "opt-ml", tiny_model_dir, flags)
+    # Eager here (the compiled path has its own test below): every precision trains the same job.
+    job = gpu_job(tmp_path / "opt-ml", tiny_model_dir, {"precision": precision, "torch_compile": "false"})
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     metrics = job.metrics
@@ -55,14 +55,34 @@ def test_training_on_cuda_in_each_precision(tmp_path, tiny_model_dir, precision)
     assert (job.model_dir / "model.safetensors").exists() and (job.model_dir / "model.onnx").exists()
 
 
+def test_precision_auto_and_bf16_choose_from_this_gpu(tmp_path, tiny_model_dir):
+    """precision=auto: TF32 eagerly from Ampere on, fp32 before; bf16=true compiles the step on one GPU."""
+    ampere = torch.cuda.get_device_capability() >= (8, 0)
+    job = gpu_job(tmp_path / "auto" / "opt-ml", tiny_model_dir, {})
+    done = run_train_process(job.root)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (
+        job.metrics["precision"] == ("tf32" if ampere else "fp32")
+        and "torch_compile_graphs_compiled" not in job.metrics
+    )
+    if not ampere:
+        return
+    job = gpu_job(tmp_path / "bf16" / "opt-ml", tiny_model_dir, {"bf16": "true", "max_buckets": "2"})
+    done = run_train_process(job.root)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert job.metrics["precision"] == "bf16" and job.metrics["torch_compile_graphs_per_epoch"][0] > 0
+    assert learned(losses(job), 1, 160) < 0.5
+
+
 def test_compiled_job_on_cuda_replays_cuda_graphs_and_compiles_nothing_after_epoch_one(tmp_path, tiny_model_dir):
     """torch_compile=true on a GPU: fixed-shape buckets, one static graph each, CUDA graphs
-    (mode reduce-overhead), TF32 on where the GPU has it; it still learns."""
+    (mode reduce-overhead), and precision=auto's bf16 there (fp16 before Ampere); it still learns."""
     job = gpu_job(tmp_path / "opt-ml", tiny_model_dir, {"torch_compile": "true", "max_buckets": "2"})
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     metrics = job.metrics
     assert metrics["device"] == "cuda" and len(metrics["buckets"]) <= 2
+    assert metrics["precision"] == ("bf16" if torch.cuda.get_device_capability() >= (8, 0) else "fp16")
     per_epoch = metrics["torch_compile_graphs_per_epoch"]
     assert per_epoch[0] > 0 and not any(per_epoch[1:]), per_epoch
     # The same job and threshold as the eager test above (same arithmetic up to kernel choice); this
