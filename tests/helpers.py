@@ -86,6 +86,28 @@ def build_tiny_bert(target: Path, seed: int = TEST_SEED) -> Path:
     return target
 
 
+def build_classifier_with_graph(target: Path, tiny_model_dir: Path) -> Path:
+    """A tiny 3-label classifier saved as byoc publishes it, with its serving graph (model.onnx)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from byoc import onnx_graph
+
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        tiny_model_dir,
+        num_labels=3,
+        id2label={0: "neg", 1: "neutral", 2: "pos"},
+        label2id={"neg": 0, "neutral": 1, "pos": 2},
+    )
+    model.save_pretrained(target, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (tiny_model_dir / name).exists():
+            shutil.copy(tiny_model_dir / name, target / name)
+    assert onnx_graph.export(target) == target / onnx_graph.GRAPH
+    return target
+
+
 class Job:
     """A SageMaker training tree under a temporary root."""
 

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
 
 from byoc import inference, onnx_graph
+from helpers import build_classifier_with_graph
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,20 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def classifier_dir(tmp_path_factory, tiny_model_dir) -> Path:
     """A tiny 3-label classifier saved as byoc publishes it, with its serving graph."""
-    target = tmp_path_factory.mktemp("classifier")
-    torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        tiny_model_dir,
-        num_labels=3,
-        id2label={0: "neg", 1: "neutral", 2: "pos"},
-        label2id={"neg": 0, "neutral": 1, "pos": 2},
-    )
-    model.save_pretrained(target, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        if (tiny_model_dir / name).exists():
-            shutil.copy(tiny_model_dir / name, target / name)
-    assert onnx_graph.export(target) == target / onnx_graph.GRAPH
-    return target
+    return build_classifier_with_graph(tmp_path_factory.mktemp("classifier"), tiny_model_dir)
 
 
 def torch_logits(model_dir: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:

@@ -6,17 +6,16 @@ can show (CUDA kernels, speed) is in tests/test_gpu.py and make bench-gpu."""
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 import torch
-from transformers import AutoModelForSequenceClassification
 
 from byoc import inference, onnx_cuda, onnx_graph, runtimes, shapes
 from byoc.backend_choice import Plan
+from helpers import build_classifier_with_graph
 
 TEXTS = [
     "i love this",
@@ -29,20 +28,8 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def classifier_dir(tmp_path_factory, tiny_model_dir) -> Path:
-    target = tmp_path_factory.mktemp("classifier")
-    torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        tiny_model_dir,
-        num_labels=3,
-        id2label={0: "neg", 1: "neutral", 2: "pos"},
-        label2id={"neg": 0, "neutral": 1, "pos": 2},
-    )
-    model.save_pretrained(target, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        if (tiny_model_dir / name).exists():
-            shutil.copy(tiny_model_dir / name, target / name)
-    assert onnx_graph.export(target)
-    return target
+    """A tiny 3-label classifier saved as byoc publishes it, with its serving graph."""
+    return build_classifier_with_graph(tmp_path_factory.mktemp("classifier"), tiny_model_dir)
 
 
 def feeds(n: int = 6, length: int = 13) -> dict[str, np.ndarray]:

@@ -26,8 +26,6 @@ from byoc.arguments import TrainArguments
 
 logger = logging.getLogger("byoc.precision")
 
-PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
-
 
 @dataclass(frozen=True)
 class Hardware:
