@@ -56,7 +56,8 @@ def test_training_on_cuda_in_each_precision(tmp_path, tiny_model_dir, precision)
 
 
 def test_precision_auto_and_bf16_choose_from_this_gpu(tmp_path, tiny_model_dir):
-    """precision=auto: TF32 eagerly from Ampere on, fp32 before; bf16=true compiles the step on one GPU."""
+    """precision=auto: TF32 eagerly from Ampere on, fp32 before; bf16=true compiles the step on one GPU
+    (a machine with several runs one process per GPU, and then does not compile by itself)."""
     ampere = torch.cuda.get_device_capability() >= (8, 0)
     job = gpu_job(tmp_path / "auto" / "opt-ml", tiny_model_dir, {})
     done = run_train_process(job.root)
@@ -70,7 +71,11 @@ def test_precision_auto_and_bf16_choose_from_this_gpu(tmp_path, tiny_model_dir):
     job = gpu_job(tmp_path / "bf16" / "opt-ml", tiny_model_dir, {"bf16": "true", "max_buckets": "2"})
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert job.metrics["precision"] == "bf16" and job.metrics["torch_compile_graphs_per_epoch"][0] > 0
+    assert job.metrics["precision"] == "bf16"
+    if job.metrics["world_size"] == 1:  # with several GPUs, compiling stays the user's call (byoc.precision)
+        assert job.metrics["torch_compile_graphs_per_epoch"][0] > 0
+    else:
+        assert "torch_compile_graphs_per_epoch" not in job.metrics
     assert learned(losses(job), 1, 160) < 0.5
 
 
