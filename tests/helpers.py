@@ -187,8 +187,8 @@ def byoc_command() -> list[str]:
     return [str(Path(sys.executable).parent / "byoc"), "train"]
 
 
-def start_train(root: Path, env: dict | None = None) -> subprocess.Popen:
-    """`byoc train` on a job tree, in the background; its log (stdout and stderr) on .stdout."""
+def start_train(root: Path, env: dict | None = None, command: list[str] | None = None) -> subprocess.Popen:
+    """`byoc train` (or `command`) on a job tree, in the background; its log (stdout and stderr) on .stdout."""
     full_env = {
         **os.environ,
         "SAGEMAKER_BASE_DIR": str(root),
@@ -197,7 +197,9 @@ def start_train(root: Path, env: dict | None = None) -> subprocess.Popen:
     }
     for key in ("SM_MODEL_DIR", "SM_OUTPUT_DATA_DIR"):
         full_env.pop(key, None)
-    return subprocess.Popen(byoc_command(), env=full_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        command or byoc_command(), env=full_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
 
 
 def losses(job: Job) -> dict[int, float]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import threading
 import time
 
@@ -92,6 +93,41 @@ def test_sigterm_right_at_start_up_ends_cleanly(tmp_path, tiny_model_dir):
     assert code == 143, log[-3000:]
     assert job.failure.startswith("stopped by SIGTERM while "), job.failure
     assert "Traceback" not in log
+
+
+# `byoc train` with a finalizer that gets the SIGTERM: the handler runs inside `__del__`, where
+# Python prints what it raises as "Exception ignored" and carries on (it happened in CI, in regex's
+# Group.__del__, and the job trained to the end). RESEND_AFTER_S=3600 leaves the stop to the checks.
+SIGTERM_IN_A_FINALIZER = """
+import signal, sys
+from byoc import arguments, cli, interruption
+
+interruption.RESEND_AFTER_S = float(sys.argv[1])
+parse = arguments.parse_hyperparameters
+
+class SigtermInAFinalizer:
+    def __del__(self):
+        signal.raise_signal(signal.SIGTERM)
+
+def parse_once(*args, **kwargs):
+    arguments.parse_hyperparameters = parse
+    SigtermInAFinalizer()
+    return parse(*args, **kwargs)
+
+arguments.parse_hyperparameters = parse_once
+cli.main(["train"])
+"""
+
+
+@pytest.mark.parametrize("resend_after", ["0.05", "3600"], ids=["sent-again", "checked-later"])
+def test_a_sigterm_swallowed_by_a_finalizer_still_stops_the_job(tmp_path, tiny_model_dir, resend_after):
+    job = make_job(tmp_path / "opt-ml", tiny_model_dir)
+    proc = start_train(job.root, command=[sys.executable, "-c", SIGTERM_IN_A_FINALIZER, resend_after])
+    log, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 143, log[-3000:]
+    assert job.failure.startswith("stopped by SIGTERM while starting the job"), job.failure
+    assert "delivering it again" in log and "Exception ignored" not in log
+    assert not (job.model_dir / "model.safetensors").exists()
 
 
 def test_sigterm_during_an_evaluation_cuts_it_short(tmp_path, tiny_model_dir):

@@ -28,10 +28,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from byoc import distributed
+from byoc import distributed, interruption  # Interrupted lives where importing it is cheap (see that module)
 from byoc.errors import UserError, brief
 from byoc.files import write_atomically
-from byoc.interruption import Interrupted  # defined where importing it is cheap (see that module)
 
 logger = logging.getLogger("byoc.checkpoints")
 
@@ -66,7 +65,9 @@ class StopOnSignal(TrainerCallback):
         self._previous: Any = None
 
     def install(self) -> None:
+        interruption.raise_if_stopped()  # one that came before, and that a finalizer swallowed
         if threading.current_thread() is threading.main_thread():
+            interruption.guard_finalizers()
             self._previous = signal.signal(signal.SIGTERM, self._handle)
 
     def uninstall(self) -> None:
@@ -75,13 +76,14 @@ class StopOnSignal(TrainerCallback):
             self._previous = None
 
     def arm(self, phase: str = "training") -> None:
+        interruption.raise_if_stopped()  # a SIGTERM a finalizer swallowed while preparing
         self._armed, self.phase = True, phase
 
     def _handle(self, signum, frame) -> None:
+        if not self._armed:
+            interruption.stop(self.phase)
         first = not self.requested.is_set()
         self.requested.set()
-        if not self._armed:
-            raise Interrupted(None, phase=self.phase)
         if first:
             logger.warning("SIGTERM received: saving a checkpoint at the end of this step, then stopping")
 

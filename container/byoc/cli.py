@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from byoc import __version__
+from byoc import __version__, interruption
 from byoc.errors import EXIT_FAILURE, EXIT_INTERRUPTED, UserError
 from byoc.interruption import Interrupted
 from byoc.logs import configure_logging
@@ -71,6 +71,7 @@ def train() -> int:
         )
         if is_script_mode(contract.hyperparameters):
             command = prepare_script(contract)
+            interruption.raise_if_stopped()  # a SIGTERM a finalizer swallowed: do not launch
             code, message = launch(plan_launch(contract), contract, command)
         else:
             from byoc.arguments import parse_hyperparameters
@@ -82,6 +83,7 @@ def train() -> int:
             plan = plan_launch(contract, device=args.device)
             if plan.world_size == 1:  # nothing to launch: train in this process
                 return run_job(_run_training)
+            interruption.raise_if_stopped()
             code, message = launch(plan, contract, main_command())
     except (Exception, Interrupted) as err:  # every failure must reach output/failure, whatever raised it
         return _fail(paths, err)
@@ -125,8 +127,9 @@ def _stop_on_sigterm() -> None:
     import signal
 
     def stop(signum, frame):
-        raise Interrupted(None, phase="starting the job")
+        interruption.stop("starting the job")
 
+    interruption.guard_finalizers()
     signal.signal(signal.SIGTERM, stop)
 
 
@@ -173,6 +176,7 @@ def run_job(job: Callable[[Any, Any], object]) -> int:
         paths = contract.paths
         args = parse_hyperparameters(contract.hyperparameters)
         _choose_xla(contract, args)
+        interruption.raise_if_stopped()
         job(contract, args)
     except (Exception, Interrupted) as err:
         if not launched_rank():

@@ -1,10 +1,29 @@
 """`Interrupted`: the job stopped on SIGTERM. Its own module, free of heavy imports, so that the
 SIGTERM handler installed first thing in `byoc train` can raise it at any moment, even while
-torch and transformers are still being imported."""
+torch and transformers are still being imported.
+
+A signal handler runs wherever the main thread is, and that can be inside a finalizer (a
+`__del__`, a weakref callback): Python prints an exception raised there as "Exception ignored"
+and carries on, so the stop would be lost and the job would train to the end. `stop` therefore
+also remembers the request; `raise_if_stopped` raises it again at the next checkpoint of the
+start-up, and `guard_finalizers` sends the signal again when it was swallowed, so the stop stays prompt.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import sys
+import threading
 from pathlib import Path
+from typing import Any, NoReturn
+
+logger = logging.getLogger(__name__)
+
+_stopped_while: str | None = None  # the phase a SIGTERM came in, once one did before training
+_previous_hook: Any = None
+RESEND_AFTER_S = 0.05
 
 
 class Interrupted(BaseException):
@@ -29,3 +48,42 @@ class Interrupted(BaseException):
             )
         super().__init__(text)
         self.step = step
+
+
+def stop(phase: str) -> NoReturn:
+    """From a SIGTERM handler before training starts: remember the stop, then raise `Interrupted`."""
+    global _stopped_while
+    if _stopped_while is None:
+        _stopped_while = phase
+    raise Interrupted(None, phase=_stopped_while)
+
+
+def stopped() -> bool:
+    """Whether a SIGTERM came before training started (even one whose exception was swallowed)."""
+    return _stopped_while is not None
+
+
+def raise_if_stopped() -> None:
+    """Raise `Interrupted` for a SIGTERM that came earlier but whose exception a finalizer swallowed."""
+    if _stopped_while is not None:
+        raise Interrupted(None, phase=_stopped_while)
+
+
+def guard_finalizers() -> None:
+    """Send SIGTERM again when its `Interrupted` was swallowed by a finalizer (sys.unraisablehook)."""
+    global _previous_hook
+    if _previous_hook is None:
+        _previous_hook = sys.unraisablehook
+        sys.unraisablehook = _unraisable
+
+
+def _unraisable(info: Any) -> None:
+    if not isinstance(info.exc_value, Interrupted):
+        _previous_hook(info)
+        return
+    # Not from this hook (an exception here would be swallowed too) but a moment later, from a
+    # thread: the handler then runs in the main thread's own code, where raising stops the job.
+    logger.info("SIGTERM came while Python ran a finalizer, which cannot stop the job: delivering it again")
+    resend = threading.Timer(RESEND_AFTER_S, os.kill, (os.getpid(), signal.SIGTERM))
+    resend.daemon = True
+    resend.start()

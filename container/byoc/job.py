@@ -32,10 +32,11 @@ from byoc import __version__, distributed, precision, xla
 from byoc.arguments import TrainArguments, bucket_sizes
 from byoc.artifact import default_code_dir, publish_model, write_predictions
 from byoc.buckets import choose_buckets, padding_efficiency
-from byoc.checkpoints import Interrupted, StopOnSignal, check_job, common_resume_point, drop_unfinished_after
+from byoc.checkpoints import StopOnSignal, check_job, common_resume_point, drop_unfinished_after
 from byoc.compiled import persistent_cache, wants_buckets
 from byoc.contract import TrainingContract
 from byoc.data import DataError, DataSpec, TaskData, load_task_data
+from byoc.interruption import Interrupted
 from byoc.metrics import metrics_line, write_report
 from byoc.model import ModelError, ModelSource, load_tokenizer, model_max_length, resolve_model
 from byoc.model import load_model as _load_model  # job.load_model is the step
