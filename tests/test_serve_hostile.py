@@ -268,9 +268,10 @@ def test_a_full_queue_is_a_503_with_retry_after(trained_model, tmp_path):
     assert after.status_code == 200
 
 
-def test_connections_beyond_the_concurrency_limit_are_a_503(trained_model, tmp_path):
-    s = serve(trained_model, tmp_path, SLOW, BYOC_MAX_CONCURRENCY="3")  # uvicorn counts the new connection
-    s.client.close()  # its keep-alive connection would count
+def test_invocations_beyond_the_concurrency_limit_are_a_503_and_ping_still_answers(trained_model, tmp_path):
+    """BYOC_MAX_CONCURRENCY refuses invocations, never /ping: SageMaker replaces an instance whose
+    /ping fails, and under load that would make things worse (uvicorn's own limit refused /ping too)."""
+    s = serve(trained_model, tmp_path, SLOW, BYOC_MAX_CONCURRENCY="2")
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             held = [pool.submit(httpx.post, f"{s.url}/invocations", json={"inputs": ["block"]}, timeout=30)]
@@ -278,10 +279,15 @@ def test_connections_beyond_the_concurrency_limit_are_a_503(trained_model, tmp_p
             held.append(pool.submit(httpx.post, f"{s.url}/invocations", json={"inputs": ["x"]}, timeout=30))
             time.sleep(0.3)
             third = httpx.post(f"{s.url}/invocations", json={"inputs": ["y"]}, timeout=30)
+            ping = httpx.get(f"{s.url}/ping", timeout=30)
             assert [f.result().status_code for f in held] == [200, 200]
+        after = s.invoke({"inputs": TEXTS})
     finally:
         s.stop()
-    assert third.status_code == 503
+    assert third.status_code == 503 and third.headers["retry-after"] == "1"
+    assert "BYOC_MAX_CONCURRENCY" in third.json()["error"]
+    assert ping.status_code == 200
+    assert after.status_code == 200
 
 
 FAULTY = """

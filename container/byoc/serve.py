@@ -42,6 +42,7 @@ from byoc.serve_settings import ServeSettings, ServeSettingsError
 logger = logging.getLogger("byoc.serve")
 
 RETRY_AFTER = "1"  # seconds, on every 503: SageMaker and its SDKs retry such answers
+CONNECTIONS_PER_REQUEST_SLOT = 4  # uvicorn's connection limit, as a multiple of BYOC_MAX_CONCURRENCY
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -94,7 +95,23 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
             }
         )
 
+    in_flight = 0  # /invocations being answered; the event loop is one thread, so a plain count
+
     async def invocations(request: Request) -> Response:
+        # BYOC_MAX_CONCURRENCY bounds invocations here, not in uvicorn: uvicorn's limit refuses
+        # /ping too, and SageMaker replaces an instance whose /ping fails, the worst answer to load.
+        nonlocal in_flight
+        if in_flight >= settings.max_concurrency:
+            return _unavailable(
+                f"the server is at capacity: {in_flight} requests in flight (BYOC_MAX_CONCURRENCY); retry in a moment"
+            )
+        in_flight += 1
+        try:
+            return await _invoke(request)
+        finally:
+            in_flight -= 1
+
+    async def _invoke(request: Request) -> Response:
         if not server.ready.is_set():
             return _unavailable("the model is still loading; retry when /ping answers 200")
         problem = server.problem()
@@ -213,7 +230,9 @@ def main() -> None:
         access_log=False,
         timeout_graceful_shutdown=settings.graceful_timeout,
         timeout_keep_alive=75,
-        limit_concurrency=settings.max_concurrency,  # beyond it uvicorn answers 503 at once
+        # Connections (idle keep-alive ones included) and tasks; invocations are bounded lower, in the
+        # app, so that /ping still answers under a load the limit refuses.
+        limit_concurrency=settings.max_concurrency * CONNECTIONS_PER_REQUEST_SLOT,
     )
     if settings.workers > 1:
         failure = _failure_file(os.getpid())

@@ -40,7 +40,7 @@ class ServeSettings:
     graceful_timeout: int = 25
     max_inputs: int = 4096  # per request (413 above): about 15 s of a MiniLM on 2 cores, inside the 60 s timeout
     max_queued_inputs: int = 16384  # waiting for the model, all requests together (503 + Retry-After above)
-    max_concurrency: int = 256  # connections and requests one worker holds (uvicorn's limit_concurrency)
+    max_concurrency: int = 256  # invocations one worker answers at once (503 + Retry-After above; /ping never)
 
     @classmethod
     def from_env(cls) -> ServeSettings:
