@@ -58,11 +58,6 @@ def stop(phase: str) -> NoReturn:
     raise Interrupted(None, phase=_stopped_while)
 
 
-def stopped() -> bool:
-    """Whether a SIGTERM came before training started (even one whose exception was swallowed)."""
-    return _stopped_while is not None
-
-
 def raise_if_stopped() -> None:
     """Raise `Interrupted` for a SIGTERM that came earlier but whose exception a finalizer swallowed."""
     if _stopped_while is not None:
