@@ -7,6 +7,7 @@ import io
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import datasets
@@ -394,6 +395,40 @@ def test_pretokenized_jsonl_label_names_from_max(tmp_path):
     data = load(tmp_path, train=tmp_path / "train")
     assert data.label_names == ["0", "1", "2", "3"]
     assert data.train.column_names == ["input_ids", "token_type_ids", "labels"] and data.train["labels"] == [3, 1]
+
+
+def test_pretokenized_label_id_far_beyond_the_labels_is_refused_before_naming_them(tmp_path):
+    """An id of 10^12 built 10^12 label names: MemoryError after 27 s, blamed on the batch size (issue 21)."""
+    lines = [{"input_ids": [1, 2], "labels": 0}, {"input_ids": [3], "labels": 10**12}, {"input_ids": [4], "labels": 1}]
+    write(tmp_path / "train" / "train.jsonl", "".join(json.dumps(r) + "\n" for r in lines))
+    started = time.monotonic()
+    message = error(tmp_path, train=tmp_path / "train")
+    assert time.monotonic() - started < 30
+    for words in ("label id 1000000000000", "column 'labels'", "999999", "row 2", "renumber them 0..K-1"):
+        assert words in message, message
+
+
+def test_pretokenized_negative_label_id_is_named_not_called_missing(tmp_path):
+    write(tmp_path / "train" / "train.jsonl", '{"input_ids": [1], "target": 0}\n{"input_ids": [2], "target": -3}\n')
+    message = error(tmp_path, DataSpec(label_column="target"), train=tmp_path / "train")
+    assert "negative label id -3 in column 'target'" in message and "row 2" in message, message
+
+
+def test_pretokenized_classlabel_id_past_its_names_is_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    features = datasets.Features(
+        {"input_ids": datasets.Sequence(datasets.Value("int64")), "label": datasets.ClassLabel(names=["no", "yes"])}
+    )
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2], [3]], "label": [0, 1]}, features=features)
+    (tmp_path / "train").mkdir()
+    ds.to_parquet(str(tmp_path / "train" / "part.parquet"))
+    table = pq.read_table(tmp_path / "train" / "part.parquet")  # the schema keeps 2 names; the data gets id 2
+    table = table.set_column(1, table.schema.field(1), pa.array([0, 2], table.schema.field(1).type))
+    pq.write_table(table, tmp_path / "train" / "part.parquet")
+    message = error(tmp_path, train=tmp_path / "train")
+    assert "label id 2, beyond its 2 ClassLabel names (ids 0..1) in column 'label'" in message, message
 
 
 def test_pretokenized_parquet_and_separate_channel_over_saved_split(tmp_path):

@@ -36,11 +36,11 @@ METRIC_DEFINITIONS: list[dict[str, str]] = [
 
 def classification_metrics(predictions: np.ndarray, labels: np.ndarray, num_labels: int) -> dict[str, float]:
     """Accuracy, macro F1 (`f1`), weighted F1 and macro precision/recall from class ids."""
-    predictions, labels = np.asarray(predictions).reshape(-1), np.asarray(labels).reshape(-1)
-    confusion = np.zeros((num_labels, num_labels), dtype=np.int64)
-    np.add.at(confusion, (labels, predictions), 1)
-    true_pos = np.diag(confusion).astype(float)
-    predicted, actual = confusion.sum(axis=0), confusion.sum(axis=1)
+    predictions, labels = _class_ids(predictions, num_labels), _class_ids(labels, num_labels)
+    # Per-class counts in O(N + L) memory: a labels-by-labels confusion matrix is 74.5 GiB at 100,000 labels.
+    true_pos = np.bincount(labels[predictions == labels], minlength=num_labels).astype(float)
+    predicted = np.bincount(predictions, minlength=num_labels)
+    actual = np.bincount(labels, minlength=num_labels)
     with np.errstate(divide="ignore", invalid="ignore"):
         precision = np.where(predicted > 0, true_pos / predicted, 0.0)
         recall = np.where(actual > 0, true_pos / actual, 0.0)
@@ -55,6 +55,13 @@ def classification_metrics(predictions: np.ndarray, labels: np.ndarray, num_labe
         "precision": float(precision[present].mean()) if present.any() else 0.0,
         "recall": float(recall[present].mean()) if present.any() else 0.0,
     }
+
+
+def _class_ids(values: np.ndarray, num_labels: int) -> np.ndarray:
+    ids = np.asarray(values).reshape(-1).astype(np.int64, copy=False)
+    if ids.size and not (0 <= ids.min() and ids.max() < num_labels):
+        raise ValueError(f"class ids must be in 0..{num_labels - 1}, got {ids.min()}..{ids.max()}")
+    return ids
 
 
 def metrics_line(values: dict[str, Any]) -> str:

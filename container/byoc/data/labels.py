@@ -12,6 +12,10 @@ import pandas as pd
 from byoc.data.names import NUMBER
 from byoc.data.types import DataError, Part
 
+# Pretokenized label ids 0..K-1 without ClassLabel names stand for K labels, named "0".."K-1": past a
+# million labels (a classification head of a million rows) an id is a mistake, not a class.
+MAX_LABEL_IDS = 1_000_000
+
 
 @dataclass
 class LabelCodec:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from byoc.data.columns import explicit_column, fail_on_missing
-from byoc.data.labels import integral, row_count
+from byoc.data.labels import MAX_LABEL_IDS, integral, row_count
 from byoc.data.names import TOKEN_COLUMNS
 from byoc.data.types import DataError, DataSpec, Source, describe_sources
 from byoc.errors import brief
@@ -34,6 +34,7 @@ class _TokenPart(NamedTuple):
     labels: np.ndarray
     class_names: list[str] | None
     where: str
+    column: str  # the label column's name in the data
 
 
 def build_pretokenized(
@@ -53,9 +54,9 @@ def build_pretokenized(
             if bad.any():
                 first = int(np.flatnonzero(bad)[0]) + 1
                 raise DataError(
-                    f"The {role} data ({part.where}) has label id {int(part.labels[bad][0])} "
-                    f"({row_count(int(bad.sum()))}, first at row {first}) that the train data does not have; "
-                    f"known label ids: 0..{len(label_names) - 1}."
+                    f"The {role} data ({part.where}) has label id {int(part.labels[bad][0])} in column "
+                    f"'{part.column}' ({row_count(int(bad.sum()))}, first at row {first}) that the train data "
+                    f"does not have; known label ids: 0..{len(label_names) - 1}."
                 )
         datasets_ = [p.dataset for p in ps]
         if len(datasets_) > 1:
@@ -114,16 +115,45 @@ def _pretokenized_part(src: Source, spec: DataSpec, role: str, cache_dir: Path) 
 
     column = ds.data.column(label)
     values = column.to_pandas()
-    missing = values.isna() | (values < 0) if pd.api.types.is_numeric_dtype(values) else values.isna()
-    fail_on_missing(missing, role, label, src.where)
+    fail_on_missing(values.isna(), role, label, src.where)
     if not pd.api.types.is_numeric_dtype(values):
         raise DataError(
             f"The pretokenized {role} data ({src.where}) has non-numeric labels in '{label}'; "
             "pretokenized labels must be integer ids 0..num_labels-1."
         )
+    class_names = src.class_names.get(label)
+    _check_label_ids(values, class_names, role, label, src.where)
     labels = integral(values, role, src.where)
     if label != "labels":
         ds = ds.rename_column(label, "labels")
     if ds.features["labels"] != datasets.Value("int64"):
         ds = ds.cast_column("labels", datasets.Value("int64"))
-    return _TokenPart(ds, labels, src.class_names.get(label), src.where)
+    return _TokenPart(ds, labels, class_names, src.where, label)
+
+
+def _check_label_ids(values: pd.Series, class_names: list[str] | None, role: str, column: str, where: str) -> None:
+    """Label ids index the label names (a ClassLabel's, else "0".."K-1"): refuse the others before any
+    name is built (an id of 10^12 would build 10^12 names, and a ClassLabel id past its names has none)."""
+    bound = len(class_names) if class_names is not None else MAX_LABEL_IDS
+    bad = (values < 0) | (values >= bound)
+    if not bad.any():
+        return
+    first = int(np.flatnonzero(bad.to_numpy())[0])
+    value = values.iloc[first]
+    shown = int(value) if float(value).is_integer() else value
+    if value < 0:
+        problem = f"negative label id {shown}"
+        fix = "Fill in those labels (-1 marks a missing label in datasets) or remove the rows."
+    elif class_names is not None:
+        problem = f"label id {shown}, beyond its {bound} ClassLabel names (ids 0..{bound - 1})"
+        fix = "Fix those labels or add their names to the ClassLabel feature."
+    else:
+        problem = f"label id {shown}, beyond the largest label id byoc accepts ({MAX_LABEL_IDS - 1})"
+        fix = (
+            "Label ids stand for the labels 0..K-1, K labels in all: renumber them 0..K-1 "
+            "(or give the column a ClassLabel feature with the label names)."
+        )
+    raise DataError(
+        f"The pretokenized {role} data ({where}) has {problem} in column '{column}' "
+        f"({row_count(int(bad.sum()))}, first at row {first + 1}). {fix}"
+    )
