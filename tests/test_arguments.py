@@ -136,10 +136,22 @@ def test_alias_conflict_is_an_error():
         ({"serving_int8": "true", "serving_graph": "false"}, "serving_int8=true needs serving_graph=true"),
         ({"epochs": "nan"}, "epochs must be a number"),
         # Out of range: these failed late, in the Trainer (OverflowError) or when allocating.
-        ({"epochs": "1e308"}, "epochs is out of range: at most 100000"),
-        ({"max_steps": "1e12"}, "max_steps is out of range: at most 2147483647"),
-        ({"per_device_train_batch_size": "10000000000"}, "per_device_train_batch_size is out of range"),
-        ({"max_train_samples": "-1e15"}, "max_train_samples is out of range"),
+        ({"epochs": "1e308"}, "epochs must be from 0 to 100000 (to train for a number of steps, set max_steps)"),
+        ({"max_steps": "1e12"}, "max_steps must be from -1 to 2147483647"),
+        ({"per_device_train_batch_size": "10000000000"}, "per_device_train_batch_size must be from 1 to 2147483647"),
+        ({"max_train_samples": "-1e15"}, "max_train_samples must be from 1 to 2147483647 or null"),
+        # Issue 21: these passed and failed 14 s later as "unexpected error: ValueError" (or not at all).
+        ({"seed": "-1"}, "hyperparameter seed must be from 0 to 4294967295, got -1"),
+        ({"seed": str(2**32)}, "hyperparameter seed must be from 0 to 4294967295, got 4294967296"),
+        ({"max_steps": "-5"}, "max_steps must be from -1 to 2147483647 (-1 or 0: train for `epochs`), got -5"),
+        ({"epochs": "-2", "max_steps": "10"}, "epochs must be from 0 to 100000"),
+        ({"warmup_ratio": "1.5"}, "warmup_ratio must be in [0, 1), got 1.5"),
+        ({"label_smoothing": "-0.1"}, "label_smoothing must be in [0, 1), got -0.1"),
+        ({"dropout": "1"}, "dropout must be in [0, 1) or null (unset), got 1.0"),
+        ({"weight_decay": "-0.01"}, "weight_decay must be at least 0, got -0.01"),
+        ({"warmup_steps": "-1"}, "warmup_steps must be from 0 to 2147483647, got -1"),
+        ({"eval_steps": "0"}, "eval_steps must be from 1 to 2147483647 or null (unset), got 0"),
+        ({"max_buckets": "0"}, "max_buckets must be from 1 to 2147483647, got 0"),
     ],
 )
 def test_invalid_values(values, words):
@@ -156,6 +168,25 @@ def test_optional_values_accept_null_spellings():
 
 def test_defaults_are_valid():
     assert parse_hyperparameters({}) == TrainArguments()
+
+
+def test_every_number_has_a_range_and_its_ends_are_accepted():
+    """A new numeric hyperparameter needs a bound too: out-of-range values fail when read, not in the job."""
+    import dataclasses
+    import typing
+
+    from byoc.values import base_type
+
+    hints = typing.get_type_hints(TrainArguments)
+    for f in dataclasses.fields(TrainArguments):
+        kind = base_type(hints[f.name])[0]
+        bound = f.metadata["bound"]
+        assert (bound is not None) == (kind in (int, float)), f.name
+        for end, is_open in ((bound.low, bound.low_open), (bound.high, bound.high_open)) if bound else ():
+            if end is not None and not is_open and f.name != "epochs":
+                assert getattr(parse_hyperparameters({f.name: str(end)}), f.name) == end, f.name
+    assert parse_hyperparameters({"seed": str(2**32 - 1)}).seed == 2**32 - 1
+    assert parse_hyperparameters({"epochs": "0", "max_steps": "10"}).epochs == 0
 
 
 def test_table_lists_every_field_and_alias():

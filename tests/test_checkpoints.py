@@ -15,7 +15,7 @@ from byoc.checkpoints import (
     JOB_FILE,
     CheckpointMismatch,
     check_job,
-    drop_unfinished_after,
+    drop_after,
     mark_complete,
     newest_complete,
     rotate,
@@ -54,8 +54,51 @@ def test_rotation_waits_for_the_new_checkpoint(tmp_path):
     fake_checkpoint(tmp_path, 30, seal=False)
     rotate(tmp_path, 1)  # keep 1: checkpoint-20 stays, since 30 is not complete
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-20", "checkpoint-30"]
-    drop_unfinished_after(tmp_path, tmp_path / "checkpoint-20")
+    drop_after(tmp_path, tmp_path / "checkpoint-20")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-20"]
+
+
+def loadable_checkpoint(root: Path, step: int) -> Path:
+    """A sealed checkpoint in the formats the Trainer writes: JSON state, torch files, safetensors weights."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder = root / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 100, "log_history": []}))
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.save({"state": torch.arange(1000.0) * step}, folder / name)
+    save_file({"weight": torch.ones(64, 64) * step}, str(folder / "model.safetensors"))
+    mark_complete(folder)
+    return folder
+
+
+def overwrite_in_place(path: Path, offset: int = 0, garbage: bytes = b"\x00garbage\xff" * 4) -> None:
+    """Bytes replaced by garbage of the same length: the size the seal recorded does not change."""
+    data = bytearray(path.read_bytes())
+    offset = offset if offset >= 0 else len(data) + offset
+    data[offset : offset + len(garbage)] = garbage
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "name,offset",
+    [("trainer_state.json", 0), ("optimizer.pt", 600), ("rng_state.pth", -200), ("model.safetensors", 8)],
+)
+def test_a_sealed_checkpoint_that_cannot_load_is_skipped_for_the_previous_one(tmp_path, caplog, name, offset):
+    """Issue 21: a same-size corruption of the newest checkpoint blocked every restart (JSONDecodeError)."""
+    from byoc.checkpoints import common_resume_point, unreadable
+
+    loadable_checkpoint(tmp_path, 10)
+    newest = loadable_checkpoint(tmp_path, 20)
+    assert common_resume_point(tmp_path) == newest and unreadable(newest) is None
+    overwrite_in_place(newest / name, offset)
+    assert newest_complete(tmp_path) == newest  # still sealed: every size is what it was
+    with caplog.at_level("WARNING", logger="byoc.checkpoints"):
+        assert common_resume_point(tmp_path) == tmp_path / "checkpoint-10"
+    assert f"skipping the checkpoint {newest}: it was sealed but cannot be loaded" in caplog.text
+    drop_after(tmp_path, tmp_path / "checkpoint-10")  # the resumed run writes checkpoint-20 again, from scratch
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10"]
 
 
 def test_changed_configuration_is_refused(tmp_path):

@@ -54,6 +54,48 @@ def test_bad_json_names_the_file(job):
         read_training_contract()
 
 
+@pytest.mark.parametrize(
+    "name,content",
+    [
+        ("resourceconfig.json", "[]"),
+        ("resourceconfig.json", '"algo-1"'),
+        ("resourceconfig.json", "null"),
+        ("inputdataconfig.json", '["train"]'),
+        ("checkpointconfig.json", '["/opt/ml/checkpoints"]'),
+        ("checkpointconfig.json", "42"),
+        ("hyperparameters.json", '[["epochs", "1"]]'),
+    ],
+)
+def test_valid_json_that_is_not_an_object_names_the_file(job, name, content):
+    """Issue 21: these gave "unexpected error: AttributeError" from `byoc train`."""
+    from byoc import cli
+
+    job.hyperparameters({"epochs": "1"})
+    job.channel("train")
+    (job.root / "input/config" / name).write_text(content)
+    with pytest.raises(ContractError, match=f"{name} must hold a JSON object of .* but it holds a JSON"):
+        read_training_contract()
+    assert cli.train() == 1
+    failure = (job.root / "output/failure").read_text()
+    assert failure.startswith(f"{name} must hold a JSON object") and "unexpected" not in failure, failure
+
+
+@pytest.mark.parametrize(
+    "name,config,words",
+    [
+        ("inputdataconfig.json", {"train": "File"}, "channel 'train' must map to a JSON object"),
+        ("resourceconfig.json", {"current_host": "algo-1", "hosts": "algo-1"}, "hosts must be a list of host names"),
+        ("checkpointconfig.json", {"LocalPath": ["/opt/ml/checkpoints"]}, "LocalPath must be a folder path"),
+    ],
+)
+def test_settings_of_the_wrong_kind_name_the_file(job, name, config, words):
+    job.hyperparameters({})
+    job.channel("train")
+    (job.root / "input/config" / name).write_text(json.dumps(config))
+    with pytest.raises(ContractError, match=f"{name}: {words}"):
+        read_training_contract()
+
+
 def test_current_host_must_be_listed(job):
     job.hyperparameters({})
     job.resources("algo-3", ["algo-1", "algo-2"])
@@ -79,6 +121,35 @@ def test_failure_message_works_when_imports_are_broken(monkeypatch):
     assert failure_message(Interrupted(None, phase="starting the job")).startswith("stopped by SIGTERM while starting")
     assert failure_message(LaunchError("host algo-2 did not resolve")) == "host algo-2 did not resolve"
     assert failure_message(KeyError("x")).startswith("unexpected error: KeyError")
+
+
+def _raised_in(function_name: str) -> BaseException:
+    """A MemoryError raised inside a function of that name (the Trainer's, or byoc's)."""
+    namespace: dict = {}
+    exec(f"def {function_name}():\n    raise MemoryError()", {"__name__": "byoc.data.pretokenized"}, namespace)
+    try:
+        namespace[function_name]()
+    except MemoryError as err:
+        return err
+    raise AssertionError("not raised")
+
+
+def test_out_of_memory_blames_the_batch_size_only_in_a_training_step():
+    """Issue 21: a MemoryError in the final evaluation (or in building label names) said "out of memory
+    while training: lower per_device_train_batch_size"; now the message says where it happened."""
+    from byoc.cli import failure_message
+
+    in_step = failure_message(_raised_in("training_step"))
+    assert in_step.startswith("out of memory in a training step: lower per_device_train_batch_size"), in_step
+    metrics = failure_message(_raised_in("compute_metrics"))
+    assert metrics.startswith("out of memory while computing the evaluation metrics"), metrics
+    evaluating = failure_message(_raised_in("prediction_step"))
+    assert evaluating.startswith("out of memory in an evaluation step: lower per_device_eval_batch_size"), evaluating
+    elsewhere = failure_message(_raised_in("build_pretokenized"))
+    assert elsewhere.startswith("out of memory in byoc.data.pretokenized.build_pretokenized, not in a training step")
+    for text in (metrics, evaluating, elsewhere):
+        assert "per_device_train_batch_size" not in text, text
+    assert failure_message(MemoryError()).startswith("out of memory outside the training steps")
 
 
 def test_user_errors_are_known_by_class_not_by_name():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import sys
 import threading
 import time
@@ -157,6 +158,26 @@ def test_sigterm_during_the_final_evaluation_keeps_the_training(tmp_path, tiny_m
     log = rerun(job)
     assert "checkpoint-30" in log and "eval_accuracy" in job.metrics
     assert len(losses(job)) == 30
+
+
+def test_a_sealed_checkpoint_corrupted_in_place_falls_back_to_the_previous_one(tmp_path, tiny_model_dir):
+    """Issue 21: garbage written over the newest checkpoint's trainer_state.json, its size unchanged,
+    blocked every restart with "unexpected error: JSONDecodeError"; the restart now resumes from the
+    checkpoint before it, says which folder it skipped, and trains to the end."""
+    job = make_job(tmp_path / "opt-ml", tiny_model_dir, {"max_steps": "30"})
+    rerun(job)
+    checkpoints = job.root / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("checkpoint-*")) == ["checkpoint-20", "checkpoint-30"]
+    state = checkpoints / "checkpoint-30" / "trainer_state.json"
+    size = state.stat().st_size
+    state.write_bytes((b"\x00\xff garbage " * size)[:size])
+    assert state.stat().st_size == size
+    shutil.rmtree(job.model_dir)
+    log = rerun(job)
+    assert f"skipping the checkpoint {checkpoints / 'checkpoint-30'}: it was sealed but cannot be loaded" in log
+    assert f"resuming from {checkpoints / 'checkpoint-20'}" in log
+    assert (job.model_dir / "model.safetensors").exists() and set(losses(job)) >= set(range(21, 31))
+    assert json.loads(state.read_text())["global_step"] == 30  # written again by the resumed run
 
 
 def test_sigkill_at_random_moments_loses_at_most_one_checkpoint_interval(tmp_path, tiny_model_dir):

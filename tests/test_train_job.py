@@ -194,6 +194,14 @@ def test_bad_hyperparameter(job, tiny_model_dir):
     assert_failed(job, train_in_process(job), "learnin_rate", "learning_rate")
 
 
+def test_a_negative_seed_is_refused_when_read(job, tiny_model_dir):
+    """Issue 21: seed=-1 passed validation and failed 14 s later as "unexpected error: ValueError"."""
+    job.hyperparameters({**QUICK, "seed": "-1"})
+    job.model_channel(tiny_model_dir)
+    write_csv(job.channel("train") / "t.csv", sentiment_rows(8))
+    assert_failed(job, train_in_process(job), "hyperparameter seed must be from 0 to 4294967295, got -1")
+
+
 def test_missing_train_channel(job, tiny_model_dir):
     job.hyperparameters(QUICK)
     job.model_channel(tiny_model_dir)
@@ -255,6 +263,78 @@ def test_out_of_memory_is_reported_as_such(job, tiny_model_dir, monkeypatch):
     job.model_channel(tiny_model_dir)
     write_csv(job.channel("train") / "t.csv", sentiment_rows(16))
     assert_failed(job, train_in_process(job), "out of memory", "per_device_train_batch_size")
+
+
+def test_a_hundred_thousand_labels_train_evaluate_and_save(job, tiny_model_dir):
+    """Issue 21: the final evaluation built a 100,000 x 100,000 confusion matrix (74.5 GiB): MemoryError
+    after training, no model, and a failure blaming the batch size. (Label ids 0..99,999: "0".."99999".)"""
+    rows = [{"input_ids": [101, 2000 + i % 50, 102], "labels": (i * 1_563) % 100_000} for i in range(64)]
+    rows[0]["labels"] = 99_999
+    write_jsonl(job.channel("train") / "train.jsonl", rows)
+    write_jsonl(job.channel("test") / "test.jsonl", rows[:16])
+    job.model_channel(tiny_model_dir)
+    job.hyperparameters({**QUICK, "max_steps": "2", "do_predict": "true", "serving_graph": "false"})
+    assert train_in_process(job) == 0, job.failure
+    metrics = job.metrics
+    assert metrics["num_labels"] == 100_000 and 0 <= metrics["eval_accuracy"] <= 1 and "eval_f1" in metrics
+    assert len((job.root / "output/data/test_predictions.jsonl").read_text().splitlines()) == 16
+    assert json.loads((job.model_dir / "config.json").read_text())["id2label"]["99999"] == "99999"
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_a_label_id_of_a_trillion_is_refused_before_any_work(job, tiny_model_dir):
+    """Issue 21: it built 10^12 label names (MemoryError after 27 s, blamed on the batch size)."""
+    write_jsonl(
+        job.channel("train") / "train.jsonl",
+        [{"input_ids": [101, 102], "labels": 10**12 if i == 5 else i % 2} for i in range(16)],
+    )
+    job.model_channel(tiny_model_dir)
+    job.hyperparameters(QUICK)
+    assert_failed(job, train_in_process(job), "label id 1000000000000", "column 'labels'", "999999", "row 6")
+    assert "batch" not in job.failure
+
+
+def test_a_failed_final_evaluation_still_saves_the_trained_model(job, tiny_model_dir, monkeypatch):
+    """Issue 21: a failure after training (here memory, while computing the metrics) cost the model;
+    now the model is published and then the job fails, saying so and why, without blaming the batch size."""
+    import byoc.trainer
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(byoc.trainer, "classification_metrics", exhausted)
+    job.hyperparameters(QUICK)
+    job.model_channel(tiny_model_dir)
+    write_csv(job.channel("train") / "t.csv", sentiment_rows(32))
+    write_csv(job.channel("test") / "t.csv", sentiment_rows(8))
+    assert train_in_process(job) == 1
+    assert_deployable_model(job.model_dir, ["negative", "positive"])
+    failure = job.failure
+    assert failure.startswith(
+        f"training finished and the model was saved to {job.model_dir}, but the final "
+        "evaluation failed: out of memory while computing the evaluation metrics"
+    ), failure
+    assert "per_device_train_batch_size" not in failure and "Traceback" not in failure
+    assert "train_loss" in job.metrics and "out of memory" in job.metrics["evaluation_failure"]
+
+
+def test_failed_test_predictions_fail_the_job_after_the_model_is_saved(job, tiny_model_dir, monkeypatch):
+    from byoc import job as job_module
+
+    def broken(*args, **kwargs):
+        raise KeyError("label 7")
+
+    monkeypatch.setattr(job_module, "write_predictions", broken)
+    job.hyperparameters({**QUICK, "do_predict": "true"})
+    job.model_channel(tiny_model_dir)
+    write_csv(job.channel("train") / "t.csv", sentiment_rows(32))
+    write_csv(job.channel("test") / "t.csv", sentiment_rows(8))
+    assert train_in_process(job) == 1
+    assert (job.model_dir / "model.safetensors").exists() and "eval_accuracy" in job.metrics
+    assert "but writing the test predictions failed: unexpected error: KeyError: 'label 7'" in job.failure
 
 
 def test_failure_while_saving_leaves_no_model(job, tiny_model_dir, monkeypatch):

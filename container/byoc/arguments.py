@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from byoc.errors import UserError
-from byoc.values import base_type, coerce, describe
+from byoc.values import Bound, base_type, coerce, describe
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +32,25 @@ class HyperparameterError(UserError, ValueError):
     """A bad hyperparameter. The message names it and says what would be valid."""
 
 
-def _hp(default: Any, help: str, aliases: tuple[str, ...] = (), choices: tuple[str, ...] = ()) -> Any:
-    return field(default=default, metadata={"help": help, "aliases": aliases, "choices": choices})
+# Past these a job fails late (an OverflowError when the Trainer counts its steps, a tensor too
+# large to allocate); no real job comes near them.
+INT_LIMIT = 2**31 - 1
+EPOCHS_LIMIT = 100_000
+SEED_LIMIT = 2**32 - 1  # numpy's seeds are 32-bit, and transformers.set_seed seeds numpy
+# The ranges, each checked when the hyperparameters are read, so a bad value fails before any work.
+COUNT = Bound(1, INT_LIMIT)
+WHOLE = Bound(0, INT_LIMIT)
+POSITIVE = Bound(0, low_open=True)
+NOT_NEGATIVE = Bound(0)
+# [0, 1): a ratio of 1 would warm up for the whole run (and transformers 5 reads a warm-up of 1 as one step),
+# smooth every label away, hold out all of train or drop every activation.
+FRACTION = Bound(0, 1, high_open=True)
+
+
+def _hp(
+    default: Any, help: str, aliases: tuple[str, ...] = (), choices: tuple[str, ...] = (), bound: Bound | None = None
+) -> Any:
+    return field(default=default, metadata={"help": help, "aliases": aliases, "choices": choices, "bound": bound})
 
 
 @dataclass
@@ -52,31 +69,42 @@ class TrainArguments:
     )
     trust_remote_code: bool = _hp(False, "Allow model code shipped with the checkpoint to run. Off unless asked.")
     # Schedule
-    epochs: float = _hp(3.0, "Training epochs.", ("num_train_epochs", "num_epochs", "n_epochs"))
+    epochs: float = _hp(
+        3.0, "Training epochs.", ("num_train_epochs", "num_epochs", "n_epochs"), bound=Bound(0, EPOCHS_LIMIT)
+    )
     max_steps: int = _hp(
-        -1, "Total optimizer steps; overrides `epochs` when > 0 (as in the tutorials).", ("max_train_steps",)
+        -1,
+        "Total optimizer steps; overrides `epochs` when > 0 (as in the tutorials).",
+        ("max_train_steps",),
+        bound=Bound(-1, INT_LIMIT),
     )
-    learning_rate: float = _hp(1e-4, "Peak learning rate (AdamW).", ("lr",))
+    learning_rate: float = _hp(1e-4, "Peak learning rate (AdamW).", ("lr",), bound=POSITIVE)
     per_device_train_batch_size: int = _hp(
-        32, "Training batch size per device (GPU, NeuronCore or CPU process).", ("train_batch_size", "batch_size")
+        32,
+        "Training batch size per device (GPU, NeuronCore or CPU process).",
+        ("train_batch_size", "batch_size"),
+        bound=COUNT,
     )
-    per_device_eval_batch_size: int = _hp(64, "Evaluation batch size per device.", ("eval_batch_size",))
-    gradient_accumulation_steps: int = _hp(1, "Batches accumulated per optimizer step.")
-    weight_decay: float = _hp(0.01, "AdamW weight decay (not applied to biases and LayerNorm).")
-    warmup_ratio: float = _hp(0.1, "Fraction of the steps spent warming the learning rate up.")
-    warmup_steps: int = _hp(0, "Warm-up steps; overrides `warmup_ratio` when > 0.")
+    per_device_eval_batch_size: int = _hp(64, "Evaluation batch size per device.", ("eval_batch_size",), bound=COUNT)
+    gradient_accumulation_steps: int = _hp(1, "Batches accumulated per optimizer step.", bound=COUNT)
+    weight_decay: float = _hp(0.01, "AdamW weight decay (not applied to biases and LayerNorm).", bound=NOT_NEGATIVE)
+    warmup_ratio: float = _hp(0.1, "Fraction of the steps spent warming the learning rate up.", bound=FRACTION)
+    warmup_steps: int = _hp(0, "Warm-up steps; overrides `warmup_ratio` when > 0.", bound=WHOLE)
     lr_scheduler_type: str = _hp(
         "linear",
         "Learning-rate schedule after warm-up.",
         ("lr_scheduler", "scheduler"),
         ("linear", "cosine", "constant", "constant_with_warmup", "polynomial", "cosine_with_restarts"),
     )
-    max_grad_norm: float = _hp(1.0, "Gradient clipping norm (0 disables).")
-    label_smoothing: float = _hp(0.0, "Label smoothing factor.", ("label_smoothing_factor",))
-    seed: int = _hp(42, "Random seed (data order, head initialisation, dropout).")
+    max_grad_norm: float = _hp(1.0, "Gradient clipping norm (0 disables).", bound=NOT_NEGATIVE)
+    label_smoothing: float = _hp(0.0, "Label smoothing factor.", ("label_smoothing_factor",), bound=FRACTION)
+    seed: int = _hp(42, "Random seed (data order, head initialisation, dropout).", bound=Bound(0, SEED_LIMIT))
     # Inputs
     max_length: int = _hp(
-        256, "Longest sequence in tokens; longer texts are truncated.", ("max_seq_length", "max_seq_len", "seq_len")
+        256,
+        "Longest sequence in tokens; longer texts are truncated.",
+        ("max_seq_length", "max_seq_len", "seq_len"),
+        bound=COUNT,
     )
     pad_to_max_length: bool = _hp(
         False,
@@ -89,10 +117,12 @@ class TrainArguments:
     )
     label_column: str | None = _hp(None, "Label column. Default: detected (label, labels, target, class, ...).")
     validation_split: float = _hp(
-        0.0, "Without eval data, hold out this fraction of train (stratified) to evaluate on. 0 = none."
+        0.0,
+        "Without eval data, hold out this fraction of train (stratified) to evaluate on. 0 = none.",
+        bound=FRACTION,
     )
-    max_train_samples: int | None = _hp(None, "Use only the first N training examples (quick runs).")
-    max_eval_samples: int | None = _hp(None, "Use only the first N eval and test examples.")
+    max_train_samples: int | None = _hp(None, "Use only the first N training examples (quick runs).", bound=COUNT)
+    max_eval_samples: int | None = _hp(None, "Use only the first N eval and test examples.", bound=COUNT)
     # Speed (docs/training.md: measured on CPU, they keep accuracy)
     freeze_embeddings: bool = _hp(
         True,
@@ -103,9 +133,12 @@ class TrainArguments:
         1,
         "Also freeze the bottom N transformer layers: no backward pass below them "
         "(docs/training.md: faster at equal accuracy). 0 trains every layer.",
+        bound=WHOLE,
     )
     dropout: float | None = _hp(
-        0.0, "Dropout probability for hidden and attention layers; empty/null keeps the model's own."
+        0.0,
+        "Dropout probability for hidden and attention layers; empty/null keeps the model's own.",
+        bound=FRACTION,
     )
     precision: str = _hp(
         "auto",
@@ -132,7 +165,7 @@ class TrainArguments:
     attn_implementation: str | None = _hp(
         None, "Attention kernel: sdpa or eager. Default: the library's.", (), ("sdpa", "eager")
     )
-    dataloader_num_workers: int = _hp(0, "Data-loader worker processes.")
+    dataloader_num_workers: int = _hp(0, "Data-loader worker processes.", bound=WHOLE)
     # Device: Trainium (XLA) and friends
     device: str = _hp(
         "auto",
@@ -148,7 +181,9 @@ class TrainArguments:
         "that many graphs compile; auto picks `max_buckets` sizes from the training data's lengths.",
         ("bucket_sizes",),
     )
-    max_buckets: int = _hp(5, "Compiled paths: how many sizes buckets=auto picks (more: less padding, more graphs).")
+    max_buckets: int = _hp(
+        5, "Compiled paths: how many sizes buckets=auto picks (more: less padding, more graphs).", bound=COUNT
+    )
     neuron_precompile: bool = _hp(
         False,
         "Compile only (neuron_parallel_compile): fill the compile cache with every bucket's training and "
@@ -178,8 +213,10 @@ class TrainArguments:
         ("evaluation_strategy",),
         ("auto", "no", "steps", "epoch"),
     )
-    eval_steps: int | None = _hp(None, "Evaluate every N steps (with eval_strategy=steps). Default: logging_steps.")
-    logging_steps: int = _hp(50, "Log loss, learning rate and throughput every N steps.")
+    eval_steps: int | None = _hp(
+        None, "Evaluate every N steps (with eval_strategy=steps). Default: logging_steps.", bound=COUNT
+    )
+    logging_steps: int = _hp(50, "Log loss, learning rate and throughput every N steps.", bound=COUNT)
     save_strategy: str = _hp(
         "auto",
         "When to write checkpoints besides on SIGTERM: no, steps, epoch; "
@@ -187,8 +224,8 @@ class TrainArguments:
         (),
         ("auto", "no", "steps", "epoch"),
     )
-    save_steps: int = _hp(500, "Checkpoint every N steps (with save_strategy=steps).")
-    save_total_limit: int = _hp(2, "Checkpoints kept.")
+    save_steps: int = _hp(500, "Checkpoint every N steps (with save_strategy=steps).", bound=COUNT)
+    save_total_limit: int = _hp(2, "Checkpoints kept.", bound=COUNT)
     output_dir: str | None = _hp(
         None, "Accepted for tutorial compatibility; the model always goes to SM_MODEL_DIR (/opt/ml/model)."
     )
@@ -197,57 +234,42 @@ class TrainArguments:
         _validate(self)
 
 
-# Past these a job fails late (an OverflowError when the Trainer counts its steps, a tensor too
-# large to allocate); no real job comes near them.
-INT_LIMIT = 2**31 - 1
-EPOCHS_LIMIT = 100_000
-
-
 def _validate(args: TrainArguments) -> None:
-    hints = typing.get_type_hints(TrainArguments)
-    for f in dataclasses.fields(args):
-        value = getattr(args, f.name)
-        if base_type(hints[f.name])[0] is int and value is not None and abs(value) > INT_LIMIT:
-            raise HyperparameterError(f"hyperparameter {f.name} is out of range: at most {INT_LIMIT}, got {value!r}")
-    if args.epochs > EPOCHS_LIMIT:
-        raise HyperparameterError(
-            f"hyperparameter epochs is out of range: at most {EPOCHS_LIMIT}, got {args.epochs!r} "
-            "(to train for a number of steps, set max_steps)"
-        )
-    positive = """learning_rate per_device_train_batch_size per_device_eval_batch_size gradient_accumulation_steps
-        max_length logging_steps save_steps save_total_limit""".split()
-    for name in positive:
-        if not getattr(args, name) > 0:
-            raise HyperparameterError(f"hyperparameter {name} must be greater than 0, got {getattr(args, name)!r}")
+    _check_bounds(args)
     if args.max_steps <= 0 and not args.epochs > 0:
         raise HyperparameterError(
             f"hyperparameter epochs must be greater than 0 (or set max_steps), got {args.epochs!r}"
         )
-    for name in ("warmup_ratio", "validation_split", "label_smoothing"):
-        value = getattr(args, name)
-        if not 0 <= value < 1:
-            raise HyperparameterError(f"hyperparameter {name} must be in [0, 1), got {value!r}")
-    if args.dropout is not None and not 0 <= args.dropout < 1:
-        raise HyperparameterError(f"hyperparameter dropout must be in [0, 1) or null, got {args.dropout!r}")
-    for name in ("warmup_steps", "weight_decay", "max_grad_norm", "dataloader_num_workers", "freeze_layers"):
-        if getattr(args, name) < 0:
-            raise HyperparameterError(f"hyperparameter {name} must not be negative, got {getattr(args, name)!r}")
-    for name in ("max_train_samples", "max_eval_samples", "eval_steps"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise HyperparameterError(f"hyperparameter {name} must be greater than 0 when set, got {value!r}")
     if not args.do_train:
         raise HyperparameterError(
             "hyperparameter do_train=false: `byoc train` always trains; remove it or set it to true"
         )
-    if args.max_buckets < 1:
-        raise HyperparameterError(f"hyperparameter max_buckets must be at least 1, got {args.max_buckets!r}")
     bucket_sizes(args)  # a bad list fails here, before any work
     _check_precision(args)
     if args.serving_int8 and not args.serving_graph:
         raise HyperparameterError(
             "hyperparameter serving_int8=true needs serving_graph=true (the int8 graph is made "
             "from it): drop serving_graph=false or serving_int8"
+        )
+
+
+# What a range means for a setting, where its bound alone does not say.
+_RANGE_NOTES = {
+    "epochs": " (to train for a number of steps, set max_steps)",
+    "max_steps": " (-1 or 0: train for `epochs`)",
+}
+
+
+def _check_bounds(args: TrainArguments) -> None:
+    """Every bounded hyperparameter against its range; the message names it, its range and the value."""
+    hints = typing.get_type_hints(TrainArguments)
+    for f in dataclasses.fields(args):
+        bound, value = f.metadata["bound"], getattr(args, f.name)
+        if bound is None or value is None or bound.holds(value):
+            continue
+        unset = " or null (unset)" if base_type(hints[f.name])[1] else ""
+        raise HyperparameterError(
+            f"hyperparameter {f.name} must be {bound.describe()}{unset}{_RANGE_NOTES.get(f.name, '')}, got {value!r}"
         )
 
 
@@ -348,11 +370,14 @@ def _decode(key: str, value: Any, f: dataclasses.Field) -> Any:
 
 
 def hyperparameter_table() -> str:
-    """A Markdown table of every hyperparameter, its aliases, default and meaning (for docs/hyperparameters.md)."""
-    rows = ["| name | aliases | default | meaning |", "|---|---|---|---|"]
+    """A Markdown table of every hyperparameter: aliases, default, values allowed, meaning (docs/hyperparameters.md)."""
+    rows = ["| name | aliases | default | allowed | meaning |", "|---|---|---|---|---|"]
+    hints = typing.get_type_hints(TrainArguments)
     for f in dataclasses.fields(TrainArguments):
         aliases = ", ".join(f"`{a}`" for a in f.metadata["aliases"])
         default = "" if f.default is None else f"`{f.default}`"
-        text = f.metadata["help"] + (f" One of: {', '.join(f.metadata['choices'])}." if f.metadata["choices"] else "")
-        rows.append(f"| `{f.name}` | {aliases} | {default} | {text} |")
+        bound, choices = f.metadata["bound"], f.metadata["choices"]
+        allowed = bound.describe() if bound else ", ".join(f"`{c}`" for c in choices)
+        allowed = allowed or ("`true`, `false`" if base_type(hints[f.name])[0] is bool else "")
+        rows.append(f"| `{f.name}` | {aliases} | {default} | {allowed} | {f.metadata['help']} |")
     return "\n".join(rows)

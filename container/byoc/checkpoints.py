@@ -23,9 +23,11 @@ import re
 import shutil
 import signal
 import threading
+import zipfile
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
 from transformers import TrainerCallback
 
 from byoc import distributed, interruption  # Interrupted lives where importing it is cheap (see that module)
@@ -148,9 +150,46 @@ def newest_complete(checkpoint_dir: Path) -> Path | None:
     return None
 
 
+def unreadable(folder: Path) -> str | None:
+    """Why a sealed checkpoint cannot be loaded (None: it can): a file overwritten in place keeps its
+    size, so the seal alone does not catch it. Reads the state and the weights' header, and checks
+    every torch file's CRCs (optimizer, scheduler, RNG states)."""
+    try:
+        state = json.loads((folder / "trainer_state.json").read_text())
+        if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+            return "trainer_state.json has no global_step"
+        _check_weights(folder)
+        for path in sorted(folder.iterdir()):
+            if path.suffix in (".pt", ".pth", ".bin"):
+                with zipfile.ZipFile(path) as archive:
+                    if (bad := archive.testzip()) is not None:
+                        return f"{path.name} is corrupted ({bad})"
+    except Exception as err:  # whatever a damaged file raises: the checkpoint is skipped, not the job
+        return brief(err, 200)
+    return None
+
+
+def _check_weights(folder: Path) -> None:
+    index = folder / "model.safetensors.index.json"
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else []
+    for name in shards or ["model.safetensors"]:
+        with safe_open(str(folder / name), framework="pt") as weights:
+            weights.keys()
+
+
+def usable(folder: Path) -> bool:
+    """Sealed, and loadable; says why a sealed one is not."""
+    if not is_complete(folder):
+        return False
+    reason = unreadable(folder)
+    if reason is not None:
+        logger.warning("skipping the checkpoint %s: it was sealed but cannot be loaded (%s)", folder, reason)
+    return reason is None
+
+
 def common_resume_point(checkpoint_dir: Path) -> Path | None:
-    """The newest checkpoint complete on every host (each host reads its own copy)."""
-    steps = {step for step, path in _checkpoints(checkpoint_dir) if is_complete(path)}
+    """The newest checkpoint usable on every host (each host reads its own copy)."""
+    steps = {step for step, path in _checkpoints(checkpoint_dir) if usable(path)}
     everywhere = set.intersection(*[set(s) for s in distributed.all_gather(sorted(steps))])
     if not everywhere:
         newest_complete(checkpoint_dir)  # says which folders it ignored
@@ -170,12 +209,14 @@ def rotate(checkpoint_dir: Path, keep: int | None) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def drop_unfinished_after(checkpoint_dir: Path, resume: Path | None) -> None:
-    """Half-written checkpoints newer than the one resumed from: the resumed run writes them again."""
+def drop_after(checkpoint_dir: Path, resume: Path | None) -> None:
+    """Every checkpoint newer than the one resumed from (half-written, unloadable, or missing on another
+    host): the resumed run writes them again, into empty folders, so a stale seal never vouches for a
+    half-rewritten one."""
     start = int(resume.name.split("-")[1]) if resume else -1
     for step, path in _checkpoints(checkpoint_dir):
-        if step > start and not is_complete(path):
-            logger.info("removing the unfinished checkpoint %s", path)
+        if step > start:
+            logger.info("removing the checkpoint %s, newer than the one resumed from: training writes it again", path)
             shutil.rmtree(path, ignore_errors=True)
 
 

@@ -19,35 +19,18 @@ from collections.abc import Callable
 from typing import Any
 
 from byoc import __version__, interruption
-from byoc.errors import EXIT_FAILURE, EXIT_INTERRUPTED, UserError
+from byoc.errors import EXIT_FAILURE, EXIT_INTERRUPTED, UserError, describe
 from byoc.interruption import Interrupted
-from byoc.logs import configure_logging
+from byoc.logs import configure_logging, mask_hyperparameters
 
 logger = logging.getLogger("byoc")
 
 
 def failure_message(err: BaseException) -> str:
-    """One line for output/failure: the user-facing message of known errors, a summary otherwise."""
-    if _is_user_error(err):
-        text = str(err)
-    elif _is_out_of_memory(err):
-        text = (
-            "out of memory while training: lower per_device_train_batch_size or max_length "
-            "(or raise gradient_accumulation_steps to keep the effective batch), or use an instance with more memory"
-        )
-    else:
-        text = f"unexpected error: {type(err).__name__}: {err} (the full traceback is in the job's log)"
+    """One line for output/failure: the user-facing message of known errors, where memory ran out
+    (the batch-size advice only for a training step), a summary otherwise."""
+    text = str(err) if isinstance(err, Interrupted) else describe(err)
     return " ".join(text.split())  # write_failure cuts it to what SageMaker keeps
-
-
-def _is_out_of_memory(err: BaseException) -> bool:
-    if isinstance(err, MemoryError):
-        return True
-    torch = sys.modules.get("torch")  # never import here (see byoc.errors)
-    if torch is not None and isinstance(err, getattr(torch, "OutOfMemoryError", ())):
-        return True
-    text = str(err).lower()  # CPU allocator: "not enough memory"; CUDA/XLA: "out of memory"
-    return isinstance(err, RuntimeError) and ("out of memory" in text or "not enough memory" in text)
 
 
 def train() -> int:
@@ -76,6 +59,8 @@ def train() -> int:
         else:
             from byoc.arguments import parse_hyperparameters
 
+            shown = mask_hyperparameters(contract.hyperparameters)
+            logger.info("hyperparameters: %s", " ".join(f"{name}={value}" for name, value in sorted(shown.items())))
             args = parse_hyperparameters(contract.hyperparameters)  # bad input fails here, before any launch
             if args.neuron_precompile and (wrapped := _precompile_command()):
                 code, message = _run_precompile(wrapped)

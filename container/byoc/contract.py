@@ -113,15 +113,13 @@ def read_training_contract(root: Path | None = None) -> TrainingContract:
             f"{paths.config_dir} does not exist: run inside a SageMaker training job, mount a prepared "
             "tree at /opt/ml, or point SAGEMAKER_BASE_DIR at one (it needs input/config/hyperparameters.json)"
         )
-    hyperparameters = _read_json(paths.config_dir / "hyperparameters.json", default={})
-    if not isinstance(hyperparameters, dict):
-        raise ContractError("hyperparameters.json must hold a JSON object of name -> value")
+    hyperparameters = _read_object(paths.config_dir / "hyperparameters.json", "name -> value", default={})
     channels = _read_channels(paths)
-    resources = _read_json(paths.config_dir / "resourceconfig.json", default=None)
+    resources = _read_object(paths.config_dir / "resourceconfig.json", "settings (hosts, current_host...)")
     if resources is None:
         logger.warning("no resourceconfig.json: assuming a single host 'algo-1'")
         resources = {}
-    hosts = list(resources.get("hosts") or [resources.get("current_host", "algo-1")])
+    hosts = _hosts(resources)
     current = resources.get("current_host", hosts[0])
     if current not in hosts:
         raise ContractError(f"resourceconfig.json: current_host {current!r} is not in hosts {hosts}")
@@ -149,17 +147,45 @@ def _read_json(path: Path, default: Any) -> Any:
         raise ContractError(f"{path.name} is not valid JSON ({err}); fix or regenerate it") from None
 
 
+def _read_object(path: Path, holding: str, default: Any = None) -> Any:
+    """A config file that must hold a JSON object (valid JSON of another kind fails naming the file)."""
+    if not path.exists():
+        return default
+    value = _read_json(path, default)
+    if not isinstance(value, dict):
+        raise ContractError(
+            f"{path.name} must hold a JSON object of {holding}, but it holds a JSON {_json_kind(value)} "
+            f"({path}): fix or regenerate it"
+        )
+    return value
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {list: "array", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _hosts(resources: dict[str, Any]) -> list[str]:
+    hosts = resources.get("hosts") or [resources.get("current_host", "algo-1")]
+    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+        raise ContractError(f"resourceconfig.json: hosts must be a list of host names, got {hosts!r}")
+    return list(hosts)
+
+
 def _read_channels(paths: Paths) -> dict[str, Channel]:
     """Channels from inputdataconfig.json; without it, every folder under input/data (local runs)."""
-    config = _read_json(paths.config_dir / "inputdataconfig.json", default=None)
+    config = _read_object(paths.config_dir / "inputdataconfig.json", "channel -> settings")
     if config is None:
         found = sorted(p for p in paths.data_dir.iterdir() if p.is_dir()) if paths.data_dir.is_dir() else []
         return {p.name: Channel(p.name, p) for p in found}
-    if not isinstance(config, dict):
-        raise ContractError("inputdataconfig.json must hold a JSON object of channel -> settings")
     channels = {}
     for name, spec in config.items():
         spec = spec or {}
+        if not isinstance(spec, dict):
+            raise ContractError(
+                f"inputdataconfig.json: channel {name!r} must map to a JSON object of settings "
+                f"(TrainingInputMode, S3DistributionType...), got a JSON {_json_kind(spec)}: fix or regenerate it"
+            )
         mode = spec.get("TrainingInputMode", "File")
         if mode not in INPUT_MODES:
             raise ContractError(f"channel {name!r}: unknown TrainingInputMode {mode!r} (expected File or FastFile)")
@@ -179,8 +205,10 @@ def _read_channels(paths: Paths) -> dict[str, Channel]:
 
 
 def _read_checkpoint_config(paths: Paths) -> tuple[Path | None, str | None]:
-    config = _read_json(paths.config_dir / "checkpointconfig.json", default=None)
+    config = _read_object(paths.config_dir / "checkpointconfig.json", "settings (LocalPath, S3Uri)")
     if config:
+        if not isinstance(config.get("LocalPath") or "", str):
+            raise ContractError(f"checkpointconfig.json: LocalPath must be a folder path, got {config['LocalPath']!r}")
         local = Path(config.get("LocalPath") or "/opt/ml/checkpoints")
         if paths.base != Path(DEFAULT_BASE_DIR) and local.is_relative_to(DEFAULT_BASE_DIR):
             local = paths.base / local.relative_to(DEFAULT_BASE_DIR)  # relocated root

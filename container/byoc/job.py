@@ -19,23 +19,24 @@ import platform
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import transformers
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerState
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerState
 
 from byoc import __version__, distributed, precision, xla
 from byoc.arguments import TrainArguments, bucket_sizes
 from byoc.artifact import default_code_dir, publish_model, write_predictions
 from byoc.buckets import choose_buckets, padding_efficiency
-from byoc.checkpoints import StopOnSignal, check_job, common_resume_point, drop_unfinished_after
+from byoc.checkpoints import StopOnSignal, check_job, common_resume_point, drop_after
 from byoc.compiled import persistent_cache, wants_buckets
 from byoc.contract import TrainingContract
 from byoc.data import DataError, DataSpec, TaskData, load_task_data
+from byoc.evaluation import Failures, final_evaluation
 from byoc.interruption import Interrupted
 from byoc.metrics import metrics_line, write_report
 from byoc.model import ModelError, ModelSource, load_tokenizer, model_max_length, resolve_model
@@ -65,6 +66,7 @@ class Job:
     shard_consumers: list[int] | None  # the ranks reading this host's shard (ShardedByS3Key), else None
     buckets: list[int] | None  # fixed-shape length buckets (XLA, or torch_compile)
     precision: Precision  # what the step computes in, and whether it compiles
+    failures: Failures = field(default_factory=Failures)  # after training: kept until the model is saved
 
     @property
     def label_names(self) -> list[str]:
@@ -185,7 +187,7 @@ def train_and_evaluate(job: Job, trainer: ClassifierTrainer, stop: StopOnSignal)
     resume = None if args.neuron_precompile else common_resume_point(checkpoint_dir)
     if trainer.is_local_process_zero() and not args.neuron_precompile:
         check_job(checkpoint_dir, _job_fingerprint(args, job.data, job.source, trainer.args.world_size))
-        drop_unfinished_after(checkpoint_dir, resume)
+        drop_after(checkpoint_dir, resume)
     distributed.barrier()
     trainer.add_callback(stop)
     if resume is not None:
@@ -210,7 +212,8 @@ def train_and_evaluate(job: Job, trainer: ClassifierTrainer, stop: StopOnSignal)
     if stop.stop_now():  # SIGTERM came as training ended
         stop.evaluation_stopped = True
     else:
-        metrics.update(_final_evaluation(trainer, job.tokenized, args))
+        with job.failures.kept("the final evaluation"):  # never at the cost of the trained model
+            metrics.update(final_evaluation(trainer, job.tokenized, args))
     if stop.evaluation_stopped:  # training is done: keep it, and evaluate again on the rerun
         trainer._save_checkpoint(trainer.model, None)
         raise Interrupted(trainer.state.global_step, trainer.state.max_steps, checkpoint_dir, "the final evaluation")
@@ -219,17 +222,23 @@ def train_and_evaluate(job: Job, trainer: ClassifierTrainer, stop: StopOnSignal)
 
 
 def finish(job: Job, trainer: ClassifierTrainer, metrics: dict[str, Any]) -> dict[str, Any]:
-    """Test predictions (every rank takes part), then on rank 0 metrics.json and the model folder."""
-    args, tokenized = job.args, job.tokenized
+    """Test predictions (every rank takes part), then on rank 0 metrics.json and the model folder.
+
+    A failure of the final evaluation or of the predictions fails the job only once the model is saved."""
+    args, tokenized, failures = job.args, job.tokenized, job.failures
     predictions = None
-    if args.do_predict and "test" in tokenized:
-        predictions = trainer.predict(tokenized["test"], metric_key_prefix="test")
+    if args.do_predict and "test" in tokenized and failures.agreed() is None:
+        with failures.kept("the test predictions"):
+            predictions = trainer.predict(tokenized["test"], metric_key_prefix="test")
     if not trainer.is_world_process_zero():
         return metrics
     paths = job.contract.paths
     if predictions is not None:
-        write_predictions(predictions, tokenized["test"], job.label_names, paths.output_data_dir)
+        with failures.kept("writing the test predictions"):
+            write_predictions(predictions, tokenized["test"], job.label_names, paths.output_data_dir)
     summary = {**metrics, **_job_summary(job, trainer)}
+    if failures.first:
+        summary["evaluation_failure"] = failures.first
     report = write_report(paths.output_data_dir, summary, trainer.state.log_history)
     logger.info(metrics_line({k: v for k, v in summary.items() if isinstance(v, (int, float))}))
     if args.neuron_precompile:  # the weights saw a handful of steps: a cache, not a model
@@ -237,6 +246,7 @@ def finish(job: Job, trainer: ClassifierTrainer, metrics: dict[str, Any]) -> dic
             "precompiled %d graph(s) into the compile cache; train without neuron_precompile to get a model",
             summary.get("xla_graphs_compiled", 0),
         )
+        failures.raise_after_saving(None)
         return summary
     # The artifact comes last and whole: assembled in a staging folder, then moved into model/.
     publish_model(
@@ -248,6 +258,7 @@ def finish(job: Job, trainer: ClassifierTrainer, metrics: dict[str, Any]) -> dic
         serving_int8=args.serving_int8,
     )
     logger.info("model saved to %s; metrics in %s", paths.model_dir, report)
+    failures.raise_after_saving(paths.model_dir)
     return summary
 
 
@@ -366,21 +377,3 @@ def _job_fingerprint(args: TrainArguments, data: TaskData, source: ModelSource, 
     job = {k: v for k, v in asdict(args).items() if k not in _NOT_TRAJECTORY}
     job.update(labels=data.label_names, train_rows=len(data.train), model=source.origin, world_size=world_size)
     return job
-
-
-def _final_evaluation(trainer: Trainer, tokenized: dict[str, Any], args: TrainArguments) -> dict[str, float]:
-    """Eval metrics on the eval split (else test), and test metrics when test is a separate split."""
-    metrics: dict[str, float] = {}
-    if not args.do_eval:
-        return metrics
-    eval_ds = tokenized.get("eval", tokenized.get("test"))
-    if eval_ds is not None:
-        last = [h for h in trainer.state.log_history if "eval_loss" in h and h.get("step") == trainer.state.global_step]
-        metrics.update(
-            {k: v for k, v in last[-1].items() if k.startswith("eval_")}
-            if last
-            else trainer.evaluate(eval_ds, metric_key_prefix="eval")
-        )
-    if "eval" in tokenized and "test" in tokenized:
-        metrics.update(trainer.evaluate(tokenized["test"], metric_key_prefix="test"))
-    return metrics

@@ -1,11 +1,15 @@
 """Logging set-up for every byoc process (`byoc train`, its ranks, `byoc serve`): readable lines on
-stdout (CloudWatch), one copy of each report from a multi-process job, no progress bars."""
+stdout (CloudWatch), one copy of each report from a multi-process job, no progress bars; and the
+one rule that keeps credentials passed as hyperparameters out of every log line."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 
 def configure_logging() -> None:
@@ -29,3 +33,43 @@ def configure_logging() -> None:
     # Progress bars are carriage-return noise in CloudWatch; byoc logs progress as lines instead.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+
+
+MASK = "***"
+# A hyperparameter named with one of these words holds a credential: its value never reaches the logs.
+SECRET_WORDS = frozenset(
+    "token secret password passwd passphrase key apikey credential credentials auth oauth authorization".split()
+)
+# Words glued without a case change (HFTOKEN, dbpassword) count when they end with one of these
+# (not "key" or "auth": monkey, author).
+_SECRET_ENDINGS = ("token", "secret", "password", "passwd", "credential", "credentials", "apikey", "accesskey")
+# camelCase and PascalCase words: awsSecretAccessKey -> aws Secret Access Key; APIKey -> API Key.
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+
+def is_secret(name: str) -> bool:
+    """hf_token, hfToken, HF-TOKEN, WANDB_API_KEY, awsSecretAccessKey, apiKey, APIKEY, db-password...
+    (whole words of the name, in any case or style, so "keyword", "monkey" or "max_tokens" are not)."""
+    words = [word.lower() for word in _WORD.findall(name)]
+    return any(word in SECRET_WORDS or word.endswith(_SECRET_ENDINGS) for word in words)
+
+
+def mask_secrets(args: list[str]) -> list[str]:
+    """Command-line arguments with the value of each secret-looking option masked, whatever that value
+    looks like (empty, or starting with "--"): `--hfToken X`, `-k X` and `--password=X` alike."""
+    out, hide_next = [], False
+    for arg in args:
+        name, equals, _ = arg.partition("=")
+        if hide_next:
+            out.append(MASK)
+        elif arg.startswith("-") and is_secret(name):
+            out.append(f"{name}={MASK}" if equals else arg)
+        else:
+            out.append(arg)
+        hide_next = not hide_next and arg.startswith("-") and not equals and is_secret(name)
+    return out
+
+
+def mask_hyperparameters(hyperparameters: Mapping[str, Any]) -> dict[str, Any]:
+    """The hyperparameters with each secret-looking one's value masked, for a log line."""
+    return {name: MASK if is_secret(name) else value for name, value in hyperparameters.items()}

@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 from byoc.contract import ContractError, TrainingContract
+from byoc.logs import mask_secrets
 from byoc.requirements import RequirementsError, install_requirements
 from byoc.values import loads as decode  # JSON where it parses, else the raw string, as the toolkit does
 
@@ -103,25 +103,3 @@ def prepare_script(contract: TrainingContract) -> list[str]:
     else:
         command = [str(script), *args]
     return [sys.executable, "-m", "byoc.script_rank", *command]  # passes stderr through, quotes its last error
-
-
-# A hyperparameter named like one of these holds a credential: its value never reaches the logs.
-SECRET_WORDS = ("token", "secret", "password", "passwd", "key", "apikey", "credential", "credentials", "auth")
-
-
-def is_secret(name: str) -> bool:
-    """hf_token, WANDB_API_KEY, db-password... (whole words of the name, so "keyword" or "monkey" are not)."""
-    words = re.split(r"[^a-z0-9]+", name.lower().lstrip("-"))
-    return any(word in SECRET_WORDS for word in words)
-
-
-def mask_secrets(args: list[str]) -> list[str]:
-    """`--name value` arguments with the values of secret-looking names replaced by ***."""
-    out = list(args)
-    for i, arg in enumerate(args[:-1]):
-        if arg.startswith("--") and is_secret(arg) and not args[i + 1].startswith("--"):
-            out[i + 1] = "***"
-    return [
-        f"{a.split('=', 1)[0]}=***" if a.startswith("--") and "=" in a and is_secret(a.split("=", 1)[0]) else a
-        for a in out
-    ]

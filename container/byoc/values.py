@@ -1,4 +1,5 @@
-"""A hyperparameter value as one of SageMaker's SDKs encoded it, decoded against a Python type.
+"""A hyperparameter value as one of SageMaker's SDKs encoded it, decoded against a Python type, and
+the range a number must be in.
 
 Each SDK writes `hyperparameters.json` differently (`byoc.arguments` lists how); these functions take
 any of those encodings: JSON first, then the raw string.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import typing
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -73,3 +75,33 @@ _KINDS = {bool: "a boolean (true/false, True/False or 1/0)", int: "an integer", 
 
 def describe(kind: type) -> str:
     return _KINDS.get(kind, kind.__name__)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The numbers a setting accepts: from `low` to `high` (None: no limit), each end included unless open."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    def describe(self) -> str:
+        """`greater than 0`, `at least 1`, `from 0 to 4294967295`, `in [0, 1)`."""
+        low, high = _number(self.low), _number(self.high)
+        if self.high is None:
+            return f"greater than {low}" if self.low_open else f"at least {low}"
+        if self.low is None:
+            return f"less than {high}" if self.high_open else f"at most {high}"
+        if not (self.low_open or self.high_open):
+            return f"from {low} to {high}"
+        return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+
+def _number(value: float | None) -> str:
+    return f"{value:g}" if isinstance(value, float) and not value.is_integer() else str(int(value or 0))
