@@ -11,9 +11,9 @@ import sys
 import pytest
 import serve_helpers
 
-from byoc import inference
+from byoc import inference, runtimes
 from byoc.handlers import HandlerError, call, load_handlers
-from byoc.request_errors import InputError, NotAcceptable
+from byoc.request_errors import InputError, InvalidAnswer, NotAcceptable
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +175,51 @@ def test_a_program_named_like_a_module_in_use_is_refused(tmp_path, monkeypatch):
     with pytest.raises(HandlerError, match="rename it"):
         load_handlers(code_dir(tmp_path, {"json.py": "def output_fn(p, a):\n    return '', 'text/plain'\n"}))
     assert sys.modules["json"] is json
+
+
+@pytest.mark.parametrize(
+    "body,content_type,count",
+    [
+        (b'{"inputs": ["a", "b", "c"]}', "application/json", 3),
+        (b'["a", "b", "c"]', "application/json", 3),
+        (b'"one text, with commas, in it"', "application/json", 1),
+        (b'{"parameters": {"top_k": 1, "x": [1, 2, 3]}, "inputs": ["a", "b"]}', "application/json", 2),
+        (b'{"inputs": [1, 2, 3, 4, 5]}', "application/json", 5),  # counted whatever they are
+        (b'{"inputs": [["a", "b"], ["c", "d"]]}', "application/json", 2),
+        (b"a\nb\n\n  \nc\n", "text/plain", 3),
+        (b'{"inputs": "a"}\n{"inputs": "b"}\n\n', "application/jsonlines", 2),
+        (b'a,b\n"c\nstill c"\n\nd\n', "text/csv", 3),
+    ],
+)
+def test_inputs_are_counted_without_building_them(body, content_type, count):
+    """Counted up to the limit + 1: the server refuses a body of a million tiny inputs after reading
+    a few thousand, not after building them all."""
+    assert inference.too_many_inputs(body, content_type, count - 1)
+    assert not inference.too_many_inputs(body, content_type, count)
+    if count < 5:  # the count is input_fn's own
+        assert len(inference.input_fn(body, content_type)["inputs"]) == count
+
+
+def test_counting_a_huge_body_stops_at_the_limit():
+    body = json.dumps({"inputs": ["x"] * 1_200_000}).encode()
+    assert inference.too_many_inputs(body, "application/json", 4096)
+    assert not inference.too_many_inputs(body, "application/json", 1_200_000)
+    assert inference.too_many_inputs(b"x\n" * 1_000_000, "text/plain", 10)
+
+
+def test_long_texts_are_cut_on_the_side_truncation_keeps():
+    limit = 4
+    most = runtimes.CHARS_PER_TOKEN * limit
+    text = "a" * (most + 10) + "END"
+    assert runtimes.clip([text], limit) == [text[:most]]
+    assert runtimes.clip([text], limit, side="left") == [text[-most:]]
+    assert runtimes.clip([("short", text)], limit) == [("short", text[:most])]
+    assert runtimes.clip(["short"], limit) == ["short"]
+
+
+def test_output_fn_never_writes_nan():
+    broken = [{"label": "joy", "score": float("nan")}]
+    for accept in ("application/json", "application/jsonlines", "text/csv"):
+        with pytest.raises(InvalidAnswer, match="NaN or infinity"):
+            inference.output_fn(broken, accept)
+    assert json.loads(inference.output_fn([{"label": "joy", "score": 0.5}], "application/json")[0])

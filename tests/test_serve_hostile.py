@@ -223,7 +223,7 @@ def test_a_huge_request_is_refused_at_once(trained_model):
     finally:
         s.stop()
     assert huge.status_code == 413
-    assert "150000 inputs" in huge.json()["error"] and "BYOC_MAX_INPUTS_PER_REQUEST" in huge.json()["error"]
+    assert "more than 4096 inputs" in huge.json()["error"] and "BYOC_MAX_INPUTS_PER_REQUEST" in huge.json()["error"]
     assert ordinary.status_code == 200
 
 

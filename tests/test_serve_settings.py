@@ -56,6 +56,11 @@ VARIABLES = {
     "BYOC_MAX_INPUTS_PER_REQUEST": "max_inputs",
     "BYOC_MAX_QUEUED_INPUTS": "max_queued_inputs",
     "BYOC_MAX_CONCURRENCY": "max_concurrency",
+    "BYOC_MAX_CONNECTIONS": "max_connections",
+    "BYOC_KEEP_ALIVE_TIMEOUT": "keep_alive_timeout",
+    "BYOC_HEADER_TIMEOUT": "header_timeout",
+    "BYOC_BODY_TIMEOUT": "body_timeout",
+    "BYOC_MAX_HEADER_BYTES": "max_header_bytes",
 }
 
 
@@ -72,6 +77,11 @@ VARIABLES = {
         ("BYOC_MAX_INPUTS_PER_REQUEST", "0"),
         ("BYOC_MAX_QUEUED_INPUTS", "-10"),
         ("BYOC_MAX_CONCURRENCY", "0"),
+        ("BYOC_MAX_CONNECTIONS", "0"),
+        ("BYOC_KEEP_ALIVE_TIMEOUT", "0"),
+        ("BYOC_HEADER_TIMEOUT", "-1"),
+        ("BYOC_BODY_TIMEOUT", "soon"),
+        ("BYOC_MAX_HEADER_BYTES", "100"),
         ("SAGEMAKER_BIND_TO_PORT", "0"),
         ("SAGEMAKER_BIND_TO_PORT", "70000"),
         ("SAGEMAKER_MODEL_SERVER_WORKERS", "0"),
@@ -116,6 +126,13 @@ def test_values_in_range_are_read(env):
     assert (settings.max_concurrency, settings.timeout, settings.default_accept) == (3, 7.0, "text/csv")
 
 
+def test_connections_default_to_four_per_request_slot_and_never_fewer_than_the_slots(env):
+    assert env({"BYOC_MAX_CONCURRENCY": "10"}).max_connections == 40
+    assert env({"BYOC_MAX_CONCURRENCY": "10", "BYOC_MAX_CONNECTIONS": "12"}).max_connections == 12
+    with pytest.raises(ValueError, match="BYOC_MAX_CONNECTIONS=5 is under BYOC_MAX_CONCURRENCY=10"):
+        env({"BYOC_MAX_CONCURRENCY": "10", "BYOC_MAX_CONNECTIONS": "5"})
+
+
 def test_a_request_limit_over_the_queue_is_refused(env):
     with pytest.raises(ValueError, match="BYOC_MAX_QUEUED_INPUTS"):
         env({"BYOC_MAX_INPUTS_PER_REQUEST": "100", "BYOC_MAX_QUEUED_INPUTS": "99"})
@@ -124,6 +141,15 @@ def test_a_request_limit_over_the_queue_is_refused(env):
 def test_the_new_limits_are_documented_with_their_defaults():
     serving = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
     defaults = {f.name: f.default for f in dataclasses.fields(ServeSettings)}
-    for variable in ("BYOC_MAX_INPUTS_PER_REQUEST", "BYOC_MAX_QUEUED_INPUTS", "BYOC_MAX_CONCURRENCY"):
+    for variable in (
+        "BYOC_MAX_INPUTS_PER_REQUEST",
+        "BYOC_MAX_QUEUED_INPUTS",
+        "BYOC_MAX_CONCURRENCY",
+        "BYOC_MAX_CONNECTIONS",
+        "BYOC_KEEP_ALIVE_TIMEOUT",
+        "BYOC_HEADER_TIMEOUT",
+        "BYOC_BODY_TIMEOUT",
+        "BYOC_MAX_HEADER_BYTES",
+    ):
         row = next(line for line in serving.splitlines() if line.startswith(f"| `{variable}` |"))
-        assert int(row.split("|")[2]) == defaults[VARIABLES[variable]], row
+        assert float(row.split("|")[2].split()[0]) == defaults[VARIABLES[variable]], row

@@ -25,7 +25,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,7 +81,7 @@ class Batcher:
     def __init__(
         self,
         predict: Callable[[list[Any], dict[str, Any]], list[Any]],
-        executor: ThreadPoolExecutor,
+        executor: Executor,
         max_batch: int = 32,
         max_delay: float = 0.002,
         max_queued: int = 1 << 30,

@@ -54,6 +54,10 @@ class Handlers:
     source: str  # for the logs
     accept_types: tuple[str, ...] | None = None  # what the built-in output_fn writes (checked up front)
 
+    def is_default(self, name: str) -> bool:
+        """Whether the handler `name` is byoc's own (bounded work: it may run on the event loop)."""
+        return getattr(self, name) is getattr(default_handlers, name, None)
+
     @property
     def batchable(self) -> bool:
         """Requests may be merged into one predict_fn call when predict_fn declares the batch

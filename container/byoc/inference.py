@@ -16,7 +16,10 @@ import csv
 import io
 import json
 import logging
+import math
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
@@ -24,7 +27,7 @@ import numpy as np
 
 from byoc import backend_choice, negotiation, runtimes, shapes
 from byoc.backend_choice import BACKEND_ENV, PRECISION_ENV  # noqa: F401  (the settings' names, as before)
-from byoc.request_errors import InputError, NotAcceptable, UnsupportedMediaType
+from byoc.request_errors import InputError, InvalidAnswer, NotAcceptable, UnsupportedMediaType
 from byoc.runtimes import inference_threads  # noqa: F401  (re-exported: byoc.handlers and users import it here)
 
 MAX_BATCH = shapes.CPU.max_rows  # texts run through the model at once on the CPU; larger requests are split
@@ -98,6 +101,64 @@ def input_fn(body: bytes | str, content_type: str = "application/json") -> dict[
         raise InputError('"parameters" must be a JSON object')
     _check_top_k(parameters.get("top_k"))
     return {"inputs": _normalise(inputs), "parameters": parameters}
+
+
+def too_many_inputs(body: bytes | str, content_type: str, limit: int) -> bool:
+    """Whether `input_fn` would find more than `limit` inputs in the body, decided without building
+    them: a 6 MB body of a million tiny inputs is refused after reading `limit + 1` of them, in
+    bounded memory, instead of after a full parse. A malformed body is not (input_fn says why)."""
+    kind = (content_type or "application/json").split(";")[0].strip().lower()
+    # A list of n JSON values holds n - 1 commas; n lines, n - 1 newlines: a bound counted in C.
+    separator = "," if kind == "application/json" else "\n"
+    bound = (body.count(separator.encode()) if isinstance(body, bytes) else body.count(separator)) + 1
+    if bound <= limit or kind not in CONTENT_TYPES:
+        return False
+    try:
+        text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else body
+        if kind == "application/json":
+            return _count_json(text, limit) > limit
+        if kind == "text/csv":
+            return _count_up_to((row for row in csv.reader(io.StringIO(text)) if row), limit) > limit
+        return _count_up_to(re.finditer(r"^[^\S\n]*\S", text, re.MULTILINE), limit) > limit  # non-blank lines
+    except (ValueError, IndexError, RecursionError, csv.Error):  # malformed: input_fn's message says how
+        return False
+
+
+def _count_up_to(items: Iterable[Any], limit: int) -> int:
+    count = 0
+    for _ in items:
+        count += 1
+        if count > limit:
+            break
+    return count
+
+
+def _count_json(text: str, limit: int) -> int:
+    """The elements of the body's list of inputs (the top-level list, or "inputs" of the top-level
+    object), each decoded alone and dropped, up to limit + 1."""
+    decoder, skip = json.JSONDecoder(), re.compile(r"[ \t\n\r]*")
+    at = skip.match(text, 0).end()  # type: ignore[union-attr]
+    if text.startswith("{", at):
+        at = skip.match(text, at + 1).end()  # type: ignore[union-attr]
+        while text.startswith('"', at):
+            key, at = json.decoder.scanstring(text, at + 1)  # type: ignore[attr-defined]
+            at = skip.match(text, at).end()  # type: ignore[union-attr]
+            at = skip.match(text, at + 1).end() if text.startswith(":", at) else len(text)  # type: ignore[union-attr]
+            if key == "inputs":
+                break
+            _, at = decoder.raw_decode(text, at)
+            at = skip.match(text, at).end()  # type: ignore[union-attr]
+            at = skip.match(text, at + 1).end() if text.startswith(",", at) else len(text)  # type: ignore[union-attr]
+    if not text.startswith("[", at):
+        return 1
+    at, count = skip.match(text, at + 1).end(), 0  # type: ignore[union-attr]
+    while count <= limit and not text.startswith("]", at) and at < len(text):
+        _, at = decoder.raw_decode(text, at)
+        count += 1
+        at = skip.match(text, at).end()  # type: ignore[union-attr]
+        if text.startswith(",", at):
+            at = skip.match(text, at + 1).end()  # type: ignore[union-attr]
+    return count
 
 
 def _parse(text: str, kind: str) -> tuple[Any, Any]:
@@ -206,15 +267,28 @@ def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[
     """Serialise as JSON (default), JSON Lines or CSV (label,score per line). `accept` is the type
     the server chose (byoc.negotiation); a full Accept header (lists, weights, wildcards) works too."""
     kind = accept if accept in ACCEPT_TYPES else negotiation.choose(accept, ACCEPT_TYPES, "application/json")
-    if kind == "application/json":
-        return json.dumps(prediction), "application/json"
-    if kind in JSON_LINES:
-        return "\n".join(json.dumps(p) for p in prediction) + "\n", kind
+    try:
+        if kind == "application/json":
+            return json.dumps(prediction, allow_nan=False), "application/json"
+        if kind in JSON_LINES:
+            return "\n".join(json.dumps(p, allow_nan=False) for p in prediction) + "\n", kind
+    except ValueError as err:
+        raise InvalidAnswer(NON_FINITE) from err
     if kind == "text/csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         for p in prediction:
             best = p[0] if isinstance(p, list) else p
+            if not math.isfinite(best["score"]):
+                raise InvalidAnswer(NON_FINITE)
             writer.writerow([best["label"], f"{best['score']:.6f}"])
         return out.getvalue(), "text/csv"
-    raise NotAcceptable(f"unsupported accept type {accept!r}: ask for one of {', '.join(ACCEPT_TYPES)}")
+    shown = accept if len(accept) <= 100 else accept[:100] + "..."
+    raise NotAcceptable(f"unsupported accept type {shown!r}: ask for one of {', '.join(ACCEPT_TYPES)}")
+
+
+# No answer carries NaN or infinity: JSON has neither, and a client's parser fails on them.
+NON_FINITE = (
+    "the prediction holds NaN or infinity, which the answer cannot carry: the model produced a non-finite "
+    "score (broken weights, or an overflow in half precision); see the endpoint's logs"
+)

@@ -4,6 +4,13 @@ of one request through the handlers (negotiate, parse, admit, predict, answer).
 Health is what `/ping` answers: the model loaded, the batching task running, and no inference call
 running for longer than the request timeout (a stuck call: every request would wait for it and time
 out, so the endpoint says so and SageMaker can replace the host).
+
+The model's calls (`model_fn`, `predict_fn`, `transform_fn`) run on one inference thread. A user's
+`input_fn` and `output_fn` run on threads of their own (byoc.threads: daemons, started while every
+one is busy), never on the event loop: a slow or hung one costs its own request a 504 and nothing
+else. byoc's own `input_fn`/`output_fn` parse and write small bodies on the event loop (bounded
+work, and a thread hop per request would fight the inference thread for the GIL), large ones on
+those threads.
 """
 
 from __future__ import annotations
@@ -16,16 +23,16 @@ import os
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from starlette.responses import Response
 
-from byoc import negotiation
+from byoc import inference, negotiation
 from byoc.batching import Batcher, guarded
 from byoc.handlers import HandlerError, Handlers, InputError, NotAcceptable, call, load_handlers
-from byoc.request_errors import PayloadTooLarge
+from byoc.request_errors import InvalidAnswer, PayloadTooLarge
 from byoc.serve_settings import JSON, ServeSettings
+from byoc.threads import DaemonThreads
 
 logger = logging.getLogger("byoc.serve")
 
@@ -43,7 +50,9 @@ class ModelServer:
         self.error: str | None = None  # why the model could not load
         self.fatal: str | None = None  # why this worker gave up serving (it is being replaced)
         self.ready = threading.Event()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="byoc-inference")
+        self.executor = DaemonThreads(1, "byoc-inference")
+        # A user's input_fn/output_fn: as many at once as invocations may be in flight.
+        self.handler_threads = DaemonThreads(settings.max_concurrency, "byoc-handler")
         self.batcher: Batcher | None = None
         self.busy_since: float | None = None  # when the inference call now running began
 
@@ -122,7 +131,7 @@ class ModelServer:
             return negotiation.passthrough(header, default)
         chosen = negotiation.choose(header, offered, default)
         if chosen is None:
-            raise NotAcceptable(f"unsupported accept type {header!r}: ask for one of {', '.join(offered)}")
+            raise NotAcceptable(f"unsupported accept type {_quote(header)}: ask for one of {', '.join(offered)}")
         return chosen
 
     async def invoke(self, body: bytes, content_type: str, accept_header: str | None) -> Response:
@@ -136,23 +145,52 @@ class ModelServer:
             return self._response(result, accept)
         assert handlers.input_fn is not None and handlers.predict_fn is not None  # set wherever transform_fn is None
         try:
-            data = await _off_loop(len(body), guarded, call, handlers.input_fn, "input_fn", body, content_type)
+            data = await self._parse(handlers, body, content_type)
         except InputError:
             raise
         except (ValueError, TypeError, KeyError, UnicodeError, RecursionError) as err:  # a user input_fn refusing it
             raise InputError(f"malformed input: {err}") from None
+        finally:
+            if len(body) >= INLINE_LIMIT:
+                release_memory()  # a large body parsed (or refused): its memory goes back to the system
         if handlers.batchable and _batch_shaped(data):
             inputs = data["inputs"]
-            if len(inputs) > self.settings.max_inputs:
-                raise PayloadTooLarge(
-                    f"the request has {len(inputs)} inputs, over the limit of {self.settings.max_inputs} "
-                    "(BYOC_MAX_INPUTS_PER_REQUEST): send them in several requests"
-                )
+            self._check_count(len(inputs))
             prediction = await batcher.submit(inputs, data.get("parameters") or {})
         else:
             prediction = await self.in_thread(call, handlers.predict_fn, "predict_fn", data, self.model)
-        result = await _off_loop(len(body), guarded, call, handlers.output_fn, "output_fn", prediction, accept)
+        result = await self._handler(
+            handlers.output_fn, "output_fn", handlers.is_default("output_fn"), len(body), prediction, accept
+        )
         return self._response(result, accept)
+
+    async def _parse(self, handlers: Handlers, body: bytes, content_type: str) -> Any:
+        if not handlers.is_default("input_fn"):
+            return await self._handler(handlers.input_fn, "input_fn", False, len(body), body, content_type)
+        return await self._handler(self._default_input, "input_fn", True, len(body), body, content_type)
+
+    def _default_input(self, body: bytes, content_type: str) -> Any:
+        """byoc's input_fn, after counting the inputs without building them: a body of a million tiny
+        inputs is refused as soon as the count passes the limit, not after a full parse."""
+        if inference.too_many_inputs(body, content_type, self.settings.max_inputs):
+            self._check_count(self.settings.max_inputs + 1, counted=False)
+        return inference.input_fn(body, content_type)
+
+    def _check_count(self, count: int, counted: bool = True) -> None:
+        """413 past BYOC_MAX_INPUTS_PER_REQUEST (`counted`: the exact count is known, not just that it is over)."""
+        if count > self.settings.max_inputs:
+            how_many = str(count) if counted else f"more than {self.settings.max_inputs}"
+            raise PayloadTooLarge(
+                f"the request has {how_many} inputs, over the limit of {self.settings.max_inputs} "
+                "(BYOC_MAX_INPUTS_PER_REQUEST): send them in several requests"
+            )
+
+    async def _handler(self, fn: Any, name: str, builtin: bool, size: int, *args: Any) -> Any:
+        """A request handler: byoc's own on the event loop for small bodies, anything else on a thread."""
+        if builtin and size < INLINE_LIMIT:
+            return guarded(call, fn, name, *args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.handler_threads, guarded, call, fn, name, *args)
 
     def _response(self, result: Any, accept: str) -> Response:
         """Handlers return (body, content_type) or just a body."""
@@ -164,8 +202,22 @@ class ModelServer:
             body = result
             content_type = accept if negotiation.is_concrete(accept) else self.settings.default_accept
         if not isinstance(body, (str, bytes)):
-            body, content_type = json.dumps(body), JSON
+            body, content_type = to_json(body), JSON
         return Response(body, media_type=content_type)
+
+
+def to_json(value: Any) -> str:
+    """JSON, never with NaN or Infinity (which JSON does not have, and clients fail to parse)."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError as err:
+        raise InvalidAnswer(inference.NON_FINITE) from err
+
+
+def _quote(header: str | None, limit: int = 100) -> str:
+    """A client's header in an error message, cut short: never echo a huge header back."""
+    text = repr(header)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(header or '')} characters)"
 
 
 def _batch_shaped(data: Any) -> bool:
@@ -174,15 +226,6 @@ def _batch_shaped(data: Any) -> bool:
         and isinstance(data.get("inputs"), list)
         and isinstance(data.get("parameters") or {}, dict)
     )
-
-
-async def _off_loop(size: int, fn, *args):
-    """Small requests are handled on the event loop itself: a thread hop per request would fight
-    the inference thread for the GIL (each torch op re-acquires it). Large ones go to a thread so
-    that /ping never waits behind a 6 MB JSON parse."""
-    if size < INLINE_LIMIT:
-        return fn(*args)
-    return await asyncio.to_thread(fn, *args)
 
 
 def _split_cores(workers: int) -> None:

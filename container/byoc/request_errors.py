@@ -29,3 +29,10 @@ class PayloadTooLarge(InputError):
     """The request is over a size limit (its body, or its number of inputs): 413."""
 
     status = 413
+
+
+class InvalidAnswer(Exception):
+    """The handlers' answer cannot be sent (NaN or infinity in JSON): a 500 that says so, not a
+    body clients cannot parse. Not the request's fault, so not an InputError."""
+
+    status = 500

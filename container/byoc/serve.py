@@ -7,12 +7,16 @@
 - `POST /invocations`: handlers from `byoc.handlers`, run by `byoc.model_server`; requests batched
   by `byoc.batching`.
 - `GET /execution-parameters`: batch transform settings.
-Errors are JSON `{"error": ...}` with honest codes: 400 bad input, 406 bad accept, 413 too large,
-415 bad content type, 503 not ready or at capacity (with Retry-After), 504 over the timeout, 500
-only for real server faults.
+Errors are JSON `{"error": ...}` with honest codes: 400 bad input, 406 bad accept, 408 a body
+too slow, 413 too large, 415 bad content type, 431 headers too large, 503 not ready or at capacity
+(with Retry-After), 504 over the timeout, 500 only for faults of the server or the handler code.
+Connections are guarded by byoc.connections (idle ones closed, headers bounded in size and time).
+An invocation takes one of `BYOC_MAX_CONCURRENCY` slots only once its body is complete, so slow
+or stalled senders never turn ordinary requests into 503s.
 SIGTERM: uvicorn stops accepting, finishes in-flight requests (up to `BYOC_GRACEFUL_TIMEOUT`,
-default 25 s, inside SageMaker's 30 s) and exits. A worker whose batching task died gives up the
-same way, and exits non-zero, so that the platform (or uvicorn's supervisor) replaces it.
+default 25 s, inside SageMaker's 30 s), answers those still running then with a JSON 503, and
+exits; no handler thread can hold the process (byoc.threads). A worker whose batching task died
+gives up the same way, and exits non-zero, so that the platform (or uvicorn's supervisor) replaces it.
 """
 
 from __future__ import annotations
@@ -29,20 +33,21 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from byoc import connections
 from byoc.batching import Batcher, BatcherStopped, QueueFull
 from byoc.handlers import InputError
 from byoc.logs import configure_logging
 from byoc.model_server import ModelServer, tune_malloc
+from byoc.request_errors import InvalidAnswer
 from byoc.serve_settings import ServeSettings, ServeSettingsError
 
 logger = logging.getLogger("byoc.serve")
 
 RETRY_AFTER = "1"  # seconds, on every 503: SageMaker and its SDKs retry such answers
-CONNECTIONS_PER_REQUEST_SLOT = 4  # uvicorn's connection limit, as a multiple of BYOC_MAX_CONCURRENCY
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -57,7 +62,16 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
     if not logging.getLogger().handlers:  # a uvicorn worker process (workers > 1) starts unconfigured
         configure_logging()
     settings = settings or ServeSettings.from_env()
+    connections.configure(
+        connections.ConnectionLimits(
+            max_connections=settings.max_connections,
+            max_header_bytes=settings.max_header_bytes,
+            header_timeout=settings.header_timeout,
+            keep_alive_timeout=settings.keep_alive_timeout,
+        )
+    )
     server = ModelServer(settings)
+    open_requests: set[asyncio.Task] = set()  # invocations being read or answered
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -79,12 +93,16 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
 
         loading.add_done_callback(failed)
         yield
+        # Requests uvicorn cut at the graceful limit are answering their 503 now: let them finish it.
+        if open_requests:
+            await asyncio.wait(list(open_requests), timeout=1.0)
         await server.batcher.stop()
         server.executor.shutdown(wait=False, cancel_futures=True)
+        server.handler_threads.shutdown(wait=False, cancel_futures=True)
 
     async def ping(request: Request) -> Response:
         problem = server.problem()
-        return Response(status_code=200) if problem is None else _error(503, problem)
+        return JSONResponse({"status": "healthy"}) if problem is None else _error(503, problem)
 
     async def execution_parameters(request: Request) -> Response:
         return JSONResponse(
@@ -95,28 +113,33 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
             }
         )
 
-    in_flight = 0  # /invocations being answered; the event loop is one thread, so a plain count
+    in_flight = 0  # invocations with their body read, being answered; the event loop is one thread
 
     async def invocations(request: Request) -> Response:
-        # BYOC_MAX_CONCURRENCY bounds invocations here, not in uvicorn: uvicorn's limit refuses
-        # /ping too, and SageMaker replaces an instance whose /ping fails, the worst answer to load.
-        nonlocal in_flight
-        if in_flight >= settings.max_concurrency:
-            return _unavailable(
-                f"the server is at capacity: {in_flight} requests in flight (BYOC_MAX_CONCURRENCY); retry in a moment"
-            )
-        in_flight += 1
+        task = asyncio.current_task()
+        assert task is not None
+        open_requests.add(task)
         try:
-            return await _invoke(request)
+            body = await _read_body(request)
+            if isinstance(body, Response):
+                return body
+            return await _answer(request, body)
+        except ClientDisconnect:
+            logger.info("a client disconnected before its request's body was complete")
+            return Response(status_code=400)  # nobody is there to read it
+        except asyncio.CancelledError:
+            # uvicorn cancels what is still running when BYOC_GRACEFUL_TIMEOUT ends: an honest,
+            # retryable answer instead of its plain-text 500.
+            if hasattr(task, "uncancel"):
+                task.uncancel()
+            return _unavailable(
+                f"the server is shutting down and this request did not finish within the {settings.graceful_timeout} s "
+                "of BYOC_GRACEFUL_TIMEOUT; retry (another instance answers)"
+            )
         finally:
-            in_flight -= 1
+            open_requests.discard(task)
 
-    async def _invoke(request: Request) -> Response:
-        if not server.ready.is_set():
-            return _unavailable("the model is still loading; retry when /ping answers 200")
-        problem = server.problem()
-        if problem:
-            return _unavailable(f"{problem}; retry in a moment")
+    async def _read_body(request: Request) -> bytes | Response:
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > settings.max_payload_bytes:
             return _error(
@@ -125,24 +148,64 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
                 f"{settings.max_payload_mb:g} MB (SAGEMAKER_MAX_PAYLOAD_IN_MB)",
             )
         body = bytearray()
+        try:
+            complete = await asyncio.wait_for(_collect(request, body), settings.body_timeout)
+        except asyncio.TimeoutError:
+            return _error(
+                408,
+                f"the request body did not arrive within {settings.body_timeout:g} s (BYOC_BODY_TIMEOUT); "
+                f"{len(body)} bytes came",
+                {"connection": "close"},  # the rest of that body will not be read
+            )
+        if not complete:
+            return _error(
+                413,
+                f"the request body is over the limit of {settings.max_payload_mb:g} MB (SAGEMAKER_MAX_PAYLOAD_IN_MB)",
+            )
+        return bytes(body)
+
+    async def _collect(request: Request, body: bytearray) -> bool:
+        """Read the body into `body`; False as soon as it is over the payload limit."""
         async for chunk in request.stream():
             body += chunk
             if len(body) > settings.max_payload_bytes:
-                return _error(
-                    413,
-                    f"the request body is over the limit of {settings.max_payload_mb:g} MB "
-                    "(SAGEMAKER_MAX_PAYLOAD_IN_MB)",
-                )
+                return False
+        return True
+
+    async def _answer(request: Request, body: bytes) -> Response:
+        # BYOC_MAX_CONCURRENCY bounds invocations here, not in uvicorn: uvicorn's limit refuses
+        # /ping too, and SageMaker replaces an instance whose /ping fails, the worst answer to load.
+        # A slot is taken once the body is complete: stalled senders hold no slot.
+        nonlocal in_flight
+        if in_flight >= settings.max_concurrency:
+            return _unavailable(
+                f"the server is at capacity: {in_flight} requests in flight (BYOC_MAX_CONCURRENCY); retry in a moment"
+            )
+        in_flight += 1
+        try:
+            return await _invoke(request, body)
+        finally:
+            in_flight -= 1
+
+    async def _invoke(request: Request, body: bytes) -> Response:
+        if not server.ready.is_set():
+            return _unavailable("the model is still loading; retry when /ping answers 200")
+        problem = server.problem()
+        if problem:
+            return _unavailable(f"{problem}; retry in a moment")
         content_type = request.headers.get("content-type") or "application/json"
         try:
             return await asyncio.wait_for(
-                server.invoke(bytes(body), content_type, request.headers.get("accept")), settings.timeout
+                server.invoke(body, content_type, request.headers.get("accept")), settings.timeout
             )
         except asyncio.TimeoutError:
             return _error(
                 504, f"the prediction took longer than {settings.timeout:g} s (SAGEMAKER_MODEL_SERVER_TIMEOUT)"
             )
         except InputError as err:
+            return _error(err.status, str(err))
+        except InvalidAnswer as err:
+            logger.error("cannot send the answer: %s", err)
             return _error(err.status, str(err))
         except QueueFull as err:
             return _unavailable(f"the server is at capacity: {err} (BYOC_MAX_QUEUED_INPUTS); retry in a moment")
@@ -229,10 +292,10 @@ def main() -> None:
         log_level="info",
         access_log=False,
         timeout_graceful_shutdown=settings.graceful_timeout,
-        timeout_keep_alive=75,
-        # Connections (idle keep-alive ones included) and tasks; invocations are bounded lower, in the
-        # app, so that /ping still answers under a load the limit refuses.
-        limit_concurrency=settings.max_concurrency * CONNECTIONS_PER_REQUEST_SLOT,
+        timeout_keep_alive=settings.keep_alive_timeout,
+        # Connections are bounded by byoc.connections (the longest-idle one closes at the limit) and
+        # invocations in the app: uvicorn's own limit_concurrency would answer /ping with a plain 503.
+        http=connections.GuardedProtocol,
     )
     if settings.workers > 1:
         failure = _failure_file(os.getpid())

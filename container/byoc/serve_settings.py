@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from byoc.contract import Paths, base_dir
@@ -41,6 +41,11 @@ class ServeSettings:
     max_inputs: int = 4096  # per request (413 above): about 15 s of a MiniLM on 2 cores, inside the 60 s timeout
     max_queued_inputs: int = 16384  # waiting for the model, all requests together (503 + Retry-After above)
     max_concurrency: int = 256  # invocations one worker answers at once (503 + Retry-After above; /ping never)
+    max_connections: int = 1024  # open connections; past it the longest-idle one is closed (byoc.connections)
+    keep_alive_timeout: float = 75.0  # a connection idle this long is closed (SageMaker keeps its own 60 s)
+    header_timeout: float = 15.0  # a request's headers complete within this of their first byte (408)
+    body_timeout: float = 30.0  # a request's body complete within this of its headers (408)
+    max_header_bytes: int = 64 * 1024  # a request's line and headers (431 above)
 
     @classmethod
     def from_env(cls) -> ServeSettings:
@@ -66,7 +71,18 @@ class ServeSettings:
             max_inputs=read.integer("BYOC_MAX_INPUTS_PER_REQUEST", 4096, 1),
             max_queued_inputs=read.integer("BYOC_MAX_QUEUED_INPUTS", 16384, 1),
             max_concurrency=read.integer("BYOC_MAX_CONCURRENCY", 256, 1),
+            keep_alive_timeout=read.number("BYOC_KEEP_ALIVE_TIMEOUT", 75.0, positive=True),
+            header_timeout=read.number("BYOC_HEADER_TIMEOUT", 15.0, positive=True),
+            body_timeout=read.number("BYOC_BODY_TIMEOUT", 30.0, positive=True),
+            max_header_bytes=read.integer("BYOC_MAX_HEADER_BYTES", 64 * 1024, 1024),
         )
+        connections = read.integer("BYOC_MAX_CONNECTIONS", 4 * settings.max_concurrency, 1)
+        if connections < settings.max_concurrency:
+            raise ServeSettingsError(
+                f"BYOC_MAX_CONNECTIONS={connections} is under BYOC_MAX_CONCURRENCY={settings.max_concurrency}: "
+                "every request in flight needs its connection; raise the first"
+            )
+        settings = replace(settings, max_connections=connections)
         if settings.max_inputs > settings.max_queued_inputs:
             raise ServeSettingsError(
                 f"BYOC_MAX_INPUTS_PER_REQUEST={settings.max_inputs} is over BYOC_MAX_QUEUED_INPUTS="
