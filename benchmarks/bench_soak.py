@@ -6,7 +6,11 @@ phases of `--seconds` each (60 by default), 32 clients on keep-alive connections
 - soak: the same, with 10% of requests hostile (`--hostile`), in turn: a string the tokenizer cannot
   encode, JSON nested 100,000 deep, a body that is not UTF-8, wrong input types, an unsupported
   content type, an Accept nothing can satisfy, an Accept list with weights (answered), and 150,000
-  inputs in one request (under 1 MB).
+  inputs in one request (under 1 MB);
+- connections: the baseline's traffic while other clients hold the server's connections: 1,100
+  connections that never send a byte (past BYOC_MAX_CONNECTIONS: the server closes the longest
+  idle), 256 that send headers and part of a body and stall, 16 that send their headers one byte a
+  second, and one request a second whose single text is 5.8 MB. Each reconnects when closed.
 It reports innocent requests that failed (any answer but 200, a closed connection, a timeout: the
 target is 0), the innocent p99 latency against the baseline's, the statuses each kind of hostile
 request got (never a 5xx), and the server's resident memory (RSS) at the start and end of the soak.
@@ -112,6 +116,78 @@ async def _soak(port: int, texts: list[str], concurrency: int, seconds: float, h
     }
 
 
+LONG_TEXT = json.dumps({"inputs": ("what a wonderful day it was, " * 200_000)[:5_800_000]}).encode()
+STALLED_BODY = (
+    b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
+)
+
+
+async def _harass(port: int, seconds: float, idle: int = 1100, stalled: int = 256, trickling: int = 16) -> dict:
+    """Clients that hold connections (idle, stalled in their body, trickling their headers) and one
+    long-text request a second, for `seconds`; how often the server closed each kind, and the
+    long-text requests' statuses."""
+    stop_at = time.monotonic() + seconds
+    closed: Counter[str] = Counter()
+    long_statuses: Counter[int | str] = Counter()
+
+    async def hold(kind: str, first: bytes, trickle: bytes = b"") -> None:
+        while time.monotonic() < stop_at:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                await asyncio.sleep(0.1)
+                continue
+            try:
+                writer.write(first)
+                for byte in trickle:
+                    if time.monotonic() >= stop_at or reader.at_eof():
+                        break
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+                    await asyncio.sleep(1.0)
+                await asyncio.wait_for(reader.read(), max(0.0, stop_at - time.monotonic()))
+                closed[kind] += 1  # the server answered (408) or closed it
+            except asyncio.TimeoutError:
+                break
+            except OSError:
+                closed[kind] += 1
+            finally:
+                writer.close()
+            await asyncio.sleep(0.5)  # then comes back
+
+    async def long_texts() -> None:
+        while time.monotonic() < stop_at:
+            began = time.monotonic()
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                status: int | str = await asyncio.wait_for(bench_serve._request(reader, writer, LONG_TEXT), 60)
+                writer.close()
+            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as err:
+                status = type(err).__name__
+            long_statuses[status] += 1
+            await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - began)))
+
+    trickle = b"POST /invocations HTTP/1.1\r\nHost: x\r\nAccept: application/json\r\n"
+    await asyncio.gather(
+        *(hold("idle", b"") for _ in range(idle)),
+        *(hold("stalled body", STALLED_BODY + b'{"inputs": "') for _ in range(stalled)),
+        *(hold("trickled headers", b"", trickle) for _ in range(trickling)),
+        long_texts(),
+    )
+    return {
+        "held": {"idle": idle, "stalled body": stalled, "trickled headers": trickling},
+        "closed_by_server": dict(closed),
+        "long_text_statuses": {str(k): v for k, v in long_statuses.items()},
+    }
+
+
+async def _under_siege(port: int, texts: list[str], concurrency: int, seconds: float, seed: int) -> dict:
+    harassing = asyncio.ensure_future(_harass(port, seconds + 2))
+    await asyncio.sleep(2)  # the connections are open before the measured traffic starts
+    soak = await _soak(port, texts, concurrency, seconds, 0.0, seed)
+    return {**soak, **await harassing}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="length of each phase (baseline, soak)")
@@ -134,6 +210,8 @@ def main() -> int:
         rss_start = bench_serve.rss_tree_mib(proc.pid)
         soak = asyncio.run(_soak(port, texts, opts.concurrency, opts.seconds, opts.hostile, opts.seed))
         rss_end = bench_serve.rss_tree_mib(proc.pid)
+        siege = asyncio.run(_under_siege(port, texts, opts.concurrency, opts.seconds, opts.seed))
+        rss_siege = bench_serve.rss_tree_mib(proc.pid)
         alive = proc.poll() is None
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -144,10 +222,14 @@ def main() -> int:
         "hostile_share": opts.hostile,
         "baseline": baseline,
         "soak": soak,
+        "connections": siege,
         "innocent_failed": soak["innocent_failed"],
         "p99_ratio": soak["p99_ms"] / baseline["p99_ms"],
+        "connections_innocent_failed": siege["innocent_failed"],
+        "connections_p99_ratio": siege["p99_ms"] / baseline["p99_ms"],
         "rss_mib_start": rss_start,
         "rss_mib_end": rss_end,
+        "rss_mib_after_connections": rss_siege,
         "server_alive_at_end": alive,
     }
     print(
@@ -158,12 +240,19 @@ def main() -> int:
         f"p99 {soak['p99_ms']:.0f} ms ({results['p99_ratio']:.2f}x the baseline's), "
         f"{soak['innocent_per_second']:.0f}/s; {soak['hostile_requests']} hostile requests, "
         f"unexpected statuses: {soak['hostile_unexpected'] or 'none'}\n"
-        f"resident memory: {rss_start:.0f} MiB at the start of the soak, {rss_end:.0f} MiB at its end",
+        f"connections held ({siege['held']}): {siege['innocent_requests']} innocent requests, "
+        f"{siege['innocent_failed']} failed {siege['innocent_failures'] or ''}, p50 {siege['p50_ms']:.0f} ms, "
+        f"p99 {siege['p99_ms']:.0f} ms ({results['connections_p99_ratio']:.2f}x the baseline's), "
+        f"{siege['innocent_per_second']:.0f}/s; closed by the server: {siege['closed_by_server']}; "
+        f"5.8 MB texts: {siege['long_text_statuses']}\n"
+        f"resident memory: {rss_start:.0f} MiB at the start of the soak, {rss_end:.0f} MiB at its end, "
+        f"{rss_siege:.0f} MiB after the connections phase",
         flush=True,
     )
     if opts.json:
         opts.json.write_text(json.dumps(results, indent=2) + "\n")
-    return 0 if alive and not soak["innocent_failed"] and not soak["hostile_unexpected"] else 1
+    clean = not soak["innocent_failed"] and not soak["hostile_unexpected"] and not siege["innocent_failed"]
+    return 0 if alive and clean and set(siege["long_text_statuses"]) == {"200"} else 1
 
 
 if __name__ == "__main__":
