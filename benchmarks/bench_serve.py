@@ -63,7 +63,7 @@ def train_model() -> Path:
     root = WORK / "opt-ml"
     model = root / "model"
     if (model / "model.safetensors").exists():
-        # Today's template (the installed byoc.inference, predict_fn overridden), not an old copy of the defaults.
+        # Today's template (the installed default handlers, predict_fn overridden), not an old copy of them.
         shutil.copy(REPO / "code" / "inference.py", model / "code" / "inference.py")
         if not (model / "model.int8.onnx").exists():  # trained before byoc wrote the serving graphs
             subprocess.run(

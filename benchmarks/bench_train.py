@@ -59,7 +59,7 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     datasets.disable_progress_bars()
-    from byoc.model import bundled_model_dir
+    from byoc.training.model import bundled_model_dir
 
     model_dir = str(bundled_model_dir())
     total = steps + warmup
@@ -98,12 +98,12 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
         dataloader_pin_memory=False,
     )
     if recipe.startswith("byoc"):
-        from byoc.arguments import parse_hyperparameters
         from byoc.contract import Paths, TrainingContract
-        from byoc.data import TaskData
-        from byoc.model import ModelSource, load_model
-        from byoc.tokenization import tokenize_splits
-        from byoc.trainer import build_trainer
+        from byoc.training.arguments import parse_hyperparameters
+        from byoc.training.data import TaskData
+        from byoc.training.model import ModelSource, load_model
+        from byoc.training.tokenization import tokenize_splits
+        from byoc.training.trainer import build_trainer
 
         args = parse_hyperparameters(
             {

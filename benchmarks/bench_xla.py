@@ -42,8 +42,8 @@ def padding_report() -> dict[str, float]:
     """Padding efficiency on the whole emotion train split, with the tokenizer byoc trains with."""
     from transformers import AutoTokenizer
 
-    from byoc.buckets import choose_buckets, padding_efficiency
-    from byoc.model import bundled_model_dir
+    from byoc.training.buckets import choose_buckets, padding_efficiency
+    from byoc.training.model import bundled_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir())
     texts = [

@@ -15,7 +15,8 @@ from byoc.logs import configure_logging
 
 def main(contract, args) -> dict:
     # Imported here: byoc sets the device's environment (XLA or not) first, and transformers reads it as it loads.
-    from byoc import distributed, job
+    from byoc.launch import distributed
+    from byoc.training import job
 
     with job.stop_on_sigterm() as stop:  # SIGTERM: save a checkpoint, exit 143; rerun resumes
         setup = job.prepare(contract, args)  # device, model source, data, tokens, shards

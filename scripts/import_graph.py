@@ -1,7 +1,8 @@
 """The byoc package's import graph, one line per module: what it imports from byoc.
 
     python scripts/import_graph.py            # print the graph (docs/architecture.md holds a copy)
-    python scripts/import_graph.py --check    # exit 1 on an import cycle or a module over the size limit
+    python scripts/import_graph.py --check    # exit 1 on an import cycle, a module over the size limit,
+                                              # or an import across the rooms' walls (ROOM_RULES)
 
 Both top-level and function-local imports count: a local import hides a dependency, it does not remove it.
 tests/test_architecture.py keeps docs/architecture.md equal to this output.
@@ -18,18 +19,49 @@ PACKAGE = Path(__file__).resolve().parents[1] / "container" / "byoc"
 MAX_LINES = 400  # one concern a module: about this many lines at most
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+# The package's rooms and who may import whom. A room is the subpackage a module is in; top-level
+# modules are the shared floor, except the entry point (cli, which dispatches into every room) and the
+# re-exports kept at the import paths users' code depends on (each imports only its room's module).
+ROOMS = ("training", "launch", "serving")
+ENTRY = {"byoc.cli"}
+SHIMS = {"byoc.inference", "byoc.handlers", "byoc.metrics", "byoc.job", "byoc.distributed"}
+ROOM_RULES = {  # room -> the rooms it must never import
+    "floor": {"training", "launch", "serving", "entry", "shims"},
+    "launch": {"training", "serving", "entry", "shims"},
+    "training": {"serving", "entry", "shims"},
+    "serving": {"training", "launch", "entry", "shims"},
+}
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+def modules(package: Path = PACKAGE) -> dict[str, Path]:
+    return {module_name(p, package): p for p in sorted(package.rglob("*.py"))}
 
 
-def imports_of(path: Path, known: set[str]) -> set[str]:
+def room_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in ROOMS:
+        return parts[1]
+    return "entry" if module in ENTRY else "shims" if module in SHIMS else "floor"
+
+
+def layer_violations(edges: dict[str, set[str]]) -> list[str]:
+    """Every import across a wall: `a (room) imports b (room)`."""
+    return [
+        f"{module} ({room_of(module)}) imports {target} ({room_of(target)})"
+        for module, targets in sorted(edges.items())
+        for target in sorted(targets)
+        if room_of(target) in ROOM_RULES.get(room_of(module), set())
+    ]
+
+
+def imports_of(path: Path, known: set[str], package: Path = PACKAGE) -> set[str]:
     """The byoc modules `path` imports (`from byoc import x` counts as byoc.x when that is a module)."""
-    name = module_name(path)
+    name = module_name(path, package)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -44,16 +76,16 @@ def imports_of(path: Path, known: set[str]) -> set[str]:
         else:
             continue
         for target in targets:
-            while target and target not in known:  # byoc.data.types.DataError -> byoc.data.types
+            while target and target not in known:  # byoc.training.data.types.DataError -> byoc.training.data.types
                 target = target.rpartition(".")[0]
             if target and target != name and target != "byoc":
                 found.add(target)
     return found
 
 
-def graph() -> dict[str, set[str]]:
-    mods = modules()
-    return {name: imports_of(path, set(mods)) for name, path in mods.items()}
+def graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    mods = modules(package)
+    return {name: imports_of(path, set(mods), package) for name, path in mods.items()}
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -110,14 +142,17 @@ def oversized() -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="fail on an import cycle or an oversized module")
+    parser.add_argument(
+        "--check", action="store_true", help="fail on an import cycle, an oversized module or an import across rooms"
+    )
     options = parser.parse_args()
     edges = graph()
     if not options.check:
         print(render(edges))
         return 0
     problems = [f"import cycle: {' <-> '.join(group)}" for group in cycles(edges)] + oversized()
-    print("\n".join(problems) or f"no import cycle; no module over {MAX_LINES} lines")
+    problems += [f"across rooms: {v}" for v in layer_violations(edges)]
+    print("\n".join(problems) or f"no import cycle; no module over {MAX_LINES} lines; no import across rooms")
     return 1 if problems else 0
 
 

@@ -65,7 +65,7 @@ def build_tiny_bert(target: Path, seed: int = TEST_SEED) -> Path:
     import torch
     from transformers import BertConfig, BertModel
 
-    from byoc.model import bundled_model_dir
+    from byoc.training.model import bundled_model_dir
 
     source = bundled_model_dir()
     if source is None:

@@ -1,9 +1,11 @@
-"""The package's shape stays as docs/architecture.md describes it: no import cycle, no module over
-the size limit, and the import graph in the doc equal to the code's."""
+"""The package's shape stays as docs/architecture.md describes it: three rooms whose walls hold (serving
+imports nothing of training or launch, training nothing of serving, the shared floor neither), no
+import cycle, no module over the size limit, and the import graph in the doc equal to the code's."""
 
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 
 from helpers import REPO
@@ -12,6 +14,39 @@ spec = importlib.util.spec_from_file_location("import_graph", REPO / "scripts" /
 import_graph = importlib.util.module_from_spec(spec)
 sys.modules["import_graph"] = import_graph
 spec.loader.exec_module(import_graph)
+
+
+def test_the_rooms_walls_hold():
+    assert import_graph.layer_violations(import_graph.graph()) == []
+
+
+def test_a_serving_module_that_imports_training_breaks_the_wall(tmp_path):
+    """The check above can fail: a function-local import of the training job planted in a copy of the
+    server is found, and so is the floor importing a room."""
+    copy = tmp_path / "byoc"
+    shutil.copytree(import_graph.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    server = copy / "serving" / "server.py"
+    server.write_text(server.read_text() + "\n\ndef planted():\n    from byoc.training import job  # noqa\n")
+    files = copy / "safe_files.py"
+    files.write_text(files.read_text() + "\nfrom byoc.serving.buckets import CPU  # noqa\n")
+    assert import_graph.layer_violations(import_graph.graph(copy)) == [
+        "byoc.safe_files (floor) imports byoc.serving.buckets (serving)",
+        "byoc.serving.server (serving) imports byoc.training.job (training)",
+    ]
+
+
+def test_each_module_belongs_to_one_room():
+    rooms = {name: import_graph.room_of(name) for name in import_graph.modules()}
+    assert rooms["byoc.serving.server"] == "serving" and rooms["byoc.training.job"] == "training"
+    assert rooms["byoc.launch.launcher"] == "launch" and rooms["byoc.errors"] == "floor"
+    assert rooms["byoc.inference"] == "shims" and rooms["byoc.cli"] == "entry"
+    shims = [(REPO / "container" / (name.replace(".", "/") + ".py")) for name in import_graph.SHIMS]
+    for shim in shims:  # the re-exports hold no code of their own: imports and __all__ only
+        import ast
+
+        body = ast.parse(shim.read_text()).body
+        kinds = {type(node).__name__ for node in body[1:]}  # after the docstring
+        assert kinds <= {"ImportFrom", "Assign"}, (shim, kinds)
 
 
 def test_no_import_cycle():
@@ -31,7 +66,7 @@ def test_no_module_over_the_size_limit():
 def test_local_imports_count_as_dependencies(tmp_path):
     """A function-local import hides a dependency from a reader, not from the graph."""
     path = import_graph.PACKAGE / "cli.py"
-    assert "byoc.job" in import_graph.imports_of(path, set(import_graph.modules()))
+    assert "byoc.training.job" in import_graph.imports_of(path, set(import_graph.modules()))
 
 
 def test_architecture_doc_shows_the_current_graph():
@@ -41,7 +76,7 @@ def test_architecture_doc_shows_the_current_graph():
 
 
 def _job_steps(source: str, function: str) -> list[str]:
-    """The byoc.job steps `function` calls, in order (`job.prepare(...)` and `prepare(...)` alike)."""
+    """The byoc.training.job steps `function` calls, in order (`job.prepare(...)` and `prepare(...)` alike)."""
     import ast
 
     steps = {"stop_on_sigterm", "prepare", "load_model", "make_trainer", "train_and_evaluate", "finish", "teardown"}
@@ -53,7 +88,7 @@ def _job_steps(source: str, function: str) -> list[str]:
 
 def test_code_train_py_runs_the_steps_byoc_train_runs():
     """The script users copy composes the same steps, in the same order, as `byoc train`'s job."""
-    ours = _job_steps((REPO / "container" / "byoc" / "job.py").read_text(), "run_training")
+    ours = _job_steps((REPO / "container" / "byoc" / "training" / "job.py").read_text(), "run_training")
     theirs = _job_steps((REPO / "code" / "train.py").read_text(), "main")
     assert (
         ours

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from byoc.arguments import HyperparameterError, TrainArguments, hyperparameter_table, parse_hyperparameters
+from byoc.training.arguments import HyperparameterError, TrainArguments, hyperparameter_table, parse_hyperparameters
 
 
 def v2_estimator(values: dict) -> dict:
@@ -175,7 +175,7 @@ def test_every_number_has_a_range_and_its_ends_are_accepted():
     import dataclasses
     import typing
 
-    from byoc.values import base_type
+    from byoc.sdk_values import base_type
 
     hints = typing.get_type_hints(TrainArguments)
     for f in dataclasses.fields(TrainArguments):

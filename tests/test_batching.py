@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from byoc.batching import Batcher
-from byoc.request_errors import InputError
+from byoc.serving.batching import Batcher
+from byoc.serving.request_errors import InputError
 
 WAIT = 10  # seconds: a request the batcher lost would wait forever; these tests fail instead
 

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from byoc.buckets import bucket_batches, bucket_of, choose_buckets, padding_efficiency
+from byoc.training.buckets import bucket_batches, bucket_of, choose_buckets, padding_efficiency
 from helpers import SHARED_DATA
 
 
@@ -53,7 +53,7 @@ def test_batches_have_one_size_and_few_shapes():
 def test_padding_efficiency_on_emotion_beats_the_tutorial_recipes():
     from transformers import AutoTokenizer
 
-    from byoc.model import bundled_model_dir
+    from byoc.training.model import bundled_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(str(bundled_model_dir()))
     lines = (SHARED_DATA / "emotion" / "train.txt").read_text(encoding="utf-8").splitlines()[1:]
@@ -69,7 +69,7 @@ def test_padding_efficiency_on_emotion_beats_the_tutorial_recipes():
 
 
 def test_fixed_shape_sampler_gives_full_batches_within_one_bucket():
-    from byoc.samplers import FixedShapeSampler
+    from byoc.training.samplers import FixedShapeSampler
 
     rng = np.random.default_rng(3)
     lengths = [int(n) for n in rng.integers(4, 70, size=203)]
@@ -113,7 +113,7 @@ def test_fixed_shape_sampler_gives_full_batches_within_one_bucket():
 def test_fixed_shape_collator_pads_to_the_bucket_and_fills_short_batches():
     import torch
 
-    from byoc.buckets import IGNORE_LABEL, FixedShapeCollator
+    from byoc.training.buckets import IGNORE_LABEL, FixedShapeCollator
 
     collate = FixedShapeCollator(pad_token_id=0, buckets=[8, 16, 32], batch_rows=4)
     rows = [

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from byoc.checkpoints import (
+from byoc.training.checkpoints import (
     JOB_FILE,
     CheckpointMismatch,
     check_job,
@@ -87,7 +87,7 @@ def overwrite_in_place(path: Path, offset: int = 0, garbage: bytes = b"\x00garba
 )
 def test_a_sealed_checkpoint_that_cannot_load_is_skipped_for_the_previous_one(tmp_path, caplog, name, offset):
     """Issue 21: a same-size corruption of the newest checkpoint blocked every restart (JSONDecodeError)."""
-    from byoc.checkpoints import common_resume_point, unreadable
+    from byoc.training.checkpoints import common_resume_point, unreadable
 
     loadable_checkpoint(tmp_path, 10)
     newest = loadable_checkpoint(tmp_path, 20)
@@ -146,8 +146,8 @@ def test_the_job_record_is_never_half_written(tmp_path):
 def test_a_stop_a_finalizer_swallowed_while_preparing_is_raised_when_training_begins(monkeypatch):
     """StopOnSignal's handler raises before training; if that exception was swallowed (the signal
     landed in a `__del__`), the stop is remembered and raised when training would begin."""
-    from byoc import interruption
-    from byoc.checkpoints import StopOnSignal
+    from byoc.training import interruption
+    from byoc.training.checkpoints import StopOnSignal
 
     monkeypatch.setattr(interruption, "_stopped_while", None)
     stop = StopOnSignal()

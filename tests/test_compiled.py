@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from byoc.arguments import parse_hyperparameters
-from byoc.compiled import compile_arguments, wants_buckets
+from byoc.training.arguments import parse_hyperparameters
+from byoc.training.compiled_steps import compile_arguments, wants_buckets
 from helpers import CPU_ONLY, Job, run_train_process, sentiment_rows, write_csv
 
 
@@ -30,7 +30,7 @@ def test_compile_settings_follow_the_hardware():
 def test_the_compile_cache_goes_with_the_checkpoints_unless_the_user_placed_it(tmp_path, monkeypatch):
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from byoc.compiled import CACHE_ENV, persistent_cache
+    from byoc.training.compiled_steps import CACHE_ENV, persistent_cache
 
     monkeypatch.setenv(CACHE_ENV, "set first, so that monkeypatch restores the real value, unset included")
     monkeypatch.delenv(CACHE_ENV)

@@ -113,10 +113,17 @@ def test_failure_file_keeps_the_first_reason(tmp_path):
 def test_failure_message_works_when_imports_are_broken(monkeypatch):
     """A SIGTERM can cut `import torch` short; the failure path must not import anything heavy."""
     from byoc.cli import failure_message
-    from byoc.interruption import Interrupted
-    from byoc.launch import LaunchError
+    from byoc.launch.launcher import LaunchError
+    from byoc.training.interruption import Interrupted
 
-    for name in ("torch", "transformers", "byoc.job", "byoc.model", "byoc.checkpoints", "byoc.data"):
+    for name in (
+        "torch",
+        "transformers",
+        "byoc.training.job",
+        "byoc.training.model",
+        "byoc.training.checkpoints",
+        "byoc.training.data",
+    ):
         monkeypatch.setitem(sys.modules, name, None)  # any import of them now raises ImportError
     assert failure_message(Interrupted(None, phase="starting the job")).startswith("stopped by SIGTERM while starting")
     assert failure_message(LaunchError("host algo-2 did not resolve")) == "host algo-2 did not resolve"
@@ -126,7 +133,7 @@ def test_failure_message_works_when_imports_are_broken(monkeypatch):
 def _raised_in(function_name: str) -> BaseException:
     """A MemoryError raised inside a function of that name (the Trainer's, or byoc's)."""
     namespace: dict = {}
-    exec(f"def {function_name}():\n    raise MemoryError()", {"__name__": "byoc.data.pretokenized"}, namespace)
+    exec(f"def {function_name}():\n    raise MemoryError()", {"__name__": "byoc.training.data.pretokenized"}, namespace)
     try:
         namespace[function_name]()
     except MemoryError as err:
@@ -146,7 +153,9 @@ def test_out_of_memory_blames_the_batch_size_only_in_a_training_step():
     evaluating = failure_message(_raised_in("prediction_step"))
     assert evaluating.startswith("out of memory in an evaluation step: lower per_device_eval_batch_size"), evaluating
     elsewhere = failure_message(_raised_in("build_pretokenized"))
-    assert elsewhere.startswith("out of memory in byoc.data.pretokenized.build_pretokenized, not in a training step")
+    assert elsewhere.startswith(
+        "out of memory in byoc.training.data.pretokenized.build_pretokenized, not in a training step"
+    )
     for text in (metrics, evaluating, elsewhere):
         assert "per_device_train_batch_size" not in text, text
     assert failure_message(MemoryError()).startswith("out of memory outside the training steps")
@@ -155,16 +164,16 @@ def test_out_of_memory_blames_the_batch_size_only_in_a_training_step():
 def test_user_errors_are_known_by_class_not_by_name():
     """Every error whose message tells the user what to change derives from byoc.errors.UserError,
     so its message reaches output/failure as it is, whatever the class is called."""
-    from byoc.arguments import HyperparameterError
-    from byoc.checkpoints import CheckpointMismatch
     from byoc.cli import failure_message
     from byoc.contract import ContractError
-    from byoc.data import DataError
     from byoc.errors import UserError
-    from byoc.handlers import HandlerError
-    from byoc.launch import LaunchError
-    from byoc.model import ModelError
-    from byoc.script import ScriptError
+    from byoc.launch.launcher import LaunchError
+    from byoc.launch.script import ScriptError
+    from byoc.serving.handler_loader import HandlerError
+    from byoc.training.arguments import HyperparameterError
+    from byoc.training.checkpoints import CheckpointMismatch
+    from byoc.training.data import DataError
+    from byoc.training.model import ModelError
 
     for cls in (
         HyperparameterError,

@@ -1,4 +1,4 @@
-"""Tests for byoc.data: SageMaker channels -> normalised datasets."""
+"""Tests for byoc.training.data: SageMaker channels -> normalised datasets."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 
 try:
-    import byoc.data  # noqa: F401
+    import byoc.training.data  # noqa: F401
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "container"))
 
-from byoc.data import DataError, DataSpec, TaskData, load_task_data
+from byoc.training.data import DataError, DataSpec, TaskData, load_task_data
 
 SHARED_DATA = next(
     (p for p in (Path(__file__).resolve().parents[2] / "shared" / "data", Path("/work/shared/data")) if p.is_dir()),

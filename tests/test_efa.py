@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from byoc import efa
 from byoc.contract import Paths, TrainingContract
-from byoc.launch import plan_launch, worker_environment
+from byoc.launch import efa
+from byoc.launch.launcher import plan_launch, worker_environment
 
 
 def device(root: Path, name: str, vendor: str, pci_device: str) -> None:

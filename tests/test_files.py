@@ -1,4 +1,4 @@
-"""byoc.files: atomic records and archives unpacked only when every member is a file or folder."""
+"""byoc.safe_files: atomic records and archives unpacked only when every member is a file or folder."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from byoc.files import UnsafeArchive, extract_archive, write_atomically
+from byoc.safe_files import UnsafeArchive, extract_archive, write_atomically
 
 
 def _archive(path: Path, *members: tarfile.TarInfo) -> Path:
@@ -57,9 +57,9 @@ def test_links_devices_and_escaping_paths_are_refused_before_anything_is_written
 
 
 def test_a_model_channel_with_an_unsafe_archive_is_a_model_error(tmp_path):
-    from byoc.arguments import parse_hyperparameters
     from byoc.contract import Channel, Paths, TrainingContract
-    from byoc.model import ModelError, resolve_model
+    from byoc.training.arguments import parse_hyperparameters
+    from byoc.training.model import ModelError, resolve_model
 
     channel = tmp_path / "model"
     channel.mkdir()

@@ -72,7 +72,7 @@ def test_precision_auto_and_bf16_choose_from_this_gpu(tmp_path, tiny_model_dir):
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert job.metrics["precision"] == "bf16"
-    if job.metrics["world_size"] == 1:  # with several GPUs, compiling stays the user's call (byoc.precision)
+    if job.metrics["world_size"] == 1:  # with several GPUs, compiling stays the user's call (byoc.training.precision)
         assert job.metrics["torch_compile_graphs_per_epoch"][0] > 0
     else:
         assert "torch_compile_graphs_per_epoch" not in job.metrics

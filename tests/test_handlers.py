@@ -11,15 +11,15 @@ import sys
 import pytest
 import serve_helpers
 
-from byoc import inference, runtimes
-from byoc.handlers import HandlerError, call, load_handlers
-from byoc.request_errors import InputError, InvalidAnswer, NotAcceptable
+from byoc.serving import default_handlers, runtimes
+from byoc.serving.handler_loader import HandlerError, call, load_handlers
+from byoc.serving.request_errors import InputError, InvalidAnswer, NotAcceptable
 
 
 @pytest.fixture(scope="module")
 def tiny_classifier_model(tmp_path_factory, tiny_model_dir):
     """What the default model_fn returns for a tiny classifier (ONNX Runtime)."""
-    return inference.model_fn(str(serve_helpers.tiny_classifier(tmp_path_factory, tiny_model_dir)))
+    return default_handlers.model_fn(str(serve_helpers.tiny_classifier(tmp_path_factory, tiny_model_dir)))
 
 
 def test_handlers_get_context_only_when_they_take_it():
@@ -62,20 +62,20 @@ def test_handlers_get_context_only_when_they_take_it():
 )
 def test_input_fn_refuses_what_the_model_cannot_take(body, content_type, words):
     with pytest.raises(InputError) as caught:
-        inference.input_fn(body, content_type)
+        default_handlers.input_fn(body, content_type)
     assert caught.value.status == 400 and words in str(caught.value)
 
 
 def test_input_fn_keeps_every_valid_text():
     texts = ["plain", "émotions 😀", "\x00nul", "", "\uffff", '"quoted, with comma"']
-    parsed = inference.input_fn(json.dumps({"inputs": texts}).encode(), "application/json")
+    parsed = default_handlers.input_fn(json.dumps({"inputs": texts}).encode(), "application/json")
     assert parsed["inputs"] == texts
 
 
 def test_predict_fn_names_the_input_a_custom_input_fn_let_through(tiny_classifier_model):
     """A user's input_fn may skip the checks: the default predict_fn still blames the input (4xx)."""
     with pytest.raises(InputError, match="input 1 is not valid Unicode"):
-        inference.predict_fn({"inputs": ["fine", "\ud800"], "parameters": {}}, tiny_classifier_model)
+        default_handlers.predict_fn({"inputs": ["fine", "\ud800"], "parameters": {}}, tiny_classifier_model)
 
 
 @pytest.mark.parametrize(
@@ -92,13 +92,13 @@ def test_predict_fn_names_the_input_a_custom_input_fn_let_through(tiny_classifie
 )
 def test_output_fn_reads_a_whole_accept_header(accept, kind):
     prediction = [{"label": "positive", "score": 0.75}]
-    _, content_type = inference.output_fn(prediction, accept)
+    _, content_type = default_handlers.output_fn(prediction, accept)
     assert content_type == kind
 
 
 def test_output_fn_refuses_what_nobody_accepts():
     with pytest.raises(NotAcceptable):
-        inference.output_fn([{"label": "a", "score": 1.0}], "image/png, */*;q=0")
+        default_handlers.output_fn([{"label": "a", "score": 1.0}], "image/png, */*;q=0")
 
 
 # --- a model's own code, loaded like the AWS toolkits load it ---------------------------------
@@ -194,17 +194,17 @@ def test_a_program_named_like_a_module_in_use_is_refused(tmp_path, monkeypatch):
 def test_inputs_are_counted_without_building_them(body, content_type, count):
     """Counted up to the limit + 1: the server refuses a body of a million tiny inputs after reading
     a few thousand, not after building them all."""
-    assert inference.too_many_inputs(body, content_type, count - 1)
-    assert not inference.too_many_inputs(body, content_type, count)
+    assert default_handlers.too_many_inputs(body, content_type, count - 1)
+    assert not default_handlers.too_many_inputs(body, content_type, count)
     if count < 5:  # the count is input_fn's own
-        assert len(inference.input_fn(body, content_type)["inputs"]) == count
+        assert len(default_handlers.input_fn(body, content_type)["inputs"]) == count
 
 
 def test_counting_a_huge_body_stops_at_the_limit():
     body = json.dumps({"inputs": ["x"] * 1_200_000}).encode()
-    assert inference.too_many_inputs(body, "application/json", 4096)
-    assert not inference.too_many_inputs(body, "application/json", 1_200_000)
-    assert inference.too_many_inputs(b"x\n" * 1_000_000, "text/plain", 10)
+    assert default_handlers.too_many_inputs(body, "application/json", 4096)
+    assert not default_handlers.too_many_inputs(body, "application/json", 1_200_000)
+    assert default_handlers.too_many_inputs(b"x\n" * 1_000_000, "text/plain", 10)
 
 
 def test_long_texts_are_cut_on_the_side_truncation_keeps():
@@ -221,5 +221,5 @@ def test_output_fn_never_writes_nan():
     broken = [{"label": "joy", "score": float("nan")}]
     for accept in ("application/json", "application/jsonlines", "text/csv"):
         with pytest.raises(InvalidAnswer, match="NaN or infinity"):
-            inference.output_fn(broken, accept)
-    assert json.loads(inference.output_fn([{"label": "joy", "score": 0.5}], "application/json")[0])
+            default_handlers.output_fn(broken, accept)
+    assert json.loads(default_handlers.output_fn([{"label": "joy", "score": 0.5}], "application/json")[0])

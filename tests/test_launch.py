@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from byoc.contract import Paths, TrainingContract
-from byoc.devices import count_core_list
-from byoc.launch import LaunchError, describe_failure, plan_launch, wait_for_hosts, worker_environment
+from byoc.launch.devices import count_core_list
+from byoc.launch.launcher import LaunchError, describe_failure, plan_launch, wait_for_hosts, worker_environment
 
 
 def contract(hosts=("algo-1",), current="algo-1", interface="eth0") -> TrainingContract:
@@ -139,7 +139,7 @@ def test_control_collectives_stay_on_the_cpu_under_nccl(monkeypatch):
     all_reduce and .item() there would make the host wait for the GPU after every step."""
     import torch
 
-    from byoc import distributed
+    from byoc.launch import distributed
 
     calls = []
     control = object()

@@ -6,7 +6,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from byoc.metrics import METRIC_DEFINITIONS, classification_metrics, metrics_line, plot_history
+from byoc.training.metrics import METRIC_DEFINITIONS, classification_metrics, metrics_line, plot_history
 
 
 def test_accuracy_and_macro_f1_by_hand():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from byoc import inference, negotiation
+from byoc.serving import default_handlers, negotiation
 
-OFFERED = inference.ACCEPT_TYPES  # application/json, text/csv, the JSON Lines types
+OFFERED = default_handlers.ACCEPT_TYPES  # application/json, text/csv, the JSON Lines types
 JSON, CSV, JSONL = "application/json", "text/csv", "application/jsonlines"
 
 

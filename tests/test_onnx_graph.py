@@ -19,7 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
 
-from byoc import inference, onnx_graph
+from byoc import onnx_graph
+from byoc.serving import default_handlers, onnx_session
 from helpers import build_classifier_with_graph
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +51,7 @@ def test_graph_holds_no_weights_and_gives_torchs_logits(classifier_dir):
     mask[2, 9:] = 0  # a padded row
     feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
     expected = torch_logits(classifier_dir, feeds)
-    np.testing.assert_allclose(onnx_graph.Session(classifier_dir, threads=1).logits(feeds), expected, atol=1e-5)
+    np.testing.assert_allclose(onnx_session.Session(classifier_dir, threads=1).logits(feeds), expected, atol=1e-5)
 
     # The graph also loads on its own: its offsets point into model.safetensors.
     plain = ort.InferenceSession(str(classifier_dir / "model.onnx"), providers=["CPUExecutionProvider"])
@@ -64,7 +65,7 @@ def test_a_graph_from_other_weights_is_refused(classifier_dir, tmp_path):
     tensors["extra.weight"] = torch.zeros(7)  # a new layout: every offset may have moved
     save_file(tensors, copy / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(onnx_graph.GraphError, match="does not match model.safetensors.*export-onnx"):
-        onnx_graph.Session(copy, threads=1)
+        onnx_session.Session(copy, threads=1)
 
 
 def test_export_failure_leaves_no_graph_and_says_why(classifier_dir, tmp_path, monkeypatch, caplog):
@@ -105,15 +106,15 @@ def test_export_onnx_command(classifier_dir, tmp_path):
 
 
 def _handlers_in_subprocess(model_dir: Path, backend: str, texts: list) -> dict:
-    """What a model's code/inference.py (the template: byoc.inference's handlers, predict_fn overridden)
+    """What a model's code/inference.py (the template: byoc.serving.default_handlers's handlers, predict_fn overridden)
     does in a fresh interpreter: answers, backend, and what got imported."""
     script = (
         "import importlib.util, json, sys\n"
         f"spec = importlib.util.spec_from_file_location('inference', {str(REPO / 'code' / 'inference.py')!r})\n"
         "inference = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(inference)\n"
-        f"model = inference.model_fn({str(model_dir)!r})\n"
-        f"answers = inference.predict_fn({{'inputs': {texts!r}, 'parameters': {{'top_k': 3}}}}, model)\n"
+        f"model = default_handlers.model_fn({str(model_dir)!r})\n"
+        f"answers = default_handlers.predict_fn({{'inputs': {texts!r}, 'parameters': {{'top_k': 3}}}}, model)\n"
         "print(json.dumps({'backend': model['backend'], 'answers': answers,\n"
         "                  'torch': 'torch' in sys.modules, 'transformers': 'transformers' in sys.modules}))\n"
     )
@@ -144,19 +145,19 @@ def test_backend_choice(classifier_dir, tmp_path, monkeypatch, caplog):
     shutil.copytree(classifier_dir, no_graph)
     (no_graph / "model.onnx").unlink()
     monkeypatch.delenv("BYOC_INFERENCE_BACKEND", raising=False)
-    assert inference.choose_backend(classifier_dir, gpu=False) == "onnxruntime"
+    assert default_handlers.choose_backend(classifier_dir, gpu=False) == "onnxruntime"
     cuda_ep = "CUDAExecutionProvider" in ort.get_available_providers()  # onnxruntime-gpu: ONNX Runtime on CUDA
-    assert inference.choose_backend(classifier_dir, gpu=True) == ("onnxruntime" if cuda_ep else "torch")
-    assert inference.choose_backend(classifier_dir, int8=True, gpu=True) == "onnxruntime"  # int8: the CPU's
+    assert default_handlers.choose_backend(classifier_dir, gpu=True) == ("onnxruntime" if cuda_ep else "torch")
+    assert default_handlers.choose_backend(classifier_dir, int8=True, gpu=True) == "onnxruntime"  # int8: the CPU's
     gpu_here = Path("/dev/nvidia0").exists() and not cuda_ep
-    assert inference.choose_backend(classifier_dir) == ("torch" if gpu_here else "onnxruntime")
-    assert inference.choose_backend(no_graph, gpu=False) == "torch"  # an artifact from before the graph existed
+    assert default_handlers.choose_backend(classifier_dir) == ("torch" if gpu_here else "onnxruntime")
+    assert default_handlers.choose_backend(no_graph, gpu=False) == "torch"  # an artifact from before the graph existed
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "onnxruntime")
     with pytest.raises(ValueError, match="model.onnx"):
-        inference.choose_backend(no_graph)
+        default_handlers.choose_backend(no_graph)
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "tensorrt")
     with pytest.raises(ValueError, match="use auto, onnxruntime or torch"):
-        inference.choose_backend(classifier_dir)
+        default_handlers.choose_backend(classifier_dir)
 
     stale = tmp_path / "stale"  # weights saved again in another layout: torch serves, with a warning
     shutil.copytree(classifier_dir, stale)
@@ -167,9 +168,9 @@ def test_backend_choice(classifier_dir, tmp_path, monkeypatch, caplog):
         metadata={"format": "pt"},
     )
     monkeypatch.delenv("BYOC_INFERENCE_BACKEND")
-    monkeypatch.setattr(inference, "nvidia_gpu", lambda: False)  # auto picks ONNX Runtime, then falls back
+    monkeypatch.setattr(default_handlers, "nvidia_gpu", lambda: False)  # auto picks ONNX Runtime, then falls back
     with caplog.at_level(logging.WARNING):
-        assert inference.model_fn(str(stale))["backend"] == "torch"
+        assert default_handlers.model_fn(str(stale))["backend"] == "torch"
     assert "serving with torch instead of ONNX Runtime" in caplog.text
 
 
@@ -190,8 +191,8 @@ def test_int8_session_quantizes_and_stays_close(classifier_dir, tmp_path):
     rng = np.random.default_rng(2)
     ids = rng.integers(1000, 30000, size=(16, 12), dtype=np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
-    exact = onnx_graph.Session(classifier_dir, threads=1).logits(feeds)
-    session = onnx_graph.Session(classifier_dir, threads=1, int8=True)
+    exact = onnx_session.Session(classifier_dir, threads=1).logits(feeds)
+    session = onnx_session.Session(classifier_dir, threads=1, int8=True)
     approx = session.logits(feeds)
     assert session.int8 and approx.shape == exact.shape and not np.array_equal(approx, exact)
     assert np.abs(approx - exact).max() < 0.1 * max(1.0, np.abs(exact).max())
@@ -212,13 +213,13 @@ def test_int8_graph_made_ahead_is_used_and_refused_when_stale(classifier_dir, tm
     rng = np.random.default_rng(3)
     ids = rng.integers(1000, 30000, size=(4, 9), dtype=np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
-    made_at_start = onnx_graph.Session(classifier_dir, threads=1, int8=True).logits(feeds)
+    made_at_start = onnx_session.Session(classifier_dir, threads=1, int8=True).logits(feeds)
 
     def no_quantizing(*args, **kwargs):
         raise AssertionError("quantized at start although model.int8.onnx was there")
 
     monkeypatch.setattr(onnx_graph, "quantize", no_quantizing)
-    np.testing.assert_allclose(onnx_graph.Session(copy, threads=1, int8=True).logits(feeds), made_at_start, atol=1e-6)
+    np.testing.assert_allclose(onnx_session.Session(copy, threads=1, int8=True).logits(feeds), made_at_start, atol=1e-6)
 
     # New weights, old int8 graph (and a fresh fp32 one): the int8 graph is ignored, with a warning.
     tensors = load_file(copy / "model.safetensors")
@@ -227,7 +228,7 @@ def test_int8_graph_made_ahead_is_used_and_refused_when_stale(classifier_dir, tm
     monkeypatch.undo()
     assert onnx_graph.export(copy)
     with caplog.at_level(logging.INFO):
-        onnx_graph.Session(copy, threads=1, int8=True)
+        onnx_session.Session(copy, threads=1, int8=True)
     assert "not using model.int8.onnx" in caplog.text and "quantizing model.onnx at start" in caplog.text
 
 
@@ -235,16 +236,16 @@ def test_int8_choice(classifier_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "int8")
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "torch")
     with pytest.raises(ValueError, match="int8 needs the ONNX Runtime backend"):
-        inference.model_fn(str(classifier_dir))
+        default_handlers.model_fn(str(classifier_dir))
     monkeypatch.delenv("BYOC_INFERENCE_BACKEND")
     for gpu in (False, True):  # int8 is ONNX Runtime's on the CPU, on a GPU instance too
-        monkeypatch.setattr(inference, "nvidia_gpu", lambda gpu=gpu: gpu)
-        model = inference.model_fn(str(classifier_dir))
+        monkeypatch.setattr(default_handlers, "nvidia_gpu", lambda gpu=gpu: gpu)
+        model = default_handlers.model_fn(str(classifier_dir))
         assert model["backend"] == "onnxruntime" and model["model"].int8
-    assert len(inference.predict_fn({"inputs": ["a text", "another one"]}, model)) == 2
+    assert len(default_handlers.predict_fn({"inputs": ["a text", "another one"]}, model)) == 2
     monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "fp8")
     with pytest.raises(ValueError, match="use auto, fp32, fp16, bf16 or int8"):
-        inference.model_fn(str(classifier_dir))
+        default_handlers.model_fn(str(classifier_dir))
 
 
 def test_export_of_a_model_with_a_small_vocabulary(tmp_path):

@@ -1,4 +1,4 @@
-"""The precision and compile decision (byoc.precision), per hardware description: H100/A100/A10G
+"""The precision and compile decision (byoc.training.precision), per hardware description: H100/A100/A10G
 (Ampere and later), T4/V100 (before Ampere), CPU, Trainium. Runs anywhere: no GPU is needed to
 test what a GPU job would choose."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from byoc.arguments import HyperparameterError, parse_hyperparameters
-from byoc.precision import Hardware, choose, requested
+from byoc.training.arguments import HyperparameterError, parse_hyperparameters
+from byoc.training.precision import Hardware, choose, requested
 
 H100 = Hardware("cuda", (9, 0), name="NVIDIA H100 80GB HBM3")
 A10G = Hardware("cuda", (8, 6), name="NVIDIA A10G")

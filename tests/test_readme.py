@@ -4,8 +4,8 @@ the serving defaults as the code defines them, a README short enough to read, an
 import re
 from pathlib import Path
 
-from byoc.arguments import hyperparameter_table
-from byoc.metrics import METRIC_DEFINITIONS
+from byoc.training.arguments import hyperparameter_table
+from byoc.training.metrics import METRIC_DEFINITIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -29,7 +29,7 @@ def table_rows(text: str) -> list[list[str]]:
 
 
 def test_hyperparameter_table_is_current():
-    # Regenerate with: .venv/bin/python -c "from byoc.arguments import hyperparameter_table as t; print(t())"
+    # Regenerate with: .venv/bin/python -c "from byoc.training.arguments import hyperparameter_table as t; print(t())"
     # and paste the output over the table in docs/hyperparameters.md.
     assert hyperparameter_table() in doc("hyperparameters.md")
 
@@ -46,7 +46,7 @@ def test_server_defaults_are_documented():
     """The serving settings table in docs/serving.md gives the defaults `byoc serve` really uses."""
     import dataclasses
 
-    from byoc.serve import ServeSettings
+    from byoc.serving.server import ServeSettings
 
     serving = doc("serving.md")
     defaults = {f.name: f.default for f in dataclasses.fields(ServeSettings)}

@@ -101,7 +101,9 @@ def test_sigterm_right_at_start_up_ends_cleanly(tmp_path, tiny_model_dir):
 # Group.__del__, and the job trained to the end). RESEND_AFTER_S=3600 leaves the stop to the checks.
 SIGTERM_IN_A_FINALIZER = """
 import signal, sys
-from byoc import arguments, cli, interruption
+from byoc import cli
+from byoc.training import arguments
+from byoc.training import interruption
 
 interruption.RESEND_AFTER_S = float(sys.argv[1])
 parse = arguments.parse_hyperparameters
@@ -191,7 +193,7 @@ def test_sigkill_at_random_moments_loses_at_most_one_checkpoint_interval(tmp_pat
     reference = make_job(tmp_path / "reference" / "opt-ml", tiny_model_dir, extra)
     rerun(reference, CPU_ONLY)
     job = make_job(tmp_path / "killed" / "opt-ml", tiny_model_dir, extra)
-    from byoc.checkpoints import newest_complete
+    from byoc.training.checkpoints import newest_complete
 
     rng = random.Random(7)
     trials, resumed_from = 0, []

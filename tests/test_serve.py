@@ -17,8 +17,8 @@ import torch
 from serve_helpers import TEXTS, Server
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from byoc import inference
-from byoc.handlers import load_handlers
+from byoc.serving import default_handlers
+from byoc.serving.handler_loader import load_handlers
 
 pytestmark = pytest.mark.integration  # servers in processes: not in make test-fast
 
@@ -187,12 +187,12 @@ def test_every_model_carries_the_template_which_keeps_the_defaults_and_batching(
     default output_fn, imported, is no override)."""
     assert (trained_model / "code" / "inference.py").read_bytes() == (REPO / "code" / "inference.py").read_bytes()
     handlers = load_handlers(trained_model)
-    assert "(predict_fn overridden)" in handlers.source and handlers.predict_fn is not inference.predict_fn
-    assert handlers.batchable and handlers.accept_types == inference.ACCEPT_TYPES
+    assert "(predict_fn overridden)" in handlers.source and handlers.predict_fn is not default_handlers.predict_fn
+    assert handlers.batchable and handlers.accept_types == default_handlers.ACCEPT_TYPES
     assert (handlers.model_fn, handlers.input_fn, handlers.output_fn) == (
-        inference.model_fn,
-        inference.input_fn,
-        inference.output_fn,
+        default_handlers.model_fn,
+        default_handlers.input_fn,
+        default_handlers.output_fn,
     )
 
 

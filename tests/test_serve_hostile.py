@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from request_strategies import SERVER_BODIES, requests
 from serve_helpers import TEXTS, Server
 
-from byoc import inference, negotiation
+from byoc.serving import default_handlers, negotiation
 
 pytestmark = pytest.mark.integration  # servers in processes: not in make test-fast
 
@@ -144,7 +144,7 @@ def test_generated_requests_never_get_a_5xx_or_hang(shared_server, request):
     answer = shared_server.client.post("/invocations", content=body, headers=headers, timeout=30)
     assert answer.status_code in (200, 400, 406, 413, 415), answer.text
     if answer.status_code == 200:
-        chosen = negotiation.choose(accept, inference.ACCEPT_TYPES, "application/json")
+        chosen = negotiation.choose(accept, default_handlers.ACCEPT_TYPES, "application/json")
         assert chosen and answer.headers["content-type"].startswith(chosen)
     else:
         assert answer.json()["status"] == answer.status_code and "Traceback" not in answer.text

@@ -14,16 +14,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from request_strategies import requests
 
-from byoc import inference, negotiation
-from byoc.batching import Batcher
-from byoc.request_errors import InputError, NotAcceptable
+from byoc.serving import default_handlers, negotiation
+from byoc.serving.batching import Batcher
+from byoc.serving.request_errors import InputError, NotAcceptable
 
 HANDLER_EXAMPLES = 1200  # generated requests through the default handlers
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory, tiny_model_dir):
-    return inference.model_fn(str(serve_helpers.tiny_classifier(tmp_path_factory, tiny_model_dir)))
+    return default_handlers.model_fn(str(serve_helpers.tiny_classifier(tmp_path_factory, tiny_model_dir)))
 
 
 @settings(
@@ -38,11 +38,11 @@ def test_the_default_handlers_answer_or_refuse_with_a_4xx(model, request):
     """input_fn -> predict_fn -> output_fn on a generated request: an answer per input, of the type
     negotiation chose, or an InputError (a 4xx). Anything else would be a 500 for a malformed request."""
     body, content_type, accept = request
-    chosen = negotiation.choose(accept, inference.ACCEPT_TYPES, "application/json")
+    chosen = negotiation.choose(accept, default_handlers.ACCEPT_TYPES, "application/json")
     try:
-        data = inference.input_fn(body, content_type)
-        prediction = inference.predict_fn(data, model)
-        text, kind = inference.output_fn(prediction, accept or "application/json")
+        data = default_handlers.input_fn(body, content_type)
+        prediction = default_handlers.predict_fn(data, model)
+        text, kind = default_handlers.output_fn(prediction, accept or "application/json")
     except NotAcceptable:
         assert chosen is None  # output_fn refuses exactly what the server's check before the model refuses
         return

@@ -10,7 +10,7 @@ import pytest
 
 from byoc.contract import Paths
 from byoc.errors import UserError
-from byoc.serve import ServeSettings
+from byoc.serving.server import ServeSettings
 
 
 def test_the_model_folder_is_the_contracts_and_an_empty_variable_is_unset(tmp_path, monkeypatch):

@@ -13,8 +13,8 @@ import onnx
 import pytest
 import torch
 
-from byoc import inference, onnx_cuda, onnx_graph, runtimes, shapes
-from byoc.backend_choice import Plan
+from byoc.serving import buckets, cuda_provider, default_handlers, onnx_session, runtimes
+from byoc.serving.backend_choice import Plan
 from helpers import build_classifier_with_graph
 
 TEXTS = [
@@ -41,38 +41,38 @@ def feeds(n: int = 6, length: int = 13) -> dict[str, np.ndarray]:
 
 
 def test_cuda_provider_options():
-    (cuda, options), cpu = onnx_cuda.providers("cuda")
+    (cuda, options), cpu = cuda_provider.providers("cuda")
     assert (cuda, cpu) == ("CUDAExecutionProvider", "CPUExecutionProvider")  # the CPU takes what CUDA cannot
     assert options["use_tf32"] == "1" and options["arena_extend_strategy"] == "kSameAsRequested"
     assert options["cudnn_conv_algo_search"] == "HEURISTIC"
-    assert onnx_cuda.providers("cpu") == ["CPUExecutionProvider"]
+    assert cuda_provider.providers("cpu") == ["CPUExecutionProvider"]
 
 
 def test_a_cuda_session_that_runs_on_the_cpu_is_refused(classifier_dir):
     """ONNX Runtime runs on the CPU, with a log line, when the CUDA provider cannot load: byoc says so."""
-    with pytest.raises(onnx_cuda.ProviderError, match="CUDAExecutionProvider did not load.*onnxruntime-gpu"):
-        onnx_graph.Session(classifier_dir, threads=1, device="cuda")
-    assert onnx_graph.Session(classifier_dir, threads=1).provider == "CPUExecutionProvider"
+    with pytest.raises(cuda_provider.ProviderError, match="CUDAExecutionProvider did not load.*onnxruntime-gpu"):
+        onnx_session.Session(classifier_dir, threads=1, device="cuda")
+    assert onnx_session.Session(classifier_dir, threads=1).provider == "CPUExecutionProvider"
 
 
 def test_auto_falls_back_to_torch_when_the_cuda_provider_does_not_load(classifier_dir, monkeypatch, caplog):
     """A GPU host whose onnxruntime lists the CUDA provider, which then does not load (here: no GPU)."""
-    monkeypatch.setattr(inference, "nvidia_gpu", lambda: True)
-    monkeypatch.setattr(onnx_cuda, "available_providers", lambda: ("CUDAExecutionProvider", "CPUExecutionProvider"))
+    monkeypatch.setattr(default_handlers, "nvidia_gpu", lambda: True)
+    monkeypatch.setattr(cuda_provider, "available_providers", lambda: ("CUDAExecutionProvider", "CPUExecutionProvider"))
     monkeypatch.delenv("BYOC_INFERENCE_BACKEND", raising=False)
     monkeypatch.delenv("BYOC_INFERENCE_PRECISION", raising=False)
     with caplog.at_level(logging.INFO):
-        model = inference.model_fn(str(classifier_dir))
+        model = default_handlers.model_fn(str(classifier_dir))
     assert model["backend"] == "torch" and "serving with torch instead of ONNX Runtime" in caplog.text
     assert "CUDAExecutionProvider did not load" in caplog.text
-    assert len(inference.predict_fn({"inputs": TEXTS[:2]}, model)) == 2
+    assert len(default_handlers.predict_fn({"inputs": TEXTS[:2]}, model)) == 2
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "onnxruntime")  # asked for by name: an error, not a fallback
-    with pytest.raises(onnx_cuda.ProviderError):
-        inference.model_fn(str(classifier_dir))
+    with pytest.raises(cuda_provider.ProviderError):
+        default_handlers.model_fn(str(classifier_dir))
 
 
 def test_fp16_graph_keeps_fp32_inputs_and_outputs_and_the_answers(classifier_dir, tmp_path):
-    made = onnx_cuda.fp16_graph(classifier_dir / "model.onnx", classifier_dir / "config.json", tmp_path)
+    made = cuda_provider.fp16_graph(classifier_dir / "model.onnx", classifier_dir / "config.json", tmp_path)
     graph = onnx.load(str(made))
     assert [i.type.tensor_type.elem_type for i in graph.graph.input] == [onnx.TensorProto.INT64] * 3
     assert graph.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
@@ -81,8 +81,8 @@ def test_fp16_graph_keeps_fp32_inputs_and_outputs_and_the_answers(classifier_dir
     assert {n.op_type for n in graph.graph.node} & {"Attention", "SkipLayerNormalization"}  # fused first
     # On the CPU, ONNX Runtime runs the fp16 nodes it has no kernel for in fp32 (inserted casts): this
     # checks the conversion and the weights, not CUDA's fp16 arithmetic (make test-gpu does that).
-    session = onnx_graph.Session(classifier_dir, threads=1, fp16=True)
-    exact = onnx_graph.Session(classifier_dir, threads=1).logits(feeds())
+    session = onnx_session.Session(classifier_dir, threads=1, fp16=True)
+    exact = onnx_session.Session(classifier_dir, threads=1).logits(feeds())
     half = session.logits(feeds())
     assert half.dtype == np.float32 and half.shape == exact.shape
     np.testing.assert_allclose(half, exact, atol=5e-3 * max(1.0, float(np.abs(exact).max())))
@@ -90,7 +90,7 @@ def test_fp16_graph_keeps_fp32_inputs_and_outputs_and_the_answers(classifier_dir
 
 
 def answers(model: dict, texts: list[str]) -> list:
-    return inference.predict_fn({"inputs": texts, "parameters": {"top_k": 3}}, model)
+    return default_handlers.predict_fn({"inputs": texts, "parameters": {"top_k": 3}}, model)
 
 
 def assert_same_answers(a: list, b: list, tolerance: float) -> None:
@@ -103,16 +103,16 @@ def test_torch_in_bf16_gives_fp32s_answers(classifier_dir, monkeypatch):
     """Half precision inside, fp32 logits out; bf16 runs on CPUs too, so the CPU can check it."""
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "torch")
     monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "fp32")
-    exact = inference.model_fn(str(classifier_dir))
+    exact = default_handlers.model_fn(str(classifier_dir))
     monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "bf16")
-    half = inference.model_fn(str(classifier_dir))
+    half = default_handlers.model_fn(str(classifier_dir))
     assert half["precision"] == "bfloat16" and next(half["model"].parameters()).dtype == torch.bfloat16
     assert half["logits"](feeds()).dtype == np.float32
     assert_same_answers(answers(half, TEXTS), answers(exact, TEXTS), 0.02)
 
 
 def test_bucket_shapes():
-    gpu = shapes.gpu(max_length=512)
+    gpu = buckets.gpu(max_length=512)
     assert [gpu.length(n) for n in (1, 16, 17, 20, 33, 64, 65, 100, 129, 300, 512)] == [
         16,
         16,
@@ -127,12 +127,12 @@ def test_bucket_shapes():
         512,
     ]
     assert [gpu.rows(n) for n in (1, 2, 3, 5, 17, 100, 128)] == [1, 2, 4, 8, 32, 128, 128]
-    assert shapes.gpu(max_length=100).length(99) == 100  # never past the model's limit
-    assert shapes.gpu(max_length=2048).length(700) == 768
-    assert [shapes.CPU.length(n) for n in (1, 17, 100)] == [1, 17, 100]  # the CPU pads exactly
-    assert [shapes.CPU.rows(n) for n in (3, 17)] == [3, 17]
+    assert buckets.gpu(max_length=100).length(99) == 100  # never past the model's limit
+    assert buckets.gpu(max_length=2048).length(700) == 768
+    assert [buckets.CPU.length(n) for n in (1, 17, 100)] == [1, 17, 100]  # the CPU pads exactly
+    assert [buckets.CPU.rows(n) for n in (3, 17)] == [3, 17]
     assert len(gpu.all()) <= 80  # few enough to capture each as a graph
-    assert all(r & (r - 1) == 0 and w in shapes.LENGTHS for r, w in gpu.all())
+    assert all(r & (r - 1) == 0 and w in buckets.LENGTHS for r, w in gpu.all())
 
 
 def test_bucketed_batches_are_few_shapes_and_pad_rows_that_are_never_fully_masked():
@@ -141,15 +141,15 @@ def test_bucketed_batches_are_few_shapes_and_pad_rows_that_are_never_fully_maske
         {"input_ids": [101] * n, "attention_mask": [1] * n, "token_type_ids": [0] * n} for n in rng.integers(3, 60, 300)
     ]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]["input_ids"]))
-    gpu = shapes.gpu(max_length=512)
+    gpu = buckets.gpu(max_length=512)
     seen = set()
-    for chunk in shapes.batches(order, encoded, gpu):
-        batch = shapes.pad(chunk, encoded, 0, gpu)
+    for chunk in buckets.batches(order, encoded, gpu):
+        batch = buckets.pad(chunk, encoded, 0, gpu)
         seen.add(batch["input_ids"].shape)
         assert batch["attention_mask"].sum(axis=1).min() >= 1
         assert batch["input_ids"].shape[0] * batch["input_ids"].shape[1] <= gpu.token_budget
     assert seen <= set(gpu.all()) and len(seen) <= 3, seen
-    cpu_passes = shapes.batches(order, encoded, shapes.CPU)
+    cpu_passes = buckets.batches(order, encoded, buckets.CPU)
     assert all(len(c) * max(len(encoded[i]["input_ids"]) for i in c) <= 256 for c in cpu_passes)
 
 
@@ -157,14 +157,14 @@ def test_bucketed_batches_are_few_shapes_and_pad_rows_that_are_never_fully_maske
 def test_bucketed_answers_equal_exact_padding(classifier_dir, monkeypatch, backend):
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
     monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "fp32")
-    model = inference.model_fn(str(classifier_dir))
-    assert model["shapes"] == shapes.CPU
+    model = default_handlers.model_fn(str(classifier_dir))
+    assert model["buckets"] == buckets.CPU
     exact = answers(model, TEXTS)
     padded: list = []
     original = model["logits"]
-    model = {**model, "shapes": shapes.gpu(model["max_length"]), "logits": lambda f: padded.append(f) or original(f)}
+    model = {**model, "buckets": buckets.gpu(model["max_length"]), "logits": lambda f: padded.append(f) or original(f)}
     assert_same_answers(answers(model, TEXTS), exact, 1e-5)
-    assert padded and all(f["input_ids"].shape in shapes.gpu(model["max_length"]).all() for f in padded)
+    assert padded and all(f["input_ids"].shape in buckets.gpu(model["max_length"]).all() for f in padded)
 
 
 @pytest.mark.integration  # compiles (inductor on the CPU: tens of seconds)
@@ -172,6 +172,6 @@ def test_torch_compile_per_shape_gives_the_eager_answers(classifier_dir):
     plan = Plan("torch", "cpu", "fp32", "test")
     eager = runtimes.load_torch(classifier_dir, plan)
     compiled = runtimes.load_torch(classifier_dir, plan, compiled=True)
-    compiled["shapes"] = eager["shapes"] = shapes.gpu(eager["max_length"])
+    compiled["buckets"] = eager["buckets"] = buckets.gpu(eager["max_length"])
     texts = TEXTS[:4]  # one shape
     assert_same_answers(answers(compiled, texts), answers(eager, texts), 1e-4)

@@ -144,7 +144,7 @@ def test_trained_model_serves_through_the_default_handlers(job, tiny_model_dir, 
     write_csv(job.channel("train") / "train.csv", sentiment_rows(64))
     assert train_in_process(job) == 0, job.failure
     # The CPU default: ONNX Runtime (on a GPU, auto picks torch).
-    monkeypatch.setattr("byoc.inference.nvidia_gpu", lambda: False)
+    monkeypatch.setattr("byoc.serving.default_handlers.nvidia_gpu", lambda: False)
     sys.path.insert(0, str(job.model_dir / "code"))
     try:
         import importlib
@@ -253,7 +253,7 @@ def test_pipe_mode(job, tiny_model_dir):
 
 def test_out_of_memory_is_reported_as_such(job, tiny_model_dir, monkeypatch):
     """A real torch.OutOfMemoryError raised inside the training step (CUDA cannot run here)."""
-    from byoc.trainer import ClassifierTrainer
+    from byoc.training.trainer import ClassifierTrainer
 
     def exhausted(self, *args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -300,12 +300,12 @@ def test_a_label_id_of_a_trillion_is_refused_before_any_work(job, tiny_model_dir
 def test_a_failed_final_evaluation_still_saves_the_trained_model(job, tiny_model_dir, monkeypatch):
     """Issue 21: a failure after training (here memory, while computing the metrics) cost the model;
     now the model is published and then the job fails, saying so and why, without blaming the batch size."""
-    import byoc.trainer
+    import byoc.training.trainer
 
     def exhausted(*args, **kwargs):
         raise MemoryError()
 
-    monkeypatch.setattr(byoc.trainer, "classification_metrics", exhausted)
+    monkeypatch.setattr(byoc.training.trainer, "classification_metrics", exhausted)
     job.hyperparameters(QUICK)
     job.model_channel(tiny_model_dir)
     write_csv(job.channel("train") / "t.csv", sentiment_rows(32))
@@ -322,7 +322,7 @@ def test_a_failed_final_evaluation_still_saves_the_trained_model(job, tiny_model
 
 
 def test_failed_test_predictions_fail_the_job_after_the_model_is_saved(job, tiny_model_dir, monkeypatch):
-    from byoc import job as job_module
+    from byoc.training import job as job_module
 
     def broken(*args, **kwargs):
         raise KeyError("label 7")
@@ -420,7 +420,7 @@ def test_user_script_reports_failures(job):
 
 
 def test_pretokenized_right_padding_is_trimmed():
-    from byoc.tokenization import with_length
+    from byoc.training.tokenization import with_length
 
     ds = datasets.Dataset.from_dict(
         {

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from byoc.arguments import parse_hyperparameters
-from byoc.model import ModelError, freeze_bottom
-from byoc.samplers import LengthBucketSampler, length_order
+from byoc.training.arguments import parse_hyperparameters
+from byoc.training.model import ModelError, freeze_bottom
+from byoc.training.samplers import LengthBucketSampler, length_order
 
 
 def test_length_buckets_cover_every_row_once_with_little_padding():
@@ -57,7 +57,7 @@ def test_freezing(tiny_model_dir):
 
 
 def test_cpu_jobs_tell_the_trainer_they_are_cpu_ones():
-    from byoc.trainer import device_arguments
+    from byoc.training.trainer import device_arguments
 
     auto, cpu = parse_hyperparameters({}), parse_hyperparameters({"device": "cpu"})
     assert device_arguments(auto, use_xla=False, cuda=False) == {"use_cpu": True}  # even with torch-xla installed
@@ -73,8 +73,8 @@ def test_cpu_jobs_tell_the_trainer_they_are_cpu_ones():
 
 def test_precision_flags_reach_the_trainer_arguments():
     """TF32 is a CUDA setting: never passed on CPU (transformers raises for tf32=true without an Ampere GPU)."""
-    from byoc.precision import Precision
-    from byoc.trainer import precision_arguments
+    from byoc.training.precision import Precision
+    from byoc.training.trainer import precision_arguments
 
     tf32 = Precision("tf32", False, "auto", tf32=True)
     assert precision_arguments(tf32, cuda=True) == {"bf16": False, "fp16": False, "tf32": True}
@@ -85,8 +85,8 @@ def test_precision_flags_reach_the_trainer_arguments():
 
 
 def test_weight_decay_as_a_device_tensor_matches_adamw_exactly():
-    """The XLA path applies AdamW's decoupled decay itself, with a tensor factor (see byoc.xla)."""
-    from byoc.xla import decay_with_device_tensors
+    """The XLA path applies AdamW's decoupled decay itself, with a tensor factor (see byoc.training.xla)."""
+    from byoc.training.xla import decay_with_device_tensors
 
     stock, ours = (torch.nn.Parameter(torch.linspace(-1, 1, 5)) for _ in range(2))
     plain = torch.optim.AdamW([stock], lr=0.1, weight_decay=0.3)
@@ -117,7 +117,7 @@ class _SavesFiles:
 def test_publish_replaces_what_a_killed_publish_left(tmp_path):
     from types import SimpleNamespace
 
-    from byoc.artifact import publish_model
+    from byoc.training.artifact import publish_model
 
     code = tmp_path / "code"
     code.mkdir()

@@ -70,7 +70,7 @@ def test_xla_artifact_serves_on_cpu(tmp_path, tiny_model_dir):
     assert sorted(p["index"] for p in predictions) == list(range(40))  # each test row once, no filler rows
     import importlib.util
 
-    from byoc.artifact import default_code_dir
+    from byoc.training.artifact import default_code_dir
 
     spec = importlib.util.spec_from_file_location("inference", default_code_dir() / "inference.py")
     inference = importlib.util.module_from_spec(spec)

@@ -18,10 +18,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from byoc import __version__, interruption
+from byoc import __version__
 from byoc.errors import EXIT_FAILURE, EXIT_INTERRUPTED, UserError, describe
-from byoc.interruption import Interrupted
 from byoc.logs import configure_logging, mask_hyperparameters
+from byoc.training import interruption
+from byoc.training.interruption import Interrupted
 
 logger = logging.getLogger("byoc")
 
@@ -40,8 +41,8 @@ def train() -> int:
     paths = Paths(base_dir())
     _stop_on_sigterm()  # before anything slow: from here on SIGTERM ends the job with its failure message
     try:
-        from byoc.launch import launch, main_command, plan_launch
-        from byoc.script import is_script_mode, prepare_script
+        from byoc.launch.launcher import launch, main_command, plan_launch
+        from byoc.launch.script import is_script_mode, prepare_script
 
         contract = read_training_contract()
         paths = contract.paths
@@ -57,7 +58,7 @@ def train() -> int:
             interruption.raise_if_stopped()  # a SIGTERM a finalizer swallowed: do not launch
             code, message = launch(plan_launch(contract), contract, command)
         else:
-            from byoc.arguments import parse_hyperparameters
+            from byoc.training.arguments import parse_hyperparameters
 
             shown = mask_hyperparameters(contract.hyperparameters)
             logger.info("hyperparameters: %s", " ".join(f"{name}={value}" for name, value in sorted(shown.items())))
@@ -87,7 +88,7 @@ def _finish(paths, code: int, message: str | None) -> int:
 
 
 def _precompile_command() -> list[str] | None:
-    from byoc import xla
+    from byoc.training import xla
 
     return xla.parallel_compile_command([sys.executable, "-m", "byoc.cli", "train"])
 
@@ -97,7 +98,7 @@ def _run_precompile(command: list[str]) -> tuple[int, str | None]:
     checkpoints: there is nothing to save)."""
     import subprocess
 
-    from byoc import xla
+    from byoc.training import xla
 
     logger.info("precompiling with %s", " ".join(command))
     done = subprocess.run(command, env={**os.environ, xla.PRECOMPILING_ENV: "1"})
@@ -121,7 +122,7 @@ def _stop_on_sigterm() -> None:
 def _choose_xla(contract, args) -> None:
     """Before transformers loads (it imports torch-xla where installed): the XLA path's environment,
     or, off that path, the word that keeps transformers from moving the job to XLA."""
-    from byoc import xla
+    from byoc.training import xla
 
     if xla.wants_xla(args.device):
         xla.prepare_environment(contract.checkpoint_folder)
@@ -145,17 +146,17 @@ def run_job(job: Callable[[Any, Any], object]) -> int:
 
     This is how `byoc train` runs a one-process job and each launched rank, and how `code/train.py`
     runs its own steps. The device's environment is set before `job` runs, so `job` must import
-    transformers (byoc.job) itself, after that: transformers reads it when it loads. A rank
+    transformers (byoc.training.job) itself, after that: transformers reads it when it loads. A rank
     launched by `byoc train` leaves its failure for the launcher; a job on its own writes output/failure.
     """
     from byoc.contract import Paths, base_dir
-    from byoc.launch import launched_rank, write_rank_failure
+    from byoc.launch.launcher import launched_rank, write_rank_failure
 
     paths = Paths(base_dir())
     _stop_on_sigterm()  # until training takes the signal over
     try:
-        from byoc.arguments import parse_hyperparameters
         from byoc.contract import read_training_contract
+        from byoc.training.arguments import parse_hyperparameters
 
         contract = read_training_contract()
         paths = contract.paths
@@ -179,7 +180,7 @@ def run_job(job: Callable[[Any, Any], object]) -> int:
 
 
 def _run_training(contract, args) -> object:
-    from byoc.job import run_training  # after _choose_xla (see run_job)
+    from byoc.training.job import run_training  # after _choose_xla (see run_job)
 
     return run_training(contract, args)
 
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     options = parser.parse_args(argv)
     if options.command == "healthcheck":
-        from byoc.serve import healthcheck
+        from byoc.serving.server import healthcheck
 
         sys.exit(healthcheck())
     configure_logging()
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
 
         ok = onnx_graph.export(options.model_dir) and (not options.int8 or onnx_graph.export_int8(options.model_dir))
         sys.exit(0 if ok else 1)
-    from byoc.serve import main as serve
+    from byoc.serving.server import main as serve
 
     serve()
 

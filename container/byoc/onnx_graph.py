@@ -1,4 +1,5 @@
-"""The serving graph: `model.onnx` beside `model.safetensors`, run by ONNX Runtime without torch.
+"""The model folder's serving graph: `model.onnx` beside `model.safetensors`, run by ONNX Runtime
+without torch (byoc.serving.onnx_session opens it to serve).
 
 At the end of training the classifier's forward pass is exported once with torch's ONNX exporter,
 and only the graph is kept. Each weight becomes a reference (ONNX external data) to its bytes in
@@ -9,6 +10,8 @@ Runtime's CPU kernels run this model's forward pass about 1.4x faster than eager
 
 Every import of torch, transformers, onnx and onnxruntime is inside a function: the server imports
 this module, and the training image may lack the ONNX packages (the model is then served by torch).
+Training writes the graphs (`export`, `export_int8`); serving reads them and checks that they were
+made from the weights beside them (`check_layout`).
 """
 
 from __future__ import annotations
@@ -26,13 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from byoc import onnx_cuda
+from byoc.model_folder import WEIGHTS
 
 logger = logging.getLogger(__name__)
 
 GRAPH = "model.onnx"
 INT8_GRAPH = "model.int8.onnx"  # optional: the int8 graph made ahead (BYOC_INFERENCE_PRECISION=int8)
-WEIGHTS = "model.safetensors"
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 HEADER_KEY = "byoc.safetensors_header_sha256"  # the weights layout the graph's offsets point into
 TOLERANCE = 1e-4  # largest |logit difference| accepted between the graph and torch at export
@@ -179,102 +181,40 @@ def _check_against_torch(model: Any, names: list[str], model_dir: Path) -> None:
     feeds = {n: feeds[n] for n in names}
     with torch.inference_mode():
         expected = model(**{n: torch.from_numpy(v) for n, v in feeds.items()}).logits.float().numpy()
-    got = Session(model_dir, threads=1).logits(feeds)
+    got = _cpu_logits(model_dir, feeds)
     worst = float(np.abs(got - expected).max())
     if not np.isfinite(worst) or worst > TOLERANCE:
         raise GraphError(f"the graph's logits differ from torch's by {worst:.2g} (more than {TOLERANCE})")
 
 
-class Session:
-    """An ONNX Runtime session over model.onnx; `logits(feeds)` runs one padded batch.
+def _cpu_logits(model_dir: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """The graph's logits on ONNX Runtime's CPU kernels, one thread: the check at export."""
+    import onnxruntime as ort
 
-    `int8=True` serves a copy with the transformer's operators fused and the weights of its matrix
-    multiplications quantized to int8 (dynamic quantization): `model.int8.onnx` where it was made
-    for these weights, else one made at start in a temporary folder. About 2x the fp32 speed on
-    CPUs with VNNI, at some cost in accuracy (README).
-
-    `device="cuda"` runs on ONNX Runtime's CUDA execution provider (onnxruntime-gpu), and raises
-    `onnx_cuda.ProviderError` where that provider did not load; `fp16=True` (CUDA) serves an fp16
-    copy made at start (byoc.onnx_cuda.fp16_graph). `provider` says what runs the graph.
-    """
-
-    def __init__(
-        self, model_dir: str | Path, threads: int, int8: bool = False, device: str = "cpu", fp16: bool = False
-    ) -> None:
-        import onnxruntime as ort
-
-        model_dir = Path(model_dir)
-        options = ort.SessionOptions()
-        self.threads, self.int8, self.fp16, self.device = max(1, threads), int8, fp16, device
-        options.intra_op_num_threads = self.threads
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3  # warnings about unused initializers are noise here
-        self._scratch: tempfile.TemporaryDirectory | None = None
-        self._providers = onnx_cuda.providers(device)
-        if device == "cuda":
-            onnx_cuda.preload()
-        layout = safetensors_layout(model_dir / WEIGHTS)[2]  # what every graph here must have been made from
-        kind = " as int8" if int8 else " as fp16" if fp16 else ""
-        try:
-            if int8:
-                self.session = self._int8_session(model_dir, layout, options)
-            elif fp16:
-                self.session = self._fp16_session(model_dir, layout, options)
-            else:
-                self.session = self._open(model_dir / GRAPH, options)
-        except GraphError:
-            raise
-        except Exception as err:  # onnxruntime's and onnx's own exception types
-            raise GraphError(f"ONNX Runtime cannot load {GRAPH}{kind}: {err}") from None
-        if not int8:
-            _check_layout(_session_layout(self.session), layout, model_dir)
-        self.provider = onnx_cuda.check_providers(self.session, device)
-        self.inputs = [i.name for i in self.session.get_inputs()]
-
-    def _open(self, graph: Path, options: Any) -> Any:
-        import onnxruntime as ort
-
-        return ort.InferenceSession(str(graph), options, providers=self._providers)
-
-    def _int8_session(self, model_dir: Path, layout: str, options: Any) -> Any:
-        """model.int8.onnx when it was made for these weights, else an int8 graph made now (~4 s)."""
-        ready = model_dir / INT8_GRAPH
-        if ready.exists():
-            session = self._open(ready, options)  # its metadata says which weights it was made from
-            try:
-                _check_layout(_session_layout(session), layout, model_dir, INT8_GRAPH)
-                return session
-            except GraphError as err:  # made for other weights: never used
-                logger.warning("not using %s: %s", INT8_GRAPH, err)
-        _check_layout(_recorded_layout(model_dir / GRAPH), layout, model_dir)  # quantizing reads model.onnx
-        logger.info("int8: quantizing %s at start (`byoc export-onnx --int8 %s` saves this step)", GRAPH, model_dir)
-        self._scratch = tempfile.TemporaryDirectory(prefix="byoc-int8-")
-        return self._open(quantize(model_dir, Path(self._scratch.name)), options)
-
-    def _fp16_session(self, model_dir: Path, layout: str, options: Any) -> Any:
-        """An fp16 graph made now, from model.onnx (a few seconds; opt-in for that reason)."""
-        _check_layout(_recorded_layout(model_dir / GRAPH), layout, model_dir)
-        logger.info("fp16: converting %s at start", GRAPH)
-        self._scratch = tempfile.TemporaryDirectory(prefix="byoc-fp16-")
-        folder = Path(self._scratch.name)
-        return self._open(onnx_cuda.fp16_graph(model_dir / GRAPH, model_dir / "config.json", folder), options)
-
-    def logits(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
-        return self.session.run(["logits"], {n: feeds[n] for n in self.inputs})[0]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(model_dir / GRAPH), options, providers=["CPUExecutionProvider"])
+    check_layout(session_layout(session), safetensors_layout(model_dir / WEIGHTS)[2], model_dir)
+    names = {i.name for i in session.get_inputs()}
+    return session.run(["logits"], {n: v for n, v in feeds.items() if n in names})[0]
 
 
-def _session_layout(session: Any) -> str | None:
+def session_layout(session: Any) -> str | None:
+    """Which weights an ONNX Runtime session's graph was made from (its recorded header hash)."""
     return session.get_modelmeta().custom_metadata_map.get(HEADER_KEY)
 
 
-def _recorded_layout(graph_path: Path) -> str | None:
+def recorded_layout(graph_path: Path) -> str | None:
+    """Which weights the graph file was made from, read without loading its weights."""
     import onnx
 
     graph = onnx.load(str(graph_path), load_external_data=False)
     return next((p.value for p in graph.metadata_props if p.key == HEADER_KEY), None)
 
 
-def _check_layout(recorded: str | None, layout: str, model_dir: Path, name: str = GRAPH) -> None:
+def check_layout(recorded: str | None, layout: str, model_dir: Path, name: str = GRAPH) -> None:
+    """GraphError unless the graph `name` was made from the weights whose header hash is `layout`."""
     if recorded != layout:
         # The graph was made from another weights file (model.onnx's byte offsets would read garbage).
         again = "byoc export-onnx --int8" if name == INT8_GRAPH else "byoc export-onnx"

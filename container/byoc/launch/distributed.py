@@ -1,0 +1,143 @@
+"""Inside one training process: its rank, the process group, and the few collectives byoc needs.
+
+`byoc.launch.launcher` starts one process per device through torch's elastic launcher, which sets RANK,
+LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (the host's index) and MASTER_ADDR/PORT.
+A process started without them is a world of one, and every helper here is then a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from byoc import compat
+
+logger = logging.getLogger("byoc.distributed")
+
+BACKEND_ENV = "BYOC_BACKEND"  # set by the launcher: gloo (CPU), nccl (CUDA)
+
+# byoc's own decisions (stop on SIGTERM? which shards?) travel over a CPU group. Under NCCL a
+# collective on a CUDA tensor followed by .item() waits for the GPU, and the stop check runs after
+# every step: the host would wait for the GPU once a step, and could never queue work ahead.
+_control_group: Any = None
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def world_size() -> int:
+    return _env_int("WORLD_SIZE", 1)
+
+
+def rank() -> int:
+    return _env_int("RANK", 0)
+
+
+def local_rank() -> int:
+    return _env_int("LOCAL_RANK", 0)
+
+
+def local_world_size() -> int:
+    return _env_int("LOCAL_WORLD_SIZE", 1)
+
+
+def node_rank() -> int:
+    return _env_int("GROUP_RANK", 0)
+
+
+def host_ranks() -> list[int]:
+    """The global ranks running on this host (the elastic launcher numbers them host by host)."""
+    first = node_rank() * local_world_size()
+    return list(range(first, first + local_world_size()))
+
+
+def is_distributed() -> bool:
+    return world_size() > 1
+
+
+def setup() -> None:
+    """Join the process group (once); accelerate and the Trainer then reuse it."""
+    if not is_distributed() or dist.is_initialized():
+        return
+    backend = os.environ.get(BACKEND_ENV) or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank())
+    elif backend == "gloo":  # CPU ranks: their checkpoints must load back with map_location="cpu:0"
+        compat.restore_indexed_cpu_locations()
+    elif backend == "xla":  # NeuronCores: the base image's torch-xla registers the "xla" backend
+        import torch_xla.distributed.xla_backend  # noqa: F401
+    # Long enough for rank 0 to tokenize a large dataset while the others wait at a barrier.
+    timeout = timedelta(seconds=float(os.environ.get("BYOC_COLLECTIVE_TIMEOUT", 1800)))
+    dist.init_process_group(backend=backend, timeout=timeout)
+    global _control_group
+    _control_group = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else None
+    logger.info(
+        "rank %d of %d (local rank %d on host %d) joined the %s process group",
+        rank(),
+        world_size(),
+        local_rank(),
+        node_rank(),
+        backend,
+    )
+
+
+def _device() -> torch.device:
+    """Where a control tensor lives: the CPU, unless the only group is one that needs the device."""
+    if dist.is_initialized() and _control_group is None and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank if it is True on any rank: decisions every rank must take together."""
+    if not dist.is_initialized():
+        return flag
+    value = torch.tensor([1 if flag else 0], device=_device())
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=_control_group)
+    return bool(value.item())
+
+
+def all_gather(value: Any) -> list[Any]:
+    """Every rank's `value` (any picklable object), in rank order."""
+    if not dist.is_initialized():
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value, group=_control_group)
+    return out
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier(group=_control_group)
+
+
+def teardown() -> None:
+    """Leave the process group together. A rank that exits while its peers still talk to it can
+    abort in the collective library's threads ("terminate called without an active exception",
+    exit 134) even though its work is done."""
+    global _control_group
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+        _control_group = None
+
+
+@contextlib.contextmanager
+def host_leader_first() -> Iterator[None]:
+    """Local rank 0 runs the block first (filling on-disk caches); the host's other ranks then reuse it."""
+    leader = local_rank() == 0
+    if not leader:
+        barrier()
+    try:
+        yield
+    finally:
+        if leader:
+            barrier()

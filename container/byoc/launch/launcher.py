@@ -1,0 +1,351 @@
+"""The launcher: one training process per device on every host, through torch's elastic agent.
+
+`byoc train` plans the launch from the contract (`plan_launch`): how many processes on this host
+(GPUs, NeuronCores, or `BYOC_PROCESSES_PER_HOST` CPU processes), which host is the master, which
+network interface the collectives use. One process on one host runs in-process (nothing to
+launch); anything else goes through `torch.distributed.launcher` (what `torchrun` runs) with a
+static rendezvous: hosts = nodes, index of `current_host` = node rank, first host = master.
+
+The agent forwards SIGTERM to every rank and waits for them (they save a checkpoint); when a rank
+fails it stops the others. Each rank leaves a one-line record of its failure in a folder the
+launcher reads afterwards, so `output/failure` names the host, the rank and the first error, and
+the job exits with that rank's real exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from byoc import compat
+from byoc.contract import ContractError, TrainingContract
+from byoc.errors import EXIT_INTERRUPTED
+from byoc.launch import efa
+from byoc.launch.devices import device_counts
+from byoc.safe_files import write_atomically
+
+logger = logging.getLogger("byoc.launch")
+
+FAILURE_DIR_ENV = "BYOC_FAILURE_DIR"  # where each rank writes rank-N.json when it fails
+HOST_ENV = "BYOC_HOST"
+DEFAULT_PORT = 29500
+
+
+class LaunchError(ContractError):
+    """The processes cannot be started: the message says why and what to change."""
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    nproc_per_node: int
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    device: str  # cuda | neuron | xla (torch-xla on another PJRT device) | cpu
+    backend: str  # nccl | xla | gloo
+    threads_per_process: int
+    network_interface: str | None
+    hosts_timeout: float  # for the other hosts' names to resolve and for them to join
+    shutdown_timeout: int  # after SIGTERM, how long ranks may take to save before SIGKILL
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+
+def _env_number(environ: dict, name: str, default: float, minimum: float = 0) -> float:
+    raw = environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise LaunchError(f"{name}={raw!r} is not a number; unset it or give a number") from None
+    if value < minimum:
+        raise LaunchError(f"{name}={raw!r} must be at least {minimum:g}")
+    return value
+
+
+def plan_launch(
+    contract: TrainingContract,
+    environ: dict | None = None,
+    cpu_count: int | None = None,
+    counts: tuple[int, int] | None = None,
+    device: str = "auto",
+) -> LaunchPlan:
+    """How to start this host's processes; `device` is the hyperparameter (auto, cpu, cuda, xla).
+    `environ`, `cpu_count`, `counts` are for tests."""
+    environ = dict(os.environ if environ is None else environ)
+    cpu_count = cpu_count or len(os.sched_getaffinity(0))
+    gpus, cores = counts if counts is not None else device_counts(contract.instance_type)
+    requested = int(_env_number(environ, "BYOC_PROCESSES_PER_HOST", 0, minimum=0))
+    if device == "cuda" and not gpus:
+        raise LaunchError("device=cuda but no CUDA GPU is visible: use a GPU instance or device=auto")
+    if cores and device in ("auto", "xla"):
+        device, backend, available = "neuron", "xla", cores
+    elif gpus and device in ("auto", "cuda"):
+        device, backend, available = "cuda", "nccl", gpus
+    elif device == "xla":  # torch-xla without NeuronCores (PJRT_DEVICE, e.g. CPU): a trial of the Trainium path
+        device, backend, available = "xla", "xla", 1
+    else:
+        device, backend, available = "cpu", "gloo", 1  # one process uses every core best
+    if requested and device in ("cuda", "neuron") and requested > available:
+        raise LaunchError(
+            f"BYOC_PROCESSES_PER_HOST={requested} but this host has only {available} "
+            f"{'GPUs' if device == 'cuda' else 'NeuronCores'}: use at most {available}, or unset it"
+        )
+    nproc = requested or available
+    if device == "xla" and nproc > 1:
+        raise LaunchError(
+            f"BYOC_PROCESSES_PER_HOST={requested} with device=xla and no NeuronCores: torch-xla's "
+            f"{environ.get('PJRT_DEVICE') or 'CPU'} backend has no collectives between processes "
+            "(pytorch/xla#9089), so its ranks could not share gradients. Run one process, or run on "
+            "NeuronCores (one process per core)"
+        )
+    master_port = int(_env_number(environ, "BYOC_MASTER_PORT", 0, minimum=0))
+    if not master_port:
+        master_port = _free_port() if len(contract.hosts) == 1 else DEFAULT_PORT
+    interface = contract.network_interface_name if len(contract.hosts) > 1 else None
+    return LaunchPlan(
+        nproc_per_node=nproc,
+        nnodes=len(contract.hosts),
+        node_rank=contract.hosts.index(contract.current_host),
+        master_addr=contract.hosts[0] if len(contract.hosts) > 1 else "127.0.0.1",
+        master_port=master_port,
+        device=device,
+        backend=backend,
+        threads_per_process=max(1, cpu_count // nproc)
+        if device in ("cpu", "xla")
+        else max(1, min(8, cpu_count // nproc)),
+        network_interface=interface,
+        hosts_timeout=_env_number(environ, "BYOC_HOSTS_TIMEOUT", 300, minimum=1),
+        shutdown_timeout=int(_env_number(environ, "BYOC_SHUTDOWN_TIMEOUT", 100, minimum=1)),
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_environment(
+    plan: LaunchPlan, host: str, failure_dir: Path, efa_devices: efa.EfaDevices | None = None
+) -> dict[str, str]:
+    """What every rank gets on top of the launcher's environment (the agent adds RANK & co.);
+    `efa_devices`: what `efa.find_efa` found on a host of a multi-host GPU or Neuron job."""
+    env = {
+        # Ranks on one host share its cores: oversubscribed OpenMP threads slow everything several-fold.
+        "OMP_NUM_THREADS": str(plan.threads_per_process),
+        "MKL_NUM_THREADS": str(plan.threads_per_process),
+        "BYOC_BACKEND": plan.backend,
+        FAILURE_DIR_ENV: str(failure_dir),
+        HOST_ENV: host,
+    }
+    if plan.network_interface:  # the collectives talk over SageMaker's interface, not docker0 or lo
+        for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+            env[name] = os.environ.get(name, plan.network_interface)
+    if plan.nnodes > 1 and plan.device in ("cuda", "neuron"):
+        env.update(efa.efa_environment(dict(os.environ), efa_devices))
+    return env
+
+
+def wait_for_hosts(
+    hosts: list[str], timeout: float, resolve: Callable[[str], str] = socket.gethostbyname, interval: float = 1.0
+) -> None:
+    """Wait until every host name resolves (SageMaker's DNS can lag behind the container start)."""
+    deadline = time.monotonic() + timeout
+    pending = list(hosts)
+    while pending:
+        for host in list(pending):
+            try:
+                resolve(host)
+                pending.remove(host)
+            except OSError:
+                pass
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            raise LaunchError(
+                f"host(s) {', '.join(pending)} did not resolve within {timeout:g} s, so the job cannot form: "
+                "check the instances started (the other hosts' logs), or raise BYOC_HOSTS_TIMEOUT"
+            )
+        logger.info("waiting for host(s) %s to resolve", ", ".join(pending))
+        time.sleep(interval)
+
+
+# ---------------------------------------------------------------------------------------------
+# Failure records: each rank writes one when it fails; the launcher reads the first.
+
+
+def launched_rank() -> bool:
+    """Whether this process is a rank that `launch` started (it reports failures to the launcher)."""
+    return bool(os.environ.get(FAILURE_DIR_ENV))
+
+
+def rank_failure_recorded() -> bool:
+    """Whether this rank has already left a failure record."""
+    folder = os.environ.get(FAILURE_DIR_ENV)
+    return folder is not None and (Path(folder) / f"rank-{int(os.environ.get('RANK', 0))}.json").exists()
+
+
+def write_rank_failure(message: str, exit_code: int) -> None:
+    """Called by a failing rank launched by `launch` (no-op otherwise)."""
+    folder = os.environ.get(FAILURE_DIR_ENV)
+    if not folder:
+        return
+    record = {
+        "rank": int(os.environ.get("RANK", 0)),
+        "host": os.environ.get(HOST_ENV, "?"),
+        "message": message[:8192],  # the failure file keeps 1 KB of it
+        "exit_code": exit_code,
+        "time": time.time(),
+    }
+    path = Path(folder) / f"rank-{record['rank']}.json"
+    write_atomically(path, json.dumps(record))
+
+
+def _records(failure_dir: Path) -> dict[int, dict]:
+    out = {}
+    for path in failure_dir.glob("rank-*.json"):
+        try:
+            record = json.loads(path.read_text())
+            out[int(record["rank"])] = record
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
+
+
+def exit_code_of(code: int) -> int:
+    """A process killed by signal N (reported as -N) exits the container with 128+N, as a shell would."""
+    return 128 - code if code < 0 else code
+
+
+def describe_exit(code: int) -> str:
+    """How a process ended, from its return code (negative: the signal that killed it)."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}" + (" (out of memory, or killed from outside)" if code == -signal.SIGKILL else "")
+    return f"exited with code {code}"
+
+
+_PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "socket closed")
+
+
+def describe_failure(failures: Mapping[int, object], records: dict[int, dict], host: str) -> tuple[str, int]:
+    """(failure message, exit code) for the rank that failed first."""
+    candidates = []
+    for rank, failure in failures.items():
+        record = records.get(rank)
+        when = record["time"] if record else float(getattr(failure, "timestamp", 0) or 0)
+        candidates.append((when, rank, failure, record))
+    for rank, record in records.items():  # ranks that failed but were reaped as "stopped"
+        if rank not in failures:
+            candidates.append((record["time"], rank, None, record))
+    # A rank whose peer died fails too ("connection closed"): the root cause is the other one.
+    candidates.sort(key=lambda c: (_is_peer_loss(c[3]), c[0]))
+    when, rank, failure, record = candidates[0]
+    code = record["exit_code"] if record else exit_code_of(getattr(failure, "exitcode", 1))
+    if record:
+        detail = record["message"]
+    else:
+        raw = getattr(failure, "exitcode", 1)
+        detail = f"the process {describe_exit(raw)}"
+    where = record["host"] if record else host
+    return f"rank {rank} on {where} failed: {detail}", code
+
+
+def _is_peer_loss(record: dict | None) -> bool:
+    return record is not None and any(s in record["message"].lower() for s in _PEER_LOST)
+
+
+# ---------------------------------------------------------------------------------------------
+# The launch
+
+
+def launch(plan: LaunchPlan, contract: TrainingContract, command: list[str]) -> tuple[int, str | None]:
+    """Run `command` (a program and its arguments) as every rank of this host; wait for the job.
+
+    Returns (exit code, failure message or None). SIGTERM to this process reaches every rank.
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    if plan.nnodes > 1:
+        wait_for_hosts(contract.hosts, plan.hosts_timeout)
+    failure_dir = Path(tempfile.mkdtemp(prefix="byoc-failures-"))
+    log_dir = Path(tempfile.mkdtemp(prefix="byoc-ranks-"))
+    devices = efa.find_efa() if plan.nnodes > 1 and plan.device in ("cuda", "neuron") else None
+    os.environ.update(worker_environment(plan, contract.current_host, failure_dir, devices))
+    config = compat.launch_config(
+        min_nodes=plan.nnodes,
+        max_nodes=plan.nnodes,
+        nproc_per_node=plan.nproc_per_node,
+        run_id=os.environ.get("TRAINING_JOB_NAME") or contract.job_name,
+        role=contract.current_host,
+        rdzv_backend="static",
+        rdzv_endpoint=f"{plan.master_addr}:{plan.master_port}",
+        rdzv_configs={"rank": plan.node_rank, "timeout": int(plan.hosts_timeout)},
+        log_line_prefix_template="[${role_name} rank ${rank}]:",  # on the lines copied from stderr
+        max_restarts=0,  # a failed rank fails the job; spot restarts resume from checkpoints
+        monitor_interval=0.5,
+        start_method="spawn",
+        # Nothing is copied to log_dir: a rank's own failure record says what went wrong (script
+        # mode's ranks run under byoc.launch.script_rank, which keeps the script's last error in memory).
+        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), tee=Std.NONE),
+        shutdown_timeout=plan.shutdown_timeout,
+    )
+    logger.info(
+        "launching %d process(es) on host %d of %d (%s, backend %s, %d thread(s) each), master %s:%d",
+        plan.nproc_per_node,
+        plan.node_rank + 1,
+        plan.nnodes,
+        plan.device,
+        plan.backend,
+        plan.threads_per_process,
+        plan.master_addr,
+        plan.master_port,
+    )
+    program, *args = command
+    try:
+        with compat.shutdown_grace(plan.shutdown_timeout):
+            elastic_launch(config, program)(*args)
+        return 0, None
+    except ChildFailedError as err:
+        message, code = describe_failure(err.failures, _records(failure_dir), contract.current_host)
+        return code, message
+    except SignalException as err:
+        records = _records(failure_dir)
+        interrupted = [r for r in records.values() if r["exit_code"] == EXIT_INTERRUPTED]
+        if interrupted:
+            return EXIT_INTERRUPTED, min(interrupted, key=lambda r: r["rank"])["message"]
+        code = 128 + int(err.sigval)
+        return code, f"stopped by {signal.Signals(err.sigval).name} before any rank could save a checkpoint"
+    except Exception as err:  # rendezvous timeout, a master that never answers...
+        text = " ".join(str(err).split()) or type(err).__name__
+        if "timeout" in text.lower() or "timed out" in text.lower():
+            raise LaunchError(
+                f"the {plan.nnodes} hosts did not all join within {plan.hosts_timeout:g} s "
+                f"(master {plan.master_addr}:{plan.master_port}): check the other hosts started and can reach "
+                "this port, or raise BYOC_HOSTS_TIMEOUT"
+            ) from None
+        raise
+
+
+def main_command() -> list[str]:
+    """Each rank of the built-in job: `python -m byoc.cli worker`."""
+    return [sys.executable, "-m", "byoc.cli", "worker"]

@@ -1,0 +1,294 @@
+"""The default inference handlers: a text classifier trained by `byoc train`.
+
+SageMaker's handler contract (as in the AWS inference toolkits): `model_fn(model_dir)`,
+`input_fn(body, content_type)`, `predict_fn(data, model)`, `output_fn(prediction, accept)`.
+`byoc serve` uses these unless the model's `code/inference.py` defines its own; every trained
+model carries the template `code/inference.py`, which imports them from here and overrides one.
+
+Request and response follow the Hugging Face inference DLC, so existing clients keep working:
+    {"inputs": "text" | ["t1", ...] | [{"text": ..., "text_pair": ...}], "parameters": {"top_k": 2}}
+    -> [{"label": "joy", "score": 0.98}]  (one entry per input; a list per input with top_k)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+
+from byoc.serving import backend_choice, buckets, negotiation, runtimes
+from byoc.serving.backend_choice import BACKEND_ENV, PRECISION_ENV  # noqa: F401  (the settings' names, as before)
+from byoc.serving.request_errors import InputError, InvalidAnswer, NotAcceptable, UnsupportedMediaType
+from byoc.serving.runtimes import inference_threads  # noqa: F401  (re-exported: byoc.serving.handler_loader and users import it here)
+
+MAX_BATCH = buckets.CPU.max_rows  # texts run through the model at once on the CPU; larger requests are split
+TOKEN_BUDGET = buckets.CPU.token_budget  # padded tokens per CPU forward pass: small batches pad least
+JSON_LINES = ("application/jsonlines", "application/x-jsonlines", "application/jsonl")
+CONTENT_TYPES = ("application/json", "text/csv", "text/plain", *JSON_LINES)
+ACCEPT_TYPES = ("application/json", "text/csv", *JSON_LINES)
+
+logger = logging.getLogger("byoc.inference")
+
+
+def model_fn(model_dir: str) -> dict[str, Any]:
+    """Load tokenizer and classifier; weights come from safetensors only (nothing is unpickled).
+
+    byoc.serving.backend_choice picks the runtime from the host and BYOC_INFERENCE_BACKEND /
+    BYOC_INFERENCE_PRECISION: ONNX Runtime on the CPU where there is no GPU; ONNX Runtime's CUDA
+    execution provider on a GPU where onnxruntime-gpu is installed; else torch (on CUDA in half
+    precision). On ONNX Runtime torch and transformers are never imported, which starts several
+    times faster. Where ONNX Runtime was picked on its own (not asked for) and cannot load the
+    graph (a stale graph, a CUDA provider that did not load), torch serves instead, with a warning.
+    Either way the result has the same keys; `logits(feeds)` runs one padded batch of numpy arrays.
+    """
+    folder = Path(model_dir)
+    backend, precision = backend_choice.read_settings(os.environ)
+    compiled = backend_choice.read_compile(os.environ)
+    plan = backend_choice.choose(backend, precision, runtimes.describe(folder, gpu=nvidia_gpu()))
+    logger.info("serving with %s", plan)
+    if plan.backend == "onnxruntime":
+        try:
+            return runtimes.load_onnx(folder, plan)
+        except RuntimeError as err:  # GraphError: a stale graph is never used; a CUDA EP that did not load
+            if plan.precision == "int8" or backend == "onnxruntime":
+                raise
+            plan = backend_choice.fallback(plan, precision, str(err))
+            logger.warning("serving with torch instead of ONNX Runtime: %s", err)
+    return runtimes.load_torch(folder, plan, compiled=compiled)
+
+
+def nvidia_gpu() -> bool:
+    return Path("/dev/nvidia0").exists()  # without importing torch (seconds) to ask
+
+
+def choose_backend(model_dir: Path, int8: bool = False, gpu: bool | None = None) -> str:
+    """onnxruntime or torch for this model, with BYOC_INFERENCE_BACKEND (`gpu`: default, whether an
+    NVIDIA GPU is present); byoc.serving.backend_choice.choose has the whole plan."""
+    backend, precision = backend_choice.read_settings(os.environ)
+    host = runtimes.describe(Path(model_dir), gpu=nvidia_gpu() if gpu is None else gpu)
+    return backend_choice.choose(backend, "int8" if int8 else precision, host).backend
+
+
+def input_fn(body: bytes | str, content_type: str = "application/json") -> dict[str, Any]:
+    """Parse a request into {"inputs": [text or (text, text_pair)], "parameters": {...}}.
+
+    Everything a model could choke on is refused here, with a 4xx naming the input, before the
+    request can join a batch with other clients' requests."""
+    kind = (content_type or "application/json").split(";")[0].strip().lower()
+    if kind not in CONTENT_TYPES:
+        raise UnsupportedMediaType(f"unsupported content type {content_type!r}: send one of {', '.join(CONTENT_TYPES)}")
+    try:
+        text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else body
+    except UnicodeDecodeError as err:
+        line = cast(bytes, body)[: err.start].count(b"\n") + 1
+        raise InputError(f"the body is not UTF-8 text (byte {err.start}, line {line})") from None
+    if not text.strip():
+        raise InputError('the body is empty: send {"inputs": "a text"} or a list of texts')
+    try:
+        inputs, parameters = _parse(text, kind)
+    except RecursionError:
+        raise InputError("the body is nested too deeply") from None
+    if not isinstance(parameters, dict):
+        raise InputError('"parameters" must be a JSON object')
+    _check_top_k(parameters.get("top_k"))
+    return {"inputs": _normalise(inputs), "parameters": parameters}
+
+
+def too_many_inputs(body: bytes | str, content_type: str, limit: int) -> bool:
+    """Whether `input_fn` would find more than `limit` inputs in the body, decided without building
+    them: a 6 MB body of a million tiny inputs is refused after reading `limit + 1` of them, in
+    bounded memory, instead of after a full parse. A malformed body is not (input_fn says why)."""
+    kind = (content_type or "application/json").split(";")[0].strip().lower()
+    # A list of n JSON values holds n - 1 commas; n lines, n - 1 newlines: a bound counted in C.
+    separator = "," if kind == "application/json" else "\n"
+    bound = (body.count(separator.encode()) if isinstance(body, bytes) else body.count(separator)) + 1
+    if bound <= limit or kind not in CONTENT_TYPES:
+        return False
+    try:
+        text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else body
+        if kind == "application/json":
+            return _count_json(text, limit) > limit
+        if kind == "text/csv":
+            return _count_up_to((row for row in csv.reader(io.StringIO(text)) if row), limit) > limit
+        return _count_up_to(re.finditer(r"^[^\S\n]*\S", text, re.MULTILINE), limit) > limit  # non-blank lines
+    except (ValueError, IndexError, RecursionError, csv.Error):  # malformed: input_fn's message says how
+        return False
+
+
+def _count_up_to(items: Iterable[Any], limit: int) -> int:
+    count = 0
+    for _ in items:
+        count += 1
+        if count > limit:
+            break
+    return count
+
+
+def _count_json(text: str, limit: int) -> int:
+    """The elements of the body's list of inputs (the top-level list, or "inputs" of the top-level
+    object), each decoded alone and dropped, up to limit + 1."""
+    decoder, skip = json.JSONDecoder(), re.compile(r"[ \t\n\r]*")
+    at = skip.match(text, 0).end()  # type: ignore[union-attr]
+    if text.startswith("{", at):
+        at = skip.match(text, at + 1).end()  # type: ignore[union-attr]
+        while text.startswith('"', at):
+            key, at = json.decoder.scanstring(text, at + 1)  # type: ignore[attr-defined]
+            at = skip.match(text, at).end()  # type: ignore[union-attr]
+            at = skip.match(text, at + 1).end() if text.startswith(":", at) else len(text)  # type: ignore[union-attr]
+            if key == "inputs":
+                break
+            _, at = decoder.raw_decode(text, at)
+            at = skip.match(text, at).end()  # type: ignore[union-attr]
+            at = skip.match(text, at + 1).end() if text.startswith(",", at) else len(text)  # type: ignore[union-attr]
+    if not text.startswith("[", at):
+        return 1
+    at, count = skip.match(text, at + 1).end(), 0  # type: ignore[union-attr]
+    while count <= limit and not text.startswith("]", at) and at < len(text):
+        _, at = decoder.raw_decode(text, at)
+        count += 1
+        at = skip.match(text, at).end()  # type: ignore[union-attr]
+        if text.startswith(",", at):
+            at = skip.match(text, at + 1).end()  # type: ignore[union-attr]
+    return count
+
+
+def _parse(text: str, kind: str) -> tuple[Any, Any]:
+    if kind == "application/json":
+        try:
+            payload = json.loads(text)
+        except ValueError as err:  # JSONDecodeError, and integers too long to convert
+            raise InputError(f"the body is not valid JSON: {err}") from None
+        if isinstance(payload, dict) and "inputs" in payload:
+            return payload["inputs"], payload.get("parameters") or {}
+        return payload, {}
+    if kind in JSON_LINES:
+        return [_jsonline(line) for line in text.split("\n") if line.strip()], {}
+    if kind == "text/csv":
+        try:
+            return [row if len(row) > 1 else row[0] for row in csv.reader(io.StringIO(text)) if row], {}
+        except csv.Error as err:  # a field over csv's size limit, a quote left open
+            raise InputError(f"the body is not valid CSV: {err}") from None
+    return [line for line in text.split("\n") if line.strip()], {}  # text/plain: one text per line
+
+
+def _jsonline(line: str) -> Any:
+    try:
+        value = json.loads(line)
+    except ValueError as err:
+        raise InputError(f"a JSON Lines record is not valid JSON: {err}") from None
+    return value.get("inputs", value) if isinstance(value, dict) and "inputs" in value else value
+
+
+def _check_top_k(top_k: Any) -> None:
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        raise InputError('"top_k" must be a positive integer')
+
+
+def _normalise(inputs: Any) -> list[str | tuple[str, str]]:
+    items = inputs if isinstance(inputs, list) else [inputs]
+    if not items:
+        raise InputError('"inputs" is empty: send a text or a list of texts')
+    out: list[str | tuple[str, str]] = []
+    for index, item in enumerate(items):
+        if isinstance(item, dict) and isinstance(item.get("text"), str):
+            pair = item.get("text_pair")
+            out.append((item["text"], pair) if isinstance(pair, str) else item["text"])
+        elif isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(t, str) for t in item):
+            out.append((item[0], item[1]))
+        elif isinstance(item, str):
+            out.append(item)
+        else:
+            raise InputError(
+                f'input {index}: each input must be a string, [text, text_pair] or {{"text": ..., "text_pair": ...}}'
+            )
+        last = out[-1]
+        if not (_encodable(last) if isinstance(last, str) else _encodable(last[0]) and _encodable(last[1])):
+            raise InputError(f"input {index} is not valid Unicode text (a lone surrogate such as \\ud800)")
+    return out
+
+
+def _encodable(text: str) -> bool:
+    """Whether the text is valid Unicode, as the tokenizer needs: JSON's \\ud800 escapes make strings
+    that are not (lone surrogates). ASCII, nearly every text, is checked in C without a copy."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
+    """Classify; returns, per input, the best {"label", "score"} or the top_k of them."""
+    inputs, parameters = data["inputs"], data.get("parameters", {})
+    top_k = parameters.get("top_k")
+    _check_top_k(top_k)
+    try:
+        encoded = model["encode"](inputs)
+    except Exception:  # a user's input_fn let through what the tokenizer cannot take: the input's fault
+        _normalise(inputs)  # raises InputError naming it, if that is the cause
+        raise
+    # Shortest first, cut into batches of a bounded padded size: each batch pads only to its own
+    # longest text (tweets of 5 and 60 tokens never share one); answers go back in request order.
+    # On a GPU (model["buckets"]) the passes are larger and padded to a few bucket buckets.
+    passes = model.get("buckets", buckets.CPU)
+    order = sorted(range(len(inputs)), key=lambda i: len(encoded[i]["input_ids"]))
+    scores: list[Any] = [None] * len(inputs)  # each input's probabilities, filled chunk by chunk
+    for chunk in buckets.batches(order, encoded, passes):
+        probs = buckets.softmax(model["logits"](buckets.pad(chunk, encoded, model["pad_id"], passes)))
+        for n, i in enumerate(chunk):
+            scores[i] = probs[n]
+    id2label = model["id2label"]
+    results: list[Any] = []
+    for row in scores:
+        best = np.argsort(-row, kind="stable")[: top_k or 1]
+        entries = [{"label": id2label[int(j)], "score": float(row[j])} for j in best]
+        results.append(entries if top_k else entries[0])
+    return results
+
+
+# The server may merge concurrent requests into one call: this predict_fn takes
+# {"inputs": [...], "parameters": {...}} and returns one result per input, in order
+# (byoc.serving.handler_loader.Handlers.batchable reads this flag).
+predict_fn.batchable = True  # type: ignore[attr-defined]
+
+
+def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[str, str]:
+    """Serialise as JSON (default), JSON Lines or CSV (label,score per line). `accept` is the type
+    the server chose (byoc.serving.negotiation); a full Accept header (lists, weights, wildcards) works too."""
+    kind = accept if accept in ACCEPT_TYPES else negotiation.choose(accept, ACCEPT_TYPES, "application/json")
+    try:
+        if kind == "application/json":
+            return json.dumps(prediction, allow_nan=False), "application/json"
+        if kind in JSON_LINES:
+            return "\n".join(json.dumps(p, allow_nan=False) for p in prediction) + "\n", kind
+    except ValueError as err:
+        raise InvalidAnswer(NON_FINITE) from err
+    if kind == "text/csv":
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        for p in prediction:
+            best = p[0] if isinstance(p, list) else p
+            if not math.isfinite(best["score"]):
+                raise InvalidAnswer(NON_FINITE)
+            writer.writerow([best["label"], f"{best['score']:.6f}"])
+        return out.getvalue(), "text/csv"
+    shown = accept if len(accept) <= 100 else accept[:100] + "..."
+    raise NotAcceptable(f"unsupported accept type {shown!r}: ask for one of {', '.join(ACCEPT_TYPES)}")
+
+
+# No answer carries NaN or infinity: JSON has neither, and a client's parser fails on them.
+NON_FINITE = (
+    "the prediction holds NaN or infinity, which the answer cannot carry: the model produced a non-finite "
+    "score (broken weights, or an overflow in half precision); see the endpoint's logs"
+)

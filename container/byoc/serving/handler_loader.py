@@ -1,0 +1,166 @@
+"""Inference handlers: the defaults, the user's overrides, and the errors they may raise.
+
+The contract is the AWS inference toolkits': `model_fn(model_dir)`, `input_fn(body, content_type)`,
+`predict_fn(data, model)`, `output_fn(prediction, accept)`, or a single
+`transform_fn(model, body, content_type, accept)`; each may take a trailing `context`. The
+defaults are the module `byoc.serving.default_handlers`; a model's own `code/inference.py` overrides any subset.
+Mixing `transform_fn` with the others is a start-up error, as in the toolkits.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+import logging
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from byoc.errors import UserError
+from byoc.requirements import RequirementsError, install_requirements
+from byoc.serving import default_handlers
+from byoc.serving.default_handlers import inference_threads  # noqa: F401  (re-exported, as are the request errors)
+from byoc.serving.request_errors import InputError, NotAcceptable, UnsupportedMediaType  # noqa: F401
+
+# Users' handlers raise byoc.serving.handler_loader.InputError and its kin, and models trained before the defaults moved
+# into the package carry a copy of them whose code imports those errors and inference_threads from here.
+
+logger = logging.getLogger("byoc.handlers")
+
+USER_MODULE_MARK = "__byoc_user_code__"
+HANDLER_NAMES = ("model_fn", "input_fn", "predict_fn", "output_fn", "transform_fn")
+# Positional arguments of each handler before the optional trailing `context`.
+_ARITY = {"model_fn": 1, "input_fn": 2, "predict_fn": 2, "output_fn": 2, "transform_fn": 4}
+
+
+class HandlerError(UserError, RuntimeError):
+    """The handler code cannot be used (bad override, failed requirements): a start-up failure."""
+
+
+@dataclass
+class Handlers:
+    """The resolved handler functions, each called as the contract defines."""
+
+    model_fn: Callable[..., Any]
+    input_fn: Callable[..., Any] | None
+    predict_fn: Callable[..., Any] | None
+    output_fn: Callable[..., Any] | None
+    transform_fn: Callable[..., Any] | None
+    source: str  # for the logs
+    accept_types: tuple[str, ...] | None = None  # what the built-in output_fn writes (checked up front)
+
+    def is_default(self, name: str) -> bool:
+        """Whether the handler `name` is byoc's own (bounded work: it may run on the event loop)."""
+        return getattr(self, name) is getattr(default_handlers, name, None)
+
+    @property
+    def batchable(self) -> bool:
+        """Requests may be merged into one predict_fn call when predict_fn declares the batch
+        contract (`predict_fn.batchable = True`): it takes {"inputs": [...], "parameters": {...}}
+        and returns one result per input, in order. The default one does."""
+        return self.transform_fn is None and bool(getattr(self.predict_fn, "batchable", False))
+
+
+def _import(path: Path) -> ModuleType:
+    """Import the user's module as the AWS toolkits do: under its own name (`inference` for
+    inference.py) in sys.modules, its folder kept on sys.path. So its dataclasses resolve their
+    annotations, its classes pickle and unpickle, `import inference` in a helper finds this module
+    rather than running it again, and `import helper` works inside its functions, not only at import."""
+    name = path.stem
+    existing = sys.modules.get(name)
+    if existing is not None and not getattr(existing, USER_MODULE_MARK, False):
+        raise HandlerError(
+            f"{path} has the name of the module {name!r}, which the server already uses: rename it "
+            "(and SAGEMAKER_PROGRAM with it)"
+        )
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:  # not a Python file (SAGEMAKER_PROGRAM=serve.sh)
+        raise HandlerError(f"cannot import {path}: it is not a Python module")
+    module = importlib.util.module_from_spec(spec)
+    setattr(module, USER_MODULE_MARK, True)  # a model loaded again (tests) replaces it
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))  # the user's module may import its siblings, at any time
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as err:  # SystemExit too (argparse at import): a failed start, never a server left at 503
+        del sys.modules[name]
+        hint = " (code that parses arguments or exits belongs under `if __name__ == '__main__':`)"
+        raise HandlerError(
+            f"cannot import {path}: {type(err).__name__}: {err}{hint if isinstance(err, SystemExit) else ''}"
+        ) from None
+    return module
+
+
+def load_handlers(model_dir: Path) -> Handlers:
+    """The default handlers (`byoc.serving.default_handlers`), overridden by `model_dir/code/inference.py` (or
+    `$SAGEMAKER_PROGRAM`), after installing `model_dir/code/requirements.txt`."""
+    user_dir = model_dir / "code"
+    user_file = user_dir / os.environ.get("SAGEMAKER_PROGRAM", "inference.py")
+    user = None
+    if user_file.exists() and not _same_file(user_file, default_handlers.__file__):
+        try:
+            install_requirements(user_dir)
+        except RequirementsError as err:
+            raise HandlerError(f"installing {err.requirements} failed: {err}") from None
+        user = _import(user_file)
+    # A default the user's module imports (the template re-exports model_fn, input_fn and output_fn, so
+    # that it is a complete handler module) is no override: the server keeps treating it as the default.
+    functions = {name: getattr(user, name, None) for name in HANDLER_NAMES} if user else {}
+    functions = {name: None if fn is getattr(default_handlers, name, None) else fn for name, fn in functions.items()}
+    overridden = sorted(name for name, fn in functions.items() if fn is not None)
+    if functions.get("transform_fn") and set(overridden) & {"input_fn", "predict_fn", "output_fn"}:
+        raise HandlerError(
+            f"{user_file} defines transform_fn together with "
+            f"{', '.join(n for n in overridden if n != 'transform_fn')}: "
+            "define either transform_fn or input_fn/predict_fn/output_fn, not both"
+        )
+    for name, fn in functions.items():
+        if fn is not None and not callable(fn):
+            raise HandlerError(f"{user_file}: {name} is not a function")
+    pick = lambda name: functions.get(name) or getattr(default_handlers, name, None)
+    transform = functions.get("transform_fn")
+    handlers = Handlers(
+        model_fn=functions.get("model_fn") or default_handlers.model_fn,
+        input_fn=None if transform else pick("input_fn"),
+        predict_fn=None if transform else pick("predict_fn"),
+        output_fn=None if transform else pick("output_fn"),
+        transform_fn=transform,
+        source=f"{user_file} ({', '.join(overridden) or 'nothing'} overridden)" if user else "default handlers",
+        accept_types=None if (transform or functions.get("output_fn")) else default_handlers.ACCEPT_TYPES,
+    )
+    logger.info("handlers: %s", handlers.source)
+    return handlers
+
+
+def _same_file(a: Path, b: str) -> bool:
+    """A copy of the defaults' module used as an override changes nothing: it is not imported twice."""
+    try:
+        return Path(a).read_bytes() == Path(b).read_bytes()
+    except OSError:
+        return False
+
+
+def call(fn: Callable[..., Any], name: str, *args: Any, context: Any = None) -> Any:
+    """Call a handler with or without the trailing `context`, by its signature."""
+    try:
+        takes = _takes_context(fn, name)
+    except TypeError:  # an unhashable callable object: inspect it every time
+        takes = _takes_context.__wrapped__(fn, name)
+    return fn(*args, context) if takes else fn(*args)
+
+
+@functools.lru_cache(maxsize=64)
+def _takes_context(fn: Callable[..., Any], name: str) -> bool:
+    """Read once per handler: inspecting a signature on every request cost ~2% of a busy server."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) > _ARITY[name] or any(p.kind == p.VAR_POSITIONAL for p in params)

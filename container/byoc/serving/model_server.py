@@ -1,0 +1,260 @@
+"""The model behind `byoc serve`: its handlers, its one inference thread, its health, and the path
+of one request through the handlers (negotiate, parse, admit, predict, answer).
+
+Health is what `/ping` answers: the model loaded, the batching task running, and no inference call
+running for longer than the request timeout (a stuck call: every request would wait for it and time
+out, so the endpoint says so and SageMaker can replace the host).
+
+The model's calls (`model_fn`, `predict_fn`, `transform_fn`) run on one inference thread. A user's
+`input_fn` and `output_fn` run on threads of their own (byoc.serving.threads: daemons, started while every
+one is busy), never on the event loop: a slow or hung one costs its own request a 504 and nothing
+else. byoc's own `input_fn`/`output_fn` parse and write small bodies on the event loop (bounded
+work, and a thread hop per request would fight the inference thread for the GIL), large ones on
+those threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from starlette.responses import Response
+
+from byoc.serving import default_handlers, negotiation
+from byoc.serving.batching import Batcher, guarded
+from byoc.serving.handler_loader import HandlerError, Handlers, InputError, NotAcceptable, call, load_handlers
+from byoc.serving.request_errors import InvalidAnswer, PayloadTooLarge
+from byoc.serving.settings import JSON, ServeSettings
+from byoc.serving.threads import DaemonThreads
+
+logger = logging.getLogger("byoc.serve")
+
+SWITCH_INTERVAL = 0.0005
+INLINE_LIMIT = 256 * 1024  # bodies below this are parsed and answered on the event loop
+
+
+class ModelServer:
+    """The loaded model, its handlers and the inference thread; shared by the routes."""
+
+    def __init__(self, settings: ServeSettings) -> None:
+        self.settings = settings
+        self.handlers: Handlers | None = None
+        self.model: Any = None
+        self.error: str | None = None  # why the model could not load
+        self.fatal: str | None = None  # why this worker gave up serving (it is being replaced)
+        self.ready = threading.Event()
+        self.executor = DaemonThreads(1, "byoc-inference")
+        # A user's input_fn/output_fn: as many at once as invocations may be in flight.
+        self.handler_threads = DaemonThreads(settings.max_concurrency, "byoc-handler")
+        self.batcher: Batcher | None = None
+        self.busy_since: float | None = None  # when the inference call now running began
+
+    def load(self) -> None:
+        """Runs in the inference thread at start-up (torch state stays on the thread that uses it)."""
+        started = time.monotonic()
+        # The inference thread gives up the GIL inside every torch op and must win it back after;
+        # with the default 5 ms switch interval a busy event loop makes it wait that long each time.
+        sys.setswitchinterval(SWITCH_INTERVAL)
+        # Progress bars are carriage-return noise in CloudWatch (transformers reads this at import).
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        try:
+            _split_cores(self.settings.workers)
+            self.handlers = load_handlers(self.settings.model_dir)
+            accept_types = self.handlers.accept_types
+            if accept_types and self.settings.default_accept not in accept_types:
+                raise HandlerError(
+                    f"SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT={self.settings.default_accept}: the default "
+                    f"output_fn writes {', '.join(accept_types)}"
+                )
+            self.model = call(self.handlers.model_fn, "model_fn", str(self.settings.model_dir))
+        except BaseException as err:  # SystemExit too (argparse in a model_fn): a failed start, never a hang
+            self.error = f"{type(err).__name__}: {err}"
+            logger.exception("loading the model from %s failed", self.settings.model_dir)
+            return
+        self.ready.set()
+        logger.info("model loaded from %s in %.1f s; ready", self.settings.model_dir, time.monotonic() - started)
+
+    def problem(self) -> str | None:
+        """Why this worker cannot serve now (/ping answers 503 with it), or None when it can."""
+        if self.fatal:
+            return self.fatal
+        if not self.ready.is_set():
+            return f"the model failed to load: {self.error}" if self.error else "the model is still loading"
+        if self.batcher is not None and not self.batcher.alive:
+            return self.batcher.death or "the batching task is not running"
+        return self.stuck()
+
+    def stuck(self) -> str | None:
+        began = self.busy_since
+        if began is not None and time.monotonic() - began > self.settings.timeout:
+            return (
+                f"an inference call has been running for {time.monotonic() - began:.0f} s, over the "
+                f"{self.settings.timeout:g} s of SAGEMAKER_MODEL_SERVER_TIMEOUT"
+            )
+        return None
+
+    def predict_batch(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
+        """The batcher's predict, in the inference thread."""
+        assert self.handlers is not None and self.handlers.predict_fn is not None  # batching implies both
+        self.busy_since = time.monotonic()
+        try:
+            data = {"inputs": inputs, "parameters": parameters}
+            return call(self.handlers.predict_fn, "predict_fn", data, self.model)
+        finally:
+            self.busy_since = None
+            if self.batcher is not None and self.batcher.idle:
+                release_memory()
+
+    async def in_thread(self, fn: Any, *args: Any) -> Any:
+        """One unbatched handler call in the inference thread, timed like the batched ones."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self._timed, fn, args)
+
+    def _timed(self, fn: Any, args: tuple) -> Any:
+        self.busy_since = time.monotonic()
+        try:
+            return guarded(fn, *args)
+        finally:
+            self.busy_since = None
+
+    def negotiate(self, header: str | None) -> str:
+        """The answer's type, chosen once, before the model runs (406 here, never after it)."""
+        assert self.handlers is not None
+        default, offered = self.settings.default_accept, self.handlers.accept_types
+        if not offered:  # the user's output_fn or transform_fn: the header, as the AWS toolkits pass it
+            return negotiation.passthrough(header, default)
+        chosen = negotiation.choose(header, offered, default)
+        if chosen is None:
+            raise NotAcceptable(f"unsupported accept type {_quote(header)}: ask for one of {', '.join(offered)}")
+        return chosen
+
+    async def invoke(self, body: bytes, content_type: str, accept_header: str | None) -> Response:
+        handlers, batcher = self.handlers, self.batcher
+        assert handlers is not None and batcher is not None  # the routes call this only once the model is ready
+        accept = self.negotiate(accept_header)
+        if handlers.transform_fn is not None:
+            result = await self.in_thread(
+                call, handlers.transform_fn, "transform_fn", self.model, body, content_type, accept
+            )
+            return self._response(result, accept)
+        assert handlers.input_fn is not None and handlers.predict_fn is not None  # set wherever transform_fn is None
+        try:
+            data = await self._parse(handlers, body, content_type)
+        except InputError:
+            raise
+        except (ValueError, TypeError, KeyError, UnicodeError, RecursionError) as err:  # a user input_fn refusing it
+            raise InputError(f"malformed input: {err}") from None
+        finally:
+            if len(body) >= INLINE_LIMIT:
+                release_memory()  # a large body parsed (or refused): its memory goes back to the system
+        if handlers.batchable and _batch_shaped(data):
+            inputs = data["inputs"]
+            self._check_count(len(inputs))
+            prediction = await batcher.submit(inputs, data.get("parameters") or {})
+        else:
+            prediction = await self.in_thread(call, handlers.predict_fn, "predict_fn", data, self.model)
+        result = await self._handler(
+            handlers.output_fn, "output_fn", handlers.is_default("output_fn"), len(body), prediction, accept
+        )
+        return self._response(result, accept)
+
+    async def _parse(self, handlers: Handlers, body: bytes, content_type: str) -> Any:
+        if not handlers.is_default("input_fn"):
+            return await self._handler(handlers.input_fn, "input_fn", False, len(body), body, content_type)
+        return await self._handler(self._default_input, "input_fn", True, len(body), body, content_type)
+
+    def _default_input(self, body: bytes, content_type: str) -> Any:
+        """byoc's input_fn, after counting the inputs without building them: a body of a million tiny
+        inputs is refused as soon as the count passes the limit, not after a full parse."""
+        if default_handlers.too_many_inputs(body, content_type, self.settings.max_inputs):
+            self._check_count(self.settings.max_inputs + 1, counted=False)
+        return default_handlers.input_fn(body, content_type)
+
+    def _check_count(self, count: int, counted: bool = True) -> None:
+        """413 past BYOC_MAX_INPUTS_PER_REQUEST (`counted`: the exact count is known, not just that it is over)."""
+        if count > self.settings.max_inputs:
+            how_many = str(count) if counted else f"more than {self.settings.max_inputs}"
+            raise PayloadTooLarge(
+                f"the request has {how_many} inputs, over the limit of {self.settings.max_inputs} "
+                "(BYOC_MAX_INPUTS_PER_REQUEST): send them in several requests"
+            )
+
+    async def _handler(self, fn: Any, name: str, builtin: bool, size: int, *args: Any) -> Any:
+        """A request handler: byoc's own on the event loop for small bodies, anything else on a thread."""
+        if builtin and size < INLINE_LIMIT:
+            return guarded(call, fn, name, *args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.handler_threads, guarded, call, fn, name, *args)
+
+    def _response(self, result: Any, accept: str) -> Response:
+        """Handlers return (body, content_type) or just a body."""
+        if isinstance(result, Response):
+            return result
+        if isinstance(result, tuple) and len(result) == 2:
+            body, content_type = result
+        else:
+            body = result
+            content_type = accept if negotiation.is_concrete(accept) else self.settings.default_accept
+        if not isinstance(body, (str, bytes)):
+            body, content_type = to_json(body), JSON
+        return Response(body, media_type=content_type)
+
+
+def to_json(value: Any) -> str:
+    """JSON, never with NaN or Infinity (which JSON does not have, and clients fail to parse)."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError as err:
+        raise InvalidAnswer(default_handlers.NON_FINITE) from err
+
+
+def _quote(header: str | None, limit: int = 100) -> str:
+    """A client's header in an error message, cut short: never echo a huge header back."""
+    text = repr(header)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(header or '')} characters)"
+
+
+def _batch_shaped(data: Any) -> bool:
+    return (
+        isinstance(data, dict)
+        and isinstance(data.get("inputs"), list)
+        and isinstance(data.get("parameters") or {}, dict)
+    )
+
+
+def _split_cores(workers: int) -> None:
+    """Several workers share the cores instead of each taking them all (oversubscribed threads slow
+    everything several-fold). OMP_NUM_THREADS is set before the handlers load: torch reads it at
+    import, and the default model_fn gives ONNX Runtime the same number."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    torch = sys.modules.get("torch")  # imported already (a user's code): set it directly too
+    if torch is not None:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    logger.info("worker %d: %s inference threads", os.getpid(), os.environ["OMP_NUM_THREADS"])
+
+
+_LIBC: Any = None
+
+
+def tune_malloc() -> None:
+    """glibc gives each allocating thread its own heap arena; the server needs two (glibc only)."""
+    global _LIBC
+    try:
+        _LIBC = ctypes.CDLL("libc.so.6")
+        _LIBC.mallopt(-8, 2)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        _LIBC = None  # not glibc: nothing to tune
+
+
+def release_memory() -> None:
+    """Give freed activation buffers back to the system once the server is idle (glibc keeps
+    them in its heaps otherwise, so resident memory would stay at its busiest)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)

@@ -1,0 +1,204 @@
+"""Loading a model for the default handlers, on the backend `byoc.serving.backend_choice` picked: ONNX
+Runtime (CPU or CUDA execution provider) or torch (CPU or CUDA, fp32 or half precision).
+
+Both loaders return the same dict (docs/serving.md): `backend`, `model`, `tokenizer`,
+`encode(inputs)`, `logits(feeds)` (one padded batch of numpy arrays -> fp32 numpy logits),
+`id2label`, `max_length`, `pad_id`, and `buckets` (how predict_fn cuts and pads a batch:
+byoc.serving.buckets), `device`, `precision`.
+
+torch and transformers are imported only inside `load_torch`: the ONNX Runtime path never pays
+for them (5-17 s on a GPU host).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from byoc import model_folder
+from byoc.onnx_graph import GRAPH
+from byoc.serving import buckets, cuda_provider
+from byoc.serving.backend_choice import HALF, Host, Plan, torch_dtype_name
+from byoc.serving.onnx_session import Session
+
+logger = logging.getLogger("byoc.inference")
+
+
+def inference_threads() -> int:
+    """Threads one worker's model may use: OMP_NUM_THREADS (the server sets it to cores / workers)."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
+    except ValueError:
+        return os.cpu_count() or 1
+
+
+def describe(model_dir: Path, gpu: bool) -> Host:
+    """This host and model as backend_choice sees them. ONNX Runtime's providers are asked only on a
+    GPU host (importing onnxruntime to ask costs about 0.3 s, and on the CPU changes nothing)."""
+    installed = importlib.util.find_spec("onnxruntime") is not None
+    return Host(
+        gpu=gpu,
+        providers=cuda_provider.available_providers() if gpu and installed else (cuda_provider.CPU_EP,),
+        onnxruntime=installed,
+        graph=(model_dir / GRAPH).exists(),
+        tokenizer=(model_dir / "tokenizer.json").exists(),
+    )
+
+
+# A text is cut to this many characters per token of the model's limit before it is tokenized: the
+# tokenizer reads a whole string before truncating it (a 5.8 MB text held the inference thread for
+# 22 s), and natural text runs at 3-6 characters per token, so the cut leaves several times the
+# tokens the model keeps and its answer is unchanged. Only text whose first 16 x max_length
+# characters hold fewer than max_length tokens (long runs of spaces, words over 100 characters, each
+# one [UNK]) reads less than it would uncut.
+CHARS_PER_TOKEN = 16
+
+
+def clip(inputs: list[str | tuple[str, str]], tokens: int, side: str = "right") -> list[str | tuple[str, str]]:
+    """Each text (and each half of a pair) cut to CHARS_PER_TOKEN x `tokens` characters, keeping the
+    side that truncation keeps (the start, or the end when the tokenizer truncates on the left)."""
+    most = CHARS_PER_TOKEN * tokens
+
+    def cut(text: str) -> str:
+        if len(text) <= most:
+            return text
+        return text[-most:] if side == "left" else text[:most]
+
+    return [cut(x) if isinstance(x, str) else (cut(x[0]), cut(x[1])) for x in inputs]
+
+
+def load_onnx(model_dir: Path, plan: Plan) -> dict[str, Any]:
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    tokenizer_config_path = model_dir / "tokenizer_config.json"
+    tokenizer_config = (
+        json.loads(tokenizer_config_path.read_text(encoding="utf-8")) if tokenizer_config_path.exists() else {}
+    )
+    limit = model_folder.max_length(tokenizer_config.get("model_max_length"), config.get("max_position_embeddings"))
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tokenizer.no_padding()  # batches are padded here, per length-sorted chunk
+    # longest_first, as transformers' truncation=True, on the side the tokenizer was saved with
+    side = tokenizer_config.get("truncation_side") or "right"
+    tokenizer.enable_truncation(limit, direction=side)
+    pad = tokenizer_config.get("pad_token") or "[PAD]"
+    pad_id = tokenizer.token_to_id(pad["content"] if isinstance(pad, dict) else pad) or 0
+    session = Session(
+        model_dir,
+        inference_threads(),
+        int8=plan.precision == "int8",
+        device=plan.device,
+        fp16=plan.precision == "fp16",
+    )
+    logger.info(
+        "model runs on ONNX Runtime (%s, %s, %s, %d threads)", GRAPH, plan.precision, session.provider, session.threads
+    )
+
+    def encode(inputs: list[str | tuple[str, str]]) -> list[dict[str, list[int]]]:
+        return [
+            {"input_ids": e.ids, "attention_mask": e.attention_mask, "token_type_ids": e.type_ids}
+            for e in tokenizer.encode_batch(clip(inputs, limit, side))
+        ]
+
+    return {
+        "backend": "onnxruntime",
+        "model": session,
+        "tokenizer": tokenizer,
+        "encode": encode,
+        "logits": session.logits,
+        "id2label": {int(k): v for k, v in config["id2label"].items()},
+        "max_length": limit,
+        "pad_id": pad_id,
+        "buckets": buckets.gpu(limit) if plan.device == "cuda" else buckets.CPU,
+        "device": plan.device,
+        "precision": plan.precision,
+    }
+
+
+def load_torch(model_dir: Path, plan: Plan, compiled: bool = False) -> dict[str, Any]:
+    # Imported only here: the ONNX Runtime path starts in about a second because it never imports them.
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    precision = plan.precision
+    if precision == HALF and device.type == "cpu":  # /dev/nvidia0 is there, and torch sees no CUDA
+        logger.warning("an NVIDIA device is present but torch sees no CUDA GPU: serving on the CPU, fp32")
+        precision = "fp32"
+    bf16 = device.type != "cuda" or torch.cuda.is_bf16_supported()
+    dtype = getattr(torch, torch_dtype_name(precision, bf16))
+    model.to(device=device, dtype=dtype).eval()
+    limit = model_folder.max_length(tokenizer.model_max_length, getattr(model.config, "max_position_embeddings", None))
+    passes = buckets.gpu(limit) if device.type == "cuda" else buckets.CPU
+    forward: Any = model
+    if compiled:
+        forward = _compile(torch, model, device.type, passes)
+    logger.info(
+        "model runs on torch %s (%s, %s%s, %d threads)",
+        torch.__version__,
+        device,
+        str(dtype).removeprefix("torch."),
+        ", compiled per shape" if compiled else "",
+        torch.get_num_threads(),
+    )
+
+    def encode(inputs: list[str | tuple[str, str]]) -> list[dict[str, list[int]]]:
+        return encode_with(tokenizer, inputs, limit)
+
+    def logits(feeds: dict[str, np.ndarray]) -> np.ndarray:
+        with torch.inference_mode():
+            out = forward(**{k: torch.from_numpy(v).to(device) for k, v in feeds.items()}).logits
+            return out.float().cpu().numpy()  # half precision inside, fp32 answers
+
+    return {
+        "backend": "torch",
+        "model": model,
+        "tokenizer": tokenizer,
+        "encode": encode,
+        "logits": logits,
+        "id2label": dict(model.config.id2label),
+        "max_length": limit,
+        "pad_id": tokenizer.pad_token_id or 0,
+        "buckets": passes,
+        "device": device.type,
+        "precision": str(dtype).removeprefix("torch."),
+    }
+
+
+def _compile(torch: Any, model: Any, device: str, passes: buckets.Buckets) -> Any:
+    """torch.compile with one static graph per bucket shape, captured as a CUDA graph on a GPU
+    (mode reduce-overhead). Each shape compiles on its first batch (seconds each): off unless
+    BYOC_INFERENCE_COMPILE=1, since it costs the first requests of each shape that time."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    wanted = len(passes.all()) + 8 if passes.bucketed else 64
+    for name in ("recompile_limit", "cache_size_limit"):  # the name differs across torch 2.9-2.13
+        if hasattr(config, name):
+            setattr(config, name, max(int(getattr(config, name)), wanted))
+    return torch.compile(model, mode="reduce-overhead" if device == "cuda" else None, dynamic=False)
+
+
+def encode_with(tokenizer: Any, inputs: list[str | tuple[str, str]], limit: int | None) -> list[dict[str, list[int]]]:
+    """Unpadded encodings, in input order; single texts and pairs are tokenized apart."""
+    if limit is not None:
+        inputs = clip(inputs, limit, getattr(tokenizer, "truncation_side", "right"))
+    encoded: list[dict[str, list[int]] | None] = [None] * len(inputs)
+    singles = [i for i, x in enumerate(inputs) if isinstance(x, str)]
+    pairs = [i for i, x in enumerate(inputs) if not isinstance(x, str)]
+    for rows, args in (
+        (singles, ([inputs[i] for i in singles],)),
+        (pairs, ([inputs[i][0] for i in pairs], [inputs[i][1] for i in pairs])),
+    ):
+        if rows:
+            enc = tokenizer(*args, truncation=True, max_length=limit)
+            for n, i in enumerate(rows):
+                encoded[i] = {key: values[n] for key, values in enc.items()}
+    return cast(list[dict[str, list[int]]], encoded)  # every index is a single text or a pair: all filled

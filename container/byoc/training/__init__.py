@@ -1,0 +1,1 @@
+"""byoc's training room."""

@@ -1,0 +1,383 @@
+"""The training job's hyperparameters: one dataclass, decoded the same whichever SDK wrote them.
+
+`hyperparameters.json` is a flat string -> string map, but each SDK encodes values differently:
+- SageMaker SDK v2 `Estimator` without `source_dir`: `str(v)`, so `True` -> "True", 5e-5 -> "5e-05",
+  ['a'] -> "['a']";
+- framework estimators and anything with `source_dir`: `json.dumps(v)`, so strings arrive quoted;
+- SDK v3 `ModelTrainer`: strings raw, everything else `json.dumps`.
+`parse_hyperparameters` accepts all three by decoding each value against the type of its field
+(JSON first, then the raw string), so "True", "true", "1" and true all mean True, and '"bert"' and
+'bert' both mean bert. Names follow the public tutorials and
+`run_glue.py`; aliases map to one canonical field. Keys SageMaker adds (`sagemaker_*`) are kept
+apart for the launcher. Anything else unknown is an error that suggests the closest name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from byoc.errors import UserError
+from byoc.sdk_values import Bound, base_type, coerce, describe
+
+logger = logging.getLogger(__name__)
+
+
+class HyperparameterError(UserError, ValueError):
+    """A bad hyperparameter. The message names it and says what would be valid."""
+
+
+# Past these a job fails late (an OverflowError when the Trainer counts its steps, a tensor too
+# large to allocate); no real job comes near them.
+INT_LIMIT = 2**31 - 1
+EPOCHS_LIMIT = 100_000
+SEED_LIMIT = 2**32 - 1  # numpy's seeds are 32-bit, and transformers.set_seed seeds numpy
+# The ranges, each checked when the hyperparameters are read, so a bad value fails before any work.
+COUNT = Bound(1, INT_LIMIT)
+WHOLE = Bound(0, INT_LIMIT)
+POSITIVE = Bound(0, low_open=True)
+NOT_NEGATIVE = Bound(0)
+# [0, 1): a ratio of 1 would warm up for the whole run (and transformers 5 reads a warm-up of 1 as one step),
+# smooth every label away, hold out all of train or drop every activation.
+FRACTION = Bound(0, 1, high_open=True)
+
+
+def _hp(
+    default: Any, help: str, aliases: tuple[str, ...] = (), choices: tuple[str, ...] = (), bound: Bound | None = None
+) -> Any:
+    return field(default=default, metadata={"help": help, "aliases": aliases, "choices": choices, "bound": bound})
+
+
+@dataclass
+class TrainArguments:
+    """Every hyperparameter `byoc train` understands (docs/hyperparameters.md's table is generated from this)."""
+
+    # Model
+    model_name_or_path: str | None = _hp(
+        None,
+        "Model folder (or a Hub id where the Hub is reachable). Default: the `model` channel, "
+        "else the bundled all-MiniLM-L6-v2 when installed.",
+        ("model_id", "model_name", "model"),
+    )
+    tokenizer_name_or_path: str | None = _hp(
+        None, "Tokenizer, when not stored with the model.", ("tokenizer_name", "tokenizer")
+    )
+    trust_remote_code: bool = _hp(False, "Allow model code shipped with the checkpoint to run. Off unless asked.")
+    # Schedule
+    epochs: float = _hp(
+        3.0, "Training epochs.", ("num_train_epochs", "num_epochs", "n_epochs"), bound=Bound(0, EPOCHS_LIMIT)
+    )
+    max_steps: int = _hp(
+        -1,
+        "Total optimizer steps; overrides `epochs` when > 0 (as in the tutorials).",
+        ("max_train_steps",),
+        bound=Bound(-1, INT_LIMIT),
+    )
+    learning_rate: float = _hp(1e-4, "Peak learning rate (AdamW).", ("lr",), bound=POSITIVE)
+    per_device_train_batch_size: int = _hp(
+        32,
+        "Training batch size per device (GPU, NeuronCore or CPU process).",
+        ("train_batch_size", "batch_size"),
+        bound=COUNT,
+    )
+    per_device_eval_batch_size: int = _hp(64, "Evaluation batch size per device.", ("eval_batch_size",), bound=COUNT)
+    gradient_accumulation_steps: int = _hp(1, "Batches accumulated per optimizer step.", bound=COUNT)
+    weight_decay: float = _hp(0.01, "AdamW weight decay (not applied to biases and LayerNorm).", bound=NOT_NEGATIVE)
+    warmup_ratio: float = _hp(0.1, "Fraction of the steps spent warming the learning rate up.", bound=FRACTION)
+    warmup_steps: int = _hp(0, "Warm-up steps; overrides `warmup_ratio` when > 0.", bound=WHOLE)
+    lr_scheduler_type: str = _hp(
+        "linear",
+        "Learning-rate schedule after warm-up.",
+        ("lr_scheduler", "scheduler"),
+        ("linear", "cosine", "constant", "constant_with_warmup", "polynomial", "cosine_with_restarts"),
+    )
+    max_grad_norm: float = _hp(1.0, "Gradient clipping norm (0 disables).", bound=NOT_NEGATIVE)
+    label_smoothing: float = _hp(0.0, "Label smoothing factor.", ("label_smoothing_factor",), bound=FRACTION)
+    seed: int = _hp(42, "Random seed (data order, head initialisation, dropout).", bound=Bound(0, SEED_LIMIT))
+    # Inputs
+    max_length: int = _hp(
+        256,
+        "Longest sequence in tokens; longer texts are truncated.",
+        ("max_seq_length", "max_seq_len", "seq_len"),
+        bound=COUNT,
+    )
+    pad_to_max_length: bool = _hp(
+        False,
+        "Pad every batch to `max_length` (the tutorials' recipe; slow). Default: pad each batch to its longest text.",
+    )
+    group_by_length: bool = _hp(True, "Batch texts of similar length together, which cuts padding.")
+    text_column: str | None = _hp(None, "Text column. Default: detected (text, sentence, review, tweet, content, ...).")
+    text_pair_column: str | None = _hp(
+        None, "Second text column for sentence-pair tasks. Default: detected (sentence2, hypothesis, ...)."
+    )
+    label_column: str | None = _hp(None, "Label column. Default: detected (label, labels, target, class, ...).")
+    validation_split: float = _hp(
+        0.0,
+        "Without eval data, hold out this fraction of train (stratified) to evaluate on. 0 = none.",
+        bound=FRACTION,
+    )
+    max_train_samples: int | None = _hp(None, "Use only the first N training examples (quick runs).", bound=COUNT)
+    max_eval_samples: int | None = _hp(None, "Use only the first N eval and test examples.", bound=COUNT)
+    # Speed (docs/training.md: measured on CPU, they keep accuracy)
+    freeze_embeddings: bool = _hp(
+        True,
+        "Freeze the embeddings (the word-embedding matrix is most of a small model's parameters): "
+        "faster steps, same accuracy.",
+    )
+    freeze_layers: int = _hp(
+        1,
+        "Also freeze the bottom N transformer layers: no backward pass below them "
+        "(docs/training.md: faster at equal accuracy). 0 trains every layer.",
+        bound=WHOLE,
+    )
+    dropout: float | None = _hp(
+        0.0,
+        "Dropout probability for hidden and attention layers; empty/null keeps the model's own.",
+        bound=FRACTION,
+    )
+    precision: str = _hp(
+        "auto",
+        "Training precision. auto: on CUDA GPUs from Ampere on tf32, or bf16 when compiled with CUDA graphs; "
+        "before Ampere fp32, or fp16 compiled; fp32 on CPU and Trainium (docs/training.md). bf16/fp16 on a CUDA "
+        "GPU also compile the step unless torch_compile=false.",
+        (),
+        ("auto", "fp32", "tf32", "bf16", "fp16"),
+    )
+    bf16: bool = _hp(False, "Same as precision=bf16: bfloat16 mixed precision (GPUs from Ampere on, Trainium).")
+    fp16: bool = _hp(False, "Same as precision=fp16: float16 mixed precision (CUDA GPUs only).")
+    tf32: bool | None = _hp(
+        None,
+        "TF32 matrix multiplies on CUDA GPUs from Ampere on (precision=auto uses them there); false keeps full "
+        "fp32 precision (same as precision=fp32). Ignored elsewhere.",
+    )
+    torch_compile: bool | None = _hp(
+        None,
+        "torch.compile the training step, in fixed-shape length buckets (see buckets). Default: on for bf16/fp16 "
+        "on a single CUDA GPU, else off.",
+    )
+    cuda_graphs: bool = _hp(True, "When compiled on a CUDA GPU: replay each step as a CUDA graph.")
+    gradient_checkpointing: bool = _hp(False, "Trade compute for memory on long sequences.")
+    attn_implementation: str | None = _hp(
+        None, "Attention kernel: sdpa or eager. Default: the library's.", (), ("sdpa", "eager")
+    )
+    dataloader_num_workers: int = _hp(0, "Data-loader worker processes.", bound=WHOLE)
+    # Device: Trainium (XLA) and friends
+    device: str = _hp(
+        "auto",
+        "Where to train: auto (NeuronCores -> xla, else CUDA GPUs -> cuda, else cpu), or one of them. "
+        "xla is torch-xla's path (one process per NeuronCore, fixed-shape batches); it also runs on whatever "
+        "PJRT_DEVICE names, e.g. CPU, to try a Trainium job without Trainium.",
+        ("accelerator",),
+        ("auto", "cpu", "cuda", "xla"),
+    )
+    buckets: str = _hp(
+        "auto",
+        "Compiled paths (XLA, torch_compile): lengths are padded up to one of these sizes (e.g. 32,64,128), so only "
+        "that many graphs compile; auto picks `max_buckets` sizes from the training data's lengths.",
+        ("bucket_sizes",),
+    )
+    max_buckets: int = _hp(
+        5, "Compiled paths: how many sizes buckets=auto picks (more: less padding, more graphs).", bound=COUNT
+    )
+    neuron_precompile: bool = _hp(
+        False,
+        "Compile only (neuron_parallel_compile): fill the compile cache with every bucket's training and "
+        "evaluation graphs from one batch each, then stop without a model. Needs the Neuron image.",
+    )
+    serving_graph: bool = _hp(
+        True,
+        "Also write model.onnx, the forward pass as an ONNX graph whose weights stay in model.safetensors, so the "
+        "endpoint serves on ONNX Runtime without importing torch (faster start and CPU inference). Skipped with a "
+        "warning where the model cannot be exported.",
+    )
+    serving_int8: bool = _hp(
+        False,
+        "Also write model.int8.onnx (about a quarter of the weights' size), so that an endpoint with "
+        "BYOC_INFERENCE_PRECISION=int8 starts without quantizing (about 4 s). Needs serving_graph.",
+    )
+    # Evaluation, logging, checkpoints
+    do_eval: bool = _hp(True, "Evaluate when there is eval (or test) data.")
+    do_predict: bool = _hp(
+        False, "Also write per-example predictions on the test data to output/data/test_predictions.jsonl."
+    )
+    do_train: bool = _hp(True, "Accepted for run_glue.py compatibility; must be true.")
+    eval_strategy: str = _hp(
+        "auto",
+        "When to evaluate during training: auto (every epoch when training several epochs, else at the end), "
+        "no, steps, epoch.",
+        ("evaluation_strategy",),
+        ("auto", "no", "steps", "epoch"),
+    )
+    eval_steps: int | None = _hp(
+        None, "Evaluate every N steps (with eval_strategy=steps). Default: logging_steps.", bound=COUNT
+    )
+    logging_steps: int = _hp(50, "Log loss, learning rate and throughput every N steps.", bound=COUNT)
+    save_strategy: str = _hp(
+        "auto",
+        "When to write checkpoints besides on SIGTERM: no, steps, epoch; "
+        "auto = steps when the job has a checkpoint_s3_uri, else no.",
+        (),
+        ("auto", "no", "steps", "epoch"),
+    )
+    save_steps: int = _hp(500, "Checkpoint every N steps (with save_strategy=steps).", bound=COUNT)
+    save_total_limit: int = _hp(2, "Checkpoints kept.", bound=COUNT)
+    output_dir: str | None = _hp(
+        None, "Accepted for tutorial compatibility; the model always goes to SM_MODEL_DIR (/opt/ml/model)."
+    )
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+def _validate(args: TrainArguments) -> None:
+    _check_bounds(args)
+    if args.max_steps <= 0 and not args.epochs > 0:
+        raise HyperparameterError(
+            f"hyperparameter epochs must be greater than 0 (or set max_steps), got {args.epochs!r}"
+        )
+    if not args.do_train:
+        raise HyperparameterError(
+            "hyperparameter do_train=false: `byoc train` always trains; remove it or set it to true"
+        )
+    bucket_sizes(args)  # a bad list fails here, before any work
+    _check_precision(args)
+    if args.serving_int8 and not args.serving_graph:
+        raise HyperparameterError(
+            "hyperparameter serving_int8=true needs serving_graph=true (the int8 graph is made "
+            "from it): drop serving_graph=false or serving_int8"
+        )
+
+
+# What a range means for a setting, where its bound alone does not say.
+_RANGE_NOTES = {
+    "epochs": " (to train for a number of steps, set max_steps)",
+    "max_steps": " (-1 or 0: train for `epochs`)",
+}
+
+
+def _check_bounds(args: TrainArguments) -> None:
+    """Every bounded hyperparameter against its range; the message names it, its range and the value."""
+    hints = typing.get_type_hints(TrainArguments)
+    for f in dataclasses.fields(args):
+        bound, value = f.metadata["bound"], getattr(args, f.name)
+        if bound is None or value is None or bound.holds(value):
+            continue
+        unset = " or null (unset)" if base_type(hints[f.name])[1] else ""
+        raise HyperparameterError(
+            f"hyperparameter {f.name} must be {bound.describe()}{unset}{_RANGE_NOTES.get(f.name, '')}, got {value!r}"
+        )
+
+
+def _check_precision(args: TrainArguments) -> None:
+    """precision, bf16, fp16 and tf32 must not contradict each other (tf32 beside bf16/fp16 says
+    whether what autocast leaves in fp32 may use TF32)."""
+    wanted = ({args.precision} - {"auto"}) | {name for name in ("bf16", "fp16") if getattr(args, name)}
+    full = {"tf32" if args.tf32 else "fp32"} if args.tf32 is not None else set()
+    if len(wanted) > 1 or (full and wanted & {"fp32", "tf32"} and wanted != full):
+        raise HyperparameterError(
+            "hyperparameters precision, bf16, fp16 and tf32 disagree "
+            f"(they ask for {' and '.join(sorted(wanted | full))}): "
+            "set precision alone, to one of auto, fp32, tf32, bf16, fp16"
+        )
+
+
+def bucket_sizes(args: TrainArguments) -> list[int] | None:
+    """The `buckets` hyperparameter as ascending sizes, or None for auto. Takes 32,64 and [32, 64]."""
+    text = str(args.buckets).strip().strip("[]()").strip()
+    if text.lower() in ("", "auto"):
+        return None
+    try:
+        sizes = sorted({int(part) for part in text.replace(";", ",").split(",") if part.strip()})
+    except ValueError:
+        sizes = []
+    if not sizes or sizes[0] < 1:
+        raise HyperparameterError(
+            f"hyperparameter buckets must be auto or a list of positive sizes such as 32,64,128, got {args.buckets!r}"
+        )
+    if sizes[-1] > args.max_length:
+        raise HyperparameterError(
+            f"hyperparameter buckets has {sizes[-1]}, above max_length={args.max_length}: "
+            "texts are cut at max_length, so no bucket needs to be longer; lower it or raise max_length"
+        )
+    return sizes
+
+
+def _fields() -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(TrainArguments)}
+
+
+def _names() -> dict[str, str]:
+    """Every accepted name (canonical and alias) -> canonical name."""
+    names = {}
+    for f in dataclasses.fields(TrainArguments):
+        names[f.name] = f.name
+        for alias in f.metadata["aliases"]:
+            names[alias] = f.name
+    return names
+
+
+def parse_hyperparameters(raw: Mapping[str, Any]) -> TrainArguments:
+    """Decode a hyperparameters.json mapping (any SDK's encoding) into `TrainArguments`."""
+    names, fields = _names(), _fields()
+    values: dict[str, Any] = {}
+    given_as: dict[str, str] = {}
+    for key, value in raw.items():
+        if key.startswith("sagemaker_"):  # what the SDK adds (region, container log level...): not ours
+            continue
+        name = key.lstrip("-").replace("-", "_")
+        if name not in names:
+            raise HyperparameterError(_unknown_message(key, names))
+        canonical = names[name]
+        decoded = _decode(key, value, fields[canonical])
+        if canonical in values and values[canonical] != decoded:
+            raise HyperparameterError(
+                f"hyperparameters {given_as[canonical]}={values[canonical]!r} and {key}={decoded!r} set the "
+                f"same setting ({canonical}) differently: keep one"
+            )
+        values[canonical], given_as[canonical] = decoded, key
+    args = TrainArguments(**values)
+    if args.output_dir:
+        logger.info("output_dir=%s is ignored: the model is written to SM_MODEL_DIR", args.output_dir)
+    return args
+
+
+def _unknown_message(key: str, names: Mapping[str, str]) -> str:
+    close = difflib.get_close_matches(key.lstrip("-").replace("-", "_"), list(names), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (
+        f"unknown hyperparameter {key!r}: {hint}"
+        "See the hyperparameter table (docs/hyperparameters.md) for the valid names"
+    )
+
+
+def _decode(key: str, value: Any, f: dataclasses.Field) -> Any:
+    kind, optional = base_type(typing.get_type_hints(TrainArguments)[f.name])
+    if optional and (value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null"))):
+        return None
+    try:
+        decoded = coerce(value, kind)
+    except (ValueError, TypeError):
+        raise HyperparameterError(f"hyperparameter {key} must be {describe(kind)}, got {value!r}") from None
+    choices = f.metadata["choices"]
+    if choices and decoded not in choices:
+        raise HyperparameterError(f"hyperparameter {key} must be one of {', '.join(choices)}, got {decoded!r}")
+    return decoded
+
+
+def hyperparameter_table() -> str:
+    """A Markdown table of every hyperparameter: aliases, default, values allowed, meaning (docs/hyperparameters.md)."""
+    rows = ["| name | aliases | default | allowed | meaning |", "|---|---|---|---|---|"]
+    hints = typing.get_type_hints(TrainArguments)
+    for f in dataclasses.fields(TrainArguments):
+        aliases = ", ".join(f"`{a}`" for a in f.metadata["aliases"])
+        default = "" if f.default is None else f"`{f.default}`"
+        bound, choices = f.metadata["bound"], f.metadata["choices"]
+        allowed = bound.describe() if bound else ", ".join(f"`{c}`" for c in choices)
+        allowed = allowed or ("`true`, `false`" if base_type(hints[f.name])[0] is bool else "")
+        rows.append(f"| `{f.name}` | {aliases} | {default} | {allowed} | {f.metadata['help']} |")
+    return "\n".join(rows)

@@ -1,0 +1,105 @@
+"""What a finished job leaves: the model folder (published whole or not at all) and the test predictions."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import cast
+
+import datasets
+import numpy as np
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
+from transformers.trainer_utils import PredictionOutput
+
+from byoc import onnx_graph
+from byoc.training.buckets import IGNORE_LABEL
+from byoc.training.model import ModelError
+from byoc.training.samplers import length_order
+
+logger = logging.getLogger("byoc.artifact")
+
+CODE_DIR_ENV = "BYOC_CODE_DIR"
+
+
+def default_code_dir() -> Path:
+    """The inference code copied into every model's code/ (`$BYOC_CODE_DIR`, the image's /opt/byoc/code,
+    else the repository's `code/` when byoc runs from a checkout)."""
+    for candidate in (os.environ.get(CODE_DIR_ENV), Path(__file__).resolve().parents[2] / "code"):
+        if candidate and (Path(candidate) / "inference.py").exists():
+            return Path(candidate)
+    raise ModelError(
+        f"cannot find the inference code to put in the model (code/inference.py): set {CODE_DIR_ENV} to its folder"
+    )
+
+
+def publish_model(
+    trainer: Trainer,
+    tokenizer: PreTrainedTokenizerBase,
+    code_dir: Path,
+    model_dir: Path,
+    serving_graph: bool = True,
+    serving_int8: bool = False,
+) -> None:
+    """Save weights (safetensors), config, tokenizer, the serving graph (model.onnx; model.int8.onnx
+    with `serving_int8`) and `code/`, so model.tar.gz deploys as it is.
+
+    Everything is written to a staging folder first; a failure leaves model/ without a model.
+    """
+    model_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".byoc-staging-", dir=model_dir.parent))
+    moved: list[Path] = []
+    model = cast(PreTrainedModel, trainer.model)  # the Trainer types it loosely (a Module, or None before init)
+    try:
+        if model.device.type == "xla":  # safetensors reads host memory: the job is done, bring it home
+            model.cpu()
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        if serving_graph and onnx_graph.export(staging) and serving_int8:
+            onnx_graph.export_int8(staging)
+        shutil.copytree(code_dir, staging / "code", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "train.py"))
+        for item in sorted(staging.iterdir()):
+            target = model_dir / item.name
+            if target.is_dir():  # left by a run killed mid-publish: replace it, never move into it
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+            shutil.move(str(item), str(target))
+            moved.append(target)
+    except BaseException:
+        for target in moved:
+            shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_predictions(
+    output: PredictionOutput, test_ds: datasets.Dataset, label_names: list[str], output_data_dir: Path
+) -> None:
+    """output/data/test_predictions.jsonl: each test row's label, prediction and score, in the data's order."""
+    logits = output.predictions[0] if isinstance(output.predictions, tuple) else output.predictions
+    keep = np.asarray(output.label_ids) != IGNORE_LABEL  # filler rows of a fixed-shape last batch
+    probs = torch.softmax(torch.from_numpy(np.asarray(logits, dtype=np.float32)[keep]), dim=-1).numpy()
+    rows = sorted(zip(length_order(test_ds), probs, np.asarray(output.label_ids)[keep]))  # back to the data's order
+    output_data_dir.mkdir(parents=True, exist_ok=True)
+    path = output_data_dir / "test_predictions.jsonl"
+    with path.open("w", encoding="utf-8") as f:
+        for index, row, label in rows:
+            best = int(row.argmax())
+            f.write(
+                json.dumps(
+                    {
+                        "index": index,
+                        "label": label_names[int(label)],
+                        "predicted": label_names[best],
+                        "score": round(float(row[best]), 6),
+                    }
+                )
+                + "\n"
+            )
+    logger.info("test predictions written to %s", path)

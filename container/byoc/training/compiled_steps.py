@@ -1,0 +1,136 @@
+"""Compiled training steps: graphs built once per input shape, and a count of them.
+
+On XLA (Trainium) compiling is how the device runs at all. On CUDA and CPU it is `torch_compile=true`
+(on by default for bf16/fp16 on one CUDA GPU: `byoc.training.precision`): the job then takes the XLA path's
+fixed-shape length buckets too, so `torch.compile` builds one static graph per bucket (never a
+dynamic-shape one) and, on CUDA, replays each step as a CUDA graph (`cuda_graphs`, on by default
+there): at BERT's batch sizes a step is bound by kernel launches and host work, which graph replay
+removes. Graph capture is the CUDA-only part; the rest, buckets and static graphs included, runs and
+is tested on CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+from transformers import TrainerCallback
+
+from byoc.training import xla
+from byoc.training.arguments import TrainArguments
+
+logger = logging.getLogger("byoc.compiled")
+
+
+def wants_buckets(compile: bool, use_xla: bool) -> bool:
+    """Fixed-shape length buckets: on XLA always, elsewhere when the step is compiled."""
+    return use_xla or compile
+
+
+def compile_arguments(args: TrainArguments, compile: bool, use_xla: bool, cuda: bool) -> dict[str, Any]:
+    """`TrainingArguments` for torch.compile (none on XLA, which compiles by itself)."""
+    if use_xla or not compile:
+        return {"torch_compile": False}
+    mode = "reduce-overhead" if cuda and args.cuda_graphs else "default"  # reduce-overhead: CUDA graphs
+    return {"torch_compile": True, "torch_compile_mode": mode}
+
+
+COMPILE_CACHE_DIR = "torch-compile-cache"  # under the checkpoint folder: synced to S3, kept across spot restarts
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def persistent_cache(checkpoint_dir: Path) -> Path:
+    """Keep torch.compile's caches (inductor's compiled graphs and kernels, AOTAutograd's) under the
+    checkpoint folder, so a spot restart or a later job with the same shapes loads its compiled steps
+    instead of compiling them again (minutes). A TORCHINDUCTOR_CACHE_DIR the user set wins."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    from torch._inductor.utils import clear_caches
+
+    # torch writes its default into the variable the first time it looks: that one is not the user's.
+    given = os.environ.get(CACHE_ENV)
+    cache = Path(given) if given and given != default_cache_dir() else checkpoint_dir / COMPILE_CACHE_DIR
+    os.environ[CACHE_ENV] = str(cache)
+    clear_caches()  # paths torch derived from the old directory
+    return cache
+
+
+def cache_counts() -> dict[str, int]:
+    """Inductor graphs this process loaded from the cache (hits) and compiled (misses)."""
+    inductor = counters["inductor"]
+    return {"hits": int(inductor["fxgraph_cache_hit"]), "misses": int(inductor["fxgraph_cache_miss"])}
+
+
+def static_graphs_per_bucket(buckets: list[int]) -> None:
+    """One static graph per bucket shape: dynamo otherwise turns the second shape it sees into a
+    dynamic-shape graph (slower, and never a CUDA graph), and gives up past 8 recompiles."""
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    limit = 4 * len(buckets) + 8  # train and evaluation graphs per bucket, and their graph breaks
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, limit)
+    if hasattr(torch._dynamo.config, "recompile_limit"):  # the newer name (torch >= 2.6)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+
+
+def dynamo_graphs() -> int:
+    """Graphs torch.compile built so far in this process."""
+    return int(counters["stats"]["unique_graphs"])
+
+
+class CompileReport(TrainerCallback):
+    """Counts the graphs compiled in each training epoch and each evaluation, and logs them: a
+    job shows that nothing recompiles after its first epoch."""
+
+    def __init__(self, use_xla: bool) -> None:
+        self.use_xla = use_xla
+        self.name, self.prefix = ("XLA", "xla") if use_xla else ("torch.compile", "torch_compile")
+        self.count: Callable[[], int] = xla.compiled_graphs if use_xla else dynamo_graphs
+        self.per_epoch: list[int] = []
+        self.evaluations: list[int] = []
+        self._mark = 0
+
+    def _take(self) -> int:
+        now = self.count()
+        new, self._mark = now - self._mark, now
+        return new
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._mark = self.count()
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.per_epoch.append(self._take())
+        logger.info(
+            "%s: %d graph(s) compiled in epoch %d (%d in all)",
+            self.name,
+            self.per_epoch[-1],
+            len(self.per_epoch),
+            self.count(),
+        )
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.evaluations.append(self._take())
+
+    def on_log(self, args, state, control, **kwargs):
+        if self.use_xla:
+            # Logging resets the loss accumulator; run that now, or it joins the next step's graph and
+            # makes a second variant of every bucket's step.
+            import torch_xla  # only on the XLA path, where it is installed
+
+            torch_xla.sync()
+
+    def summary(self) -> dict[str, Any]:
+        out = {
+            f"{self.prefix}_graphs_compiled": self.count(),
+            f"{self.prefix}_graphs_per_epoch": self.per_epoch,
+            f"{self.prefix}_graphs_per_evaluation": self.evaluations,
+        }
+        if self.use_xla:
+            out["xla_compile_seconds"] = round(xla.compile_seconds(), 1)
+        else:
+            counts = cache_counts()
+            out["torch_compile_cache_hits"], out["torch_compile_cache_misses"] = counts["hits"], counts["misses"]
+        return out

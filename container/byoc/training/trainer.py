@@ -1,0 +1,300 @@
+"""The `Trainer` for a job: byoc's samplers and sealed checkpoints in a `Trainer` subclass (every
+override of a transformers private method is here, listed in `byoc.compat.TRAINER_HOOKS`), and the
+`TrainingArguments` a job's device and precision call for."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import (
+    DataCollatorWithPadding,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+from transformers.integrations import TensorBoardCallback
+from transformers.trainer_callback import PrinterCallback
+from transformers.trainer_callback import ProgressCallback as TqdmCallback
+
+from byoc import compat
+from byoc.contract import TrainingContract
+from byoc.launch import distributed
+from byoc.training import precision, xla
+from byoc.training.arguments import TrainArguments
+from byoc.training.buckets import IGNORE_LABEL, FixedShapeCollator
+from byoc.training.checkpoints import EvaluationStopped, mark_complete, rotate
+from byoc.training.compiled_steps import CompileReport, compile_arguments, static_graphs_per_bucket
+from byoc.training.metrics import ProgressCallback, classification_metrics
+from byoc.training.precision import Precision
+from byoc.training.samplers import FixedShapeSampler, LengthBucketSampler, length_order
+
+logger = logging.getLogger("byoc.trainer")
+
+
+class ClassifierTrainer(Trainer):
+    """`Trainer` with byoc's samplers, sealed checkpoints, and evaluations SIGTERM can cut short.
+
+    The private methods overridden here are listed in `byoc.compat.TRAINER_HOOKS` and checked
+    against the installed transformers when a job starts.
+
+    Evaluation runs in a known order: by length, which is fast and reproducible (transformers 5
+    length-groups *and shuffles* evaluation when training is length-grouped).
+    """
+
+    shard_consumers: list[int] | None = None  # set when each host trains on its own shard
+    buckets: list[int] | None = None  # fixed-shape length buckets (XLA, or torch_compile)
+    use_xla: bool = False
+    compile_report: CompileReport | None = None
+    precompile: bool = False  # neuron_precompile: one batch per shape, then stop
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.bucket_sampler: LengthBucketSampler | None = None
+        self.add_callback(_SamplerEpoch(self))
+
+    def _get_train_sampler(self, train_dataset=None):
+        dataset: Any = train_dataset if train_dataset is not None else self.train_dataset
+        if "input_ids" not in dataset.column_names or not (self.buckets or compat.is_length_grouped(self.args)):
+            return super()._get_train_sampler(train_dataset)
+        lengths = [len(ids) for ids in dataset["input_ids"]]
+        if self.buckets:  # compiled: every batch one of a few fixed shapes
+            self.bucket_sampler = FixedShapeSampler(
+                lengths,
+                self.buckets,
+                self.args.per_device_train_batch_size,
+                self.args.seed,
+                self.args.world_size,
+                self.shard_consumers,
+                one_per_shape=self.precompile,
+            )
+        else:
+            self.bucket_sampler = LengthBucketSampler(
+                lengths,
+                self.args.per_device_train_batch_size,
+                self.args.seed,
+                self.args.world_size,
+                self.shard_consumers,
+            )
+        return self.bucket_sampler
+
+    def _get_eval_sampler(self, eval_dataset):
+        # With several ranks, accelerate deals the batches round-robin and gathers them back in order.
+        if eval_dataset is None or "input_ids" not in eval_dataset.column_names:
+            return super()._get_eval_sampler(eval_dataset)
+        return length_order(eval_dataset)
+
+    def create_optimizer(self, *args, **kwargs):
+        optimizer = super().create_optimizer(*args, **kwargs)
+        if self.use_xla and "weight_decay" in optimizer.defaults:
+            xla.decay_with_device_tensors(optimizer)
+        return optimizer
+
+    def evaluate(self, *args, **kwargs):
+        try:
+            return super().evaluate(*args, **kwargs)
+        except EvaluationStopped:
+            logger.warning("evaluation cut short by SIGTERM: saving a checkpoint instead")
+            self.control.should_save = True
+            self.control.should_training_stop = True
+            return {}
+
+    def _save_checkpoint(self, model, trial) -> None:
+        # Rotation waits until the new checkpoint is sealed, so a kill mid-write keeps the old one.
+        limit = self.args.save_total_limit
+        self.args.save_total_limit = None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
+        distributed.barrier()  # every rank has written its RNG state
+        if self.args.should_save:  # rank 0, or each host's first rank when every host keeps a copy
+            run_dir = Path(self._get_output_dir(trial=trial))
+            ranks = distributed.host_ranks() if self.args.world_size > 1 else None
+            mark_complete(run_dir / f"checkpoint-{self.state.global_step}", ranks)
+            rotate(run_dir, limit)
+
+
+class _SamplerEpoch(TrainerCallback):
+    """Tell the bucket sampler which epoch starts, also on resume and with several ranks.
+
+    (With several ranks accelerate wraps the sampler in `BatchSamplerShard`, and the Trainer's
+    `set_epoch` no longer reaches it: a resumed job would replay epoch 0's order.)
+    """
+
+    def __init__(self, trainer: ClassifierTrainer) -> None:
+        self.trainer = trainer
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        if self.trainer.bucket_sampler is not None:
+            self.trainer.bucket_sampler.set_epoch(math.floor((state.epoch or 0.0) + 1e-6))
+
+
+def device_arguments(args: TrainArguments, use_xla: bool, cuda: bool | None = None) -> dict[str, Any]:
+    """What the device path changes in `TrainingArguments`; `cuda`: the hardware (default: torch's
+    view). AdamW is the Trainer's default, fused, on CUDA."""
+    if use_xla:
+        # Fused AdamW refuses XLA tensors. (Every training batch is full already: the sampler sees to
+        # it; drop_last would also drop the last evaluation batch, which the collator pads instead.)
+        # Evaluation results move to the host after every step: kept on the device, they would be
+        # concatenated into a growing tensor, a new shape (and graph) at each step.
+        return {"optim": "adamw_torch", "eval_accumulation_steps": 1}
+    if not on_cuda(args, use_xla, cuda):
+        return {"use_cpu": True}
+    return {
+        "use_cpu": False,
+        # Batches are copied from pinned memory without the host waiting for the copy (accelerate's
+        # DataLoader moves them to the GPU; the default copy blocks the host once a step).
+        "accelerator_config": {"non_blocking": True},
+        # The Trainer's NaN filter tests every step's loss on the host (`if torch.isnan(loss) or ...`):
+        # one GPU synchronisation a step. Off, a NaN loss shows in the logged average instead of being hidden.
+        "logging_nan_inf_filter": False,
+    }
+
+
+def on_cuda(args: TrainArguments, use_xla: bool, cuda: bool | None = None) -> bool:
+    """Whether this process trains on its CUDA GPU (`cuda`: whether one is visible; default: torch's view)."""
+    if use_xla:
+        return False
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    gloo = distributed.is_distributed() and os.environ.get(distributed.BACKEND_ENV) == "gloo"
+    # A CPU job says so: accelerate treats several CPU processes as one data-parallel job only when
+    # told they are CPU ones, and with transformers 4.55 it takes torch-xla's device wherever
+    # torch-xla is installed (the Neuron image on a host without NeuronCores), fused AdamW and all.
+    return cuda and not gloo and args.device != "cpu"
+
+
+def precision_arguments(chosen: Precision, cuda: bool) -> dict[str, Any]:
+    """`TrainingArguments`' bf16/fp16/tf32 for the chosen precision (tf32 is a CUDA setting only)."""
+    flags = chosen.training_arguments()
+    if not cuda:
+        flags.pop("tf32")
+    return flags
+
+
+def _eval_strategy(args: TrainArguments, has_eval: bool) -> str:
+    if not has_eval or not args.do_eval:
+        return "no"
+    if args.eval_strategy != "auto":
+        return args.eval_strategy
+    return "epoch" if args.max_steps <= 0 and args.epochs > 1 else "no"
+
+
+def save_strategy(args: TrainArguments, contract: TrainingContract) -> str:
+    """`auto`: checkpoint every save_steps when the job has a checkpoint location (checkpoint_s3_uri)."""
+    if args.save_strategy != "auto":
+        return args.save_strategy
+    return "steps" if contract.checkpoint_s3_uri else "no"
+
+
+def build_trainer(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    tokenized: dict[str, Any],
+    args: TrainArguments,
+    contract: TrainingContract,
+    num_labels: int,
+    buckets: list[int] | None = None,
+    use_xla: bool = False,
+    chosen: Precision | None = None,
+) -> ClassifierTrainer:
+    """The Trainer for this job; `buckets` (XLA, or torch_compile) switches to fixed-shape batches;
+    `chosen`: the job's precision (default: chosen here, from `args` and this machine)."""
+    compat.check_trainer_hooks(ClassifierTrainer.__mro__[1])  # the private methods overridden below
+    cuda = on_cuda(args, use_xla)
+    if chosen is None:
+        chosen = precision.choose(args, precision.detect(use_xla, distributed.world_size()))
+    compiling = chosen.compile and not use_xla
+    if buckets is not None and compiling:
+        static_graphs_per_bucket(buckets)
+    eval_ds = tokenized.get("eval", tokenized.get("test"))
+    has_eval = eval_ds is not None
+    strategy = _eval_strategy(args, has_eval)
+    checkpoint_dir = contract.checkpoint_folder
+    training_args = TrainingArguments(
+        output_dir=str(checkpoint_dir),
+        num_train_epochs=args.epochs,
+        max_steps=args.max_steps,
+        learning_rate=args.learning_rate,
+        per_device_train_batch_size=args.per_device_train_batch_size,
+        per_device_eval_batch_size=args.per_device_eval_batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        weight_decay=args.weight_decay,
+        lr_scheduler_type=args.lr_scheduler_type,
+        max_grad_norm=args.max_grad_norm,
+        label_smoothing_factor=args.label_smoothing,
+        seed=args.seed,
+        length_column_name="length",
+        eval_strategy=strategy,
+        eval_steps=args.eval_steps or args.logging_steps,
+        save_strategy=save_strategy(args, contract),
+        save_steps=args.save_steps,
+        save_total_limit=args.save_total_limit,
+        save_on_each_node=len(contract.hosts) > 1,  # each host resumes from its own copy
+        logging_strategy="steps",
+        logging_steps=args.logging_steps,
+        report_to="none",  # our own callbacks below: readable lines and TensorBoard in output/
+        disable_tqdm=True,
+        **compile_arguments(args, compiling, use_xla, cuda),
+        dataloader_num_workers=args.dataloader_num_workers,
+        dataloader_pin_memory=cuda,
+        ddp_backend=os.environ.get(distributed.BACKEND_ENV) if distributed.is_distributed() and not use_xla else None,
+        # One label per row and equal per-rank batches: DDP's gradient average is already the global
+        # mean. (transformers would otherwise scale the loss by the world size for token-count losses.)
+        average_tokens_across_devices=False,
+        ddp_find_unused_parameters=False,  # every trainable parameter of a classifier is used
+        **compat.sampling_arguments(
+            args.group_by_length and not args.pad_to_max_length and not use_xla,
+            args.warmup_steps,
+            args.warmup_ratio,
+            args.gradient_checkpointing,
+        ),
+        **precision_arguments(chosen, cuda),
+        **device_arguments(args, use_xla, cuda),
+    )
+
+    def compute_metrics(prediction) -> dict[str, float]:
+        logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+        # Score against the label ids returned with the predictions, never the dataset's column:
+        # the evaluation order need not be the dataset's. Filler rows (fixed-shape batches) are dropped.
+        keep = np.asarray(prediction.label_ids) != IGNORE_LABEL
+        return classification_metrics(
+            np.argmax(logits, axis=-1)[keep], np.asarray(prediction.label_ids)[keep], num_labels
+        )
+
+    collator: FixedShapeCollator | DataCollatorWithPadding
+    if buckets is not None:
+        collator = FixedShapeCollator(tokenizer.pad_token_id or 0, buckets, args.per_device_eval_batch_size)
+    else:
+        # On a GPU, lengths padded to a multiple of 8: tensor-core-aligned matrices in bf16/fp16/TF32,
+        # and fewer distinct shapes for the kernel and allocator caches. (On CPU, padding is pure cost.)
+        collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if cuda else None)
+    trainer = ClassifierTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=tokenized["train"],
+        eval_dataset=eval_ds if strategy != "no" else None,
+        processing_class=tokenizer,
+        data_collator=collator,
+        compute_metrics=compute_metrics,
+    )
+    trainer.buckets, trainer.use_xla = buckets, use_xla
+    if use_xla or compiling:
+        trainer.compile_report = CompileReport(use_xla)
+        trainer.add_callback(trainer.compile_report)
+    for callback in (PrinterCallback, TqdmCallback):
+        trainer.remove_callback(callback)
+    samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * training_args.world_size
+    trainer.add_callback(ProgressCallback(samples_per_step))
+    if trainer.is_world_process_zero():
+        from torch.utils.tensorboard import SummaryWriter
+
+        trainer.add_callback(TensorBoardCallback(SummaryWriter(log_dir=str(contract.paths.tensorboard_dir))))
+    return trainer
