@@ -88,10 +88,26 @@ def _job_steps(source: str, function: str) -> list[str]:
 
 def test_code_train_py_runs_the_steps_byoc_train_runs():
     """The script users copy composes the same steps, in the same order, as `byoc train`'s job."""
-    ours = _job_steps((REPO / "container" / "byoc" / "training" / "job.py").read_text(), "run_training")
+    ours = _job_steps((REPO / "container" / "byoc" / "training" / "job.py").read_text(), "main")
     theirs = _job_steps((REPO / "code" / "train.py").read_text(), "main")
     assert (
         ours
         == theirs
         == ["stop_on_sigterm", "prepare", "load_model", "make_trainer", "train_and_evaluate", "finish", "teardown"]
     )
+
+
+def test_the_trainer_is_used_through_its_public_surface():
+    """No private `Trainer` method is called, and no attribute set on a trainer, outside the trainer
+    module: the job configures it through constructor parameters and public methods."""
+    import ast
+
+    offences = []
+    for name, path in import_graph.modules().items():
+        if name == "byoc.training.trainer":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "trainer":
+                if node.attr.startswith("_") or isinstance(node.ctx, ast.Store):
+                    offences.append(f"{name}:{node.lineno} trainer.{node.attr}")
+    assert offences == []

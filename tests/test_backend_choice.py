@@ -13,10 +13,9 @@ from byoc.serving.backend_choice import (
     Plan,
     choose,
     fallback,
-    read_compile,
-    read_settings,
     torch_dtype_name,
 )
+from byoc.serving.settings import InferenceSettings, ServeSettingsError
 
 CPU_ORT = ("AzureExecutionProvider", "CPUExecutionProvider")  # what PyPI's onnxruntime offers
 GPU_ORT = ("TensorrtExecutionProvider", CUDA_EP, "CPUExecutionProvider")  # onnxruntime-gpu
@@ -108,17 +107,22 @@ def test_fallback_to_torch_keeps_the_device_and_an_explicit_precision():
 
 
 def test_settings_are_read_and_checked():
-    assert read_settings({}) == ("auto", "auto")
-    assert read_settings({"BYOC_INFERENCE_BACKEND": " Torch ", "BYOC_INFERENCE_PRECISION": "BF16"}) == ("torch", "bf16")
-    assert read_settings({"BYOC_INFERENCE_BACKEND": "", "BYOC_INFERENCE_PRECISION": ""}) == ("auto", "auto")
-    with pytest.raises(BackendError, match="use auto, onnxruntime or torch"):
-        read_settings({"BYOC_INFERENCE_BACKEND": "tensorrt"})
-    with pytest.raises(BackendError, match="use auto, fp32, fp16, bf16 or int8"):
-        read_settings({"BYOC_INFERENCE_PRECISION": "fp8"})
-    assert not read_compile({}) and not read_compile({"BYOC_INFERENCE_COMPILE": "0"})
-    assert read_compile({"BYOC_INFERENCE_COMPILE": "1"}) and read_compile({"BYOC_INFERENCE_COMPILE": "true"})
-    with pytest.raises(BackendError, match="use 1 or 0"):
-        read_compile({"BYOC_INFERENCE_COMPILE": "maybe"})
+    def read(env):
+        settings = InferenceSettings.from_env(env)
+        return settings.backend, settings.precision
+
+    assert read({}) == ("auto", "auto")
+    assert read({"BYOC_INFERENCE_BACKEND": " Torch ", "BYOC_INFERENCE_PRECISION": "BF16"}) == ("torch", "bf16")
+    assert read({"BYOC_INFERENCE_BACKEND": "", "BYOC_INFERENCE_PRECISION": ""}) == ("auto", "auto")
+    with pytest.raises(ServeSettingsError, match="'tensorrt': use auto, onnxruntime or torch"):
+        read({"BYOC_INFERENCE_BACKEND": "tensorrt"})
+    with pytest.raises(ServeSettingsError, match="use auto, fp32, fp16, bf16 or int8"):
+        read({"BYOC_INFERENCE_PRECISION": "fp8"})
+    compiled = lambda env: InferenceSettings.from_env(env).compile
+    assert not compiled({}) and not compiled({"BYOC_INFERENCE_COMPILE": "0"})
+    assert compiled({"BYOC_INFERENCE_COMPILE": "1"}) and compiled({"BYOC_INFERENCE_COMPILE": "true"})
+    with pytest.raises(ServeSettingsError, match="BYOC_INFERENCE_COMPILE='maybe': use 1 or 0"):
+        compiled({"BYOC_INFERENCE_COMPILE": "maybe"})
 
 
 def test_half_is_bf16_where_the_gpu_has_it():

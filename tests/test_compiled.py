@@ -4,6 +4,7 @@ graph; that part needs a GPU (tests/test_gpu.py), the rest runs here on CPU."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -30,15 +31,18 @@ def test_compile_settings_follow_the_hardware():
 def test_the_compile_cache_goes_with_the_checkpoints_unless_the_user_placed_it(tmp_path, monkeypatch):
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from byoc.training.compiled_steps import CACHE_ENV, persistent_cache
+    from byoc.training.compiled_steps import persistent_cache
+    from byoc.training.settings import INDUCTOR_CACHE_ENV, TrainingSettings
 
-    monkeypatch.setenv(CACHE_ENV, "set first, so that monkeypatch restores the real value, unset included")
-    monkeypatch.delenv(CACHE_ENV)
-    assert persistent_cache(tmp_path) == tmp_path / "torch-compile-cache"
-    monkeypatch.setenv(CACHE_ENV, default_cache_dir())  # what torch writes there the first time it looks
-    assert persistent_cache(tmp_path) == tmp_path / "torch-compile-cache"
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
-    assert persistent_cache(tmp_path) == tmp_path / "mine"
+    # persistent_cache writes the variable, which inductor reads: monkeypatch restores it, unset included.
+    monkeypatch.setenv(INDUCTOR_CACHE_ENV, "set first, so that monkeypatch restores the real value")
+    given = lambda env: TrainingSettings.from_env(env).compile_cache
+    ours = tmp_path / "torch-compile-cache"
+    assert persistent_cache(tmp_path, given({})) == ours
+    # What torch writes there the first time it looks is not the user's.
+    assert persistent_cache(tmp_path, given({INDUCTOR_CACHE_ENV: default_cache_dir()})) == ours
+    assert persistent_cache(tmp_path, given({INDUCTOR_CACHE_ENV: str(tmp_path / "mine")})) == tmp_path / "mine"
+    assert os.environ[INDUCTOR_CACHE_ENV] == str(tmp_path / "mine")
 
 
 @pytest.mark.integration  # a real job in a process of its own

@@ -10,6 +10,7 @@ import pytest
 from byoc.contract import Paths, TrainingContract
 from byoc.launch import efa
 from byoc.launch.launcher import plan_launch, worker_environment
+from byoc.launch.settings import LaunchSettings
 
 
 def device(root: Path, name: str, vendor: str, pci_device: str) -> None:
@@ -75,20 +76,18 @@ def _contract(hosts: list[str]) -> TrainingContract:
     )
 
 
-def test_only_multi_host_gpu_and_neuron_jobs_get_efa_variables(monkeypatch, caplog):
-    for name in ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
-        monkeypatch.delenv(name, raising=False)
+def test_only_multi_host_gpu_and_neuron_jobs_get_efa_variables(caplog):
     found = efa.EfaDevices(("rdmap16s27",), True)
-    two_gpu_hosts = plan_launch(_contract(["algo-1", "algo-2"]), environ={}, cpu_count=96, counts=(8, 0))
+    two_gpu_hosts = plan_launch(_contract(["algo-1", "algo-2"]), LaunchSettings(), cpu_count=96, counts=(8, 0))
     caplog.set_level("INFO", logger="byoc.efa")
     env = worker_environment(two_gpu_hosts, "algo-1", Path("/tmp/f"), found)
     assert (env["FI_PROVIDER"], env["FI_EFA_USE_DEVICE_RDMA"], env["NCCL_SOCKET_IFNAME"]) == ("efa", "1", "eth0")
     assert "EFA device(s) rdmap16s27: the collectives between hosts use EFA (with RDMA read)" in caplog.text
-    trn = plan_launch(_contract(["algo-1", "algo-2"]), environ={}, cpu_count=128, counts=(0, 32))
+    trn = plan_launch(_contract(["algo-1", "algo-2"]), LaunchSettings(), cpu_count=128, counts=(0, 32))
     assert worker_environment(trn, "algo-1", Path("/tmp/f"), found)["FI_PROVIDER"] == "efa"
-    one_host = plan_launch(_contract(["algo-1"]), environ={}, cpu_count=96, counts=(8, 0))
+    one_host = plan_launch(_contract(["algo-1"]), LaunchSettings(), cpu_count=96, counts=(8, 0))
     assert "FI_PROVIDER" not in worker_environment(one_host, "algo-1", Path("/tmp/f"), found)
-    cpu_hosts = plan_launch(_contract(["algo-1", "algo-2"]), environ={}, cpu_count=4, counts=(0, 0))
+    cpu_hosts = plan_launch(_contract(["algo-1", "algo-2"]), LaunchSettings(), cpu_count=4, counts=(0, 0))
     assert "FI_PROVIDER" not in worker_environment(cpu_hosts, "algo-1", Path("/tmp/f"), found)
     caplog.clear()
     assert "FI_PROVIDER" not in worker_environment(two_gpu_hosts, "algo-1", Path("/tmp/f"), None)

@@ -170,10 +170,9 @@ def test_code_that_exits_while_loading_is_a_failed_start(tmp_path):
     assert isinstance(caught.value, Exception)
 
 
-def test_a_program_named_like_a_module_in_use_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setenv("SAGEMAKER_PROGRAM", "json.py")
-    with pytest.raises(HandlerError, match="rename it"):
-        load_handlers(code_dir(tmp_path, {"json.py": "def output_fn(p, a):\n    return '', 'text/plain'\n"}))
+def test_a_program_named_like_a_module_in_use_is_refused(tmp_path):
+    with pytest.raises(HandlerError, match="rename it"):  # SAGEMAKER_PROGRAM=json.py (ServeSettings.program)
+        load_handlers(code_dir(tmp_path, {"json.py": "def output_fn(p, a):\n    return '', 'text/plain'\n"}), "json.py")
     assert sys.modules["json"] is json
 
 

@@ -9,8 +9,10 @@ from types import SimpleNamespace
 import pytest
 
 from byoc.contract import Paths, TrainingContract
+from byoc.launch import efa
 from byoc.launch.devices import count_core_list
 from byoc.launch.launcher import LaunchError, describe_failure, plan_launch, wait_for_hosts, worker_environment
+from byoc.launch.settings import LaunchSettings
 
 
 def contract(hosts=("algo-1",), current="algo-1", interface="eth0") -> TrainingContract:
@@ -25,19 +27,19 @@ def contract(hosts=("algo-1",), current="algo-1", interface="eth0") -> TrainingC
 
 
 def test_one_process_per_gpu_with_nccl():
-    plan = plan_launch(contract(), environ={}, cpu_count=48, counts=(8, 0))
+    plan = plan_launch(contract(), LaunchSettings(), cpu_count=48, counts=(8, 0))
     assert (plan.nproc_per_node, plan.device, plan.backend, plan.world_size) == (8, "cuda", "nccl", 8)
     assert plan.threads_per_process == 6
 
 
 def test_one_process_per_neuron_core_with_xla():
-    plan = plan_launch(contract(), environ={}, cpu_count=8, counts=(0, 2))
+    plan = plan_launch(contract(), LaunchSettings(), cpu_count=8, counts=(0, 2))
     assert (plan.nproc_per_node, plan.device, plan.backend) == (2, "neuron", "xla")
 
 
 def test_cpu_runs_one_process_unless_asked_and_splits_the_cores():
-    assert plan_launch(contract(), environ={}, cpu_count=2, counts=(0, 0)).world_size == 1
-    plan = plan_launch(contract(), environ={"BYOC_PROCESSES_PER_HOST": "4"}, cpu_count=8, counts=(0, 0))
+    assert plan_launch(contract(), LaunchSettings(), cpu_count=2, counts=(0, 0)).world_size == 1
+    plan = plan_launch(contract(), LaunchSettings(processes_per_host=4), cpu_count=8, counts=(0, 0))
     assert (plan.nproc_per_node, plan.backend, plan.threads_per_process) == (4, "gloo", 2)
     env = worker_environment(plan, "algo-1", Path("/tmp/f"))
     assert env["OMP_NUM_THREADS"] == "2" and env["BYOC_BACKEND"] == "gloo"
@@ -47,7 +49,7 @@ def test_cpu_runs_one_process_unless_asked_and_splits_the_cores():
 def test_several_hosts_from_the_resource_config():
     plan = plan_launch(
         contract(hosts=["algo-1", "algo-2", "algo-3"], current="algo-2"),
-        environ={"BYOC_MASTER_PORT": "7777"},
+        LaunchSettings(master_port=7777),
         cpu_count=8,
         counts=(4, 0),
     )
@@ -65,14 +67,22 @@ def test_several_hosts_from_the_resource_config():
 @pytest.mark.parametrize(
     "environ, message",
     [
-        ({"BYOC_PROCESSES_PER_HOST": "many"}, "BYOC_PROCESSES_PER_HOST='many' is not a number"),
+        ({"BYOC_PROCESSES_PER_HOST": "many"}, "BYOC_PROCESSES_PER_HOST='many': must be a whole number of at least 0"),
         ({"BYOC_PROCESSES_PER_HOST": "16"}, "has only 8 GPUs"),
-        ({"BYOC_HOSTS_TIMEOUT": "0"}, "must be at least 1"),
+        ({"BYOC_HOSTS_TIMEOUT": "0"}, "must be a number of at least 1"),
     ],
 )
 def test_bad_launcher_settings_say_what_to_change(environ, message):
     with pytest.raises(LaunchError, match=message):
-        plan_launch(contract(), environ=environ, cpu_count=8, counts=(8, 0))
+        plan_launch(contract(), LaunchSettings.from_env(environ), cpu_count=8, counts=(8, 0))
+
+
+def test_the_users_network_variables_win_for_the_ranks():
+    settings = LaunchSettings.from_env({"NCCL_SOCKET_IFNAME": "ens5", "FI_PROVIDER": "tcp", "HOME": "/root"})
+    assert settings.network == {"NCCL_SOCKET_IFNAME": "ens5", "FI_PROVIDER": "tcp"}
+    plan = plan_launch(contract(hosts=["algo-1", "algo-2"]), settings, cpu_count=8, counts=(4, 0))
+    env = worker_environment(plan, "algo-1", Path("/tmp/f"), efa.EfaDevices(("efa_0",), True), settings.network)
+    assert (env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"], env["FI_PROVIDER"]) == ("ens5", "eth0", "tcp")
 
 
 def test_neuron_core_lists_count_as_the_runtime_reads_them():
@@ -123,15 +133,15 @@ def test_the_first_real_failure_is_reported_not_the_peers_that_lost_it():
 
 def test_the_device_hyperparameter_picks_the_path():
     job = contract()
-    assert plan_launch(job, environ={}, cpu_count=8, counts=(0, 2), device="auto").device == "neuron"
-    assert plan_launch(job, environ={}, cpu_count=8, counts=(0, 2), device="cpu").device == "cpu"
-    assert plan_launch(job, environ={}, cpu_count=8, counts=(2, 0), device="cpu").backend == "gloo"
-    xla = plan_launch(job, environ={}, cpu_count=8, counts=(0, 0), device="xla")
+    assert plan_launch(job, LaunchSettings(), cpu_count=8, counts=(0, 2), device="auto").device == "neuron"
+    assert plan_launch(job, LaunchSettings(), cpu_count=8, counts=(0, 2), device="cpu").device == "cpu"
+    assert plan_launch(job, LaunchSettings(), cpu_count=8, counts=(2, 0), device="cpu").backend == "gloo"
+    xla = plan_launch(job, LaunchSettings(), cpu_count=8, counts=(0, 0), device="xla")
     assert (xla.device, xla.backend, xla.nproc_per_node, xla.threads_per_process) == ("xla", "xla", 1, 8)
     with pytest.raises(LaunchError, match="no CUDA GPU"):
-        plan_launch(job, environ={}, cpu_count=8, counts=(0, 0), device="cuda")
+        plan_launch(job, LaunchSettings(), cpu_count=8, counts=(0, 0), device="cuda")
     with pytest.raises(LaunchError, match="no collectives between processes"):
-        plan_launch(job, environ={"BYOC_PROCESSES_PER_HOST": "2"}, cpu_count=8, counts=(0, 0), device="xla")
+        plan_launch(job, LaunchSettings(processes_per_host=2), cpu_count=8, counts=(0, 0), device="xla")
 
 
 def test_control_collectives_stay_on_the_cpu_under_nccl(monkeypatch):

@@ -106,15 +106,15 @@ def test_export_onnx_command(classifier_dir, tmp_path):
 
 
 def _handlers_in_subprocess(model_dir: Path, backend: str, texts: list) -> dict:
-    """What a model's code/inference.py (the template: byoc.serving.default_handlers's handlers, predict_fn overridden)
+    """What a model's code/inference.py (the template: byoc.inference's handlers, predict_fn overridden)
     does in a fresh interpreter: answers, backend, and what got imported."""
     script = (
         "import importlib.util, json, sys\n"
         f"spec = importlib.util.spec_from_file_location('inference', {str(REPO / 'code' / 'inference.py')!r})\n"
         "inference = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(inference)\n"
-        f"model = default_handlers.model_fn({str(model_dir)!r})\n"
-        f"answers = default_handlers.predict_fn({{'inputs': {texts!r}, 'parameters': {{'top_k': 3}}}}, model)\n"
+        f"model = inference.model_fn({str(model_dir)!r})\n"
+        f"answers = inference.predict_fn({{'inputs': {texts!r}, 'parameters': {{'top_k': 3}}}}, model)\n"
         "print(json.dumps({'backend': model['backend'], 'answers': answers,\n"
         "                  'torch': 'torch' in sys.modules, 'transformers': 'transformers' in sys.modules}))\n"
     )

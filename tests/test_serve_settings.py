@@ -26,7 +26,8 @@ def test_the_model_folder_is_the_contracts_and_an_empty_variable_is_unset(tmp_pa
 @pytest.fixture
 def env(monkeypatch):
     """Sets serving variables for ServeSettings.from_env(), none set to begin with."""
-    for name in [*VARIABLES, "SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS", "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT"]:
+    other = ("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS", "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT")
+    for name in [*VARIABLES, *ELSEWHERE, *other]:
         monkeypatch.delenv(name, raising=False)
 
     def set_env(values: dict[str, str]) -> ServeSettings:
@@ -39,7 +40,7 @@ def env(monkeypatch):
 
 def test_unset_and_empty_variables_give_the_defaults(env):
     defaults = {f.name: f.default for f in dataclasses.fields(ServeSettings) if f.name != "model_dir"}
-    for values in ({}, {name: "" for name in VARIABLES}):
+    for values in ({}, {name: "" for name in [*VARIABLES, *ELSEWHERE]}):
         settings = env(values)
         assert {name: getattr(settings, name) for name in defaults} == defaults
 
@@ -64,9 +65,26 @@ VARIABLES = {
 }
 
 
+# Read by serving modules on their own before they were read here, at start, with the others.
+ELSEWHERE = (
+    "BYOC_INFERENCE_BACKEND",
+    "BYOC_INFERENCE_PRECISION",
+    "BYOC_INFERENCE_COMPILE",
+    "OMP_NUM_THREADS",
+    "SAGEMAKER_PROGRAM",
+    "BYOC_LOG_LEVEL",
+)
+
+
 @pytest.mark.parametrize(
     "variable,value",
     [
+        ("BYOC_INFERENCE_BACKEND", "tensorrt"),
+        ("BYOC_INFERENCE_PRECISION", "fp8"),
+        ("BYOC_INFERENCE_COMPILE", "maybe"),
+        ("OMP_NUM_THREADS", "0"),
+        ("OMP_NUM_THREADS", "all"),
+        ("BYOC_LOG_LEVEL", "loud"),
         ("BYOC_MAX_BATCH_SIZE", "0"),
         ("BYOC_MAX_BATCH_SIZE", "-4"),
         ("BYOC_MAX_BATCH_SIZE", "12.5"),

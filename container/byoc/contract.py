@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from byoc.environment import Environment
 from byoc.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -30,9 +31,22 @@ class ContractError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class Paths:
-    """Every location of the contract, derived from one base directory."""
+    """Every location of the contract, derived from one base directory (`from_env`: the one the
+    environment names, with the toolkit's SM_MODEL_DIR and SM_OUTPUT_DATA_DIR where they are set)."""
 
     base: Path
+    model_dir_override: Path | None = None  # SM_MODEL_DIR
+    output_data_dir_override: Path | None = None  # SM_OUTPUT_DATA_DIR
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, base: Path | None = None) -> Paths:
+        """`base` (default: `base_dir(env)`) and the variables that move its folders."""
+        read = Environment(env, error=ContractError)
+        return cls(
+            base or base_dir(env),
+            model_dir_override=read.path("SM_MODEL_DIR"),
+            output_data_dir_override=read.path("SM_OUTPUT_DATA_DIR"),
+        )
 
     @property
     def config_dir(self) -> Path:
@@ -44,7 +58,7 @@ class Paths:
 
     @property
     def model_dir(self) -> Path:
-        return Path(os.environ.get("SM_MODEL_DIR") or self.base / "model")  # empty means unset, as everywhere
+        return self.model_dir_override or self.base / "model"
 
     @property
     def output_dir(self) -> Path:
@@ -52,7 +66,7 @@ class Paths:
 
     @property
     def output_data_dir(self) -> Path:
-        return Path(os.environ.get("SM_OUTPUT_DATA_DIR") or self.output_dir / "data")
+        return self.output_data_dir_override or self.output_dir / "data"
 
     @property
     def failure_file(self) -> Path:
@@ -100,14 +114,15 @@ class TrainingContract:
         return self.checkpoint_dir or self.paths.base / "checkpoints"
 
 
-def base_dir() -> Path:
+def base_dir(env: Mapping[str, str] | None = None) -> Path:
     """The root of the contract: `$SAGEMAKER_BASE_DIR`, else `/opt/ml` (also when it is empty)."""
-    return Path(os.environ.get("SAGEMAKER_BASE_DIR") or DEFAULT_BASE_DIR)
+    return Environment(env).path("SAGEMAKER_BASE_DIR") or Path(DEFAULT_BASE_DIR)
 
 
-def read_training_contract(root: Path | None = None) -> TrainingContract:
-    """Read the config files under `root` (default: `base_dir()`) into a `TrainingContract`."""
-    paths = Paths(root or base_dir())
+def read_training_contract(root: Path | None = None, env: Mapping[str, str] | None = None) -> TrainingContract:
+    """Read the config files under `root` (default: `base_dir(env)`) into a `TrainingContract`;
+    `env`: the variables (default: this process's)."""
+    paths = Paths.from_env(env, base=root)
     if not paths.config_dir.is_dir():
         raise ContractError(
             f"{paths.config_dir} does not exist: run inside a SageMaker training job, mount a prepared "
@@ -134,7 +149,7 @@ def read_training_contract(root: Path | None = None) -> TrainingContract:
         instance_type=resources.get("current_instance_type", "local"),
         checkpoint_dir=checkpoint_dir,
         checkpoint_s3_uri=checkpoint_s3,
-        job_name=os.environ.get("TRAINING_JOB_NAME", "local"),
+        job_name=Environment(env).text("TRAINING_JOB_NAME") or "local",
     )
 
 

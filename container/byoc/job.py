@@ -7,7 +7,6 @@ from byoc.training.job import (
     load_model,
     make_trainer,
     prepare,
-    run_training,
     stop_on_sigterm,
     train_and_evaluate,
 )
@@ -19,6 +18,5 @@ __all__ = [
     "make_trainer",
     "train_and_evaluate",
     "finish",
-    "run_training",
     "stop_on_sigterm",
 ]

@@ -11,13 +11,33 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from byoc.environment import Environment, SettingError
+
+LOG_LEVEL_ENV = "BYOC_LOG_LEVEL"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def log_level(read: Environment) -> str:
+    """BYOC_LOG_LEVEL (INFO). Each program's settings read it too, so that a bad value stops the
+    program at start like any other (logging itself starts before them, at INFO then)."""
+    return read.choice(LOG_LEVEL_ENV, "INFO", LOG_LEVELS)
+
 
 def configure_logging() -> None:
-    """Once per process, before anything logs; BYOC_LOG_LEVEL sets the level (INFO)."""
-    level = os.environ.get("BYOC_LOG_LEVEL", "INFO").upper()
+    """Once per process, before anything logs (and before the program's settings are read: this
+    reads the few variables it needs itself); BYOC_LOG_LEVEL sets the level (INFO)."""
+    read = Environment()
+    try:
+        level = log_level(read)
+    except SettingError:  # the program's settings stop it with the message, once logging can say it
+        level = "INFO"
+    try:
+        world = read.integer("WORLD_SIZE", 1, 1)
+    except SettingError:  # likewise (byoc.launch.settings.RankSettings)
+        world = 1
     # Ranks of a launched job say who they are; rank 0 alone logs at INFO unless BYOC_LOG_LEVEL says otherwise.
-    rank = os.environ.get("RANK") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
-    if rank not in (None, "0") and "BYOC_LOG_LEVEL" not in os.environ:
+    rank = read.text("RANK") if world > 1 else None
+    if rank not in (None, "0") and not read.is_set(LOG_LEVEL_ENV):
         level = "WARNING"
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # one copy of transformers' reports, from rank 0
     who = f" rank{rank}" if rank is not None else ""

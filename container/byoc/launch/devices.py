@@ -3,20 +3,18 @@ them. The launcher (how many ranks) and the XLA path (whether a job is on it) bo
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 
-def device_counts(instance_type: str = "local") -> tuple[int, int]:
-    """(GPUs, NeuronCores) visible to this container; NeuronCores counted as the AWS images do."""
+def device_counts(instance_type: str, neuron_cores: int | None) -> tuple[int, int]:
+    """(GPUs, NeuronCores) visible to this container; NeuronCores counted as the AWS images do:
+    `neuron_cores`, what the Neuron runtime's variables say (the settings' `neuron_cores`), else the devices."""
     import torch  # only when counting: the launcher and its errors import without torch (see byoc.errors)
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     cores = 0
-    if os.environ.get("NEURON_RT_VISIBLE_CORES"):
-        cores = count_core_list(os.environ["NEURON_RT_VISIBLE_CORES"])
-    elif os.environ.get("NEURON_RT_NUM_CORES"):
-        cores = int(os.environ["NEURON_RT_NUM_CORES"])
+    if neuron_cores is not None:
+        cores = neuron_cores
     elif Path("/dev/neuron0").exists():
         from sagemaker_training.environment import num_neurons  # runs `neuron-ls -j`, as the DLCs do
 

@@ -3,13 +3,17 @@
 `byoc.launch.launcher` starts one process per device through torch's elastic launcher, which sets RANK,
 LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (the host's index) and MASTER_ADDR/PORT.
 A process started without them is a world of one, and every helper here is then a no-op.
+
+Every training module asks here where its process stands, so the rank's settings are this module's
+state, set once as the rank starts (`setup(rank)`, from `byoc.training.settings`, or `configure`)
+rather than passed to each call. A process that never sets them (a user's script calling these
+helpers on its own) reads them from the environment once, at its first question.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -18,10 +22,11 @@ import torch
 import torch.distributed as dist
 
 from byoc import compat
+from byoc.launch.settings import RankSettings
 
 logger = logging.getLogger("byoc.distributed")
 
-BACKEND_ENV = "BYOC_BACKEND"  # set by the launcher: gloo (CPU), nccl (CUDA)
+_rank: RankSettings | None = None  # this process's place in the job (configure)
 
 # byoc's own decisions (stop on SIGTERM? which shards?) travel over a CPU group. Under NCCL a
 # collective on a CUDA tensor followed by .item() waits for the GPU, and the stop check runs after
@@ -29,28 +34,43 @@ BACKEND_ENV = "BYOC_BACKEND"  # set by the launcher: gloo (CPU), nccl (CUDA)
 _control_group: Any = None
 
 
-def _env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
+def configure(settings: RankSettings) -> None:
+    """Where this process stands in the job, once, as it starts."""
+    global _rank
+    _rank = settings
+
+
+def settings() -> RankSettings:
+    """This process's rank settings (read from the environment at the first call if never configured)."""
+    if _rank is None:
+        configure(RankSettings.from_env())
+    assert _rank is not None
+    return _rank
 
 
 def world_size() -> int:
-    return _env_int("WORLD_SIZE", 1)
+    return settings().world_size
 
 
 def rank() -> int:
-    return _env_int("RANK", 0)
+    return settings().rank
 
 
 def local_rank() -> int:
-    return _env_int("LOCAL_RANK", 0)
+    return settings().local_rank
 
 
 def local_world_size() -> int:
-    return _env_int("LOCAL_WORLD_SIZE", 1)
+    return settings().local_world_size
 
 
 def node_rank() -> int:
-    return _env_int("GROUP_RANK", 0)
+    return settings().node_rank
+
+
+def backend() -> str | None:
+    """The process group's backend the launcher chose (BYOC_BACKEND): nccl, xla or gloo; None without one."""
+    return settings().backend
 
 
 def host_ranks() -> list[int]:
@@ -63,19 +83,22 @@ def is_distributed() -> bool:
     return world_size() > 1
 
 
-def setup() -> None:
-    """Join the process group (once); accelerate and the Trainer then reuse it."""
+def setup(rank_settings: RankSettings | None = None) -> None:
+    """Join the process group (once); accelerate and the Trainer then reuse it. `rank_settings`:
+    this rank's (configured here), else those configured already."""
+    if rank_settings is not None:
+        configure(rank_settings)
     if not is_distributed() or dist.is_initialized():
         return
-    backend = os.environ.get(BACKEND_ENV) or ("nccl" if torch.cuda.is_available() else "gloo")
+    chosen = settings()
+    backend = chosen.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
         torch.cuda.set_device(local_rank())
     elif backend == "gloo":  # CPU ranks: their checkpoints must load back with map_location="cpu:0"
         compat.restore_indexed_cpu_locations()
     elif backend == "xla":  # NeuronCores: the base image's torch-xla registers the "xla" backend
         import torch_xla.distributed.xla_backend  # noqa: F401
-    # Long enough for rank 0 to tokenize a large dataset while the others wait at a barrier.
-    timeout = timedelta(seconds=float(os.environ.get("BYOC_COLLECTIVE_TIMEOUT", 1800)))
+    timeout = timedelta(seconds=chosen.collective_timeout)
     dist.init_process_group(backend=backend, timeout=timeout)
     global _control_group
     _control_group = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else None

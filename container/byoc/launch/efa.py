@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ logger = logging.getLogger("byoc.efa")
 
 AMAZON_PCI_VENDOR = "0x1d0f"
 FIRST_GENERATION = "0xefa0"  # no RDMA read
+EFA_VARIABLES = ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA")  # what efa_environment may set (the user's win)
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ def _fi_info_lists_efa(program: str | None) -> bool:
         return False
 
 
-def efa_environment(environ: dict[str, str], devices: EfaDevices | None) -> dict[str, str]:
+def efa_environment(environ: Mapping[str, str], devices: EfaDevices | None) -> dict[str, str]:
     """The libfabric variables for the ranks (what `environ`, the user's, already sets is kept)."""
     if devices is None:
         logger.info("no EFA device: the collectives between hosts use TCP sockets")

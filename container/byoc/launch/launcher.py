@@ -27,21 +27,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from byoc import compat
-from byoc.contract import ContractError, TrainingContract
+from byoc.contract import TrainingContract
 from byoc.errors import EXIT_INTERRUPTED
 from byoc.launch import efa
 from byoc.launch.devices import device_counts
+from byoc.launch.settings import (
+    FAILURE_DIR_ENV,
+    HOST_ENV,
+    PROCESS_GROUP_BACKEND_ENV,
+    LaunchError,
+    LaunchSettings,
+    RankSettings,
+)
 from byoc.safe_files import write_atomically
 
 logger = logging.getLogger("byoc.launch")
 
-FAILURE_DIR_ENV = "BYOC_FAILURE_DIR"  # where each rank writes rank-N.json when it fails
-HOST_ENV = "BYOC_HOST"
 DEFAULT_PORT = 29500
-
-
-class LaunchError(ContractError):
-    """The processes cannot be started: the message says why and what to change."""
 
 
 @dataclass(frozen=True)
@@ -63,32 +65,18 @@ class LaunchPlan:
         return self.nproc_per_node * self.nnodes
 
 
-def _env_number(environ: dict, name: str, default: float, minimum: float = 0) -> float:
-    raw = environ.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise LaunchError(f"{name}={raw!r} is not a number; unset it or give a number") from None
-    if value < minimum:
-        raise LaunchError(f"{name}={raw!r} must be at least {minimum:g}")
-    return value
-
-
 def plan_launch(
     contract: TrainingContract,
-    environ: dict | None = None,
+    settings: LaunchSettings,
     cpu_count: int | None = None,
     counts: tuple[int, int] | None = None,
     device: str = "auto",
 ) -> LaunchPlan:
     """How to start this host's processes; `device` is the hyperparameter (auto, cpu, cuda, xla).
-    `environ`, `cpu_count`, `counts` are for tests."""
-    environ = dict(os.environ if environ is None else environ)
+    `cpu_count`, `counts` (GPUs, NeuronCores) are for tests."""
     cpu_count = cpu_count or len(os.sched_getaffinity(0))
-    gpus, cores = counts if counts is not None else device_counts(contract.instance_type)
-    requested = int(_env_number(environ, "BYOC_PROCESSES_PER_HOST", 0, minimum=0))
+    gpus, cores = counts if counts is not None else device_counts(contract.instance_type, settings.neuron_cores)
+    requested = settings.processes_per_host
     if device == "cuda" and not gpus:
         raise LaunchError("device=cuda but no CUDA GPU is visible: use a GPU instance or device=auto")
     if cores and device in ("auto", "xla"):
@@ -108,11 +96,11 @@ def plan_launch(
     if device == "xla" and nproc > 1:
         raise LaunchError(
             f"BYOC_PROCESSES_PER_HOST={requested} with device=xla and no NeuronCores: torch-xla's "
-            f"{environ.get('PJRT_DEVICE') or 'CPU'} backend has no collectives between processes "
+            f"{settings.pjrt_device or 'CPU'} backend has no collectives between processes "
             "(pytorch/xla#9089), so its ranks could not share gradients. Run one process, or run on "
             "NeuronCores (one process per core)"
         )
-    master_port = int(_env_number(environ, "BYOC_MASTER_PORT", 0, minimum=0))
+    master_port = settings.master_port
     if not master_port:
         master_port = _free_port() if len(contract.hosts) == 1 else DEFAULT_PORT
     interface = contract.network_interface_name if len(contract.hosts) > 1 else None
@@ -128,8 +116,8 @@ def plan_launch(
         if device in ("cpu", "xla")
         else max(1, min(8, cpu_count // nproc)),
         network_interface=interface,
-        hosts_timeout=_env_number(environ, "BYOC_HOSTS_TIMEOUT", 300, minimum=1),
-        shutdown_timeout=int(_env_number(environ, "BYOC_SHUTDOWN_TIMEOUT", 100, minimum=1)),
+        hosts_timeout=settings.hosts_timeout,
+        shutdown_timeout=settings.shutdown_timeout,
     )
 
 
@@ -140,23 +128,29 @@ def _free_port() -> int:
 
 
 def worker_environment(
-    plan: LaunchPlan, host: str, failure_dir: Path, efa_devices: efa.EfaDevices | None = None
+    plan: LaunchPlan,
+    host: str,
+    failure_dir: Path,
+    efa_devices: efa.EfaDevices | None = None,
+    network: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """What every rank gets on top of the launcher's environment (the agent adds RANK & co.);
-    `efa_devices`: what `efa.find_efa` found on a host of a multi-host GPU or Neuron job."""
+    `efa_devices`: what `efa.find_efa` found on a host of a multi-host GPU or Neuron job; `network`:
+    the socket interface and libfabric variables the user set (`LaunchSettings.network`), which win."""
+    network = network or {}
     env = {
         # Ranks on one host share its cores: oversubscribed OpenMP threads slow everything several-fold.
         "OMP_NUM_THREADS": str(plan.threads_per_process),
         "MKL_NUM_THREADS": str(plan.threads_per_process),
-        "BYOC_BACKEND": plan.backend,
+        PROCESS_GROUP_BACKEND_ENV: plan.backend,
         FAILURE_DIR_ENV: str(failure_dir),
         HOST_ENV: host,
     }
     if plan.network_interface:  # the collectives talk over SageMaker's interface, not docker0 or lo
         for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
-            env[name] = os.environ.get(name, plan.network_interface)
+            env[name] = network.get(name, plan.network_interface)
     if plan.nnodes > 1 and plan.device in ("cuda", "neuron"):
-        env.update(efa.efa_environment(dict(os.environ), efa_devices))
+        env.update(efa.efa_environment(network, efa_devices))
     return env
 
 
@@ -188,31 +182,23 @@ def wait_for_hosts(
 # Failure records: each rank writes one when it fails; the launcher reads the first.
 
 
-def launched_rank() -> bool:
-    """Whether this process is a rank that `launch` started (it reports failures to the launcher)."""
-    return bool(os.environ.get(FAILURE_DIR_ENV))
-
-
-def rank_failure_recorded() -> bool:
+def rank_failure_recorded(rank: RankSettings) -> bool:
     """Whether this rank has already left a failure record."""
-    folder = os.environ.get(FAILURE_DIR_ENV)
-    return folder is not None and (Path(folder) / f"rank-{int(os.environ.get('RANK', 0))}.json").exists()
+    return rank.failure_dir is not None and (rank.failure_dir / f"rank-{rank.rank}.json").exists()
 
 
-def write_rank_failure(message: str, exit_code: int) -> None:
-    """Called by a failing rank launched by `launch` (no-op otherwise)."""
-    folder = os.environ.get(FAILURE_DIR_ENV)
-    if not folder:
+def write_rank_failure(rank: RankSettings, message: str, exit_code: int) -> None:
+    """Called by a failing rank launched by `launch` (no-op otherwise: `rank.launched` is False)."""
+    if rank.failure_dir is None:
         return
     record = {
-        "rank": int(os.environ.get("RANK", 0)),
-        "host": os.environ.get(HOST_ENV, "?"),
+        "rank": rank.rank,
+        "host": rank.host,
         "message": message[:8192],  # the failure file keeps 1 KB of it
         "exit_code": exit_code,
         "time": time.time(),
     }
-    path = Path(folder) / f"rank-{record['rank']}.json"
-    write_atomically(path, json.dumps(record))
+    write_atomically(rank.failure_dir / f"rank-{rank.rank}.json", json.dumps(record))
 
 
 def _records(failure_dir: Path) -> dict[int, dict]:
@@ -276,7 +262,9 @@ def _is_peer_loss(record: dict | None) -> bool:
 # The launch
 
 
-def launch(plan: LaunchPlan, contract: TrainingContract, command: list[str]) -> tuple[int, str | None]:
+def launch(
+    plan: LaunchPlan, contract: TrainingContract, command: list[str], settings: LaunchSettings
+) -> tuple[int, str | None]:
     """Run `command` (a program and its arguments) as every rank of this host; wait for the job.
 
     Returns (exit code, failure message or None). SIGTERM to this process reaches every rank.
@@ -290,12 +278,13 @@ def launch(plan: LaunchPlan, contract: TrainingContract, command: list[str]) -> 
     failure_dir = Path(tempfile.mkdtemp(prefix="byoc-failures-"))
     log_dir = Path(tempfile.mkdtemp(prefix="byoc-ranks-"))
     devices = efa.find_efa() if plan.nnodes > 1 and plan.device in ("cuda", "neuron") else None
-    os.environ.update(worker_environment(plan, contract.current_host, failure_dir, devices))
+    # The elastic agent starts the ranks with this process's environment: theirs is set here.
+    os.environ.update(worker_environment(plan, contract.current_host, failure_dir, devices, settings.network))
     config = compat.launch_config(
         min_nodes=plan.nnodes,
         max_nodes=plan.nnodes,
         nproc_per_node=plan.nproc_per_node,
-        run_id=os.environ.get("TRAINING_JOB_NAME") or contract.job_name,
+        run_id=contract.job_name,
         role=contract.current_host,
         rdzv_backend="static",
         rdzv_endpoint=f"{plan.master_addr}:{plan.master_port}",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from byoc.contract import ContractError, TrainingContract
+from byoc.launch.settings import LaunchSettings
 from byoc.logs import mask_secrets
 from byoc.requirements import RequirementsError, install_requirements
 from byoc.sdk_values import loads as decode  # JSON where it parses, else the raw string, as the toolkit does
@@ -74,7 +75,7 @@ def sm_environment(contract: TrainingContract) -> dict[str, str]:
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in variables.items()}
 
 
-def prepare_script(contract: TrainingContract) -> list[str]:
+def prepare_script(contract: TrainingContract, settings: LaunchSettings) -> list[str]:
     """Fetch the code, install its requirements, export SM_*; return the command each rank runs."""
     program = str(decode(contract.hyperparameters["sagemaker_program"]))
     code_dir = fetch_code(contract)
@@ -91,8 +92,9 @@ def prepare_script(contract: TrainingContract) -> list[str]:
         raise ScriptError(f"pip could not install {err.requirements.name} from source_dir: {err}") from None
     for folder in (contract.paths.model_dir, contract.paths.output_data_dir):  # SageMaker creates them too
         folder.mkdir(parents=True, exist_ok=True)
+    # The ranks get this process's environment (byoc.launch.launcher): the toolkit's variables go there.
     os.environ.update(sm_environment(contract))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code_dir), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code_dir), settings.python_path]))
     os.chdir(code_dir)  # the toolkit runs scripts from their folder
     args = user_arguments(contract.hyperparameters)
     logger.info("script mode: running %s %s", program, " ".join(mask_secrets(args)))

@@ -2,8 +2,8 @@
 unchanged, while this process keeps only its last 64 KB, so that a failure can be reported with
 the script's last error line (`python -m byoc.launch.script_rank COMMAND...`).
 
-Nothing is copied to disk: before, the launcher teed each rank's stderr into a temporary file
-without a cap, and read that whole file back to quote one line.
+Nothing is copied to disk: a script may write any amount to stderr, and the failure record needs
+only its last error line.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 from byoc.launch.launcher import describe_exit, exit_code_of, rank_failure_recorded, write_rank_failure
+from byoc.launch.settings import RankSettings
 
 TAIL_BYTES = 64 * 1024
 CHUNK = 64 * 1024
@@ -30,8 +31,10 @@ def last_error_line(tail: bytes) -> str | None:
     return next((line.strip() for line in reversed(lines) if line.strip()), None)
 
 
-def run(command: list[str]) -> int:
-    """Run `command`, pass its stderr through, and leave a failure record if it fails without one."""
+def run(command: list[str], rank: RankSettings | None = None) -> int:
+    """Run `command`, pass its stderr through, and leave a failure record if it fails without one;
+    `rank`: where the launcher wants it (default: read from the environment, now)."""
+    rank = rank or RankSettings.from_env()
     # The launcher signals the whole process group, so the script gets SIGTERM itself; this process
     # only waits for it (a handler, not SIG_IGN, which the script would inherit).
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -46,10 +49,10 @@ def run(command: list[str]) -> int:
         tail += chunk
         del tail[:-TAIL_BYTES]
     code = child.wait()
-    if code and not rank_failure_recorded():  # a script on byoc's runtime (code/train.py) leaves its own
+    if code and not rank_failure_recorded(rank):  # a script on byoc's runtime (code/train.py) leaves its own
         line = last_error_line(bytes(tail))
         detail = f"the process {describe_exit(code)}"
-        write_rank_failure(f"{detail}; its last error: {line}" if line else detail, exit_code_of(code))
+        write_rank_failure(rank, f"{detail}; its last error: {line}" if line else detail, exit_code_of(code))
     return code if code >= 0 else 128 - code
 
 

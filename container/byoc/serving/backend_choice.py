@@ -2,8 +2,9 @@
 
 `choose(backend, precision, host)` decides from a `Host` (an NVIDIA GPU or not, ONNX Runtime's
 execution providers, the model's files) and the two settings, BYOC_INFERENCE_BACKEND and
-BYOC_INFERENCE_PRECISION. It imports nothing heavy and reads nothing itself, so every hardware
-and software combination is a unit test (tests/test_backend_choice.py).
+BYOC_INFERENCE_PRECISION (read with the server's others: byoc.serving.settings.InferenceSettings).
+It imports nothing heavy and reads nothing itself, so every hardware and software combination is a
+unit test (tests/test_backend_choice.py).
 
 The rules, with both settings on `auto`:
 - no GPU: ONNX Runtime on the CPU, fp32 (about a second to start, no torch import);
@@ -18,15 +19,14 @@ The rules, with both settings on `auto`:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from byoc.errors import UserError
 from byoc.serving.cuda_provider import CUDA_EP
 
-BACKEND_ENV = "BYOC_INFERENCE_BACKEND"  # auto (default), onnxruntime or torch
-PRECISION_ENV = "BYOC_INFERENCE_PRECISION"  # auto (default), fp32, fp16, bf16 or int8
-COMPILE_ENV = "BYOC_INFERENCE_COMPILE"  # torch on CUDA: 1 captures each bucket shape as a CUDA graph
+INFERENCE_BACKEND_ENV = "BYOC_INFERENCE_BACKEND"  # auto (default), onnxruntime or torch
+INFERENCE_PRECISION_ENV = "BYOC_INFERENCE_PRECISION"  # auto (default), fp32, fp16, bf16 or int8
+INFERENCE_COMPILE_ENV = "BYOC_INFERENCE_COMPILE"  # torch on CUDA: 1 captures each bucket shape as a CUDA graph
 BACKENDS = ("auto", "onnxruntime", "torch")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16", "int8")
 HALF = "half"  # torch on CUDA: bf16 where the GPU supports it, else fp16 (decided once torch is imported)
@@ -84,46 +84,28 @@ class Plan:
         return f"{self.backend} on {self.device}, {self.precision} ({self.why})"
 
 
-def read_settings(env: Mapping[str, str]) -> tuple[str, str]:
-    """(backend, precision) from the environment; an empty variable is unset."""
-    backend = (env.get(BACKEND_ENV) or "").strip().lower() or "auto"
-    if backend not in BACKENDS:
-        raise BackendError(f"{BACKEND_ENV}={backend!r}: use auto, onnxruntime or torch")
-    precision = (env.get(PRECISION_ENV) or "").strip().lower() or "auto"
-    if precision not in PRECISIONS:
-        raise BackendError(f"{PRECISION_ENV}={precision!r}: use auto, fp32, fp16, bf16 or int8")
-    return backend, precision
-
-
-def read_compile(env: Mapping[str, str]) -> bool:
-    raw = (env.get(COMPILE_ENV) or "").strip().lower()
-    if raw in ("", "0", "false", "no", "off"):
-        return False
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    raise BackendError(f"{COMPILE_ENV}={raw!r}: use 1 or 0")
-
-
 def choose(backend: str, precision: str, host: Host) -> Plan:
     """The backend, device and precision for these settings on this host (BackendError if impossible)."""
     missing = " and ".join(host.missing)
     if precision == "int8":
         # ONNX Runtime's int8 kernels run on the CPU; asked for explicitly, honoured on any instance.
         if backend == "torch" or missing:
-            cause = f"{BACKEND_ENV}=torch" if backend == "torch" else f"{missing} is missing"
-            raise BackendError(f"{PRECISION_ENV}=int8 needs the ONNX Runtime backend, and {cause}")
+            cause = f"{INFERENCE_BACKEND_ENV}=torch" if backend == "torch" else f"{missing} is missing"
+            raise BackendError(f"{INFERENCE_PRECISION_ENV}=int8 needs the ONNX Runtime backend, and {cause}")
         return Plan("onnxruntime", "cpu", "int8", "int8 is ONNX Runtime's, on the CPU")
     if backend == "onnxruntime" and missing:
-        raise BackendError(f"{BACKEND_ENV}=onnxruntime but {missing} is missing; unset it to serve with torch")
+        raise BackendError(
+            f"{INFERENCE_BACKEND_ENV}=onnxruntime but {missing} is missing; unset it to serve with torch"
+        )
     if backend == "onnxruntime" and precision == "bf16":
         raise BackendError(
-            f"{PRECISION_ENV}=bf16 is torch's: ONNX Runtime serves fp32, fp16 (on CUDA) or int8; "
-            f"use {PRECISION_ENV}=fp16, or {BACKEND_ENV}=torch"
+            f"{INFERENCE_PRECISION_ENV}=bf16 is torch's: ONNX Runtime serves fp32, fp16 (on CUDA) or int8; "
+            f"use {INFERENCE_PRECISION_ENV}=fp16, or {INFERENCE_BACKEND_ENV}=torch"
         )
     if backend == "auto":
         backend, why = _auto_backend(precision, host, missing)
     else:
-        why = f"{BACKEND_ENV}={backend}"
+        why = f"{INFERENCE_BACKEND_ENV}={backend}"
     if backend == "torch":
         device = "cuda" if host.gpu else "cpu"
         chosen = (HALF if device == "cuda" else "fp32") if precision == "auto" else precision
@@ -131,8 +113,8 @@ def choose(backend: str, precision: str, host: Host) -> Plan:
     device = "cuda" if host.cuda_ep else "cpu"
     if device == "cpu" and precision == "fp16":
         raise BackendError(
-            f"{PRECISION_ENV}=fp16 on ONNX Runtime needs its CUDA execution provider (onnxruntime-gpu on a "
-            f"GPU instance); on the CPU use fp32 or int8, or {BACKEND_ENV}=torch"
+            f"{INFERENCE_PRECISION_ENV}=fp16 on ONNX Runtime needs its CUDA execution provider (onnxruntime-gpu on a "
+            f"GPU instance); on the CPU use fp32 or int8, or {INFERENCE_BACKEND_ENV}=torch"
         )
     if host.gpu and device == "cpu":
         why += f"; on the CPU: this onnxruntime has no {CUDA_EP} (install onnxruntime-gpu)"

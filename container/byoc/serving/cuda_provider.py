@@ -8,8 +8,9 @@ CUDA provider does not fail: ONNX Runtime logs a line and runs on the CPU. `chec
 that into an error that says so, which `model_fn` answers by serving with torch on CUDA instead (or
 by failing, where BYOC_INFERENCE_BACKEND=onnxruntime insists).
 
-Nothing here was run on a GPU in the session that wrote it (docs/serving.md says what was checked
-on the CPU and what a GPU machine must confirm: `make test-gpu`, `make bench-gpu`).
+The tests run this module on the CPU only: they check the options, the refusal of a session that
+fell back to the CPU, and the fp16 conversion. That the provider loads and how fast it runs is what
+`make test-gpu` and `make bench-gpu` check on a GPU (docs/serving.md, docs/status.md).
 """
 
 from __future__ import annotations

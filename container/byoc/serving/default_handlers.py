@@ -26,9 +26,12 @@ from typing import Any, cast
 import numpy as np
 
 from byoc.serving import backend_choice, buckets, negotiation, runtimes
-from byoc.serving.backend_choice import BACKEND_ENV, PRECISION_ENV  # noqa: F401  (the settings' names, as before)
+from byoc.serving.backend_choice import INFERENCE_BACKEND_ENV, INFERENCE_PRECISION_ENV
 from byoc.serving.request_errors import InputError, InvalidAnswer, NotAcceptable, UnsupportedMediaType
-from byoc.serving.runtimes import inference_threads  # noqa: F401  (re-exported: byoc.serving.handler_loader and users import it here)
+from byoc.serving.settings import InferenceSettings
+
+# The variables' names under the ones byoc.inference gave them before they had a module of their own.
+BACKEND_ENV, PRECISION_ENV = INFERENCE_BACKEND_ENV, INFERENCE_PRECISION_ENV
 
 MAX_BATCH = buckets.CPU.max_rows  # texts run through the model at once on the CPU; larger requests are split
 TOKEN_BUDGET = buckets.CPU.token_budget  # padded tokens per CPU forward pass: small batches pad least
@@ -37,6 +40,28 @@ CONTENT_TYPES = ("application/json", "text/csv", "text/plain", *JSON_LINES)
 ACCEPT_TYPES = ("application/json", "text/csv", *JSON_LINES)
 
 logger = logging.getLogger("byoc.inference")
+
+# Set once by the server as it starts (byoc.serving.model_server): model_fn's signature is the
+# handler contract's, and a user's model_fn that calls this one passes nothing either.
+_settings: InferenceSettings | None = None
+
+
+def configure(settings: InferenceSettings) -> None:
+    """The settings `model_fn` loads with, for the whole process (the server's, read at its start,
+    with `threads` its share of the cores)."""
+    global _settings
+    _settings = settings
+
+
+def current_settings() -> InferenceSettings:
+    """The server's settings; outside `byoc serve` (a notebook, a test), the environment's, read now."""
+    return _settings if _settings is not None else InferenceSettings.from_env()
+
+
+def inference_threads(settings: InferenceSettings | None = None) -> int:
+    """Threads one worker's model may use: OMP_NUM_THREADS, else (in the server) the cores / workers,
+    else every core. Users' model_fn size their own sessions with it (byoc.handlers re-exports it)."""
+    return (settings or current_settings()).threads or os.cpu_count() or 1
 
 
 def model_fn(model_dir: str) -> dict[str, Any]:
@@ -51,19 +76,19 @@ def model_fn(model_dir: str) -> dict[str, Any]:
     Either way the result has the same keys; `logits(feeds)` runs one padded batch of numpy arrays.
     """
     folder = Path(model_dir)
-    backend, precision = backend_choice.read_settings(os.environ)
-    compiled = backend_choice.read_compile(os.environ)
+    settings = current_settings()
+    backend, precision = settings.backend, settings.precision
     plan = backend_choice.choose(backend, precision, runtimes.describe(folder, gpu=nvidia_gpu()))
     logger.info("serving with %s", plan)
     if plan.backend == "onnxruntime":
         try:
-            return runtimes.load_onnx(folder, plan)
+            return runtimes.load_onnx(folder, plan, inference_threads(settings))
         except RuntimeError as err:  # GraphError: a stale graph is never used; a CUDA EP that did not load
             if plan.precision == "int8" or backend == "onnxruntime":
                 raise
             plan = backend_choice.fallback(plan, precision, str(err))
             logger.warning("serving with torch instead of ONNX Runtime: %s", err)
-    return runtimes.load_torch(folder, plan, compiled=compiled)
+    return runtimes.load_torch(folder, plan, compiled=settings.compile)
 
 
 def nvidia_gpu() -> bool:
@@ -73,9 +98,9 @@ def nvidia_gpu() -> bool:
 def choose_backend(model_dir: Path, int8: bool = False, gpu: bool | None = None) -> str:
     """onnxruntime or torch for this model, with BYOC_INFERENCE_BACKEND (`gpu`: default, whether an
     NVIDIA GPU is present); byoc.serving.backend_choice.choose has the whole plan."""
-    backend, precision = backend_choice.read_settings(os.environ)
+    settings = current_settings()
     host = runtimes.describe(Path(model_dir), gpu=nvidia_gpu() if gpu is None else gpu)
-    return backend_choice.choose(backend, "int8" if int8 else precision, host).backend
+    return backend_choice.choose(settings.backend, "int8" if int8 else settings.precision, host).backend
 
 
 def input_fn(body: bytes | str, content_type: str = "application/json") -> dict[str, Any]:

@@ -13,7 +13,6 @@ import functools
 import importlib.util
 import inspect
 import logging
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,18 +89,37 @@ def _import(path: Path) -> ModuleType:
         spec.loader.exec_module(module)
     except BaseException as err:  # SystemExit too (argparse at import): a failed start, never a server left at 503
         del sys.modules[name]
-        hint = " (code that parses arguments or exits belongs under `if __name__ == '__main__':`)"
-        raise HandlerError(
-            f"cannot import {path}: {type(err).__name__}: {err}{hint if isinstance(err, SystemExit) else ''}"
-        ) from None
+        raise HandlerError(f"cannot import {path}: {type(err).__name__}: {err}{_hint(err)}") from None
     return module
 
 
-def load_handlers(model_dir: Path) -> Handlers:
-    """The default handlers (`byoc.serving.default_handlers`), overridden by `model_dir/code/inference.py` (or
-    `$SAGEMAKER_PROGRAM`), after installing `model_dir/code/requirements.txt`."""
+# What the full images (Dockerfile.gpu, Dockerfile.neuron) hold and the serving image (Dockerfile.serve) does
+# not: torch, and the packages requirements/runtime.txt lists and requirements/serve.txt leaves out (tested).
+FULL_IMAGE_MODULES = frozenset(
+    ("torch", "transformers", "datasets", "accelerate", "safetensors", "sagemaker_training")
+    + ("pandas", "pyarrow", "matplotlib", "tensorboard", "onnx")
+)
+
+
+def _hint(err: BaseException) -> str:
+    """What to change, where the error alone does not say it."""
+    if isinstance(err, SystemExit):
+        return " (code that parses arguments or exits belongs under `if __name__ == '__main__':`)"
+    missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
+    if missing and missing.partition(".")[0] in FULL_IMAGE_MODULES:
+        return (
+            f" ({missing} is in the full images, not in the serving image, Dockerfile.serve: serve this model with "
+            "Dockerfile.gpu (`./build_and_push.sh gpu`, for CPU or GPU instances) or Dockerfile.neuron)"
+        )
+    return ""
+
+
+def load_handlers(model_dir: Path, program: str = "inference.py") -> Handlers:
+    """The default handlers (`byoc.serving.default_handlers`), overridden by `model_dir/code/inference.py`
+    (or the `program` SAGEMAKER_PROGRAM names: `ServeSettings.program`), after installing
+    `model_dir/code/requirements.txt`."""
     user_dir = model_dir / "code"
-    user_file = user_dir / os.environ.get("SAGEMAKER_PROGRAM", "inference.py")
+    user_file = user_dir / program
     user = None
     if user_file.exists() and not _same_file(user_file, default_handlers.__file__):
         try:

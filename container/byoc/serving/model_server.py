@@ -23,6 +23,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from starlette.responses import Response
@@ -56,6 +58,33 @@ class ModelServer:
         self.batcher: Batcher | None = None
         self.busy_since: float | None = None  # when the inference call now running began
 
+    def start(self, on_death: Callable[[str], None]) -> asyncio.Future:
+        """Load the model in the inference thread and start batching (on the running event loop);
+        returns the load's future. `on_death(reason)` is called if the batching task dies: this
+        server then reports itself unable to serve (`problem()`) for good."""
+        loading = asyncio.get_running_loop().run_in_executor(self.executor, self.load)
+        self.batcher = Batcher(
+            self.predict_batch,
+            self.executor,
+            self.settings.max_batch,
+            self.settings.max_delay_ms / 1000,
+            self.settings.max_queued_inputs,
+            on_death=lambda reason: self._died(reason, on_death),
+        )
+        self.batcher.start()
+        return loading
+
+    def _died(self, reason: str, on_death: Callable[[str], None]) -> None:
+        self.fatal = f"this worker is restarting: {reason}"
+        on_death(reason)
+
+    async def stop(self) -> None:
+        """Stop batching and let the threads go (a hung handler's thread is a daemon: never waited for)."""
+        if self.batcher is not None:
+            await self.batcher.stop()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.handler_threads.shutdown(wait=False, cancel_futures=True)
+
     def load(self) -> None:
         """Runs in the inference thread at start-up (torch state stays on the thread that uses it)."""
         started = time.monotonic()
@@ -65,8 +94,8 @@ class ModelServer:
         # Progress bars are carriage-return noise in CloudWatch (transformers reads this at import).
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         try:
-            _split_cores(self.settings.workers)
-            self.handlers = load_handlers(self.settings.model_dir)
+            _split_cores(self.settings)
+            self.handlers = load_handlers(self.settings.model_dir, self.settings.program)
             accept_types = self.handlers.accept_types
             if accept_types and self.settings.default_accept not in accept_types:
                 raise HandlerError(
@@ -228,16 +257,18 @@ def _batch_shaped(data: Any) -> bool:
     )
 
 
-def _split_cores(workers: int) -> None:
+def _split_cores(settings: ServeSettings) -> None:
     """Several workers share the cores instead of each taking them all (oversubscribed threads slow
-    everything several-fold). OMP_NUM_THREADS is set before the handlers load: torch reads it at
-    import, and the default model_fn gives ONNX Runtime the same number."""
-    if "OMP_NUM_THREADS" not in os.environ:
-        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    everything several-fold): OMP_NUM_THREADS where set, else cores / workers. The default handlers
+    get the number with the rest of their settings (ONNX Runtime's threads), and OMP_NUM_THREADS is
+    written before the handlers load: torch reads it at import."""
+    threads = settings.inference.threads or max(1, (os.cpu_count() or 1) // settings.workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    default_handlers.configure(replace(settings.inference, threads=threads))
     torch = sys.modules.get("torch")  # imported already (a user's code): set it directly too
     if torch is not None:
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    logger.info("worker %d: %s inference threads", os.getpid(), os.environ["OMP_NUM_THREADS"])
+        torch.set_num_threads(threads)
+    logger.info("worker %d: %d inference threads", os.getpid(), threads)
 
 
 _LIBC: Any = None

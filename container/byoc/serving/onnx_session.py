@@ -3,6 +3,7 @@ on the CPU or on ONNX Runtime's CUDA execution provider, fp32, int8 or fp16."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import tempfile
 from pathlib import Path
@@ -87,6 +88,12 @@ class Session:
                 return session
             except GraphError as err:  # made for other weights: never used
                 logger.warning("not using %s: %s", INT8_GRAPH, err)
+        if importlib.util.find_spec("onnx") is None:  # the serving image (Dockerfile.serve) has ONNX Runtime only
+            raise GraphError(
+                f"int8: no {INT8_GRAPH} made from these weights, and making one at start needs the onnx package, "
+                f"which this image does not have: make it ahead with `byoc export-onnx --int8 {model_dir}` (or "
+                "serving_int8=true in training), or serve with a full image (Dockerfile.gpu)"
+            )
         check_layout(recorded_layout(model_dir / GRAPH), layout, model_dir)  # quantizing reads model.onnx
         logger.info("int8: quantizing %s at start (`byoc export-onnx --int8 %s` saves this step)", GRAPH, model_dir)
         self._scratch = tempfile.TemporaryDirectory(prefix="byoc-int8-")

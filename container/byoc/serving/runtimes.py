@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,18 +24,10 @@ from tokenizers import Tokenizer
 from byoc import model_folder
 from byoc.onnx_graph import GRAPH
 from byoc.serving import buckets, cuda_provider
-from byoc.serving.backend_choice import HALF, Host, Plan, torch_dtype_name
+from byoc.serving.backend_choice import HALF, BackendError, Host, Plan, torch_dtype_name
 from byoc.serving.onnx_session import Session
 
 logger = logging.getLogger("byoc.inference")
-
-
-def inference_threads() -> int:
-    """Threads one worker's model may use: OMP_NUM_THREADS (the server sets it to cores / workers)."""
-    try:
-        return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
-    except ValueError:
-        return os.cpu_count() or 1
 
 
 def describe(model_dir: Path, gpu: bool) -> Host:
@@ -74,7 +65,8 @@ def clip(inputs: list[str | tuple[str, str]], tokens: int, side: str = "right") 
     return [cut(x) if isinstance(x, str) else (cut(x[0]), cut(x[1])) for x in inputs]
 
 
-def load_onnx(model_dir: Path, plan: Plan) -> dict[str, Any]:
+def load_onnx(model_dir: Path, plan: Plan, threads: int) -> dict[str, Any]:
+    """The model on ONNX Runtime, its session running `threads` threads (`inference_threads`)."""
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     tokenizer_config_path = model_dir / "tokenizer_config.json"
     tokenizer_config = (
@@ -90,7 +82,7 @@ def load_onnx(model_dir: Path, plan: Plan) -> dict[str, Any]:
     pad_id = tokenizer.token_to_id(pad["content"] if isinstance(pad, dict) else pad) or 0
     session = Session(
         model_dir,
-        inference_threads(),
+        threads,
         int8=plan.precision == "int8",
         device=plan.device,
         fp16=plan.precision == "fp16",
@@ -122,8 +114,13 @@ def load_onnx(model_dir: Path, plan: Plan) -> dict[str, Any]:
 
 def load_torch(model_dir: Path, plan: Plan, compiled: bool = False) -> dict[str, Any]:
     # Imported only here: the ONNX Runtime path starts in about a second because it never imports them.
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    try:
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    except ModuleNotFoundError as err:
+        if err.name not in ("torch", "transformers"):
+            raise
+        raise BackendError(needs_full_image(plan, err.name)) from None
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False)
@@ -170,6 +167,16 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False) -> dict[str,
         "device": device.type,
         "precision": str(dtype).removeprefix("torch."),
     }
+
+
+def needs_full_image(plan: Plan, missing: str) -> str:
+    """Why this model cannot be served here: it needs torch, and this is the serving image, which has none."""
+    return (
+        f"this model is served on torch ({plan.why}), and this image has no {missing}: the serving image "
+        "(Dockerfile.serve) serves models that carry model.onnx, on ONNX Runtime. Serve it with a full image, "
+        "Dockerfile.gpu (`./build_and_push.sh gpu`, for CPU or GPU instances) or Dockerfile.neuron, or write its "
+        "serving graph with `byoc export-onnx MODEL_DIR` where torch is installed"
+    )
 
 
 def _compile(torch: Any, model: Any, device: str, passes: buckets.Buckets) -> Any:

@@ -39,7 +39,7 @@ from starlette.routing import Route
 
 from byoc.logs import configure_logging
 from byoc.serving import connections
-from byoc.serving.batching import Batcher, BatcherStopped, QueueFull
+from byoc.serving.batching import BatcherStopped, QueueFull
 from byoc.serving.handler_loader import InputError
 from byoc.serving.model_server import ModelServer, tune_malloc
 from byoc.serving.request_errors import InvalidAnswer
@@ -75,17 +75,7 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
-        loop = asyncio.get_running_loop()
-        loading = loop.run_in_executor(server.executor, server.load)
-        server.batcher = Batcher(
-            server.predict_batch,
-            server.executor,
-            settings.max_batch,
-            settings.max_delay_ms / 1000,
-            settings.max_queued_inputs,
-            on_death=lambda reason: give_up(server, reason),
-        )
-        server.batcher.start()
+        loading = server.start(on_death=restart)
 
         def failed(_: asyncio.Future) -> None:
             if server.error:
@@ -96,9 +86,7 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
         # Requests uvicorn cut at the graceful limit are answering their 503 now: let them finish it.
         if open_requests:
             await asyncio.wait(list(open_requests), timeout=1.0)
-        await server.batcher.stop()
-        server.executor.shutdown(wait=False, cancel_futures=True)
-        server.handler_threads.shutdown(wait=False, cancel_futures=True)
+        await server.stop()
 
     async def ping(request: Request) -> Response:
         problem = server.problem()
@@ -225,12 +213,12 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
     )
 
 
-def give_up(server: ModelServer, reason: str) -> None:
+def restart(reason: str) -> None:
     """The batching task died (a fault in byoc: the handlers' faults are contained): this worker can
-    no longer serve. /ping answers 503 from now on, and the worker stops as on SIGTERM (requests in
-    flight are answered) and exits non-zero: SageMaker replaces a container that exits, uvicorn's
-    supervisor a worker. A fresh process is the only state known to be sound."""
-    server.fatal = f"this worker is restarting: {reason}"
+    no longer serve. /ping answers 503 from now on (the model server says so), and the worker stops
+    as on SIGTERM (requests in flight are answered) and exits non-zero: SageMaker replaces a
+    container that exits, uvicorn's supervisor a worker. A fresh process is the only state known to
+    be sound."""
     logger.error("cannot serve any more (%s); stopping so that the platform replaces this worker", reason)
     os.kill(os.getpid(), signal.SIGTERM)
 

@@ -1,4 +1,5 @@
-"""`byoc serve`'s settings: SageMaker's variables and byoc's own, read and checked once, at start.
+"""`byoc serve`'s settings: SageMaker's variables and byoc's own, read and checked once, at start
+(byoc.environment), and passed down; docs/settings.md lists them all.
 
 A value that is not a number, or out of its range (`BYOC_MAX_BATCH_SIZE=0` made every request fail,
 a negative one hung them), stops the server at start with a message naming the variable, instead of
@@ -7,20 +8,46 @@ failing the requests. An empty variable is unset.
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from byoc.contract import Paths, base_dir
-from byoc.errors import UserError
+from byoc.contract import Paths
+from byoc.environment import Environment, SettingError
+from byoc.logs import log_level
+from byoc.serving.backend_choice import (
+    BACKENDS,
+    INFERENCE_BACKEND_ENV,
+    INFERENCE_COMPILE_ENV,
+    INFERENCE_PRECISION_ENV,
+    PRECISIONS,
+)
 
 JSON = "application/json"
 
 
-class ServeSettingsError(UserError, ValueError):
+class ServeSettingsError(SettingError):
     """A serving variable the server cannot run with: the message names it and its allowed range."""
+
+
+@dataclass(frozen=True)
+class InferenceSettings:
+    """How the default handlers load the model (byoc.serving.default_handlers, byoc.serving.backend_choice)."""
+
+    backend: str = "auto"  # BYOC_INFERENCE_BACKEND: auto, onnxruntime or torch
+    precision: str = "auto"  # BYOC_INFERENCE_PRECISION: auto, fp32, fp16, bf16 or int8
+    compile: bool = False  # BYOC_INFERENCE_COMPILE: torch compiles per bucket shape
+    threads: int | None = None  # OMP_NUM_THREADS: the model's threads; None: the server's share of the cores
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> InferenceSettings:
+        read = Environment(env, error=ServeSettingsError)
+        return cls(
+            backend=read.choice(INFERENCE_BACKEND_ENV, "auto", BACKENDS),
+            precision=read.choice(INFERENCE_PRECISION_ENV, "auto", PRECISIONS),
+            compile=read.flag(INFERENCE_COMPILE_ENV),
+            threads=read.integer("OMP_NUM_THREADS", None, 1),
+        )
 
 
 @dataclass(frozen=True)
@@ -46,24 +73,27 @@ class ServeSettings:
     header_timeout: float = 15.0  # a request's headers complete within this of their first byte (408)
     body_timeout: float = 30.0  # a request's body complete within this of its headers (408)
     max_header_bytes: int = 64 * 1024  # a request's line and headers (431 above)
+    program: str = "inference.py"  # the handler file in model/code/
+    inference: InferenceSettings = InferenceSettings()
+    log_level: str = "INFO"  # BYOC_LOG_LEVEL (byoc.logs sets it up; read here to stop on a bad value)
 
     @classmethod
-    def from_env(cls) -> ServeSettings:
-        env = os.environ
-        read = _Reader(env)
-        timeout_name = (
-            "SAGEMAKER_MODEL_SERVER_TIMEOUT"
-            if env.get("SAGEMAKER_MODEL_SERVER_TIMEOUT") or not env.get("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS")
-            else "SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS"
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ServeSettings:
+        read = Environment(env, error=ServeSettingsError)
+        timeout_name = (  # SageMaker's newer name, where only it is set
+            "SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS"
+            if read.is_set("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS")
+            and not read.is_set("SAGEMAKER_MODEL_SERVER_TIMEOUT")
+            else "SAGEMAKER_MODEL_SERVER_TIMEOUT"
         )
         settings = cls(
-            model_dir=Paths(base_dir()).model_dir,  # the training contract's rule: an empty variable is unset
+            model_dir=Paths.from_env(env).model_dir,  # the training contract's rule: an empty variable is unset
             port=read.integer("SAGEMAKER_BIND_TO_PORT", 8080, 1, 65535),
             workers=read.integer("SAGEMAKER_MODEL_SERVER_WORKERS", 1, 1),
             timeout=read.number(timeout_name, 60.0, positive=True),
             max_payload_mb=read.number("SAGEMAKER_MAX_PAYLOAD_IN_MB", 6.0, positive=True),
-            default_accept=_media_type(env.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or JSON),
-            batch_strategy=env.get("SAGEMAKER_BATCH_STRATEGY") or "MULTI_RECORD",
+            default_accept=_media_type(read.text("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or JSON),
+            batch_strategy=read.text("SAGEMAKER_BATCH_STRATEGY") or "MULTI_RECORD",
             max_concurrent_transforms=read.integer("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", 0, 0),
             max_batch=read.integer("BYOC_MAX_BATCH_SIZE", 128, 1),
             max_delay_ms=read.number("BYOC_MAX_BATCH_DELAY_MS", 0.0),
@@ -75,6 +105,9 @@ class ServeSettings:
             header_timeout=read.number("BYOC_HEADER_TIMEOUT", 15.0, positive=True),
             body_timeout=read.number("BYOC_BODY_TIMEOUT", 30.0, positive=True),
             max_header_bytes=read.integer("BYOC_MAX_HEADER_BYTES", 64 * 1024, 1024),
+            program=read.text("SAGEMAKER_PROGRAM") or "inference.py",
+            inference=InferenceSettings.from_env(env),
+            log_level=log_level(read),
         )
         connections = read.integer("BYOC_MAX_CONNECTIONS", 4 * settings.max_concurrency, 1)
         if connections < settings.max_concurrency:
@@ -93,37 +126,6 @@ class ServeSettings:
     @property
     def max_payload_bytes(self) -> int:
         return int(self.max_payload_mb * 1024 * 1024)
-
-
-class _Reader:
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self.env = env
-
-    def integer(self, name: str, default: int, minimum: int, maximum: int | None = None) -> int:
-        raw = (self.env.get(name) or "").strip()
-        if not raw:
-            return default
-        try:
-            value = int(raw)
-        except ValueError:
-            value = None
-        if value is None or value < minimum or (maximum is not None and value > maximum):
-            bound = f"from {minimum} to {maximum}" if maximum is not None else f"of at least {minimum}"
-            raise ServeSettingsError(f"{name}={raw!r}: must be a whole number {bound} (default {default})")
-        return value
-
-    def number(self, name: str, default: float, positive: bool = False) -> float:
-        raw = (self.env.get(name) or "").strip()
-        if not raw:
-            return default
-        try:
-            value = float(raw)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or value < 0 or (positive and value == 0):
-            bound = "greater than 0" if positive else "0 or more"
-            raise ServeSettingsError(f"{name}={raw!r}: must be a number {bound} (default {default:g})")
-        return value
 
 
 def _media_type(value: str) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,16 +19,15 @@ from byoc import onnx_graph
 from byoc.training.buckets import IGNORE_LABEL
 from byoc.training.model import ModelError
 from byoc.training.samplers import length_order
+from byoc.training.settings import CODE_DIR_ENV
 
 logger = logging.getLogger("byoc.artifact")
 
-CODE_DIR_ENV = "BYOC_CODE_DIR"
 
-
-def default_code_dir() -> Path:
-    """The inference code copied into every model's code/ (`$BYOC_CODE_DIR`, the image's /opt/byoc/code,
-    else the repository's `code/` when byoc runs from a checkout)."""
-    for candidate in (os.environ.get(CODE_DIR_ENV), Path(__file__).resolve().parents[2] / "code"):
+def default_code_dir(configured: Path | None = None) -> Path:
+    """The inference code copied into every model's code/: `configured` (the settings' `code_dir`,
+    BYOC_CODE_DIR: the image's /opt/byoc/code), else the repository's `code/` when byoc runs from a checkout."""
+    for candidate in (configured, Path(__file__).resolve().parents[3] / "code"):
         if candidate and (Path(candidate) / "inference.py").exists():
             return Path(candidate)
     raise ModelError(

@@ -56,7 +56,9 @@ class StopOnSignal(TrainerCallback):
     Before training starts (data, tokenizing, model loading) it raises `Interrupted` at once:
     there is nothing to save. Once training runs (`arm`) it only sets a flag: at the end of the
     current step, or at the next batch of an evaluation, every rank saves and stops together.
-    After training (`finishing`), the final evaluation is cut short the same way.
+    After training the job arms it again for the final evaluation, which is cut short the same way,
+    and then for the test predictions (phase "writing predictions"), which are not cut short: they
+    are seconds from the end, so the job finishes them.
     """
 
     def __init__(self) -> None:

@@ -24,6 +24,7 @@ from transformers import TrainerCallback
 
 from byoc.training import xla
 from byoc.training.arguments import TrainArguments
+from byoc.training.settings import INDUCTOR_CACHE_ENV
 
 logger = logging.getLogger("byoc.compiled")
 
@@ -42,20 +43,20 @@ def compile_arguments(args: TrainArguments, compile: bool, use_xla: bool, cuda: 
 
 
 COMPILE_CACHE_DIR = "torch-compile-cache"  # under the checkpoint folder: synced to S3, kept across spot restarts
-CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
-def persistent_cache(checkpoint_dir: Path) -> Path:
+def persistent_cache(checkpoint_dir: Path, given: str | None) -> Path:
     """Keep torch.compile's caches (inductor's compiled graphs and kernels, AOTAutograd's) under the
     checkpoint folder, so a spot restart or a later job with the same shapes loads its compiled steps
-    instead of compiling them again (minutes). A TORCHINDUCTOR_CACHE_DIR the user set wins."""
+    instead of compiling them again (minutes). `given`: the TORCHINDUCTOR_CACHE_DIR the user set
+    (the settings' `compile_cache`), which wins."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
     from torch._inductor.utils import clear_caches
 
     # torch writes its default into the variable the first time it looks: that one is not the user's.
-    given = os.environ.get(CACHE_ENV)
     cache = Path(given) if given and given != default_cache_dir() else checkpoint_dir / COMPILE_CACHE_DIR
-    os.environ[CACHE_ENV] = str(cache)
+    # Inductor, and the compile workers it starts, read the folder from the environment only.
+    os.environ[INDUCTOR_CACHE_ENV] = str(cache)
     clear_caches()  # paths torch derived from the old directory
     return cache
 

@@ -1,4 +1,4 @@
-"""The training job as named steps, in the order `run_training` runs them:
+"""The training job as named steps, in the order `main` runs them:
 
     prepare(contract, args)            device, model source, data, tokenizer, tokens, shards, buckets
     load_model(...)                    the classifier with the job's labels (byoc.training.model)
@@ -14,9 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import platform
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -26,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerState
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from byoc import __version__
 from byoc.contract import TrainingContract
@@ -45,12 +43,11 @@ from byoc.training.model import ModelError, ModelSource, load_tokenizer, model_m
 from byoc.training.model import load_model as _load_model  # job.load_model is the step
 from byoc.training.precision import Precision
 from byoc.training.samplers import FixedShapeSampler
+from byoc.training.settings import TrainingSettings, current
 from byoc.training.tokenization import tokenize_splits
 from byoc.training.trainer import ClassifierTrainer, build_trainer
 
 logger = logging.getLogger("byoc.job")
-
-CACHE_DIR_ENV = "BYOC_CACHE_DIR"
 
 
 @dataclass
@@ -75,8 +72,9 @@ class Job:
         return self.data.label_names
 
 
-def run_training(contract: TrainingContract, args: TrainArguments) -> dict[str, Any]:
-    """Run one training job (or this rank's part of it) end to end; return the final metrics."""
+def main(contract: TrainingContract, args: TrainArguments) -> dict[str, Any]:
+    """byoc's training job (or this rank's part of it), end to end; returns the final metrics.
+    `byoc train` runs it under `byoc.cli.run_job`, as `code/train.py` runs its own `main`."""
     with stop_on_sigterm() as stop:
         job = prepare(contract, args)
         model = load_model(job)
@@ -98,25 +96,26 @@ def stop_on_sigterm() -> Iterator[StopOnSignal]:
         stop.uninstall()
 
 
-def cache_dir_for() -> Path:
+def cache_dir_for(settings: TrainingSettings) -> Path:
     """Writable scratch for tokenized data and unpacked models; never under input/data (may be read-only)."""
-    root = Path(os.environ.get(CACHE_DIR_ENV) or Path(tempfile.gettempdir()) / "byoc-cache")
+    root = settings.cache_dir
     root.mkdir(parents=True, exist_ok=True)
     return root
 
 
-def prepare(contract: TrainingContract, args: TrainArguments) -> Job:
+def prepare(contract: TrainingContract, args: TrainArguments, settings: TrainingSettings | None = None) -> Job:
     """The device, the model's source, the data and its tokens; the shards and buckets every rank agrees on."""
-    use_xla = xla.wants_xla(args.device)
+    settings = settings or current()  # the job's, as byoc.cli.run_job configured them
+    use_xla = xla.wants_xla(args.device, settings)
     if use_xla:
-        xla.prepare_environment(contract.checkpoint_folder)
+        xla.prepare_environment(contract.checkpoint_folder, settings.xla)
     elif args.device == "cuda" and not torch.cuda.is_available():
         raise ModelError("device=cuda but no CUDA GPU is visible: use a GPU instance (ml.g5, ml.p4d...) or device=auto")
-    distributed.setup()
+    distributed.setup(settings.rank)
     transformers.set_seed(args.seed)
     transformers.utils.logging.disable_progress_bar()  # byoc logs progress as lines
-    code_dir = default_code_dir()  # fail before hours of training, not after
-    cache_dir = cache_dir_for()
+    code_dir = default_code_dir(settings.code_dir)  # fail before hours of training, not after
+    cache_dir = cache_dir_for(settings)
     with distributed.host_leader_first():  # one rank per host fills the caches, the others reuse them
         source = resolve_model(args, contract, cache_dir)
         logger.info("model: %s (%s)", source.path, source.origin)
@@ -137,12 +136,12 @@ def prepare(contract: TrainingContract, args: TrainArguments) -> Job:
     logger.info("precision: %s (%s)%s", chosen.name, chosen.reason, "; step compiled" if chosen.compile else "")
     args = dataclasses.replace(args, torch_compile=chosen.compile)  # later steps see the decision
     if chosen.compile and not use_xla:
-        logger.info("torch.compile cache: %s", persistent_cache(contract.checkpoint_folder))
+        logger.info("torch.compile cache: %s", persistent_cache(contract.checkpoint_folder, settings.compile_cache))
     buckets = None
     if use_xla:
-        xla.initialize(contract.checkpoint_folder)
+        xla.initialize(contract.checkpoint_folder, settings.xla)
     if wants_buckets(chosen.compile, use_xla):
-        buckets = choose_job_buckets(tokenized, args, tokenizer)
+        buckets = choose_job_buckets(tokenized, args, tokenizer, use_xla)
     if args.neuron_precompile:
         if buckets is None:
             raise ModelError(
@@ -165,7 +164,7 @@ def load_model(job: Job) -> PreTrainedModel:
 
 def make_trainer(job: Job, model: PreTrainedModel) -> ClassifierTrainer:
     """The Trainer for this job's device and precision, with its shards and precompile mode."""
-    trainer = build_trainer(
+    return build_trainer(
         model,
         job.tokenizer,
         job.tokenized,
@@ -175,10 +174,8 @@ def make_trainer(job: Job, model: PreTrainedModel) -> ClassifierTrainer:
         job.buckets,
         job.use_xla,
         job.precision,
+        job.shard_consumers,
     )
-    trainer.precompile = job.args.neuron_precompile
-    trainer.shard_consumers = job.shard_consumers
-    return trainer
 
 
 def train_and_evaluate(job: Job, trainer: ClassifierTrainer, stop: StopOnSignal) -> dict[str, Any]:
@@ -196,10 +193,7 @@ def train_and_evaluate(job: Job, trainer: ClassifierTrainer, stop: StopOnSignal)
         logger.info("resuming from %s", resume)
     if resume is not None and _finished(resume):
         # Stopped during the final evaluation: training is complete, only the evaluation is left.
-        # (Trainer.train would run one step past max_steps when resumed at max_steps mid-epoch.)
-        trainer._load_from_checkpoint(str(resume))
-        trainer.state = TrainerState.load_from_json(str(resume / "trainer_state.json"))
-        train_metrics = next((h for h in reversed(trainer.state.log_history) if "train_runtime" in h), {})
+        train_metrics = trainer.resume_finished(resume)
     else:
         train_metrics = trainer.train(resume_from_checkpoint=str(resume) if resume else None).metrics
     if stop.stopped_at is not None:
@@ -217,7 +211,7 @@ def train_and_evaluate(job: Job, trainer: ClassifierTrainer, stop: StopOnSignal)
         with job.failures.kept("the final evaluation"):  # never at the cost of the trained model
             metrics.update(final_evaluation(trainer, job.tokenized, args))
     if stop.evaluation_stopped:  # training is done: keep it, and evaluate again on the rerun
-        trainer._save_checkpoint(trainer.model, None)
+        trainer.save_final_checkpoint()
         raise Interrupted(trainer.state.global_step, trainer.state.max_steps, checkpoint_dir, "the final evaluation")
     stop.arm("writing predictions")  # seconds from the end: finish rather than stop
     return metrics
@@ -295,7 +289,7 @@ def _job_summary(job: Job, trainer: ClassifierTrainer) -> dict[str, Any]:
 
 
 def choose_job_buckets(
-    tokenized: dict[str, Any], args: TrainArguments, tokenizer: PreTrainedTokenizerBase
+    tokenized: dict[str, Any], args: TrainArguments, tokenizer: PreTrainedTokenizerBase, use_xla: bool
 ) -> list[int]:
     """The compiled path's sequence-length buckets: as given, or chosen from the training data's lengths."""
     lengths = tokenized["train"]["length"]
@@ -304,7 +298,7 @@ def choose_job_buckets(
     logger.info(
         "%s: sequence buckets %s (padding efficiency %.3f: real tokens / padded tokens; one length of %d "
         "would give %.3f)",
-        "XLA" if xla.wants_xla(args.device) else "torch.compile",
+        "XLA" if use_xla else "torch.compile",
         buckets,
         padding_efficiency(lengths, buckets),
         max_length,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from transformers import (
     PreTrainedTokenizerBase,
     Trainer,
     TrainerCallback,
+    TrainerState,
     TrainingArguments,
 )
 from transformers.integrations import TensorBoardCallback
@@ -49,16 +49,42 @@ class ClassifierTrainer(Trainer):
     length-groups *and shuffles* evaluation when training is length-grouped).
     """
 
-    shard_consumers: list[int] | None = None  # set when each host trains on its own shard
-    buckets: list[int] | None = None  # fixed-shape length buckets (XLA, or torch_compile)
-    use_xla: bool = False
-    compile_report: CompileReport | None = None
-    precompile: bool = False  # neuron_precompile: one batch per shape, then stop
-
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        buckets: list[int] | None = None,
+        use_xla: bool = False,
+        shard_consumers: list[int] | None = None,
+        precompile: bool = False,
+        compiled: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        """`Trainer`'s own arguments, and byoc's: `buckets`, the fixed-shape length buckets (XLA, or
+        torch_compile); `use_xla`; `shard_consumers`, the ranks that read each host's shard when
+        each host trains on its own; `precompile` (neuron_precompile: one batch per shape, then stop);
+        `compiled`: the steps run under torch.compile (their graphs are counted, as XLA's are)."""
         super().__init__(*args, **kwargs)
+        self.buckets, self.use_xla = buckets, use_xla
+        self.shard_consumers, self.precompile = shard_consumers, precompile
         self.bucket_sampler: LengthBucketSampler | None = None
         self.add_callback(_SamplerEpoch(self))
+        self.compile_report: CompileReport | None = None
+        if use_xla or compiled:
+            self.compile_report = CompileReport(use_xla)
+            self.add_callback(self.compile_report)
+
+    def resume_finished(self, checkpoint: Path) -> dict[str, Any]:
+        """Load a checkpoint saved once training was complete (a stop during the final evaluation):
+        its weights and state, without training again. `Trainer.train` would run one step past
+        max_steps when resumed at max_steps mid-epoch. Returns the training's own metrics."""
+        self._load_from_checkpoint(str(checkpoint))
+        self.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+        return next((h for h in reversed(self.state.log_history) if "train_runtime" in h), {})
+
+    def save_final_checkpoint(self) -> None:
+        """A sealed checkpoint of the finished training (before a stop during the final evaluation):
+        the rerun resumes it with `resume_finished` and only evaluates."""
+        self._save_checkpoint(self.model, None)
 
     def _get_train_sampler(self, train_dataset=None):
         dataset: Any = train_dataset if train_dataset is not None else self.train_dataset
@@ -164,7 +190,7 @@ def on_cuda(args: TrainArguments, use_xla: bool, cuda: bool | None = None) -> bo
     if use_xla:
         return False
     cuda = torch.cuda.is_available() if cuda is None else cuda
-    gloo = distributed.is_distributed() and os.environ.get(distributed.BACKEND_ENV) == "gloo"
+    gloo = distributed.is_distributed() and distributed.backend() == "gloo"
     # A CPU job says so: accelerate treats several CPU processes as one data-parallel job only when
     # told they are CPU ones, and with transformers 4.55 it takes torch-xla's device wherever
     # torch-xla is installed (the Neuron image on a host without NeuronCores), fused AdamW and all.
@@ -204,9 +230,11 @@ def build_trainer(
     buckets: list[int] | None = None,
     use_xla: bool = False,
     chosen: Precision | None = None,
+    shard_consumers: list[int] | None = None,
 ) -> ClassifierTrainer:
     """The Trainer for this job; `buckets` (XLA, or torch_compile) switches to fixed-shape batches;
-    `chosen`: the job's precision (default: chosen here, from `args` and this machine)."""
+    `chosen`: the job's precision (default: chosen here, from `args` and this machine);
+    `shard_consumers`: the ranks reading each host's shard, when each host trains on its own."""
     compat.check_trainer_hooks(ClassifierTrainer.__mro__[1])  # the private methods overridden below
     cuda = on_cuda(args, use_xla)
     if chosen is None:
@@ -245,7 +273,7 @@ def build_trainer(
         **compile_arguments(args, compiling, use_xla, cuda),
         dataloader_num_workers=args.dataloader_num_workers,
         dataloader_pin_memory=cuda,
-        ddp_backend=os.environ.get(distributed.BACKEND_ENV) if distributed.is_distributed() and not use_xla else None,
+        ddp_backend=distributed.backend() if distributed.is_distributed() and not use_xla else None,
         # One label per row and equal per-rank batches: DDP's gradient average is already the global
         # mean. (transformers would otherwise scale the loss by the world size for token-count losses.)
         average_tokens_across_devices=False,
@@ -284,11 +312,12 @@ def build_trainer(
         processing_class=tokenizer,
         data_collator=collator,
         compute_metrics=compute_metrics,
+        buckets=buckets,
+        use_xla=use_xla,
+        shard_consumers=shard_consumers,
+        precompile=args.neuron_precompile,
+        compiled=compiling,
     )
-    trainer.buckets, trainer.use_xla = buckets, use_xla
-    if use_xla or compiling:
-        trainer.compile_report = CompileReport(use_xla)
-        trainer.add_callback(trainer.compile_report)
     for callback in (PrinterCallback, TqdmCallback):
         trainer.remove_callback(callback)
     samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * training_args.world_size

@@ -21,35 +21,34 @@ from typing import Any
 
 from byoc.errors import UserError
 from byoc.launch.devices import device_counts
-from byoc.launch.distributed import BACKEND_ENV
+from byoc.training.settings import TrainingSettings, XlaSettings
 
 logger = logging.getLogger("byoc.xla")
 
 COMPILE_CACHE_DIR = "neuron-compile-cache"  # under the checkpoint folder: synced to S3, kept across spot restarts
-BF16_CAVEAT_VARS = ("XLA_USE_BF16", "XLA_DOWNCAST_BF16")
-PRECOMPILING_ENV = "BYOC_PRECOMPILING"  # set inside neuron_parallel_compile's run of the job
 
 
 class XlaError(UserError, RuntimeError):
     """The XLA path cannot run as asked (e.g. the Neuron SDK's tools are missing)."""
 
 
-def wants_xla(device: str) -> bool:
+def wants_xla(device: str, settings: TrainingSettings) -> bool:
     """device=xla; or auto where NeuronCores are visible (or the launcher chose them)."""
     if device == "xla":
         return True
     if device != "auto":
         return False
-    if os.environ.get(BACKEND_ENV) == "xla":
+    if settings.rank.backend == "xla":
         return True
-    return device_counts()[1] > 0
+    return device_counts("local", settings.xla.neuron_cores)[1] > 0
 
 
-def parallel_compile_command(command: list[str]) -> list[str] | None:
+def parallel_compile_command(command: list[str], precompiling: bool, neuron_cores: int | None) -> list[str] | None:
     """neuron_precompile on NeuronCores: the job's command under the Neuron SDK's
     `neuron_parallel_compile`, which traces the graphs and compiles them in parallel into the
-    compile cache. None elsewhere (torch-xla on CPU compiles into its cache as the job runs)."""
-    if os.environ.get(PRECOMPILING_ENV) or not device_counts()[1]:
+    compile cache. None elsewhere (torch-xla on CPU compiles into its cache as the job runs), and
+    inside that run (`precompiling`). `neuron_cores`: the launch settings'."""
+    if precompiling or not device_counts("local", neuron_cores)[1]:
         return None
     tool = shutil.which("neuron_parallel_compile")
     if tool is None:
@@ -67,46 +66,52 @@ def keep_off_xla() -> None:
     os.environ["USE_TORCH_XLA"] = "0"
 
 
-def on_neuron() -> bool:
-    return os.environ.get("PJRT_DEVICE", "").upper() == "NEURON"
+def pjrt_device(settings: XlaSettings) -> str:
+    """torch-xla's device: PJRT_DEVICE as set, else NEURON where NeuronCores are visible, else CPU."""
+    return settings.pjrt_device or ("NEURON" if device_counts("local", settings.neuron_cores)[1] else "CPU")
 
 
-def prepare_environment(checkpoint_dir: Path) -> None:
+def on_neuron(settings: XlaSettings) -> bool:
+    return pjrt_device(settings).upper() == "NEURON"
+
+
+def compile_cache(checkpoint_dir: Path, settings: XlaSettings) -> str:
+    """Where the Neuron compiler keeps its graphs: NEURON_COMPILE_CACHE_URL as set, else the checkpoint folder's."""
+    return settings.neuron_compile_cache or str(checkpoint_dir / COMPILE_CACHE_DIR)
+
+
+def prepare_environment(checkpoint_dir: Path, settings: XlaSettings) -> None:
     """Set what must be set before torch_xla loads (transformers imports it with itself, so before
     that too): the PJRT device, how scalars enter graphs, the Neuron compiler's flags, and a
     persistent compile cache under the checkpoint folder (synced to checkpoint_s3_uri, so a spot
-    restart or a later job with the same shapes compiles nothing). Idempotent."""
+    restart or a later job with the same shapes compiles nothing). Idempotent. torch-xla and the
+    Neuron tools read these variables themselves: they are written here, from `settings`."""
     # torch-xla bakes the scalars 0 and 1 into a graph as constants instead of inputs: the warm-up's
     # first learning rate (0) would compile a step graph of its own.
     os.environ.setdefault("XLA_NO_SPECIAL_SCALARS", "1")
     os.environ["USE_TORCH_XLA"] = "1"  # this job is on XLA, whatever keep_off_xla said to its launcher
-    if "PJRT_DEVICE" not in os.environ:
-        os.environ["PJRT_DEVICE"] = "NEURON" if device_counts()[1] else "CPU"
-    cache = checkpoint_dir / COMPILE_CACHE_DIR
-    if on_neuron():
-        flags = os.environ.get("NEURON_CC_FLAGS", "")
+    os.environ["PJRT_DEVICE"] = pjrt_device(settings)
+    if on_neuron(settings):
+        flags = settings.neuron_cc_flags
         if "--model-type" not in flags:  # encoders compile best as transformers
             os.environ["NEURON_CC_FLAGS"] = f"{flags} --model-type=transformer".strip()
-        os.environ.setdefault("NEURON_COMPILE_CACHE_URL", str(cache))
+        os.environ["NEURON_COMPILE_CACHE_URL"] = compile_cache(checkpoint_dir, settings)
 
 
-def initialize(checkpoint_dir: Path) -> Any:
+def initialize(checkpoint_dir: Path, settings: XlaSettings) -> Any:
     """Import torch-xla (after `prepare_environment`) and return this process's XLA device."""
     import torch_xla
     import torch_xla.runtime as xr
 
-    for name in BF16_CAVEAT_VARS:
-        if os.environ.get(name, "0") not in ("", "0"):
-            logger.warning(
-                "%s=%s casts the weights and optimizer state to bf16 too, which the tutorials warn loses "
-                "small updates; byoc's bf16=true keeps fp32 weights with bf16 compute instead. Unset %s "
-                "unless you mean it.",
-                name,
-                os.environ[name],
-                name,
-            )
+    for name in settings.bf16_casts:
+        logger.warning(
+            "%s casts the weights and optimizer state to bf16 too, which the tutorials warn loses small updates; "
+            "byoc's bf16=true keeps fp32 weights with bf16 compute instead. Unset %s unless you mean it.",
+            name,
+            name,
+        )
 
-    if not on_neuron():  # the Neuron runtime keeps its own cache (NEURON_COMPILE_CACHE_URL)
+    if not on_neuron(settings):  # the Neuron runtime keeps its own cache (NEURON_COMPILE_CACHE_URL)
         cache = checkpoint_dir / COMPILE_CACHE_DIR
         try:
             cache.mkdir(parents=True, exist_ok=True)
@@ -119,8 +124,8 @@ def initialize(checkpoint_dir: Path) -> Any:
     logger.info(
         "XLA device %s (PJRT_DEVICE=%s), compile cache %s",
         device,
-        os.environ.get("PJRT_DEVICE"),
-        os.environ.get("NEURON_COMPILE_CACHE_URL") or checkpoint_dir / COMPILE_CACHE_DIR,
+        pjrt_device(settings),
+        compile_cache(checkpoint_dir, settings),
     )
     return device
 

@@ -1,0 +1,90 @@
+"""The training job's settings: what one process of the job (a launched rank, or the single process)
+reads from the environment, once, as it starts, and passes down.
+
+`byoc.cli.run_job` reads them (`TrainingSettings.from_env`) and `configure`s them as the job's; the
+job's steps take them as a parameter and default to the configured ones (`current`), so that a
+`code/train.py` calling the steps as `prepare(contract, args)` gets them too. The rank's own part
+(its numbers, the process group) is `byoc.launch.settings.RankSettings`, which the launcher's side
+shares. Every variable is in docs/settings.md; a bad value stops the job naming it (byoc.environment).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from byoc.environment import Environment
+from byoc.launch.settings import RankSettings, neuron_cores
+from byoc.logs import log_level
+
+CACHE_DIR_ENV = "BYOC_CACHE_DIR"
+CODE_DIR_ENV = "BYOC_CODE_DIR"
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # torch.compile's cache (byoc.training.compiled_steps)
+# Cast the weights and optimizer state to bf16 too (torch-xla's): byoc warns, since small updates get lost.
+BF16_CAST_VARIABLES = ("XLA_USE_BF16", "XLA_DOWNCAST_BF16")
+
+
+@dataclass(frozen=True)
+class XlaSettings:
+    """What the XLA path (byoc.training.xla) finds set for torch-xla and the Neuron compiler."""
+
+    pjrt_device: str | None = None  # PJRT_DEVICE; None: NEURON where NeuronCores are visible, else CPU
+    neuron_cores: int | None = None  # NEURON_RT_VISIBLE_CORES / NEURON_RT_NUM_CORES; None: count the devices
+    neuron_cc_flags: str = ""  # NEURON_CC_FLAGS
+    neuron_compile_cache: str | None = None  # NEURON_COMPILE_CACHE_URL (a folder or an s3:// URL)
+    bf16_casts: tuple[str, ...] = ()  # those of BF16_CAST_VARIABLES set on
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> XlaSettings:
+        read = Environment(env)
+        return cls(
+            pjrt_device=read.text("PJRT_DEVICE"),
+            neuron_cores=neuron_cores(read),
+            neuron_cc_flags=read.text("NEURON_CC_FLAGS") or "",
+            neuron_compile_cache=read.text("NEURON_COMPILE_CACHE_URL"),
+            bf16_casts=tuple(name for name in BF16_CAST_VARIABLES if read.flag(name)),
+        )
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """One process of the training job: its rank, its scratch and code folders, its compile caches."""
+
+    rank: RankSettings = RankSettings()
+    cache_dir: Path = Path(tempfile.gettempdir()) / "byoc-cache"  # tokenized data, unpacked models
+    code_dir: Path | None = None  # the inference code for model/code; None: the image's or the checkout's
+    compile_cache: str | None = None  # TORCHINDUCTOR_CACHE_DIR as the user set it; None: with the checkpoints
+    xla: XlaSettings = field(default_factory=XlaSettings)
+    log_level: str = "INFO"  # BYOC_LOG_LEVEL (byoc.logs sets it up; read here to stop on a bad value)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TrainingSettings:
+        read = Environment(env)
+        return cls(
+            rank=RankSettings.from_env(env),
+            cache_dir=read.path(CACHE_DIR_ENV) or cls.cache_dir,
+            code_dir=read.path(CODE_DIR_ENV),
+            compile_cache=read.text(INDUCTOR_CACHE_ENV),
+            xla=XlaSettings.from_env(env),
+            log_level=log_level(read),
+        )
+
+
+_configured: TrainingSettings | None = None
+
+
+def configure(settings: TrainingSettings) -> None:
+    """This process's settings, once, as the job starts (byoc.cli.run_job)."""
+    global _configured
+    _configured = settings
+
+
+def current() -> TrainingSettings:
+    """The settings configured at start; where none were (the steps called outside `run_job`),
+    read from the environment now, and kept."""
+    if _configured is None:
+        configure(TrainingSettings.from_env())
+    assert _configured is not None
+    return _configured
