@@ -1,4 +1,6 @@
-"""The README's first command: the demo job runs end to end and learns its task."""
+"""The README's first screen: the demo job runs end to end and learns its task, and `byoc serve` on the
+demo's model answers the README's own request with the answer the README shows (same shape, same
+labels)."""
 
 import os
 import re
@@ -7,13 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from readme_example import labels, served_example, shape
+from serve_helpers import Server
 
 pytestmark = pytest.mark.integration  # real jobs in processes: not in make test-fast
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_demo_trains_and_predicts(tmp_path):
+def test_demo_trains_predicts_and_serves_the_readme_answer(tmp_path):
     env = {**os.environ, "BYOC_DEMO_DIR": str(tmp_path)}
     env.pop("SAGEMAKER_BASE_DIR", None)
     done = subprocess.run(
@@ -24,3 +28,17 @@ def test_demo_trains_and_predicts(tmp_path):
     assert accuracy >= 0.8, done.stdout[-2000:]
     assert "-> shipping" in done.stdout and "-> billing" in done.stdout
     assert (tmp_path / "opt-ml" / "model" / "model.safetensors").exists()
+
+    # The README serves demo-output/opt-ml with `byoc serve` and sends one curl request: the same here,
+    # on this test's copy of the demo and a free port, with the path, headers and body read from README.md.
+    example = served_example()
+    server = Server(tmp_path / "opt-ml" / "model")
+    try:
+        server.wait_ready()
+        response = server.client.post(example.path, content=example.body.encode(), headers=example.headers)
+    finally:
+        log = server.stop()
+    assert response.status_code == 200, response.text + log[-2000:]
+    answer = response.json()
+    assert shape(answer) == shape(example.answer), f"README shows {example.answer}, the server answered {answer}"
+    assert labels(answer) == labels(example.answer), f"README shows {example.answer}, the server answered {answer}"

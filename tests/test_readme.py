@@ -1,8 +1,13 @@
 """The README and docs/ document the code as it is: the hyperparameters, the metric definitions and
-the serving defaults as the code defines them, a README short enough to read, and no broken links."""
+the serving defaults as the code defines them, a README short enough to read whose first screen ends
+in a served answer, a layout in docs/architecture.md with every module, and no broken links."""
 
+import ast
+import json
 import re
 from pathlib import Path
+
+from readme_example import served_example, shape
 
 from byoc.training.arguments import hyperparameter_table
 from byoc.training.metrics import METRIC_DEFINITIONS
@@ -59,11 +64,62 @@ def test_server_defaults_are_documented():
         assert float(row.split("|")[2]) == defaults[field], row
 
 
-def test_readme_is_short_and_starts_with_the_two_commands():
+def test_readme_is_short_and_its_first_screen_ends_in_an_answer():
+    """The first screen takes a newcomer from nothing to an answer: `make demo` (the main job on an
+    embedded default), `byoc serve` on the demo's model, one `curl` request and its answer, then
+    `make test` (the whole suite): the two commands on a fresh machine, and what lies between."""
     lines = README.splitlines()
     assert len(lines) < 250, f"README.md has {len(lines)} lines: move detail to docs/"
-    first_screen = "\n".join(lines[:30])
-    assert "make demo" in first_screen and "make test" in first_screen
+    first_screen = "\n".join(lines[:40])
+    assert "Two commands on a fresh machine" in first_screen
+    at = 0
+    for step in ["make demo", "byoc serve", "curl ", "```json", "make test"]:  # in this order
+        at = first_screen.find(step, at)
+        assert at >= 0, f"the README's first 40 lines lack {step!r} after the steps before it"
+
+
+def test_readme_request_and_answer_are_well_formed():
+    """The README's curl request parses (tests/test_demo.py sends it to the demo's model) and its answer
+    is one {"label", "score"} per input."""
+    example = served_example(README)
+    assert example.path == "/invocations"
+    assert example.headers["content-type"] == "application/json"
+    inputs = json.loads(example.body)["inputs"]
+    assert isinstance(example.answer, list) and len(example.answer) == len(inputs)
+    assert all(shape(item) == {"label": "str", "score": "number"} for item in example.answer)
+
+
+def layout_paths(block: str) -> set[str]:
+    """The files a layout block names, as paths: a line ending in `/` is a folder, and the lines
+    indented under it are in it; `#` lines are headings."""
+    folders: list[tuple[int, str]] = []
+    paths = set()
+    for line in block.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        indent, name = len(line) - len(line.lstrip()), line.split()[0]
+        while folders and folders[-1][0] >= indent:
+            folders.pop()
+        if name.endswith("/"):
+            folders.append((indent, name.rstrip("/")))
+        else:
+            paths.add("/".join([folder for _, folder in folders] + [name]))
+    return paths
+
+
+def test_architecture_doc_lists_every_module():
+    """docs/architecture.md's layout gives every module of the package one line, and names none that
+    is gone: a new or moved module moves its line."""
+    architecture = doc("architecture.md")
+    block = re.search(r"## Layout\n.*?```\n(.*?)```", architecture, flags=re.DOTALL).group(1)
+    listed = {path for path in layout_paths(block) if path.startswith("container/byoc/")}
+    modules = {
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "container" / "byoc").rglob("*.py")
+        if len(ast.parse(path.read_text()).body) > 1 or path.name != "__init__.py"  # a room's docstring-only marker
+    }
+    assert not modules - listed, f"modules without a line in docs/architecture.md's layout: {sorted(modules - listed)}"
+    assert not listed - modules, f"docs/architecture.md's layout names missing modules: {sorted(listed - modules)}"
 
 
 def test_relative_links_point_to_files_that_exist():
