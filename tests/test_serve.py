@@ -287,26 +287,39 @@ def test_sigterm_drains_in_flight_requests(trained_model):
     assert "Finished server process" in s.proc.stdout.read()
 
 
-def test_ping_is_503_until_loaded_and_503_for_invocations(trained_model):
-    s = Server(trained_model)
+# model_fn waits for a file the test writes: the load lasts as long as the test needs, on any machine
+# (a real load alone can finish before the first /ping on a fast one).
+_LOAD_WAITS_FOR_A_FILE = """
+import os, time
+from byoc.serving import default_handlers
+
+def model_fn(model_dir, context=None):
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.environ["RELEASE_LOAD"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return default_handlers.model_fn(model_dir)
+"""
+
+
+def test_ping_is_503_until_loaded_and_503_for_invocations(trained_model, tmp_path):
+    release = tmp_path / "release"
+    model = serve_helpers.model_with_code(trained_model, tmp_path, _LOAD_WAITS_FOR_A_FILE)
+    s = Server(model, env={"RELEASE_LOAD": str(release)})
     try:
-        seen = set()
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline:  # the port answers before the model is loaded
             try:
                 ping = s.client.get("/ping")
+                break
             except httpx.TransportError:
                 time.sleep(0.05)
-                continue
-            seen.add(ping.status_code)
-            if ping.status_code == 503:
-                status = s.invoke({"inputs": "x"}).status_code
-                # The model may finish loading between the two requests; never a 5xx other than 503.
-                assert status == 503 or (status == 200 and s.client.get("/ping").status_code == 200)
-            if ping.status_code == 200:
-                break
+        assert ping.status_code == 503
+        assert s.invoke({"inputs": "x"}).status_code == 503
+        release.write_text("")
+        while s.client.get("/ping").status_code == 503 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert seen == {503, 200}  # the port answers before the model is loaded
+        assert s.client.get("/ping").status_code == 200
+        assert s.invoke({"inputs": "x"}).status_code == 200
     finally:
         s.stop()
 

@@ -138,6 +138,24 @@ def test_serving_graph_can_be_left_out(job, tiny_model_dir):
     assert (job.model_dir / "model.safetensors").exists() and not (job.model_dir / "model.onnx").exists()
 
 
+def test_the_model_folder_records_the_length_training_used_and_serving_truncates_there(job, tiny_model_dir):
+    """Training truncated at max_length: the saved tokenizer says so, and the default handlers cut
+    there too, instead of at the pretrained model's 512 (positions fine-tuning never saw, at several
+    times the cost of a forward pass)."""
+    from byoc.serving import default_handlers
+
+    job.hyperparameters({**QUICK, "max_steps": "3", "max_length": "24"})
+    job.model_channel(tiny_model_dir)
+    write_csv(job.channel("train") / "train.csv", sentiment_rows(24))
+    assert train_in_process(job) == 0, job.failure
+    saved = json.loads((job.model_dir / "tokenizer_config.json").read_text())
+    assert saved["model_max_length"] == 24
+    model = default_handlers.model_fn(str(job.model_dir))
+    assert model["max_length"] == 24
+    (encoded,) = model["encode"](["word " * 200])
+    assert len(encoded["input_ids"]) == 24
+
+
 def test_trained_model_serves_through_the_default_handlers(job, tiny_model_dir, monkeypatch):
     job.hyperparameters({**QUICK, "max_steps": "30"})
     job.model_channel(tiny_model_dir)

@@ -109,6 +109,7 @@ class _SavesFiles:
 
     def __init__(self, name: str) -> None:
         self.name, self.device = name, torch.device("cpu")
+        self.model_max_length = 512  # a tokenizer's; the artifact records the length training used
 
     def save_pretrained(self, folder, **_) -> None:
         (folder / self.name).write_text("new")

@@ -252,6 +252,7 @@ def finish(job: Job, trainer: ClassifierTrainer, metrics: dict[str, Any]) -> dic
         paths.model_dir,
         serving_graph=args.serving_graph,
         serving_int8=args.serving_int8,
+        max_length=min(args.max_length, model_max_length(job.tokenizer)),
     )
     logger.info("model saved to %s; metrics in %s", paths.model_dir, report)
     failures.raise_after_saving(paths.model_dir)
