@@ -11,7 +11,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla bench-train bench-serve bench-precision bench-xla bench-gpu bench-soak clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla bench-train bench-serve bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme clean
 
 venv: $(STAMP)
 
@@ -43,13 +43,13 @@ demo: venv
 
 test: test-cpu test-xla
 
-# The unit tests alone (under a minute here): parsing, data, samplers, launch plans, compat,
+# The unit tests alone (about a minute on 2 cores): parsing, data, samplers, launch plans, compat,
 # architecture... no training job, server or container. Run while changing code; `make test` before submitting.
 test-fast: venv
 	$(PY) -m pytest -q -m "not integration and not container and not gpu"
 
 test-cpu: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # What .ci/run checks before the tests: lint, formatting, types (settings in pyproject.toml).
 lint: venv
@@ -57,11 +57,12 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# The whole suite but the container tests (they build images with the main tier's versions), on the
-# versions both DLC bases ship: launcher, distributed, resume, script mode, serving, the XLA path...
+# Every test that drives torch, transformers or torch-xla, on the versions both DLC bases ship: training,
+# launcher, distributed, resume, script mode, the torch serving backend, the export, the XLA path. Not the
+# container tests (their images hold the main tier's versions) nor the `once` files (tests/conftest.py).
 test-xla: venv-xla
-	BYOC_REQUIRE_XLA=1 PJRT_DEVICE=CPU $(XLA_PY) -m pytest -q -p no:cacheprovider -m "not container" \
-		--ignore=tests/test_container.py
+	BYOC_REQUIRE_XLA=1 PJRT_DEVICE=CPU $(XLA_PY) -m pytest -q -p no:cacheprovider --durations=25 \
+		-m "not container and not once" --ignore=tests/container/test_container.py
 
 # On a machine with an NVIDIA GPU and its own CUDA torch (no venv: `python3` there holds it, with
 # byoc's runtime requirements): the CUDA tests, which fail there rather than skip. docs/status.md says how
@@ -80,6 +81,15 @@ bench-serve: venv
 # Ordinary traffic at concurrency 32 with 10% hostile requests mixed in, 60 s a phase (docs/benchmarks.md).
 bench-soak: venv
 	$(PY) benchmarks/bench_soak.py --json benchmarks/results/soak.json
+
+# The serving image (Dockerfile.serve) against its targets: environment and image size, first answer after
+# `docker run`, resident memory (docs/deployments.md). Needs a Docker engine; builds as the container tests do.
+bench-serve-image: venv
+	$(PY) benchmarks/bench_serve_image.py --json benchmarks/results/serve-image.json
+
+# 50 MiniLM-size models on one multi-model endpoint: load times, memory per model, first request after a load.
+bench-mme: venv
+	$(PY) benchmarks/bench_mme.py --json benchmarks/results/mme.json
 
 bench-precision: venv
 	$(PY) benchmarks/bench_precision.py --json benchmarks/results/precision.json

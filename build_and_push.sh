@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build one flavour of the byoc image and push it to Amazon ECR; print the image URI.
 #
-#   ./build_and_push.sh neuron|gpu [--region R] [--repository NAME] [--tag T] [--dry-run]
+#   ./build_and_push.sh neuron|gpu|serve [--region R] [--repository NAME] [--tag T] [--dry-run]
 #
+# gpu and neuron train and serve (on the AWS DLCs); serve is the slim serving image (Dockerfile.serve).
 # The account comes from `aws sts get-caller-identity`; the repository (default byoc-<flavour>) is
 # created if missing. The image is tagged <tag> (default: the byoc version and the git sha) and
 # <flavour> (a moving tag), then pushed. --dry-run prints every aws/docker command instead of
@@ -10,7 +11,7 @@
 set -euo pipefail
 
 usage() {
-    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 die() {
@@ -25,17 +26,17 @@ tag=""
 dry_run=0
 while [ "$#" -gt 0 ]; do
     case "$1" in
-        gpu|neuron) flavour="$1" ;;
+        gpu|neuron|serve) flavour="$1" ;;
         --region) [ "$#" -ge 2 ] || die "--region needs a value"; region="$2"; shift ;;
         --repository) [ "$#" -ge 2 ] || die "--repository needs a value"; repository="$2"; shift ;;
         --tag) [ "$#" -ge 2 ] || die "--tag needs a value"; tag="$2"; shift ;;
         --dry-run) dry_run=1 ;;
         -h|--help) usage; exit 0 ;;
-        *) usage >&2; die "unknown argument '$1': the flavour is gpu or neuron" ;;
+        *) usage >&2; die "unknown argument '$1': the flavour is gpu, neuron or serve" ;;
     esac
     shift
 done
-[ -n "$flavour" ] || { usage >&2; die "which flavour? give gpu or neuron"; }
+[ -n "$flavour" ] || { usage >&2; die "which flavour? give gpu, neuron or serve"; }
 [ -n "$region" ] || die "no AWS region: pass --region or set AWS_REGION"
 cd "$(dirname "$0")"
 
@@ -70,11 +71,14 @@ tag="${tag:-$version-$sha}"
 registry="$account.dkr.ecr.$region.amazonaws.com"
 image="$registry/$repository"
 
-# The base image: the ARG default in the Dockerfile, pulled from the AWS DLC registry.
+# The base image: the ARG default in the Dockerfile. A DLC comes from AWS's registry in your region, after a
+# login; the serving image's slim Python base from ECR Public, which needs none.
 base="$(sed -n 's/^ARG BASE_IMAGE=//p' "Dockerfile.$flavour")"
-base_registry="${base%%/*}"
-base_registry="${base_registry/.us-east-1./.$region.}"
-base="${base/.us-east-1./.$region.}"
+base_registry=""
+if [[ "$base" == *.dkr.ecr.us-east-1.amazonaws.com/* ]]; then
+    base="${base/.us-east-1./.$region.}"
+    base_registry="${base%%/*}"
+fi
 
 if ! run aws ecr describe-repositories --region "$region" --repository-names "$repository" >/dev/null 2>&1; then
     echo "creating the ECR repository $repository in $region"
@@ -92,8 +96,12 @@ login() {
     fi
 }
 
-echo "logging in to $base_registry (base image) and $registry"
-login "$base_registry"
+if [ -n "$base_registry" ]; then
+    echo "logging in to $base_registry (base image) and $registry"
+    login "$base_registry"
+else
+    echo "logging in to $registry (the base image, $base, needs no login)"
+fi
 login "$registry"
 
 echo "building $image:$tag from Dockerfile.$flavour"

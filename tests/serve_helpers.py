@@ -78,9 +78,9 @@ def model_with_code(model_dir: Path, tmp_path: Path, source: str, name: str = "i
 
 
 class Server:
-    """`byoc serve` in a process of its own, on a free port."""
+    """`byoc serve` in a process of its own, on a free port (`byoc`: another install's command, e.g. a venv's)."""
 
-    def __init__(self, model_dir: Path, env: dict | None = None):
+    def __init__(self, model_dir: Path, env: dict | None = None, byoc: Path | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         base = model_dir.parent
@@ -93,7 +93,7 @@ class Server:
         full_env.pop("SM_MODEL_DIR", None)
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "byoc"), "serve"],
+            [str(byoc or Path(sys.executable).parent / "byoc"), "serve"],
             env=full_env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

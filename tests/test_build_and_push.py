@@ -84,6 +84,26 @@ def test_existing_repository_custom_name_and_tag(standins):
     assert result.stdout.strip().endswith("123456789012.dkr.ecr.us-west-2.amazonaws.com/team/clf:v7")
 
 
+def test_the_serving_image_builds_on_the_public_slim_python_without_a_base_login(standins):
+    env, record = standins
+    result = run(env, "serve", "--region", "eu-west-1", "--tag", "v1")
+    assert result.returncode == 0, result.stderr
+    image = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/byoc-serve"
+    assert result.stdout.strip().splitlines()[-1] == f"{image}:v1"
+    calls = record.read_text().splitlines()
+    assert "aws ecr create-repository --region eu-west-1 --repository-name byoc-serve" in " ".join(calls)
+    # ECR Public is pulled anonymously, and never from the region: only the account's registry is logged in to.
+    assert [c for c in calls if c.startswith("docker login")] == [
+        "docker login --username AWS --password-stdin 123456789012.dkr.ecr.eu-west-1.amazonaws.com"
+    ]
+    build = next(c for c in calls if c.startswith("docker build"))
+    assert build == (
+        "docker build --file Dockerfile.serve --build-arg BASE_IMAGE=public.ecr.aws/docker/library/python:3.12-slim "
+        f"--tag {image}:v1 --tag {image}:serve ."
+    )
+    assert calls[-2:] == [f"docker push {image}:v1", f"docker push {image}:serve"]
+
+
 def test_dry_run_prints_instead_of_running(standins):
     env, record = standins
     result = run(env, "gpu", "--region", "us-east-1", "--dry-run")
@@ -100,8 +120,8 @@ def test_dry_run_prints_instead_of_running(standins):
 @pytest.mark.parametrize(
     "args, env_extra, message",
     [
-        ((), {}, "which flavour? give gpu or neuron"),
-        (("cpu",), {}, "unknown argument 'cpu'"),
+        ((), {}, "which flavour? give gpu, neuron or serve"),
+        (("cpu",), {}, "unknown argument 'cpu': the flavour is gpu, neuron or serve"),
         (("gpu",), {}, "no AWS region"),
         (("gpu", "--region", "us-east-1"), {"NO_CREDENTIALS": "1"}, "no AWS credentials"),
     ],

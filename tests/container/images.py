@@ -1,9 +1,11 @@
-"""Build the CPU test image from Dockerfile.gpu, offline, on a real Docker engine.
+"""Build the test images, offline, on a real Docker engine: the CPU image from Dockerfile.gpu, and
+the serving image from Dockerfile.serve.
 
-The DLC bases cannot be pulled here, so the image is built on a stand-in base (Debian bookworm
-from debootstrap + Python 3.11 + the torch CPU wheel, `Dockerfile.cpu-base`), with every Python
-dependency from a wheelhouse made on the host (`wheels/`): pip inside a container cannot reach
-PyPI through this network's TLS proxy. Each step is skipped when its result already exists.
+Neither the DLC bases nor the official Python image can be pulled here, so the images are built on
+stand-in bases (`Dockerfile.cpu-base`: Debian bookworm from debootstrap + Python 3.11, and for the CPU
+image the torch CPU wheel), with every Python dependency from a wheelhouse made on the host
+(`wheels/`): pip inside a container cannot reach PyPI through this network's TLS proxy. Each step is
+skipped when its result already exists; the two bases share their apt layer.
 
 Every image built here carries the label LABEL, and so does every container run from one: each
 build replaces the last one's images, and `prune()` removes what earlier runs left behind
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,6 +30,9 @@ DEBIAN = "local/debian:bookworm"
 BASE = "byoc-test/cpu-base"
 IMAGE = "byoc-test/cpu"
 DEPS = "byoc-test/cpu-deps"  # Dockerfile.gpu's deps stage, tagged so that it is replaced, not orphaned
+SLIM_BASE = "byoc-test/python-slim"  # the stand-in for public.ecr.aws/docker/library/python:3.12-slim
+SERVE = "byoc-test/serve"
+SERVE_DEPS = "byoc-test/serve-deps"  # Dockerfile.serve's deps stage, tagged for the same reason
 LABEL = "byoc-test=1"
 
 
@@ -74,7 +80,7 @@ def wheelhouse() -> None:
     wanted = hashlib.sha256(
         b"".join(
             (REPO / "requirements" / name).read_bytes()
-            for name in ("runtime.txt", "cpu-constraints.txt", "common-constraints.txt")
+            for name in ("runtime.txt", "cpu-constraints.txt", "common-constraints.txt", "serve.txt")
         )
     ).hexdigest()
     if any(WHEELS.glob("torch-*.whl")) and stamp.exists() and stamp.read_text() == wanted:
@@ -93,6 +99,8 @@ def wheelhouse() -> None:
             "wheel",
             "-r",
             str(REPO / "requirements" / "runtime.txt"),
+            "-r",
+            str(REPO / "requirements" / "serve.txt"),  # a part of runtime.txt (tested), listed in case it is not
             "-c",
             str(REPO / "requirements" / "cpu-constraints.txt"),
         ],
@@ -115,59 +123,66 @@ def prune() -> str:
     return "; ".join(said)
 
 
-def build() -> dict[str, float]:
-    """Build (or refresh) the test image; return the seconds each step took."""
-    timings: dict[str, float] = {}
-    for name, step in (("debian", debian_base), ("wheelhouse", wheelhouse)):
-        started = time.monotonic()
-        step()
-        timings[name] = time.monotonic() - started
+_BASE_BUILD = ("build", "--network=host", "-q", "--label", LABEL, "-f", "tests/container/Dockerfile.cpu-base")
+
+
+def _timed(timings: dict[str, float], name: str, step: Callable[[], object]) -> None:
     started = time.monotonic()
-    if not has_image(BASE):
-        _log(f"building {BASE}")
-        docker(
-            "build",
-            "--network=host",
-            "-q",
-            "--label",
-            LABEL,
-            "-f",
-            "tests/container/Dockerfile.cpu-base",
-            "-t",
-            BASE,
-            ".",
-            cwd=REPO,
-        )
-    timings["cpu-base"] = time.monotonic() - started
-    started = time.monotonic()
-    _log(f"building {IMAGE} from Dockerfile.gpu")
-    args = [
-        "--network=host",
-        "-q",
-        "--label",
-        LABEL,
-        "-f",
-        "Dockerfile.gpu",
-        "--build-arg",
-        f"BASE_IMAGE={BASE}",
-        "--build-arg",
-        "FLAVOUR=cpu",
-        "--build-arg",
-        "PIP_OPTIONS=--no-index",
-    ]
+    step()
+    timings[name] = time.monotonic() - started
+
+
+def _base(name: str, *target: str) -> None:
+    if not has_image(name):
+        _log(f"building {name}")
+        docker(*_BASE_BUILD, *target, "-t", name, ".", cwd=REPO)
+
+
+def _image(dockerfile: str, base: str, deps: str, name: str, *build_args: str) -> None:
+    _log(f"building {name} from {dockerfile}")
+    args = ["--network=host", "-q", "--label", LABEL, "-f", dockerfile, "--build-arg", f"BASE_IMAGE={base}"]
+    for arg in (*build_args, "PIP_OPTIONS=--no-index"):
+        args += ["--build-arg", arg]
     # The deps stage first, under a tag: otherwise the legacy builder leaves it as an untagged image
     # that no label marks as ours. The full build then takes it from the cache.
-    docker("build", *args, "--target", "deps", "-t", DEPS, ".", cwd=REPO)
-    docker("build", *args, "-t", IMAGE, ".", cwd=REPO)
-    timings["image"] = time.monotonic() - started
+    docker("build", *args, "--target", "deps", "-t", deps, ".", cwd=REPO)
+    docker("build", *args, "-t", name, ".", cwd=REPO)
+
+
+def build() -> dict[str, float]:
+    """Build (or refresh) the CPU test image (Dockerfile.gpu); return the seconds each step took."""
+    timings: dict[str, float] = {}
+    _timed(timings, "debian", debian_base)
+    _timed(timings, "wheelhouse", wheelhouse)
+    _timed(timings, "cpu-base", lambda: _base(BASE))
+    _timed(timings, "image", lambda: _image("Dockerfile.gpu", BASE, DEPS, IMAGE, "FLAVOUR=cpu"))
     _log(f"removed what earlier builds left: {prune()}")
     return timings
 
 
+def build_serve() -> dict[str, float]:
+    """Build (or refresh) the serving image (Dockerfile.serve) on the slim Python stand-in; return the
+    seconds each step took. It reuses the CPU image's wheelhouse and apt layer."""
+    timings: dict[str, float] = {}
+    _timed(timings, "debian", debian_base)
+    _timed(timings, "wheelhouse", wheelhouse)
+    _timed(timings, "python-slim-base", lambda: _base(SLIM_BASE, "--target", "slim-python"))
+    _timed(timings, "image", lambda: _image("Dockerfile.serve", SLIM_BASE, SERVE_DEPS, SERVE))
+    _log(f"removed what earlier builds left: {prune()}")
+    return timings
+
+
+def size_mb(name: str) -> float:
+    return int(docker("image", "inspect", "--format", "{{.Size}}", name).stdout) / 1e6
+
+
 if __name__ == "__main__":
+    # python tests/container/images.py [serve]: the CPU test image, or the serving image.
     error = engine_error()
     if error:
         sys.exit(error)
-    for step, seconds in build().items():
+    serve = sys.argv[1:] == ["serve"]
+    for step, seconds in (build_serve() if serve else build()).items():
         print(f"{step}: {seconds:.0f} s")
-    print(docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}} {{.Size}}", IMAGE).stdout.strip())
+    name = SERVE if serve else IMAGE
+    print(f"{name}: {size_mb(name):.0f} MB")

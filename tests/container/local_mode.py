@@ -4,7 +4,9 @@
 
 SCENARIO: `train` (instance_count=1, then deploy, predict, delete_endpoint), `train2`
 (instance_count=2: two containers form one data-parallel job), `script` (entry_point +
-source_dir: the repo's code/train.py in script mode). WORKDIR holds data/{train,test,model}.
+source_dir: the repo's code/train.py in script mode); WORKDIR holds data/{train,test,model}.
+`deploy`: WORKDIR/model.tar.gz, an earlier job's model, deployed alone with
+`sagemaker.model.Model(...).deploy` (the serving image), then predict and delete_endpoint.
 Prints one JSON line with what happened; the test checks it.
 """
 
@@ -18,6 +20,8 @@ from pathlib import Path
 from sagemaker.deserializers import JSONDeserializer
 from sagemaker.estimator import Estimator
 from sagemaker.local import LocalSession
+from sagemaker.model import Model
+from sagemaker.predictor import Predictor
 from sagemaker.serializers import JSONSerializer
 
 ROLE = "arn:aws:iam::111111111111:role/SageMakerRole"  # local mode never assumes it
@@ -28,6 +32,34 @@ def main() -> None:
     image, workdir, scenario = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     session = LocalSession()
     session.config = {"local": {"local_code": True}}
+    result = (
+        deploy(image, workdir / "model.tar.gz", session)
+        if scenario == "deploy"
+        else fit(image, workdir, scenario, session)
+    )
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def predict(predictor: Predictor) -> list:
+    try:
+        return predictor.predict({"inputs": ["i love this so much", "i hate this a lot"]})
+    finally:
+        predictor.delete_endpoint()
+
+
+def deploy(image: str, model_data: Path, session: LocalSession) -> dict:
+    model = Model(
+        image_uri=image,
+        model_data=f"file://{model_data}",
+        role=ROLE,
+        predictor_cls=Predictor,
+        sagemaker_session=session,
+    )
+    predictor = model.deploy(1, "local", serializer=JSONSerializer(), deserializer=JSONDeserializer())
+    return {"predictions": predict(predictor)}
+
+
+def fit(image: str, workdir: Path, scenario: str, session: LocalSession) -> dict:
     output = workdir / f"output-{scenario}"
     output.mkdir(parents=True, exist_ok=True)
     channels = {name: f"file://{workdir / 'data' / name}" for name in ("train", "test", "model")}
@@ -62,12 +94,8 @@ def main() -> None:
         result["metrics"] = json.loads(metrics.read()) if metrics else None
     if scenario == "train":
         predictor = estimator.deploy(1, "local", serializer=JSONSerializer(), deserializer=JSONDeserializer())
-        try:
-            answer = predictor.predict({"inputs": ["i love this so much", "i hate this a lot"]})
-            result["predictions"] = answer
-        finally:
-            predictor.delete_endpoint()
-    print("RESULT " + json.dumps(result), flush=True)
+        result["predictions"] = predict(predictor)
+    return result
 
 
 if __name__ == "__main__":

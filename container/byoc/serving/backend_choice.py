@@ -4,7 +4,7 @@
 execution providers, the model's files) and the two settings, BYOC_INFERENCE_BACKEND and
 BYOC_INFERENCE_PRECISION (read with the server's others: byoc.serving.settings.InferenceSettings).
 It imports nothing heavy and reads nothing itself, so every hardware and software combination is a
-unit test (tests/test_backend_choice.py).
+unit test (tests/serving/test_backend_choice.py).
 
 The rules, with both settings on `auto`:
 - no GPU: ONNX Runtime on the CPU, fp32 (about a second to start, no torch import);

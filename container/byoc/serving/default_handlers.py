@@ -17,7 +17,6 @@ import io
 import json
 import logging
 import math
-import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from byoc.serving import backend_choice, buckets, negotiation, runtimes
+from byoc.serving import backend_choice, buckets, limits, negotiation, runtimes
 from byoc.serving.backend_choice import INFERENCE_BACKEND_ENV, INFERENCE_PRECISION_ENV
 from byoc.serving.request_errors import InputError, InvalidAnswer, NotAcceptable, UnsupportedMediaType
 from byoc.serving.settings import InferenceSettings
@@ -59,9 +58,10 @@ def current_settings() -> InferenceSettings:
 
 
 def inference_threads(settings: InferenceSettings | None = None) -> int:
-    """Threads one worker's model may use: OMP_NUM_THREADS, else (in the server) the cores / workers,
-    else every core. Users' model_fn size their own sessions with it (byoc.handlers re-exports it)."""
-    return (settings or current_settings()).threads or os.cpu_count() or 1
+    """Threads one worker's model may use: OMP_NUM_THREADS, else (in the server) the container's CPUs /
+    workers, else the container's CPUs (byoc.serving.limits). Users' model_fn size their own sessions
+    with it (byoc.handlers re-exports it)."""
+    return (settings or current_settings()).threads or limits.cpu_count()[0]
 
 
 def model_fn(model_dir: str) -> dict[str, Any]:

@@ -93,6 +93,33 @@ def _import(path: Path) -> ModuleType:
     return module
 
 
+def _import_isolated(path: Path, name: str) -> ModuleType:
+    """Import a model's module as one of many (multi-model endpoints): under the private name `name`,
+    with the sibling modules it imports (its `helper.py`) kept under private names too, so that the
+    next model's `inference.py` and `helper.py` are its own, never this one's. Its folder is on
+    sys.path only while it imports: siblings are imported at the top of the module in this mode."""
+    folder = str(path.parent)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise HandlerError(f"cannot import {path}: it is not a Python module")
+    module = importlib.util.module_from_spec(spec)
+    setattr(module, USER_MODULE_MARK, True)
+    before = set(sys.modules)
+    sys.path.insert(0, folder)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as err:  # as _import: a failed load of this model, and nothing else
+        del sys.modules[name]
+        raise HandlerError(f"cannot import {path}: {type(err).__name__}: {err}{_hint(err)}") from None
+    finally:
+        sys.path.remove(folder)
+        for sibling in set(sys.modules) - before - {name}:  # this model's own modules: out of the way
+            if (getattr(sys.modules[sibling], "__file__", None) or "").startswith(folder + "/"):
+                sys.modules[f"{name}.{sibling}"] = sys.modules.pop(sibling)
+    return module
+
+
 # What the full images (Dockerfile.gpu, Dockerfile.neuron) hold and the serving image (Dockerfile.serve) does
 # not: torch, and the packages requirements/runtime.txt lists and requirements/serve.txt leaves out (tested).
 FULL_IMAGE_MODULES = frozenset(
@@ -114,10 +141,11 @@ def _hint(err: BaseException) -> str:
     return ""
 
 
-def load_handlers(model_dir: Path, program: str = "inference.py") -> Handlers:
+def load_handlers(model_dir: Path, program: str = "inference.py", isolated_as: str | None = None) -> Handlers:
     """The default handlers (`byoc.serving.default_handlers`), overridden by `model_dir/code/inference.py`
     (or the `program` SAGEMAKER_PROGRAM names: `ServeSettings.program`), after installing
-    `model_dir/code/requirements.txt`."""
+    `model_dir/code/requirements.txt`. `isolated_as`: one model of many, whose code is imported under
+    that private module name (multi-model endpoints)."""
     user_dir = model_dir / "code"
     user_file = user_dir / program
     user = None
@@ -126,7 +154,7 @@ def load_handlers(model_dir: Path, program: str = "inference.py") -> Handlers:
             install_requirements(user_dir)
         except RequirementsError as err:
             raise HandlerError(f"installing {err.requirements} failed: {err}") from None
-        user = _import(user_file)
+        user = _import_isolated(user_file, isolated_as) if isolated_as else _import(user_file)
     # A default the user's module imports (the template re-exports model_fn, input_fn and output_fn, so
     # that it is a complete handler module) is no override: the server keeps treating it as the default.
     functions = {name: getattr(user, name, None) for name in HANDLER_NAMES} if user else {}

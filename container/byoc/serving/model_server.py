@@ -43,26 +43,37 @@ INLINE_LIMIT = 256 * 1024  # bodies below this are parsed and answered on the ev
 
 
 class ModelServer:
-    """The loaded model, its handlers and the inference thread; shared by the routes."""
+    """The loaded model, its handlers and the inference thread; shared by the routes.
 
-    def __init__(self, settings: ServeSettings) -> None:
+    One model of many (multi-model endpoints: byoc.serving.multi_model) shares its inference thread and
+    its handler threads with the others (`executor`, `handler_threads`), and has a `name`: its code is
+    imported under a module name of its own."""
+
+    def __init__(
+        self,
+        settings: ServeSettings,
+        executor: DaemonThreads | None = None,
+        handler_threads: DaemonThreads | None = None,
+        name: str | None = None,
+    ) -> None:
         self.settings = settings
+        self.name = name
         self.handlers: Handlers | None = None
         self.model: Any = None
         self.error: str | None = None  # why the model could not load
         self.fatal: str | None = None  # why this worker gave up serving (it is being replaced)
         self.ready = threading.Event()
-        self.executor = DaemonThreads(1, "byoc-inference")
+        self.executor = executor or DaemonThreads(1, "byoc-inference")
         # A user's input_fn/output_fn: as many at once as invocations may be in flight.
-        self.handler_threads = DaemonThreads(settings.max_concurrency, "byoc-handler")
+        self.handler_threads = handler_threads or DaemonThreads(settings.max_concurrency, "byoc-handler")
         self.batcher: Batcher | None = None
         self.busy_since: float | None = None  # when the inference call now running began
 
-    def start(self, on_death: Callable[[str], None]) -> asyncio.Future:
-        """Load the model in the inference thread and start batching (on the running event loop);
-        returns the load's future. `on_death(reason)` is called if the batching task dies: this
-        server then reports itself unable to serve (`problem()`) for good."""
-        loading = asyncio.get_running_loop().run_in_executor(self.executor, self.load)
+    def start(self, on_death: Callable[[str], None], loader: DaemonThreads | None = None) -> asyncio.Future:
+        """Load the model (in the inference thread, or on `loader`'s while other models infer) and
+        start batching (on the running event loop); returns the load's future. `on_death(reason)` is
+        called if the batching task dies: this server then reports itself unable to serve for good."""
+        loading = asyncio.get_running_loop().run_in_executor(loader or self.executor, self.load)
         self.batcher = Batcher(
             self.predict_batch,
             self.executor,
@@ -78,12 +89,20 @@ class ModelServer:
         self.fatal = f"this worker is restarting: {reason}"
         on_death(reason)
 
-    async def stop(self) -> None:
-        """Stop batching and let the threads go (a hung handler's thread is a daemon: never waited for)."""
+    async def stop(self, shared: bool = False) -> None:
+        """Stop batching and let the threads go (a hung handler's thread is a daemon: never waited for);
+        `shared`: the threads are other models' too, and stay."""
         if self.batcher is not None:
             await self.batcher.stop()
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        self.handler_threads.shutdown(wait=False, cancel_futures=True)
+        if not shared:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.handler_threads.shutdown(wait=False, cancel_futures=True)
+
+    def forget(self) -> None:
+        """Drop the model and its handlers (an unloaded model of many: its memory goes back)."""
+        self.model = self.handlers = self.batcher = None
+        self.ready.clear()
+        self.fatal = "the model was unloaded"
 
     def load(self) -> None:
         """Runs in the inference thread at start-up (torch state stays on the thread that uses it)."""
@@ -95,7 +114,8 @@ class ModelServer:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         try:
             _split_cores(self.settings)
-            self.handlers = load_handlers(self.settings.model_dir, self.settings.program)
+            isolated = f"byoc_model_{id(self):x}" if self.name is not None else None
+            self.handlers = load_handlers(self.settings.model_dir, self.settings.program, isolated)
             accept_types = self.handlers.accept_types
             if accept_types and self.settings.default_accept not in accept_types:
                 raise HandlerError(
@@ -262,7 +282,7 @@ def _split_cores(settings: ServeSettings) -> None:
     everything several-fold): OMP_NUM_THREADS where set, else cores / workers. The default handlers
     get the number with the rest of their settings (ONNX Runtime's threads), and OMP_NUM_THREADS is
     written before the handlers load: torch reads it at import."""
-    threads = settings.inference.threads or max(1, (os.cpu_count() or 1) // settings.workers)
+    threads = settings.threads
     os.environ["OMP_NUM_THREADS"] = str(threads)
     default_handlers.configure(replace(settings.inference, threads=threads))
     torch = sys.modules.get("torch")  # imported already (a user's code): set it directly too
@@ -282,6 +302,15 @@ def tune_malloc() -> None:
         _LIBC.mallopt(-8, 2)  # M_ARENA_MAX
     except (OSError, AttributeError):
         _LIBC = None  # not glibc: nothing to tune
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux: /proc/self/statm; 0 elsewhere)."""
+    try:
+        pages = int(open("/proc/self/statm").read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def release_memory() -> None:

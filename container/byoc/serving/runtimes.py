@@ -103,13 +103,20 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int) -> dict[str, Any]:
         "tokenizer": tokenizer,
         "encode": encode,
         "logits": session.logits,
-        "id2label": {int(k): v for k, v in config["id2label"].items()},
+        "id2label": labels_of(config),
         "max_length": limit,
         "pad_id": pad_id,
         "buckets": buckets.gpu(limit) if plan.device == "cuda" else buckets.CPU,
         "device": plan.device,
         "precision": plan.precision,
     }
+
+
+def labels_of(config: dict[str, Any]) -> dict[int, str]:
+    """The label names config.json gives; transformers' LABEL_i where it gives only their number."""
+    if config.get("id2label"):
+        return {int(k): v for k, v in config["id2label"].items()}
+    return {i: f"LABEL_{i}" for i in range(int(config.get("num_labels") or 2))}
 
 
 def load_torch(model_dir: Path, plan: Plan, compiled: bool = False) -> dict[str, Any]:

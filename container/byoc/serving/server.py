@@ -28,34 +28,24 @@ import signal
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from byoc.logs import configure_logging
 from byoc.serving import connections
-from byoc.serving.batching import BatcherStopped, QueueFull
-from byoc.serving.handler_loader import InputError
+from byoc.serving.invocations import Invocations, error
 from byoc.serving.model_server import ModelServer, tune_malloc
-from byoc.serving.request_errors import InvalidAnswer
+from byoc.serving.multi_model_routes import multi_model_app
 from byoc.serving.settings import ServeSettings, ServeSettingsError
 
 logger = logging.getLogger("byoc.serve")
-
-RETRY_AFTER = "1"  # seconds, on every 503: SageMaker and its SDKs retry such answers
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message, "status": status}, status_code=status, headers=headers)
-
-
-def _unavailable(message: str) -> JSONResponse:
-    return _error(503, message, {"Retry-After": RETRY_AFTER})
 
 
 def create_app(settings: ServeSettings | None = None) -> Starlette:
@@ -70,8 +60,10 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
             keep_alive_timeout=settings.keep_alive_timeout,
         )
     )
+    invocations = Invocations(settings)
+    if settings.multi_model:
+        return multi_model_app(settings, invocations, _execution_parameters(settings), restart)
     server = ModelServer(settings)
-    open_requests: set[asyncio.Task] = set()  # invocations being read or answered
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -83,14 +75,28 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
 
         loading.add_done_callback(failed)
         yield
-        # Requests uvicorn cut at the graceful limit are answering their 503 now: let them finish it.
-        if open_requests:
-            await asyncio.wait(list(open_requests), timeout=1.0)
+        await invocations.drain()
         await server.stop()
 
     async def ping(request: Request) -> Response:
         problem = server.problem()
-        return JSONResponse({"status": "healthy"}) if problem is None else _error(503, problem)
+        return JSONResponse({"status": "healthy"}) if problem is None else error(503, problem)
+
+    async def invoke(request: Request) -> Response:
+        return await invocations.handle(request, server)
+
+    return Starlette(
+        routes=[
+            Route("/ping", ping, methods=["GET"]),
+            Route("/invocations", invoke, methods=["POST"]),
+            Route("/execution-parameters", _execution_parameters(settings), methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+
+
+def _execution_parameters(settings: ServeSettings) -> Callable[[Request], Awaitable[Response]]:
+    """`GET /execution-parameters`: what batch transform should send this server."""
 
     async def execution_parameters(request: Request) -> Response:
         return JSONResponse(
@@ -101,116 +107,7 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
             }
         )
 
-    in_flight = 0  # invocations with their body read, being answered; the event loop is one thread
-
-    async def invocations(request: Request) -> Response:
-        task = asyncio.current_task()
-        assert task is not None
-        open_requests.add(task)
-        try:
-            body = await _read_body(request)
-            if isinstance(body, Response):
-                return body
-            return await _answer(request, body)
-        except ClientDisconnect:
-            logger.info("a client disconnected before its request's body was complete")
-            return Response(status_code=400)  # nobody is there to read it
-        except asyncio.CancelledError:
-            # uvicorn cancels what is still running when BYOC_GRACEFUL_TIMEOUT ends: an honest,
-            # retryable answer instead of its plain-text 500.
-            if hasattr(task, "uncancel"):
-                task.uncancel()
-            return _unavailable(
-                f"the server is shutting down and this request did not finish within the {settings.graceful_timeout} s "
-                "of BYOC_GRACEFUL_TIMEOUT; retry (another instance answers)"
-            )
-        finally:
-            open_requests.discard(task)
-
-    async def _read_body(request: Request) -> bytes | Response:
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > settings.max_payload_bytes:
-            return _error(
-                413,
-                f"the request body ({int(declared)} bytes) is over the limit of "
-                f"{settings.max_payload_mb:g} MB (SAGEMAKER_MAX_PAYLOAD_IN_MB)",
-            )
-        body = bytearray()
-        try:
-            complete = await asyncio.wait_for(_collect(request, body), settings.body_timeout)
-        except asyncio.TimeoutError:
-            return _error(
-                408,
-                f"the request body did not arrive within {settings.body_timeout:g} s (BYOC_BODY_TIMEOUT); "
-                f"{len(body)} bytes came",
-                {"connection": "close"},  # the rest of that body will not be read
-            )
-        if not complete:
-            return _error(
-                413,
-                f"the request body is over the limit of {settings.max_payload_mb:g} MB (SAGEMAKER_MAX_PAYLOAD_IN_MB)",
-            )
-        return bytes(body)
-
-    async def _collect(request: Request, body: bytearray) -> bool:
-        """Read the body into `body`; False as soon as it is over the payload limit."""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > settings.max_payload_bytes:
-                return False
-        return True
-
-    async def _answer(request: Request, body: bytes) -> Response:
-        # BYOC_MAX_CONCURRENCY bounds invocations here, not in uvicorn: uvicorn's limit refuses
-        # /ping too, and SageMaker replaces an instance whose /ping fails, the worst answer to load.
-        # A slot is taken once the body is complete: stalled senders hold no slot.
-        nonlocal in_flight
-        if in_flight >= settings.max_concurrency:
-            return _unavailable(
-                f"the server is at capacity: {in_flight} requests in flight (BYOC_MAX_CONCURRENCY); retry in a moment"
-            )
-        in_flight += 1
-        try:
-            return await _invoke(request, body)
-        finally:
-            in_flight -= 1
-
-    async def _invoke(request: Request, body: bytes) -> Response:
-        if not server.ready.is_set():
-            return _unavailable("the model is still loading; retry when /ping answers 200")
-        problem = server.problem()
-        if problem:
-            return _unavailable(f"{problem}; retry in a moment")
-        content_type = request.headers.get("content-type") or "application/json"
-        try:
-            return await asyncio.wait_for(
-                server.invoke(body, content_type, request.headers.get("accept")), settings.timeout
-            )
-        except asyncio.TimeoutError:
-            return _error(
-                504, f"the prediction took longer than {settings.timeout:g} s (SAGEMAKER_MODEL_SERVER_TIMEOUT)"
-            )
-        except InputError as err:
-            return _error(err.status, str(err))
-        except InvalidAnswer as err:
-            logger.error("cannot send the answer: %s", err)
-            return _error(err.status, str(err))
-        except QueueFull as err:
-            return _unavailable(f"the server is at capacity: {err} (BYOC_MAX_QUEUED_INPUTS); retry in a moment")
-        except BatcherStopped as err:
-            return _unavailable(f"this worker cannot serve: {err}; retry in a moment")
-        except Exception as err:  # a fault in the server or the handler code: logged in full, summarised to the client
-            logger.exception("invocation failed")
-            return _error(500, f"internal error while predicting ({type(err).__name__}); see the endpoint's logs")
-
-    return Starlette(
-        routes=[
-            Route("/ping", ping, methods=["GET"]),
-            Route("/invocations", invocations, methods=["POST"]),
-            Route("/execution-parameters", execution_parameters, methods=["GET"]),
-        ],
-        lifespan=lifespan,
-    )
+    return execution_parameters
 
 
 def restart(reason: str) -> None:
@@ -269,7 +166,23 @@ def main() -> None:
     except ServeSettingsError as err:
         logger.error("cannot serve: %s", err)
         sys.exit(f"cannot serve: {err}")
-    logger.info("serving %s on port %d with %d worker(s)", settings.model_dir, settings.port, settings.workers)
+    what = "a multi-model endpoint (models load on POST /models)" if settings.multi_model else str(settings.model_dir)
+    logger.info(
+        "serving %s on port %d with %d worker(s), %d thread(s) each (%d CPUs: %s)%s",
+        what,
+        settings.port,
+        settings.workers,
+        settings.threads,
+        settings.limits.cpus,
+        settings.limits.source,
+        "; profile async" if settings.profile == "async" else "",
+    )
+    if settings.workers > settings.limits.cpus:
+        logger.warning(
+            "SAGEMAKER_MODEL_SERVER_WORKERS=%d is over this container's %d CPUs: the workers will contend for them",
+            settings.workers,
+            settings.limits.cpus,
+        )
     try:  # tells `byoc healthcheck` (the image's HEALTHCHECK) that this container serves, and where
         HEALTH_FILE.write_text(str(settings.port))
     except OSError:

@@ -22,8 +22,20 @@ from byoc.serving.backend_choice import (
     INFERENCE_PRECISION_ENV,
     PRECISIONS,
 )
+from byoc.serving.limits import Limits, read_limits
 
 JSON = "application/json"
+PROFILES = ("realtime", "async")
+# BYOC_PROFILE=async: the defaults an asynchronous endpoint needs (payloads up to 1 GB from S3, an
+# invocation timeout of up to an hour, requests of many inputs); each variable still wins where set.
+ASYNC_DEFAULTS: dict[str, int] = {
+    "SAGEMAKER_MAX_PAYLOAD_IN_MB": 1024,
+    "SAGEMAKER_MODEL_SERVER_TIMEOUT": 3600,
+    "BYOC_MAX_INPUTS_PER_REQUEST": 1_000_000,
+    "BYOC_MAX_QUEUED_INPUTS": 2_000_000,
+    "BYOC_BODY_TIMEOUT": 900,
+}
+SERVER_HEADROOM = 256 << 20  # the server's own memory (Python, ONNX Runtime, uvicorn) and a margin
 
 
 class ServeSettingsError(SettingError):
@@ -76,10 +88,21 @@ class ServeSettings:
     program: str = "inference.py"  # the handler file in model/code/
     inference: InferenceSettings = InferenceSettings()
     log_level: str = "INFO"  # BYOC_LOG_LEVEL (byoc.logs sets it up; read here to stop on a bad value)
+    multi_model: bool = False  # SAGEMAKER_MULTI_MODEL: models load on POST /models (byoc.serving.multi_model)
+    multi_model_memory_mb: int | None = None  # BYOC_MULTI_MODEL_MEMORY_MB; None: the container's memory less headroom
+    limits: Limits = Limits(cpus=1, memory=None)  # the container's CPUs and memory (byoc.serving.limits)
+    profile: str = "realtime"  # BYOC_PROFILE: async raises the limits an asynchronous endpoint needs (ASYNC_DEFAULTS)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> ServeSettings:
+    def from_env(cls, env: Mapping[str, str] | None = None, limits: Limits | None = None) -> ServeSettings:
+        """The settings in `env` (os.environ when None), on a host with `limits` (read from this
+        process's cgroup when None)."""
         read = Environment(env, error=ServeSettingsError)
+        profile = read.choice("BYOC_PROFILE", "realtime", PROFILES)
+
+        def default(name: str, value: int) -> int:
+            return ASYNC_DEFAULTS.get(name, value) if profile == "async" else value
+
         timeout_name = (  # SageMaker's newer name, where only it is set
             "SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS"
             if read.is_set("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS")
@@ -90,24 +113,30 @@ class ServeSettings:
             model_dir=Paths.from_env(env).model_dir,  # the training contract's rule: an empty variable is unset
             port=read.integer("SAGEMAKER_BIND_TO_PORT", 8080, 1, 65535),
             workers=read.integer("SAGEMAKER_MODEL_SERVER_WORKERS", 1, 1),
-            timeout=read.number(timeout_name, 60.0, positive=True),
-            max_payload_mb=read.number("SAGEMAKER_MAX_PAYLOAD_IN_MB", 6.0, positive=True),
+            timeout=read.number(timeout_name, float(default("SAGEMAKER_MODEL_SERVER_TIMEOUT", 60)), positive=True),
+            max_payload_mb=read.number(
+                "SAGEMAKER_MAX_PAYLOAD_IN_MB", float(default("SAGEMAKER_MAX_PAYLOAD_IN_MB", 6)), positive=True
+            ),
             default_accept=_media_type(read.text("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or JSON),
             batch_strategy=read.text("SAGEMAKER_BATCH_STRATEGY") or "MULTI_RECORD",
             max_concurrent_transforms=read.integer("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", 0, 0),
             max_batch=read.integer("BYOC_MAX_BATCH_SIZE", 128, 1),
             max_delay_ms=read.number("BYOC_MAX_BATCH_DELAY_MS", 0.0),
             graceful_timeout=read.integer("BYOC_GRACEFUL_TIMEOUT", 25, 0),
-            max_inputs=read.integer("BYOC_MAX_INPUTS_PER_REQUEST", 4096, 1),
-            max_queued_inputs=read.integer("BYOC_MAX_QUEUED_INPUTS", 16384, 1),
+            max_inputs=read.integer("BYOC_MAX_INPUTS_PER_REQUEST", default("BYOC_MAX_INPUTS_PER_REQUEST", 4096), 1),
+            max_queued_inputs=read.integer("BYOC_MAX_QUEUED_INPUTS", default("BYOC_MAX_QUEUED_INPUTS", 16384), 1),
             max_concurrency=read.integer("BYOC_MAX_CONCURRENCY", 256, 1),
             keep_alive_timeout=read.number("BYOC_KEEP_ALIVE_TIMEOUT", 75.0, positive=True),
             header_timeout=read.number("BYOC_HEADER_TIMEOUT", 15.0, positive=True),
-            body_timeout=read.number("BYOC_BODY_TIMEOUT", 30.0, positive=True),
+            body_timeout=read.number("BYOC_BODY_TIMEOUT", float(default("BYOC_BODY_TIMEOUT", 30)), positive=True),
             max_header_bytes=read.integer("BYOC_MAX_HEADER_BYTES", 64 * 1024, 1024),
             program=read.text("SAGEMAKER_PROGRAM") or "inference.py",
             inference=InferenceSettings.from_env(env),
             log_level=log_level(read),
+            multi_model=read.flag("SAGEMAKER_MULTI_MODEL"),
+            multi_model_memory_mb=read.integer("BYOC_MULTI_MODEL_MEMORY_MB", None, 64),
+            limits=limits or read_limits(),
+            profile=profile,
         )
         connections = read.integer("BYOC_MAX_CONNECTIONS", 4 * settings.max_concurrency, 1)
         if connections < settings.max_concurrency:
@@ -126,6 +155,20 @@ class ServeSettings:
     @property
     def max_payload_bytes(self) -> int:
         return int(self.max_payload_mb * 1024 * 1024)
+
+    @property
+    def threads(self) -> int:
+        """The model's threads: OMP_NUM_THREADS where set, else this container's CPUs / workers."""
+        return self.inference.threads or max(1, self.limits.cpus // self.workers)
+
+    @property
+    def multi_model_budget(self) -> int:
+        """Bytes the models of a multi-model endpoint may take together: BYOC_MULTI_MODEL_MEMORY_MB, else
+        the container's memory (its cgroup limit, else the machine's) less the server's headroom."""
+        if self.multi_model_memory_mb is not None:
+            return self.multi_model_memory_mb << 20
+        usable = self.limits.usable_memory or 4 << 30
+        return max(64 << 20, usable - max(SERVER_HEADROOM, usable // 10))
 
 
 def _media_type(value: str) -> str:

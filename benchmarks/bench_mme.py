@@ -1,0 +1,126 @@
+"""Many models on one endpoint: `byoc serve` as a SageMaker multi-model endpoint (MME) with 50
+MiniLM-size classifiers loaded from disk.
+
+One server (SAGEMAKER_MULTI_MODEL=true, the default settings, 127.0.0.1), models loaded one after
+the other as SageMaker loads them (`POST /models`), each a copy of bench_serve.py's MiniLM emotion
+classifier (hard links: the disk holds one copy, the server loads each as its own). It measures:
+- load time per model (the POST /models answer), p50 and p99;
+- resident memory (RSS) per loaded model, and the accounting the server's budget uses;
+- the first request to a model right after its load against a warm request to it (p50 of each);
+- resident memory once every model is unloaded (`DELETE /models/{name}`), against before the first load.
+
+    .venv/bin/python benchmarks/bench_mme.py [--models 50] [--json benchmarks/results/mme.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_serve  # noqa: E402
+import reference_stack  # noqa: E402
+
+WORK = Path("/tmp/byoc-bench-mme")
+
+
+def model_copies(model: Path, count: int) -> list[Path]:
+    """`count` model folders as SageMaker unpacks them (/opt/ml/models/{name}/model), hard-linked."""
+    folders = []
+    for i in range(count):
+        target = WORK / "models" / f"m{i:03d}" / "model"
+        if not (target / "model.safetensors").exists():
+            for source in model.rglob("*"):
+                if source.is_file():
+                    dest = target / source.relative_to(model)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    if not dest.exists():
+                        os.link(source, dest)
+        folders.append(target)
+    return folders
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(model: Path, count: int, texts: list[str]) -> dict:
+    folders = model_copies(model, count)
+    port = bench_serve.free_port()
+    (WORK / "model").mkdir(parents=True, exist_ok=True)
+    env = {"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_BASE_DIR": str(WORK)}
+    proc, started = bench_serve.start_byoc(WORK / "model", port, env)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
+    try:
+        reference_stack.wait_ready(port, timeout=120, since=started, proc=proc)
+        body = {"inputs": texts[0]}
+        rss_start = bench_serve.rss_tree_mib(proc.pid)
+        loads, first, warm, rss = [], [], [], [rss_start]
+        for i, folder in enumerate(folders):
+            name = f"m{i:03d}"
+            began = time.monotonic()
+            answer = client.post("/models", json={"model_name": name, "url": str(folder)})
+            loads.append(time.monotonic() - began)
+            assert answer.status_code == 200, answer.text
+            for kind in (first, warm):  # right after its load, then again
+                began = time.monotonic()
+                assert client.post(f"/models/{name}/invoke", json=body).status_code == 200
+                kind.append(time.monotonic() - began)
+            rss.append(bench_serve.rss_tree_mib(proc.pid))
+            print(f"{name}: load {loads[-1] * 1000:.0f} ms, first {first[-1] * 1000:.1f} ms, rss {rss[-1]:.0f} MiB")
+        rss_loaded = rss[-1]
+        for i in range(count):
+            assert client.delete(f"/models/m{i:03d}").status_code == 200
+        time.sleep(1)
+        rss_unloaded = bench_serve.rss_tree_mib(proc.pid)
+    finally:
+        client.close()
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    return {
+        "models": count,
+        "model_files_mib": sum(f.stat().st_size for f in folders[0].rglob("*") if f.is_file()) / 2**20,
+        "load_s": {"p50": percentile(loads, 0.5), "p99": percentile(loads, 0.99), "max": max(loads)},
+        "first_request_ms_p50": statistics.median(first) * 1000,
+        "warm_request_ms_p50": statistics.median(warm) * 1000,
+        "rss_mib": {"start": rss_start, "loaded": rss_loaded, "unloaded": rss_unloaded},
+        "rss_mib_per_model": (rss_loaded - rss_start) / count,
+        "rss_mib_per_model_after_the_first": (rss_loaded - rss[1]) / max(1, count - 1),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", type=int, default=50)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    opts = parser.parse_args()
+    if bench_serve.DATA is None:
+        sys.exit("the emotion data is not beside the project (../shared/data/emotion)")
+    texts = bench_serve.sentences()
+    model = bench_serve.train_model()
+    results = run(model, opts.models, texts)
+    print(
+        f"{results['models']} models of {results['model_files_mib']:.0f} MiB on disk: load p50 "
+        f"{results['load_s']['p50'] * 1000:.0f} ms, p99 {results['load_s']['p99'] * 1000:.0f} ms; "
+        f"{results['rss_mib_per_model']:.0f} MiB resident per model; first request after a load "
+        f"{results['first_request_ms_p50']:.1f} ms (p50) against {results['warm_request_ms_p50']:.1f} ms warm; "
+        f"resident {results['rss_mib']['start']:.0f} MiB before, {results['rss_mib']['loaded']:.0f} MiB loaded, "
+        f"{results['rss_mib']['unloaded']:.0f} MiB after unloading every model",
+        flush=True,
+    )
+    if opts.json:
+        opts.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""One invocation's path through the server, whichever model answers it (`/invocations`, or
+`/models/{name}/invoke` on a multi-model endpoint): read the body (bounded in size and time), take
+one of `BYOC_MAX_CONCURRENCY` slots once the body is complete, run the handlers under the request
+timeout, and turn every outcome into an honest status with a JSON body.
+
+A slot is taken only once the body is complete, so slow or stalled senders never turn ordinary
+requests into 503s. A request uvicorn cuts at the graceful limit of SIGTERM gets a JSON 503, not
+uvicorn's plain-text 500; a client that leaves mid-body is one log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+
+from byoc.serving.batching import BatcherStopped, QueueFull
+from byoc.serving.model_server import ModelServer
+from byoc.serving.request_errors import InputError, InvalidAnswer
+from byoc.serving.settings import ServeSettings
+
+logger = logging.getLogger("byoc.serve")
+
+RETRY_AFTER = "1"  # seconds, on every 503: SageMaker and its SDKs retry such answers
+
+
+def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "status": status}, status_code=status, headers=headers)
+
+
+def unavailable(message: str) -> JSONResponse:
+    return error(503, message, {"Retry-After": RETRY_AFTER})
+
+
+class Invocations:
+    """The invocations of one server process: their slots, and those still open at SIGTERM."""
+
+    def __init__(self, settings: ServeSettings) -> None:
+        self.settings = settings
+        self.in_flight = 0  # invocations with their body read, being answered; the event loop is one thread
+        self.open: set[asyncio.Task] = set()  # invocations being read or answered
+
+    async def handle(self, request: Request, server: ModelServer) -> Response:
+        """Answer `request` with `server`."""
+        return await self.handle_with(request, lambda body, run: run(server))
+
+    async def handle_with(
+        self,
+        request: Request,
+        route: Callable[[bytes, Callable[[ModelServer], Awaitable[Response]]], Awaitable[Response]],
+    ) -> Response:
+        """Read the request, then `route(body, run)`: `run(server)` answers it with a model server
+        (slot, timeout, errors); `route` may answer instead (a model that is not loaded: 404)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self.open.add(task)
+        try:
+            body = await self.read_body(request)
+            if isinstance(body, Response):
+                return body
+            return await route(body, lambda server: self._answer(request, body, server))
+        except ClientDisconnect:
+            logger.info("a client disconnected before its request's body was complete")
+            return Response(status_code=400)  # nobody is there to read it
+        except asyncio.CancelledError:
+            # uvicorn cancels what is still running when BYOC_GRACEFUL_TIMEOUT ends: an honest,
+            # retryable answer instead of its plain-text 500.
+            if hasattr(task, "uncancel"):
+                task.uncancel()
+            return unavailable(
+                f"the server is shutting down and this request did not finish within the "
+                f"{self.settings.graceful_timeout} s of BYOC_GRACEFUL_TIMEOUT; retry (another instance answers)"
+            )
+        finally:
+            self.open.discard(task)
+
+    async def drain(self, timeout: float = 1.0) -> None:
+        """Let requests uvicorn cut at the graceful limit finish answering their 503."""
+        if self.open:
+            await asyncio.wait(list(self.open), timeout=timeout)
+
+    async def read_body(self, request: Request) -> bytes | Response:
+        """The request's body, or the 408/413 that refuses it."""
+        settings = self.settings
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > settings.max_payload_bytes:
+            return error(
+                413,
+                f"the request body ({int(declared)} bytes) is over the limit of "
+                f"{settings.max_payload_mb:g} MB (SAGEMAKER_MAX_PAYLOAD_IN_MB)",
+            )
+        body = bytearray()
+        try:
+            complete = await asyncio.wait_for(self._collect(request, body), settings.body_timeout)
+        except asyncio.TimeoutError:
+            return error(
+                408,
+                f"the request body did not arrive within {settings.body_timeout:g} s (BYOC_BODY_TIMEOUT); "
+                f"{len(body)} bytes came",
+                {"connection": "close"},  # the rest of that body will not be read
+            )
+        if not complete:
+            return error(
+                413,
+                f"the request body is over the limit of {settings.max_payload_mb:g} MB (SAGEMAKER_MAX_PAYLOAD_IN_MB)",
+            )
+        return bytes(body)
+
+    async def _collect(self, request: Request, body: bytearray) -> bool:
+        """Read the body into `body`; False as soon as it is over the payload limit."""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > self.settings.max_payload_bytes:
+                return False
+        return True
+
+    async def _answer(self, request: Request, body: bytes, server: ModelServer) -> Response:
+        # BYOC_MAX_CONCURRENCY bounds invocations here, not in uvicorn: uvicorn's limit refuses
+        # /ping too, and SageMaker replaces an instance whose /ping fails, the worst answer to load.
+        if self.in_flight >= self.settings.max_concurrency:
+            return unavailable(
+                f"the server is at capacity: {self.in_flight} requests in flight (BYOC_MAX_CONCURRENCY); "
+                "retry in a moment"
+            )
+        self.in_flight += 1
+        try:
+            return await self._invoke(request, body, server)
+        finally:
+            self.in_flight -= 1
+
+    async def _invoke(self, request: Request, body: bytes, server: ModelServer) -> Response:
+        timeout = self.settings.timeout
+        if not server.ready.is_set():
+            return unavailable("the model is still loading; retry when /ping answers 200")
+        problem = server.problem()
+        if problem:
+            return unavailable(f"{problem}; retry in a moment")
+        content_type = request.headers.get("content-type") or "application/json"
+        try:
+            return await asyncio.wait_for(server.invoke(body, content_type, request.headers.get("accept")), timeout)
+        except asyncio.TimeoutError:
+            return error(504, f"the prediction took longer than {timeout:g} s (SAGEMAKER_MODEL_SERVER_TIMEOUT)")
+        except InputError as err:
+            return error(err.status, str(err))
+        except InvalidAnswer as err:
+            logger.error("cannot send the answer: %s", err)
+            return error(err.status, str(err))
+        except QueueFull as err:
+            return unavailable(f"the server is at capacity: {err} (BYOC_MAX_QUEUED_INPUTS); retry in a moment")
+        except BatcherStopped as err:
+            return unavailable(f"this worker cannot serve: {err}; retry in a moment")
+        except Exception as err:  # a fault in the server or the handler code: logged in full, summarised to the client
+            logger.exception("invocation failed")
+            return error(500, f"internal error while predicting ({type(err).__name__}); see the endpoint's logs")

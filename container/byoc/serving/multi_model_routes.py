@@ -1,0 +1,134 @@
+"""The routes of a multi-model endpoint (byoc.serving.multi_model has the models): SageMaker's
+custom-container contract for MME, plus /ping and /execution-parameters.
+
+    POST   /models                  {"model_name": ..., "url": ...}   200, or 400/404/409/500/507
+    GET    /models[?next_page_token=T&limit=N]  {"models": [{"modelName", "modelUrl"}], "nextPageToken"?}
+    GET    /models/{name}           {"modelName", "modelUrl"}          200, or 404
+    DELETE /models/{name}           200, or 404
+    POST   /models/{name}/invoke    everything /invocations takes, for that model; 404 if not loaded
+
+/ping is 200 with no model loaded (SageMaker loads models only once the container is healthy) and
+503 only when the server itself cannot serve (a stuck inference call, a dead batching task).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from byoc.serving.invocations import Invocations, error
+from byoc.serving.model_server import ModelServer
+from byoc.serving.multi_model import PAGE_SIZE, LoadRefused, Registry
+from byoc.serving.settings import ServeSettings
+
+logger = logging.getLogger("byoc.serve")
+
+TARGET_HEADER = "x-amzn-sagemaker-target-model"  # the invoker's TargetModel: for the logs only
+MAX_PAGE = 1000
+
+
+def multi_model_app(
+    settings: ServeSettings,
+    invocations: Invocations,
+    execution_parameters: Callable[[Request], Awaitable[Response]],
+    on_death: Callable[[str], None],
+) -> Starlette:
+    registry = Registry(settings, settings.multi_model_budget, on_death)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette):
+        warming = asyncio.ensure_future(registry.warm_up())  # loads wait for it; /ping does not
+        logger.info(
+            "multi-model endpoint: models load on POST /models, within %d MiB (BYOC_MULTI_MODEL_MEMORY_MB)",
+            registry.budget >> 20,
+        )
+        yield
+        warming.cancel()
+        await invocations.drain()
+        await registry.stop()
+
+    async def ping(request: Request) -> Response:
+        problem = registry.problem()
+        return JSONResponse({"status": "healthy"}) if problem is None else error(503, problem)
+
+    async def load(request: Request) -> Response:
+        body = await invocations.read_body(request)
+        if isinstance(body, Response):
+            return body
+        try:
+            spec = json.loads(body)
+            name, url = spec["model_name"], spec["url"]
+            if not (isinstance(name, str) and name and isinstance(url, str) and url):
+                raise ValueError
+        except (ValueError, TypeError, KeyError):
+            return error(400, 'the body must be JSON: {"model_name": "a name", "url": "/opt/ml/models/.../model"}')
+        logger.info("loading model %r from %s (target model %s)", name, url, request.headers.get(TARGET_HEADER, "-"))
+        try:
+            entry = await registry.load(name, url)
+        except LoadRefused as refused:
+            logger.warning("model %r not loaded (%d): %s", name, refused.status, refused)
+            return error(refused.status, str(refused))
+        return JSONResponse({**registry.describe(entry), "status": f"model {name!r} loaded"})
+
+    async def listing(request: Request) -> Response:
+        limit = request.query_params.get("limit", "")
+        size = int(limit) if limit.isdigit() and 0 < int(limit) <= MAX_PAGE else PAGE_SIZE
+        return JSONResponse(registry.page(request.query_params.get("next_page_token"), size))
+
+    async def describe(request: Request) -> Response:
+        entry = registry.get(request.path_params["name"])
+        return JSONResponse(registry.describe(entry)) if entry else _not_loaded(request.path_params["name"])
+
+    async def unload(request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            await registry.unload(name, wait=settings.timeout)
+        except LoadRefused as refused:
+            return error(refused.status, str(refused))
+        return JSONResponse({"status": f"model {name!r} unloaded"})
+
+    async def invoke(request: Request) -> Response:
+        name = request.path_params["name"]
+        target = request.headers.get(TARGET_HEADER)
+
+        async def route(body: bytes, run: Callable[[ModelServer], Awaitable[Response]]) -> Response:
+            entry = registry.get(name)  # looked up once the body is read: an unload meanwhile is a 404
+            if entry is None:
+                return _not_loaded(name)
+            logger.debug("invoking model %r (target model %s)", name, target or "-")
+            entry.in_flight += 1
+            try:
+                return await run(entry.server)
+            finally:
+                entry.in_flight -= 1
+
+        return await invocations.handle_with(request, route)
+
+    async def no_default_model(request: Request) -> Response:
+        return error(404, "this is a multi-model endpoint: invoke a model at /models/{model_name}/invoke")
+
+    return Starlette(
+        routes=[
+            Route("/ping", ping, methods=["GET"]),
+            Route("/models", load, methods=["POST"]),
+            Route("/models", listing, methods=["GET"]),
+            Route("/models/{name:path}/invoke", invoke, methods=["POST"]),
+            Route("/models/{name:path}", describe, methods=["GET"]),
+            Route("/models/{name:path}", unload, methods=["DELETE"]),
+            Route("/invocations", no_default_model, methods=["POST"]),
+            Route("/execution-parameters", execution_parameters, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+
+
+def _not_loaded(name: str) -> Response:
+    return error(404, f"no model named {name!r} is loaded: load it with POST /models first")

@@ -1,0 +1,74 @@
+"""BYOC_PROFILE=async: an asynchronous endpoint's request of 100,000 texts (a JSON Lines body, as a
+batch of records from S3) is answered in full, in memory bounded by a few times the body, while
+ordinary requests sent meanwhile are answered before it, not after."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import serve_helpers
+from serve_helpers import TEXTS, Server
+
+pytestmark = pytest.mark.integration  # a server in a process of its own
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_hundred_thousand_texts_are_answered_in_full_and_nobody_waits_behind_them(
+    tmp_path, tmp_path_factory, tiny_model_dir
+):
+    model = tmp_path / "opt-ml" / "model"  # where the server looks: SAGEMAKER_BASE_DIR/model
+    shutil.copytree(serve_helpers.tiny_classifier(tmp_path_factory, tiny_model_dir), model)
+    texts = [f"{TEXTS[i % 4]} {i}" for i in range(100_000)]
+    body = "\n".join(json.dumps(t) for t in texts).encode()
+    s = Server(model, env={"BYOC_PROFILE": "async"})
+    try:
+        s.wait_ready()
+        s.invoke({"inputs": TEXTS})
+        before = rss_mib(s.proc.pid)
+        peak = before
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            big = pool.submit(
+                s.client.post, "/invocations", content=body, headers={"content-type": "application/jsonlines"}
+            )
+            ordinary = []
+            while not big.done():
+                began = time.monotonic()
+                answer = s.invoke({"inputs": TEXTS[:2]})
+                ordinary.append((answer.status_code, time.monotonic() - began, big.done()))
+                peak = max(peak, rss_mib(s.proc.pid))
+                time.sleep(0.2)
+            answer = big.result()
+    finally:
+        s.stop()
+    assert answer.status_code == 200, answer.text[:500]
+    assert len(answer.json()) == 100_000
+    assert ordinary and all(status == 200 for status, _, _ in ordinary)
+    # Not starved: ordinary requests were answered while the big one was still running.
+    assert sum(1 for _, _, big_done in ordinary if not big_done) >= 3, ordinary
+    body_mib = len(body) / 2**20
+    assert peak - before < 8 * body_mib + 50, (before, peak, body_mib)
+
+
+def test_the_profile_lifts_the_limits_and_each_variable_still_wins(tmp_path):
+    from byoc.serving.settings import ServeSettings
+
+    env = {"SAGEMAKER_BASE_DIR": str(tmp_path)}
+    realtime, asynchronous = ServeSettings.from_env(env), ServeSettings.from_env({**env, "BYOC_PROFILE": "async"})
+    assert (realtime.max_payload_mb, realtime.timeout, realtime.max_inputs) == (6, 60, 4096)
+    assert (asynchronous.max_payload_mb, asynchronous.timeout, asynchronous.max_inputs) == (1024, 3600, 1_000_000)
+    assert asynchronous.max_queued_inputs >= asynchronous.max_inputs and asynchronous.body_timeout == 900
+    chosen = ServeSettings.from_env({**env, "BYOC_PROFILE": "async", "SAGEMAKER_MODEL_SERVER_TIMEOUT": "900"})
+    assert chosen.timeout == 900
+    with pytest.raises(ValueError, match="BYOC_PROFILE"):
+        ServeSettings.from_env({**env, "BYOC_PROFILE": "batch"})
