@@ -25,18 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import helpers  # noqa: E402  (the tests' own job builders)
 from helpers import (
+    CLASSIFICATION_HP,
     CPU_ONLY,
     DISTRIBUTED_HP,
     GPU_HP,
     SMALL_JOB_HP,
     Job,
+    build_job,
     build_tiny_bert,  # noqa: E402
-    classification_job,
     learned,
     losses,
-    sentiment_rows,
-    small_job,
-    write_csv,
 )
 
 
@@ -49,41 +47,41 @@ def _train(job: Job, env: dict[str, str]) -> Job:
 
 def xla_cpu_accuracy(root: Path, model: Path, env: dict) -> float:
     """test_xla: the CPU path's eval_accuracy >= 0.9."""
-    return _train(classification_job(root, model, {"device": "cpu"}), {**env, **CPU_ONLY}).metrics["eval_accuracy"]
+    return _train(
+        build_job(root, model, {**CLASSIFICATION_HP, "device": "cpu"}, train=96, test=40), {**env, **CPU_ONLY}
+    ).metrics["eval_accuracy"]
 
 
 def xla_accuracy_gap(root: Path, model: Path, env: dict) -> float:
     """test_xla: |XLA path - CPU path| eval_accuracy <= 0.05."""
-    cpu = _train(classification_job(root / "cpu", model, {"device": "cpu"}), {**env, **CPU_ONLY})
-    xla = _train(classification_job(root / "xla", model, {"device": "xla"}), {**env, "PJRT_DEVICE": "CPU"})
+    cpu = _train(
+        build_job(root / "cpu", model, {**CLASSIFICATION_HP, "device": "cpu"}, train=96, test=40), {**env, **CPU_ONLY}
+    )
+    xla = _train(
+        build_job(root / "xla", model, {**CLASSIFICATION_HP, "device": "xla"}, train=96, test=40),
+        {**env, "PJRT_DEVICE": "CPU"},
+    )
     return abs(xla.metrics["eval_accuracy"] - cpu.metrics["eval_accuracy"])
 
 
 def distributed_loss_ratio(root: Path, model: Path, env: dict) -> float:
     """test_distributed: loss at step 160 < 0.5 x loss at step 1 (one rank, batch 8: the same losses
     as two ranks of 4, which that test checks)."""
-    job = Job(root).resources()
-    job.hyperparameters({**DISTRIBUTED_HP, "per_device_train_batch_size": "8"})
-    job.model_channel(model)
-    write_csv(job.channel("train") / "t.csv", sentiment_rows(64))
+    job = build_job(root, model, {**DISTRIBUTED_HP, "per_device_train_batch_size": "8"})
     steps = losses(_train(job, {**env, **CPU_ONLY}))
     return steps[160] / steps[1]
 
 
 def small_job_accuracy(root: Path, model: Path, env: dict) -> float:
     """test_container (>= 0.9) and SDK local mode (== 1.0): eval_accuracy of the 120-step job."""
-    return _train(small_job(root, model, SMALL_JOB_HP), {**env, **CPU_ONLY}).metrics["eval_accuracy"]
+    return _train(build_job(root, model, SMALL_JOB_HP, test=16), {**env, **CPU_ONLY}).metrics["eval_accuracy"]
 
 
 def gpu_learned(precision: str) -> Callable[[Path, Path, dict], float]:
     def case(root: Path, model: Path, env: dict) -> float:
         """test_gpu: mean loss of the last 5 of 160 steps < 0.5 x that of the first 5."""
-        job = Job(root).resources()
         flags = {"bf16": "true"} if precision == "bf16" else {"fp16": "true"} if precision == "fp16" else {}
-        job.hyperparameters({**GPU_HP, **flags})
-        job.model_channel(model)
-        write_csv(job.channel("train") / "t.csv", sentiment_rows(64))
-        write_csv(job.channel("test") / "t.csv", sentiment_rows(32)[::-1])
+        job = build_job(root, model, {**GPU_HP, **flags}, test=32)
         return learned(losses(_train(job, env)), 1, 160)
 
     return case

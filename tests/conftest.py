@@ -8,6 +8,49 @@ import pytest
 
 from helpers import Job, build_tiny_bert
 
+# Test files that run in the main tier only (marked `once`; `make test-xla` deselects them). What
+# they check does not change with the torch, transformers or torch-xla version: the server's own
+# behaviour on ONNX Runtime (connections, limits, hostile requests, multi-model, async), parsing,
+# docs, the architecture's walls, shell scripts, requirement files, a venv or a benchmark script
+# of their own. Everything that drives torch, transformers, datasets or torch-xla (training,
+# launch, resume, checkpoints, compat, the torch serving backend, the ONNX export, the XLA path)
+# runs in both tiers. docs/testing.md lists them.
+ONCE = frozenset(
+    {
+        "test_architecture.py",
+        "test_bench_gpu.py",
+        "test_bench_serve.py",
+        "test_build_and_push.py",
+        "test_contract.py",
+        "test_demo.py",
+        "test_files.py",
+        "test_gpu_image_requirements.py",
+        "test_import_paths.py",
+        "test_readme.py",
+        "test_requirements.py",
+        "test_settings.py",
+        "launch/test_efa.py",
+        "serving/test_async_profile.py",
+        "serving/test_batching.py",
+        "serving/test_hostile.py",
+        "serving/test_limits.py",
+        "serving/test_multi_model.py",
+        "serving/test_negotiation.py",
+        "serving/test_properties.py",
+        "serving/test_serving_venv.py",
+        "serving/test_settings.py",
+        "serving/test_threads.py",
+        "serving/test_under_fire.py",
+    }
+)  # paths under tests/
+TESTS = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.relative_to(TESTS).as_posix() in ONCE:
+            item.add_marker(pytest.mark.once)
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:

@@ -236,29 +236,37 @@ def run_train_process(
 # scripts/seed_margins.py trains exactly them for many seeds of build_tiny_bert.
 
 
-def classification_job(root: Path, model: Path, extra: dict) -> Job:
-    """test_xla's job: 4 epochs on 96 rows, evaluated on 40 (the last evaluation batch is short)."""
+def build_job(
+    root: Path, model: Path, hyperparameters: dict[str, str], train: int = 64, test: int = 0, validation: int = 0
+) -> Job:
+    """The tests' one job builder: a single-host job tree under `root` with `model` as its model
+    channel and `train` sentiment rows, plus `test` rows (in reverse order: predictions are checked in
+    the data's order) and `validation` rows where asked. The recipes below are its hyperparameters."""
     job = Job(root).resources()
-    job.hyperparameters(
-        {
-            "epochs": "4",
-            "learning_rate": "5e-3",
-            "per_device_train_batch_size": "8",
-            "per_device_eval_batch_size": "16",
-            "freeze_embeddings": "false",
-            "freeze_layers": "0",
-            "eval_strategy": "epoch",
-            "logging_steps": "5",
-            **extra,
-        }
-    )
+    job.hyperparameters(hyperparameters)
     job.model_channel(model)
-    write_csv(job.channel("train") / "t.csv", sentiment_rows(96))
-    write_csv(job.channel("test") / "t.csv", sentiment_rows(40)[::-1])
+    write_csv(job.channel("train") / "t.csv", sentiment_rows(train))
+    if test:
+        write_csv(job.channel("test") / "t.csv", sentiment_rows(test)[::-1])
+    if validation:
+        write_csv(job.channel("validation") / "v.csv", sentiment_rows(validation))
     return job
 
 
-# The container tests' job (and SDK local mode's, in tests/container/local_mode.py): 120 steps.
+# test_xla's jobs: 4 epochs, evaluated each (96 training rows, 40 test rows: the last evaluation batch is short).
+CLASSIFICATION_HP = {
+    "epochs": "4",
+    "learning_rate": "5e-3",
+    "per_device_train_batch_size": "8",
+    "per_device_eval_batch_size": "16",
+    "freeze_embeddings": "false",
+    "freeze_layers": "0",
+    "eval_strategy": "epoch",
+    "logging_steps": "5",
+}
+
+
+# The container tests' job (and SDK local mode's, in tests/container/local_mode.py): 120 steps, 16 test rows.
 SMALL_JOB_HP = {
     "max_steps": "120",
     "learning_rate": "5e-3",
@@ -267,16 +275,6 @@ SMALL_JOB_HP = {
     "freeze_layers": "0",
     "logging_steps": "20",
 }
-
-
-def small_job(root: Path, model: Path, hyperparameters: dict) -> Job:
-    """64 training rows, 16 test rows."""
-    job = Job(root).resources()
-    job.hyperparameters(hyperparameters)
-    job.model_channel(model)
-    write_csv(job.channel("train") / "t.csv", sentiment_rows(64))
-    write_csv(job.channel("test") / "t.csv", sentiment_rows(16))
-    return job
 
 
 # test_distributed's jobs: every layer trains, 160 steps, logged at each.
@@ -305,7 +303,7 @@ def learned(steps: dict[int, float], first: int, last: int, window: int = 5) -> 
 # Stops and resume (test_resume, test_xla): a job that checkpoints every 10 steps, stopped by a signal.
 
 # Every layer trains (a real learning signal), checkpoints every 10 steps.
-HP = {
+RESUME_HP = {
     "max_steps": "120",
     "logging_steps": "1",
     "learning_rate": "1e-3",
@@ -316,16 +314,6 @@ HP = {
     "save_strategy": "steps",
     "save_steps": "10",
 }
-
-
-def make_job(root: Path, tiny_model_dir: Path, extra: dict | None = None, rows: int = 64, eval_rows: int = 0) -> Job:
-    job = Job(root).resources()
-    job.hyperparameters({**HP, **(extra or {})})
-    job.model_channel(tiny_model_dir)
-    write_csv(job.channel("train") / "t.csv", sentiment_rows(rows))
-    if eval_rows:
-        write_csv(job.channel("validation") / "v.csv", sentiment_rows(eval_rows))
-    return job
 
 
 def run_until(job: Job, marker: str, sig: int = signal.SIGTERM, timeout: int = 300) -> tuple[int, str]:

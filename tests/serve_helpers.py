@@ -136,3 +136,13 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         return self.proc.stdout.read()
+
+
+def serve(model_dir: Path, tmp_path: Path | None = None, source: str | None = None, **env: str) -> Server:
+    """A ready server on the model; with `source`, on a copy of it whose code/inference.py is `source`."""
+    if source is not None:
+        assert tmp_path is not None
+        model_dir = model_with_code(model_dir, tmp_path, source)
+    s = Server(model_dir, env=env)
+    s.wait_ready()
+    return s

@@ -16,7 +16,7 @@ import tarfile
 import pytest
 import torch
 
-from helpers import GPU_HP, Job, learned, losses, run_train_process, sentiment_rows, start_train, write_csv
+from helpers import GPU_HP, Job, build_job, learned, losses, run_train_process, start_train
 
 if not torch.cuda.is_available():
     if os.environ.get("BYOC_REQUIRE_GPU") == "1":
@@ -28,21 +28,13 @@ pytestmark = pytest.mark.gpu
 HP = GPU_HP
 
 
-def gpu_job(root, tiny_model_dir, extra: dict | None = None) -> Job:
-    job = Job(root).resources()
-    job.hyperparameters({**HP, **(extra or {})})
-    job.model_channel(tiny_model_dir)
-    write_csv(job.channel("train") / "t.csv", sentiment_rows(64))
-    write_csv(job.channel("test") / "t.csv", sentiment_rows(32)[::-1])
-    return job
-
-
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_training_on_cuda_in_each_precision(tmp_path, tiny_model_dir, precision):
     if precision == "bf16" and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16 (T4, V100)")
     # Eager here (the compiled path has its own test below): every precision trains the same job.
-    job = gpu_job(tmp_path / "opt-ml", tiny_model_dir, {"precision": precision, "torch_compile": "false"})
+    hyperparameters = {**HP, "precision": precision, "torch_compile": "false"}
+    job = build_job(tmp_path / "opt-ml", tiny_model_dir, hyperparameters, test=32)
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     metrics = job.metrics
@@ -59,7 +51,7 @@ def test_precision_auto_and_bf16_choose_from_this_gpu(tmp_path, tiny_model_dir):
     """precision=auto: TF32 eagerly from Ampere on, fp32 before; bf16=true compiles the step on one GPU
     (a machine with several runs one process per GPU, and then does not compile by itself)."""
     ampere = torch.cuda.get_device_capability() >= (8, 0)
-    job = gpu_job(tmp_path / "auto" / "opt-ml", tiny_model_dir, {})
+    job = build_job(tmp_path / "auto" / "opt-ml", tiny_model_dir, HP, test=32)
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (
@@ -68,7 +60,7 @@ def test_precision_auto_and_bf16_choose_from_this_gpu(tmp_path, tiny_model_dir):
     )
     if not ampere:
         return
-    job = gpu_job(tmp_path / "bf16" / "opt-ml", tiny_model_dir, {"bf16": "true", "max_buckets": "2"})
+    job = build_job(tmp_path / "bf16" / "opt-ml", tiny_model_dir, {**HP, "bf16": "true", "max_buckets": "2"}, test=32)
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert job.metrics["precision"] == "bf16"
@@ -82,7 +74,7 @@ def test_precision_auto_and_bf16_choose_from_this_gpu(tmp_path, tiny_model_dir):
 def test_compiled_job_on_cuda_replays_cuda_graphs_and_compiles_nothing_after_epoch_one(tmp_path, tiny_model_dir):
     """torch_compile=true on a GPU: fixed-shape buckets, one static graph each, CUDA graphs
     (mode reduce-overhead), and precision=auto's bf16 there (fp16 before Ampere); it still learns."""
-    job = gpu_job(tmp_path / "opt-ml", tiny_model_dir, {"torch_compile": "true", "max_buckets": "2"})
+    job = build_job(tmp_path / "opt-ml", tiny_model_dir, {**HP, "torch_compile": "true", "max_buckets": "2"}, test=32)
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     metrics = job.metrics
@@ -130,11 +122,11 @@ def test_a_one_gpu_job_through_the_launcher_runs_nccl(tmp_path):
 
 def test_sigterm_on_cuda_checkpoints_and_the_rerun_resumes_exactly(tmp_path, tiny_model_dir):
     extra = {"max_steps": "80", "save_strategy": "steps", "save_steps": "10"}
-    reference = gpu_job(tmp_path / "reference" / "opt-ml", tiny_model_dir, extra)
+    reference = build_job(tmp_path / "reference" / "opt-ml", tiny_model_dir, {**HP, **extra}, test=32)
     done = run_train_process(reference.root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
-    job = gpu_job(tmp_path / "stopped" / "opt-ml", tiny_model_dir, extra)
+    job = build_job(tmp_path / "stopped" / "opt-ml", tiny_model_dir, {**HP, **extra}, test=32)
     proc = start_train(job.root)
     for line in proc.stdout:
         if "[metrics] step=25 " in line:
@@ -159,7 +151,7 @@ def test_serving_on_cuda_every_backend_answers_as_torch_fp32(tmp_path, tiny_mode
     import onnxruntime
     from test_serve import Server
 
-    job = gpu_job(tmp_path / "opt-ml", tiny_model_dir)
+    job = build_job(tmp_path / "opt-ml", tiny_model_dir, HP, test=32)
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     texts = ["i love this so much", "rude people and cold food", "what a great day it was"] * 3

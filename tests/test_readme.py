@@ -135,3 +135,12 @@ def test_relative_links_point_to_files_that_exist():
             if not (page.parent / path).exists():
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert not broken, "links to missing files:\n" + "\n".join(broken)
+
+
+def test_every_file_that_runs_once_exists_and_testing_md_lists_it():
+    import conftest
+
+    testing = doc("testing.md")
+    for name in conftest.ONCE:
+        assert (ROOT / "tests" / name).is_file(), f"conftest.ONCE names {name}, which is no test file"
+        assert f"`{name}`" in testing, f"docs/testing.md does not list {name}, which runs in the main tier only"

@@ -22,7 +22,7 @@ from byoc.serving.handler_loader import load_handlers
 
 pytestmark = pytest.mark.integration  # servers in processes: not in make test-fast
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -423,7 +423,7 @@ def test_user_script_code_train_py(job, tiny_model_dir):
     job.model_channel(tiny_model_dir)
     write_csv(job.channel("train") / "t.csv", sentiment_rows(32))
     write_csv(job.channel("test") / "t.csv", sentiment_rows(8))
-    script = Path(__file__).resolve().parents[1] / "code" / "train.py"
+    script = Path(__file__).resolve().parents[2] / "code" / "train.py"
     done = run_train_process(job.root, sys.executable, str(script))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert_deployable_model(job.model_dir, ["negative", "positive"])
@@ -432,7 +432,7 @@ def test_user_script_code_train_py(job, tiny_model_dir):
 
 def test_user_script_reports_failures(job):
     job.hyperparameters({"epochz": "1"})
-    script = Path(__file__).resolve().parents[1] / "code" / "train.py"
+    script = Path(__file__).resolve().parents[2] / "code" / "train.py"
     done = run_train_process(job.root, sys.executable, str(script))
     assert done.returncode == 1 and "'epochs'" in job.failure
 

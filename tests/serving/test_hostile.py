@@ -13,9 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 import serve_helpers
+from accept_cases import ACCEPT_CASES
 from hypothesis import HealthCheck, given, settings
 from request_strategies import SERVER_BODIES, requests
-from serve_helpers import TEXTS, Server
+from serve_helpers import TEXTS, Server, serve
 
 from byoc.serving import default_handlers, negotiation
 
@@ -25,15 +26,6 @@ pytestmark = pytest.mark.integration  # servers in processes: not in make test-f
 @pytest.fixture(scope="module")
 def trained_model(tmp_path_factory, tiny_model_dir) -> Path:
     return serve_helpers.trained_classifier(tmp_path_factory, tiny_model_dir)
-
-
-def serve(model_dir: Path, tmp_path: Path | None = None, source: str | None = None, **env: str) -> Server:
-    if source is not None:
-        assert tmp_path is not None
-        model_dir = serve_helpers.model_with_code(model_dir, tmp_path, source)
-    s = Server(model_dir, env=env)
-    s.wait_ready()
-    return s
 
 
 def concurrently(s: Server, requests: list[tuple[bytes, dict]]) -> list[httpx.Response]:
@@ -98,18 +90,7 @@ def test_a_failed_batch_runs_again_one_request_at_a_time(trained_model, tmp_path
     assert "running them one at a time" in log
 
 
-@pytest.mark.parametrize(
-    "accept,kind",
-    [
-        ("application/json, text/csv", "application/json"),
-        ("*/*;q=0.8", "application/json"),
-        ("application/*", "application/json"),
-        ("text/*", "text/csv"),
-        ("text/csv;q=0.5, application/json;q=0.9", "application/json"),
-        ("application/json;q=0.5, text/csv;q=0.9", "text/csv"),
-        ("application/jsonlines;q=1, */*;q=0.1", "application/jsonlines"),
-    ],
-)
+@pytest.mark.parametrize("accept,kind", ACCEPT_CASES)
 def test_accept_headers_that_clients_send(shared_server, accept, kind):
     """All of them used to be a 406, some after the model had run."""
     answer = shared_server.invoke({"inputs": TEXTS[:2]}, accept=accept)

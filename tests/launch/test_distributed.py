@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CPU_ONLY, DISTRIBUTED_HP, Job, free_port, losses, sentiment_rows, write_csv
+from helpers import CPU_ONLY, DISTRIBUTED_HP, Job, build_job, free_port, losses, sentiment_rows, write_csv
 from helpers import start_train as _start_train
 
 pytestmark = pytest.mark.integration  # real jobs in processes: not in make test-fast
@@ -26,14 +26,6 @@ HP = DISTRIBUTED_HP  # every layer trains (a real learning signal to compare), n
 TWO_RANKS = {"BYOC_PROCESSES_PER_HOST": "2"}
 
 
-def make_job(root: Path, model: Path, batch: int, extra: dict | None = None, rows: int = 64) -> Job:
-    job = Job(root).resources()
-    job.hyperparameters({**HP, "per_device_train_batch_size": str(batch), **(extra or {})})
-    job.model_channel(model)
-    write_csv(job.channel("train") / "t.csv", sentiment_rows(rows))
-    return job
-
-
 def finish(proc: subprocess.Popen, timeout: int = 300) -> tuple[int, str]:
     out, _ = proc.communicate(timeout=timeout)
     return proc.returncode, out
@@ -42,14 +34,16 @@ def finish(proc: subprocess.Popen, timeout: int = 300) -> tuple[int, str]:
 @pytest.fixture(scope="module")
 def two_rank_reference(tmp_path_factory, tiny_model_dir) -> Job:
     """An uninterrupted 2-process job, batch 4 per rank."""
-    job = make_job(tmp_path_factory.mktemp("two-ranks") / "opt-ml", tiny_model_dir, 4)
+    job = build_job(
+        tmp_path_factory.mktemp("two-ranks") / "opt-ml", tiny_model_dir, {**HP, "per_device_train_batch_size": "4"}
+    )
     code, log = finish(start_train(job.root, TWO_RANKS))
     assert code == 0, log[-3000:]
     return job
 
 
 def test_two_ranks_train_the_same_model_as_one_with_twice_the_batch(tmp_path, tiny_model_dir, two_rank_reference):
-    single = make_job(tmp_path / "opt-ml", tiny_model_dir, 8)
+    single = build_job(tmp_path / "opt-ml", tiny_model_dir, {**HP, "per_device_train_batch_size": "8"})
     code, log = finish(start_train(single.root))
     assert code == 0, log[-3000:]
     assert two_rank_reference.metrics["world_size"] == 2 and single.metrics["world_size"] == 1
@@ -63,7 +57,7 @@ def test_two_ranks_train_the_same_model_as_one_with_twice_the_batch(tmp_path, ti
 
 
 def test_sigterm_reaches_every_rank_and_the_job_resumes_exactly(tmp_path, tiny_model_dir, two_rank_reference):
-    job = make_job(tmp_path / "opt-ml", tiny_model_dir, 4)
+    job = build_job(tmp_path / "opt-ml", tiny_model_dir, {**HP, "per_device_train_batch_size": "4"})
     proc = start_train(job.root, TWO_RANKS)
     lines = []
     for line in proc.stdout:
@@ -109,7 +103,9 @@ def _rank_of(pid: int) -> int | None:
 
 
 def test_a_killed_rank_stops_the_job_with_its_name_and_exit_code(tmp_path, tiny_model_dir):
-    job = make_job(tmp_path / "opt-ml", tiny_model_dir, 4, {"max_steps": "100000"})
+    job = build_job(
+        tmp_path / "opt-ml", tiny_model_dir, {**HP, "per_device_train_batch_size": "4", "max_steps": "100000"}
+    )
     proc = start_train(job.root, TWO_RANKS)
     lines = []
     for line in proc.stdout:

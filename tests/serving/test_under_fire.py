@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import serve_helpers
-from serve_helpers import TEXTS, Server
+from serve_helpers import TEXTS, Server, serve
 
 pytestmark = pytest.mark.integration  # servers in processes: not in make test-fast
 
@@ -22,15 +22,6 @@ pytestmark = pytest.mark.integration  # servers in processes: not in make test-f
 @pytest.fixture(scope="module")
 def trained_model(tmp_path_factory, tiny_model_dir) -> Path:
     return serve_helpers.trained_classifier(tmp_path_factory, tiny_model_dir)
-
-
-def serve(model_dir: Path, tmp_path: Path | None = None, source: str | None = None, **env: str) -> Server:
-    if source is not None:
-        assert tmp_path is not None
-        model_dir = serve_helpers.model_with_code(model_dir, tmp_path, source)
-    s = Server(model_dir, env=env)
-    s.wait_ready()
-    return s
 
 
 def raw(s: Server) -> socket.socket:

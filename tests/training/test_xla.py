@@ -13,10 +13,11 @@ import os
 import pytest
 
 from helpers import (
+    CLASSIFICATION_HP,
+    RESUME_HP,
     assert_same_losses,
-    classification_job,
+    build_job,
     losses,
-    make_job,
     rerun,
     run_train_process,
     run_until,
@@ -43,7 +44,9 @@ def cpu_backend(monkeypatch):
 def test_xla_job_matches_the_cpu_path_and_compiles_nothing_after_epoch_one(tmp_path, tiny_model_dir):
     results = {}
     for device in ("cpu", "xla"):
-        job = classification_job(tmp_path / device / "opt-ml", tiny_model_dir, {"device": device})
+        job = build_job(
+            tmp_path / device / "opt-ml", tiny_model_dir, {**CLASSIFICATION_HP, "device": device}, train=96, test=40
+        )
         done = run_train_process(job.root)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "Joining rendezvous" not in done.stdout  # torch-xla's line at every logging step stays out
@@ -61,7 +64,13 @@ def test_xla_job_matches_the_cpu_path_and_compiles_nothing_after_epoch_one(tmp_p
 
 
 def test_xla_artifact_serves_on_cpu(tmp_path, tiny_model_dir):
-    job = classification_job(tmp_path / "opt-ml", tiny_model_dir, {**XLA, "epochs": "1", "do_predict": "true"})
+    job = build_job(
+        tmp_path / "opt-ml",
+        tiny_model_dir,
+        {**CLASSIFICATION_HP, **XLA, "epochs": "1", "do_predict": "true"},
+        train=96,
+        test=40,
+    )
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:]
     predictions = [
@@ -91,9 +100,9 @@ def test_xla_artifact_serves_on_cpu(tmp_path, tiny_model_dir):
 
 def test_xla_sigterm_checkpoints_and_the_rerun_resumes_at_the_exact_step(tmp_path, tiny_model_dir):
     extra = {**XLA, "max_steps": "40", "buckets": "16,32"}
-    reference = make_job(tmp_path / "reference" / "opt-ml", tiny_model_dir, extra)
+    reference = build_job(tmp_path / "reference" / "opt-ml", tiny_model_dir, {**RESUME_HP, **extra})
     rerun(reference)
-    job = make_job(tmp_path / "stopped" / "opt-ml", tiny_model_dir, extra)
+    job = build_job(tmp_path / "stopped" / "opt-ml", tiny_model_dir, {**RESUME_HP, **extra})
     code, log = run_until(job, "[metrics] step=13 ")
     assert code == 143, log[-3000:]
     step = stopped_step(job)
@@ -109,7 +118,9 @@ def test_xla_sigterm_checkpoints_and_the_rerun_resumes_at_the_exact_step(tmp_pat
 
 
 def test_bad_xla_settings_fail_with_a_clear_message(tmp_path, tiny_model_dir):
-    job = classification_job(tmp_path / "opt-ml", tiny_model_dir, {**XLA, "buckets": "16,x"})
+    job = build_job(
+        tmp_path / "opt-ml", tiny_model_dir, {**CLASSIFICATION_HP, **XLA, "buckets": "16,x"}, train=96, test=40
+    )
     done = run_train_process(job.root)
     assert done.returncode == 1
     assert job.failure.startswith("hyperparameter buckets must be auto or a list of positive sizes"), job.failure
@@ -124,7 +135,9 @@ def fake_neuron_parallel_compile(folder):
 
 
 def test_neuron_precompile_compiles_every_shape_under_the_tool_and_writes_no_model(tmp_path, tiny_model_dir):
-    job = classification_job(tmp_path / "opt-ml", tiny_model_dir, {"neuron_precompile": "true"})
+    job = build_job(
+        tmp_path / "opt-ml", tiny_model_dir, {**CLASSIFICATION_HP, "neuron_precompile": "true"}, train=96, test=40
+    )
     tools = fake_neuron_parallel_compile(tmp_path)
     # one NeuronCore, as the runtime reports it; the graphs still compile on torch-xla's CPU backend
     env = {"PATH": f"{tools}:{os.environ['PATH']}", "NEURON_RT_NUM_CORES": "1", "PJRT_DEVICE": "CPU"}
@@ -142,7 +155,9 @@ def test_neuron_precompile_compiles_every_shape_under_the_tool_and_writes_no_mod
 
 
 def test_neuron_precompile_without_the_tool_says_what_is_missing(tmp_path, tiny_model_dir):
-    job = classification_job(tmp_path / "opt-ml", tiny_model_dir, {"neuron_precompile": "true"})
+    job = build_job(
+        tmp_path / "opt-ml", tiny_model_dir, {**CLASSIFICATION_HP, "neuron_precompile": "true"}, train=96, test=40
+    )
     done = run_train_process(job.root, env={"NEURON_RT_NUM_CORES": "1", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 1
     assert job.failure.startswith("neuron_precompile=true needs the Neuron SDK's neuron_parallel_compile"), job.failure

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import serve_helpers
+from accept_cases import ACCEPT_CASES
 
 from byoc.serving import default_handlers, runtimes
 from byoc.serving.handler_loader import HandlerError, call, load_handlers
@@ -78,18 +79,7 @@ def test_predict_fn_names_the_input_a_custom_input_fn_let_through(tiny_classifie
         default_handlers.predict_fn({"inputs": ["fine", "\ud800"], "parameters": {}}, tiny_classifier_model)
 
 
-@pytest.mark.parametrize(
-    "accept,kind",
-    [
-        ("application/json, text/csv", "application/json"),
-        ("*/*;q=0.8", "application/json"),
-        ("application/*", "application/json"),
-        ("text/*", "text/csv"),
-        ("text/csv;q=0.5, application/json;q=0.9", "application/json"),
-        ("application/json;q=0, */*", "text/csv"),
-        ("application/jsonlines", "application/jsonlines"),
-    ],
-)
+@pytest.mark.parametrize("accept,kind", ACCEPT_CASES)
 def test_output_fn_reads_a_whole_accept_header(accept, kind):
     prediction = [{"label": "positive", "score": 0.75}]
     _, content_type = default_handlers.output_fn(prediction, accept)
@@ -153,7 +143,8 @@ def test_user_code_loads_like_the_toolkits(tmp_path):
         '["joy"]',
         "application/json",
     )
-    assert sys.modules["inference"].Answer is pickle.loads(pickle.dumps(sys.modules["inference"].Answer))
+    answer = sys.modules["inference"].Answer("joy", 0.5)  # pickle finds its class by the module's name
+    assert pickle.loads(pickle.dumps(answer)) == answer
     again = load_handlers(code_dir(tmp_path / "again", {"inference.py": USER_CODE, "helper.py": HELPER}))
     assert again.output_fn is not handlers.output_fn  # a model loaded again replaces the module
 
@@ -162,12 +153,11 @@ def test_code_that_exits_while_loading_is_a_failed_start(tmp_path):
     """argparse at import calls sys.exit: a SystemExit, not an Exception. It used to escape the
     loader and leave the server answering 503 until SageMaker's start-up timeout."""
     source = "import argparse\nargparse.ArgumentParser().parse_args(['--no-such-flag'])\n"
-    with pytest.raises(HandlerError, match=r"SystemExit: 2.*__main__") as caught:
+    with pytest.raises(HandlerError, match=r"SystemExit: 2.*__main__"):
         load_handlers(code_dir(tmp_path, {"inference.py": source}))
     assert "inference" not in sys.modules or sys.modules["inference"].__file__ != str(
         tmp_path / "model" / "code" / "inference.py"
     )
-    assert isinstance(caught.value, Exception)
 
 
 def test_a_program_named_like_a_module_in_use_is_refused(tmp_path):

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from helpers import SMALL_JOB_HP, Job, losses, sentiment_rows, small_job, write_csv
+from helpers import SMALL_JOB_HP, Job, build_job, losses, sentiment_rows, write_csv
 
-sys.path.insert(0, str(Path(__file__).parent / "container"))
+sys.path.insert(0, str(Path(__file__).parent))
 import images  # noqa: E402
 
 pytestmark = pytest.mark.container
@@ -52,7 +54,7 @@ def docker(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def trained(image, tmp_path_factory, tiny_model_dir) -> Job:
     """`docker run -v ROOT:/opt/ml IMAGE train`, as SageMaker starts the training container."""
-    job = small_job(tmp_path_factory.mktemp("container-train") / "opt-ml", tiny_model_dir, SMALL_JOB_HP)
+    job = build_job(tmp_path_factory.mktemp("container-train") / "opt-ml", tiny_model_dir, SMALL_JOB_HP, test=16)
     result = docker("run", "--rm", "-v", f"{job.root}:/opt/ml", image, "train")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return job
@@ -69,7 +71,7 @@ def test_train_writes_the_model_and_metrics(trained):
 
 
 def test_a_bad_job_fails_with_a_reason(image, tmp_path, tiny_model_dir):
-    job = small_job(tmp_path / "opt-ml", tiny_model_dir, {"learning_rate": "fast"})
+    job = build_job(tmp_path / "opt-ml", tiny_model_dir, {"learning_rate": "fast"}, test=16)
     result = docker("run", "--rm", "-v", f"{job.root}:/opt/ml", image, "train")
     assert result.returncode == 1
     assert "learning_rate" in job.failure and "fast" in job.failure
@@ -97,22 +99,31 @@ class Container:
     def remove(self) -> None:
         docker("rm", "-f", self.name)
 
-
-def test_serve_answers_json_and_csv_and_drains_on_sigterm(image, trained):
-    server = Container("-p", "127.0.0.1::8080", "-v", f"{trained.model_dir}:/opt/ml/model", image, "serve")
-    try:
-        port = docker("port", server.name, "8080").stdout.strip().splitlines()[0].rsplit(":", 1)[1]
-        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
-        deadline = time.monotonic() + 120
+    def client_when_ready(self, timeout: float = 120) -> httpx.Client:
+        """A client on the container's published port 8080, once /ping answers 200."""
+        port = docker("port", self.name, "8080").stdout.strip().splitlines()[0].rsplit(":", 1)[1]
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 if client.get("/ping").status_code == 200:
-                    break
+                    return client
             except httpx.TransportError:
                 pass
-            assert time.monotonic() < deadline, server.logs()[-3000:]
-            time.sleep(0.5)
+            assert time.monotonic() < deadline, self.logs()[-3000:]
+            time.sleep(0.1)
+
+
+def serve_and_check(image: str, model_dir: Path, *command: str) -> float:
+    """`docker run` the image on the model, as SageMaker starts a serving container; check /ping, JSON and
+    CSV answers, the healthcheck, and that `docker stop` drains and exits 0 in seconds. Returns the
+    seconds from `docker run` to the first answer."""
+    started = time.monotonic()
+    server = Container("-p", "127.0.0.1::8080", "-v", f"{model_dir}:/opt/ml/model", image, *command)
+    try:
+        client = server.client_when_ready()
         answer = client.post("/invocations", json={"inputs": ["i love this so much", "i hate this a lot"]})
+        first_answer = time.monotonic() - started
         assert answer.status_code == 200, answer.text
         assert [r["label"] for r in answer.json()] == ["positive", "negative"]
         csv = client.post(
@@ -123,13 +134,18 @@ def test_serve_answers_json_and_csv_and_drains_on_sigterm(image, trained):
         assert [line.split(",")[0] for line in csv.text.splitlines()] == ["positive", "negative"]
         health = docker("exec", server.name, "byoc", "healthcheck")
         assert health.returncode == 0
-        started = time.monotonic()
+        stopping = time.monotonic()
         stop = docker("stop", "--time", "30", server.name)  # SIGTERM, then SIGKILL after 30 s
         assert stop.returncode == 0
-        assert time.monotonic() - started < 15
+        assert time.monotonic() - stopping < 15
         assert server.exit_code() == 0, server.logs()[-2000:]
+        return first_answer
     finally:
         server.remove()
+
+
+def test_serve_answers_json_and_csv_and_drains_on_sigterm(image, trained):
+    serve_and_check(image, trained.model_dir, "serve")
 
 
 def test_docker_stop_saves_a_checkpoint_and_a_restart_resumes(image, tmp_path, tiny_model_dir):
@@ -143,7 +159,7 @@ def test_docker_stop_saves_a_checkpoint_and_a_restart_resumes(image, tmp_path, t
         "freeze_embeddings": "false",
         "freeze_layers": "0",
     }
-    job = small_job(tmp_path / "opt-ml", tiny_model_dir, hps)
+    job = build_job(tmp_path / "opt-ml", tiny_model_dir, hps, test=16)
     container = Container("-v", f"{job.root}:/opt/ml", image, "train")
     try:
         deadline = time.monotonic() + 180
@@ -166,11 +182,11 @@ def test_docker_stop_saves_a_checkpoint_and_a_restart_resumes(image, tmp_path, t
     assert json.loads((job.root / "output" / "data" / "metrics.json").read_text())["world_size"] == 1
 
 
-def test_what_earlier_runs_left_is_removed(image):
+def test_what_earlier_runs_left_is_removed(image, serve_image):
     """Each CI run on the same engine used to keep its images and stopped containers (about 2.5 GB a
     run) until the disk filled: the images built here are labelled, and prune() removes the stopped
     containers and the replaced images that carry the label, and nothing that is still tagged."""
-    for name in (images.DEPS, images.IMAGE):
+    for name in (images.DEPS, images.IMAGE, images.SLIM_BASE, images.SERVE_DEPS, images.SERVE):
         labels = docker("image", "inspect", "--format", "{{json .Config.Labels}}", name).stdout
         assert '"byoc-test":"1"' in labels, (name, labels)
     stopped = f"byoc-test-{uuid.uuid4().hex[:8]}"
@@ -186,7 +202,7 @@ def test_what_earlier_runs_left_is_removed(image):
         images.prune()
         assert docker("container", "inspect", stopped).returncode != 0
         assert docker("image", "inspect", replaced[0]).returncode != 0
-        for kept in (replaced[1], images.BASE, images.DEPS, images.IMAGE):
+        for kept in (replaced[1], images.BASE, images.DEPS, images.IMAGE, images.SLIM_BASE, images.SERVE):
             assert docker("image", "inspect", kept).returncode == 0, kept
     finally:
         docker("rm", "-f", stopped)
@@ -227,8 +243,6 @@ def sdk_python(image, tmp_path_factory) -> tuple[str, dict]:
 
 @pytest.fixture(scope="module")
 def local_workdir(tmp_path_factory, tiny_model_dir) -> Path:
-    import shutil
-
     work = tmp_path_factory.mktemp("local-mode")
     write_csv(work / "data" / "train" / "t.csv", sentiment_rows(64))
     write_csv(work / "data" / "test" / "t.csv", sentiment_rows(16))
@@ -236,11 +250,11 @@ def local_workdir(tmp_path_factory, tiny_model_dir) -> Path:
     return work
 
 
-def local_mode(sdk_python, workdir: Path, scenario: str) -> tuple[dict, str]:
+def local_mode(sdk_python, workdir: Path, scenario: str, image: str = images.IMAGE) -> tuple[dict, str]:
     python, env = sdk_python
-    script = Path(__file__).parent / "container" / "local_mode.py"
+    script = Path(__file__).parent / "local_mode.py"
     result = subprocess.run(
-        [python, str(script), images.IMAGE, str(workdir), scenario],
+        [python, str(script), image, str(workdir), scenario],
         env=env,
         cwd=workdir,
         capture_output=True,
@@ -285,7 +299,7 @@ SDK3_VERSION = "3.27.0"
 def test_sdk_v3_model_trainer_local_container(sdk_python, local_workdir):
     """SDK v3 ModelTrainer, Mode.LOCAL_CONTAINER: no `train` argument, so the image's CMD runs."""
     python = sdk_venv(SDK3_VENV, SDK3_VERSION)
-    script = Path(__file__).parent / "container" / "model_trainer_v3.py"
+    script = Path(__file__).parent / "model_trainer_v3.py"
     result = subprocess.run(
         [str(python), str(script), images.IMAGE, str(local_workdir)],
         env=sdk_python[1],
@@ -298,3 +312,106 @@ def test_sdk_v3_model_trainer_local_container(sdk_python, local_workdir):
     model = local_workdir / "v3-root" / "model"
     assert {"model.safetensors", "config.json", "code"} <= {p.name for p in model.iterdir()}
     assert (local_workdir / "v3-root" / "compressed_artifacts" / "model.tar.gz").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# The serving image (Dockerfile.serve), on the stand-in for the slim Python base (images.py)
+
+
+@pytest.fixture(scope="session")
+def serve_image(image) -> str:
+    """Built after the CPU image (`image`: the engine's check, and the wheelhouse and apt layer it shares)."""
+    try:
+        images.build_serve()
+    except subprocess.CalledProcessError as err:
+        pytest.fail(
+            f"building the serving image failed: {err}\n{(err.stdout or '')[-3000:]}\n{(err.stderr or '')[-3000:]}"
+        )
+    return images.SERVE
+
+
+SERVE_IMAGE_MB = 700  # issue 23's target for the image on python:3.12-slim; the stand-in base is of its size
+
+
+def test_the_serving_image_is_small_labelled_and_holds_no_training_side(serve_image):
+    labels = json.loads(docker("image", "inspect", "--format", "{{json .Config.Labels}}", serve_image).stdout)
+    assert labels["com.amazonaws.sagemaker.capabilities.accept-bind-to-port"] == "true"
+    assert labels["com.amazonaws.sagemaker.capabilities.multi-models"] == "true"
+    assert images.size_mb(serve_image) <= SERVE_IMAGE_MB
+    probe = "import importlib.util as u; print([m for m in ('torch', 'transformers', 'datasets') if u.find_spec(m)])"
+    found = docker("run", "--rm", serve_image, "python3", "-c", probe)
+    assert found.returncode == 0 and found.stdout.strip() == "[]", found.stderr
+
+
+def test_train_in_the_serving_image_stops_at_once_naming_the_full_images(serve_image):
+    started = time.monotonic()
+    result = docker("run", "--rm", serve_image, "train")
+    log = result.stdout + result.stderr
+    assert result.returncode == 1, log[-2000:]
+    assert time.monotonic() - started < 20
+    assert "needs torch and transformers" in log and "Dockerfile.gpu" in log and "Dockerfile.neuron" in log, log[-2000:]
+
+
+def test_the_serving_image_serves_a_trained_model(serve_image, trained):
+    """No command: the image's own (`serve`). The model is the CPU image's `byoc train` output, with the
+    code/inference.py every trained model carries."""
+    first_answer = serve_and_check(serve_image, trained.model_dir)
+    print(f"serving image: first answer {first_answer:.2f} s after docker run")
+
+
+def test_the_serving_image_refuses_a_model_only_torch_serves_naming_the_full_image(serve_image, trained, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(trained.model_dir, model)
+    (model / "model.onnx").unlink()
+    result = docker("run", "--rm", "-v", f"{model}:/opt/ml/model", serve_image, timeout=120)
+    log = result.stdout + result.stderr
+    assert result.returncode != 0, log[-3000:]
+    assert "this image has no torch" in log and "Dockerfile.gpu" in log, log[-3000:]
+
+
+def test_local_mode_deploys_a_model_tar_gz_on_the_serving_image(sdk_python, serve_image, trained, tmp_path):
+    """SDK v2: sagemaker.model.Model(image_uri, model_data="file://.../model.tar.gz").deploy(1, "local")."""
+    with tarfile.open(tmp_path / "model.tar.gz", "w:gz") as tar:
+        for path in sorted(trained.model_dir.iterdir()):
+            tar.add(path, arcname=path.name)
+    result, log = local_mode(sdk_python, tmp_path, "deploy", serve_image)
+    assert [p["label"] for p in result["predictions"]] == ["positive", "negative"], log[-3000:]
+
+
+# Multi-model mode in a container, as SageMaker runs one: SAGEMAKER_MULTI_MODEL=true, the models under
+# /opt/ml/models, loaded and unloaded through the multi-model contract.
+
+
+@pytest.mark.parametrize("flavour", ["serve", "cpu"])
+def test_a_multi_model_container_loads_invokes_and_unloads(request, flavour, trained, tmp_path):
+    name = request.getfixturevalue("serve_image" if flavour == "serve" else "image")
+    models = tmp_path / "models"
+    for model in ("a", "b"):
+        shutil.copytree(trained.model_dir, models / model / "model")
+    server = Container(
+        "-p", "127.0.0.1::8080", "-e", "SAGEMAKER_MULTI_MODEL=true", "-v", f"{models}:/opt/ml/models", name, "serve"
+    )  # fmt: skip
+    try:
+        client = server.client_when_ready()  # 200 with no model loaded
+        assert client.get("/models").json() == {"models": []}
+        for model in ("a", "b"):
+            loaded = client.post(
+                "/models",
+                json={"model_name": model, "url": f"/opt/ml/models/{model}/model"},
+                headers={"X-Amzn-SageMaker-Target-Model": f"{model}.tar.gz"},
+            )
+            assert loaded.status_code == 200, server.logs()[-3000:]
+        again = client.post("/models", json={"model_name": "a", "url": "/opt/ml/models/a/model"})
+        assert again.status_code == 409
+        assert sorted(m["modelName"] for m in client.get("/models").json()["models"]) == ["a", "b"]
+        for model in ("a", "b"):
+            texts = ["i love this so much", "i hate this a lot"]
+            answer = client.post(f"/models/{model}/invoke", json={"inputs": texts})
+            assert [r["label"] for r in answer.json()] == ["positive", "negative"], answer.text
+        assert client.delete("/models/a").status_code == 200
+        assert client.post("/models/a/invoke", json={"inputs": "x"}).status_code == 404
+        assert client.post("/models/b/invoke", json={"inputs": "x"}).status_code == 200
+        assert client.post("/invocations", json={"inputs": "x"}).status_code == 404
+        assert "target model a.tar.gz" in server.logs()
+    finally:
+        server.remove()

@@ -17,12 +17,12 @@ import pytest
 try:
     import byoc.training.data  # noqa: F401
 except ImportError:  # running from a checkout without the package installed
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "container"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "container"))
 
 from byoc.training.data import DataError, DataSpec, TaskData, load_task_data
 
 SHARED_DATA = next(
-    (p for p in (Path(__file__).resolve().parents[2] / "shared" / "data", Path("/work/shared/data")) if p.is_dir()),
+    (p for p in (Path(__file__).resolve().parents[3] / "shared" / "data", Path("/work/shared/data")) if p.is_dir()),
     None,
 )
 

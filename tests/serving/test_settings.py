@@ -161,7 +161,7 @@ def test_a_request_limit_over_the_queue_is_refused(env):
 
 
 def test_the_new_limits_are_documented_with_their_defaults():
-    serving = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
+    serving = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()
     defaults = {f.name: f.default for f in dataclasses.fields(ServeSettings)}
     for variable in (
         "BYOC_MAX_INPUTS_PER_REQUEST",
