@@ -23,7 +23,7 @@ ONCE = frozenset(
         "test_build_and_push.py",
         "test_contract.py",
         "test_demo.py",
-        "test_files.py",
+        "test_safe_files.py",
         "test_gpu_image_requirements.py",
         "test_import_paths.py",
         "test_readme.py",

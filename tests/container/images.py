@@ -1,5 +1,7 @@
-"""Build the test images, offline, on a real Docker engine: the CPU image from Dockerfile.gpu, and
-the serving image from Dockerfile.serve.
+"""What the container tests need: the test images, built offline on a real Docker engine (the CPU
+image from Dockerfile.gpu, the serving image from Dockerfile.serve), and the SageMaker SDK venvs of
+the local-mode tests. The tests make each when it is missing; `.ci/run` makes them ahead, beside the
+other venvs (`python tests/container/images.py images|sdk`).
 
 Neither the DLC bases nor the official Python image can be pulled here, so the images are built on
 stand-in bases (`Dockerfile.cpu-base`: Debian bookworm from debootstrap + Python 3.11, and for the CPU
@@ -186,3 +188,26 @@ if __name__ == "__main__":
         print(f"{step}: {seconds:.0f} s")
     name = SERVE if serve else IMAGE
     print(f"{name}: {size_mb(name):.0f} MB")
+
+
+# The SageMaker Python SDK's local mode, v2 and v3, each in a venv of its own (their pins differ from the runtime's).
+SDK_VENV, SDK_VERSION = REPO / ".venv-sdk", "2.257.7"
+SDK3_VENV, SDK3_VERSION = REPO / ".venv-sdk3", "3.27.0"
+
+
+def sdk_venv(venv: Path, version: str) -> Path:
+    """The Python of a venv holding exactly that sagemaker version, (re)made when it does not."""
+    python = venv / "bin" / "python"
+    check = f"import importlib.metadata as m; assert m.version('sagemaker') == '{version}'"
+    if not (python.exists() and subprocess.run([str(python), "-c", check], capture_output=True).returncode == 0):
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", f"sagemaker=={version}"], check=True, timeout=1200)
+    return python
+
+
+if __name__ == "__main__":
+    what = sys.argv[1:] or ["images", "sdk"]
+    if "images" in what:
+        print(f"images: {build()} {build_serve()}", flush=True)
+    if "sdk" in what:
+        print(f"SDK venvs: {sdk_venv(SDK_VENV, SDK_VERSION)}, {sdk_venv(SDK3_VENV, SDK3_VERSION)}", flush=True)

@@ -212,23 +212,10 @@ def test_what_earlier_runs_left_is_removed(image, serve_image):
 # ---------------------------------------------------------------------------------------------
 # SageMaker Python SDK v2 local mode (in its own venv: its pins differ from the runtime's)
 
-SDK_VENV = images.REPO / ".venv-sdk"
-SDK_VERSION = "2.257.7"
-
-
-def sdk_venv(venv: Path, version: str) -> Path:
-    """The Python of a venv holding exactly that sagemaker version, (re)made when it does not."""
-    python = venv / "bin" / "python"
-    check = f"import importlib.metadata as m; assert m.version('sagemaker') == '{version}'"
-    if not (python.exists() and subprocess.run([str(python), "-c", check], capture_output=True).returncode == 0):
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", f"sagemaker=={version}"], check=True, timeout=1200)
-    return python
-
 
 @pytest.fixture(scope="session")
 def sdk_python(image, tmp_path_factory) -> tuple[str, dict]:
-    python = sdk_venv(SDK_VENV, SDK_VERSION)
+    python = images.sdk_venv(images.SDK_VENV, images.SDK_VERSION)
     config = tmp_path_factory.mktemp("sdk-config") / "config.yaml"
     # Telemetry off, else the SDK calls an S3 endpoint this network cannot reach.
     config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n")
@@ -292,13 +279,9 @@ def test_local_mode_script_mode(sdk_python, local_workdir):
     assert MODEL_FILES <= set(result["members"])
 
 
-SDK3_VENV = images.REPO / ".venv-sdk3"
-SDK3_VERSION = "3.27.0"
-
-
 def test_sdk_v3_model_trainer_local_container(sdk_python, local_workdir):
     """SDK v3 ModelTrainer, Mode.LOCAL_CONTAINER: no `train` argument, so the image's CMD runs."""
-    python = sdk_venv(SDK3_VENV, SDK3_VERSION)
+    python = images.sdk_venv(images.SDK3_VENV, images.SDK3_VERSION)
     script = Path(__file__).parent / "model_trainer_v3.py"
     result = subprocess.run(
         [str(python), str(script), images.IMAGE, str(local_workdir)],

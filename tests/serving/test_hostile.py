@@ -90,7 +90,8 @@ def test_a_failed_batch_runs_again_one_request_at_a_time(trained_model, tmp_path
     assert "running them one at a time" in log
 
 
-@pytest.mark.parametrize("accept,kind", ACCEPT_CASES)
+# A header of spaces alone cannot be sent (httpx refuses it): the parsers' tests take it.
+@pytest.mark.parametrize("accept,kind", [(a, k) for a, k in ACCEPT_CASES if a is None or a == a.strip()])
 def test_accept_headers_that_clients_send(shared_server, accept, kind):
     """All of them used to be a 406, some after the model had run."""
     answer = shared_server.invoke({"inputs": TEXTS[:2]}, accept=accept)

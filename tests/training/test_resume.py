@@ -186,6 +186,7 @@ def test_a_sealed_checkpoint_corrupted_in_place_falls_back_to_the_previous_one(t
     assert json.loads(state.read_text())["global_step"] == 30  # written again by the resumed run
 
 
+@pytest.mark.once  # byoc's own sealed checkpoints against an OS kill; the SIGTERM tests run in both tiers
 def test_sigkill_at_random_moments_loses_at_most_one_checkpoint_interval(tmp_path, tiny_model_dir):
     """Kill -9 repeatedly, each time at a random moment, and restart; the job still ends with the
     uninterrupted model's losses, and each restart resumes at most save_steps behind. Up to 6
