@@ -178,18 +178,6 @@ def size_mb(name: str) -> float:
     return int(docker("image", "inspect", "--format", "{{.Size}}", name).stdout) / 1e6
 
 
-if __name__ == "__main__":
-    # python tests/container/images.py [serve]: the CPU test image, or the serving image.
-    error = engine_error()
-    if error:
-        sys.exit(error)
-    serve = sys.argv[1:] == ["serve"]
-    for step, seconds in (build_serve() if serve else build()).items():
-        print(f"{step}: {seconds:.0f} s")
-    name = SERVE if serve else IMAGE
-    print(f"{name}: {size_mb(name):.0f} MB")
-
-
 # The SageMaker Python SDK's local mode, v2 and v3, each in a venv of its own (their pins differ from the runtime's).
 SDK_VENV, SDK_VERSION = REPO / ".venv-sdk", "2.257.7"
 SDK3_VENV, SDK3_VERSION = REPO / ".venv-sdk3", "3.27.0"
@@ -205,9 +193,23 @@ def sdk_venv(venv: Path, version: str) -> Path:
     return python
 
 
-if __name__ == "__main__":
-    what = sys.argv[1:] or ["images", "sdk"]
-    if "images" in what:
-        print(f"images: {build()} {build_serve()}", flush=True)
+def main(what: list[str]) -> None:
+    """python tests/container/images.py [cpu|serve|images|sdk ...]: the CPU test image (the default),
+    the serving image, both images, the SDK venvs."""
+    what = what or ["cpu"]
+    cpu, serve = (build, IMAGE), (build_serve, SERVE)
+    builds = {"cpu": [cpu], "serve": [serve], "images": [cpu, serve]}
+    steps = [step for name in what for step in builds.get(name, [])]
+    if steps:
+        error = engine_error()
+        if error:
+            sys.exit(error)
+    for make, name in steps:
+        timings = make()
+        print(f"{name}: {size_mb(name):.0f} MB ({', '.join(f'{k} {v:.0f} s' for k, v in timings.items())})", flush=True)
     if "sdk" in what:
         print(f"SDK venvs: {sdk_venv(SDK_VENV, SDK_VERSION)}, {sdk_venv(SDK3_VENV, SDK3_VERSION)}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
