@@ -316,6 +316,12 @@ RESUME_HP = {
 }
 
 
+# SageMaker's promise on a stop or a spot interruption: SIGKILL follows SIGTERM after 120 s. The one
+# duration a training test may assert; every other wait in the tests waits on progress (a log line, a
+# file) and its timeout only guards against a hang (docs/testing.md, "Independent of speed").
+SIGTERM_GRACE_S = 120
+
+
 def run_until(job: Job, marker: str, sig: int = signal.SIGTERM, timeout: int = 300) -> tuple[int, str]:
     """Start the job, send `sig` when `marker` shows in its log; return (exit code, log)."""
     proc = start_train(job.root)

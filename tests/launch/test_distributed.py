@@ -11,7 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CPU_ONLY, DISTRIBUTED_HP, Job, build_job, free_port, losses, sentiment_rows, write_csv
+from helpers import (
+    CPU_ONLY,
+    DISTRIBUTED_HP,
+    SIGTERM_GRACE_S,
+    Job,
+    build_job,
+    free_port,
+    losses,
+    sentiment_rows,
+    write_csv,
+)
 from helpers import start_train as _start_train
 
 pytestmark = pytest.mark.integration  # real jobs in processes: not in make test-fast
@@ -66,11 +76,11 @@ def test_sigterm_reaches_every_rank_and_the_job_resumes_exactly(tmp_path, tiny_m
             sent = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             break
-    code, rest = finish(proc, 120)
+    code, rest = finish(proc)
     elapsed = time.monotonic() - sent
     log = "".join(lines) + rest
     assert code == 143, log[-3000:]
-    assert elapsed < 30, elapsed
+    assert elapsed < SIGTERM_GRACE_S, f"every rank saved and exited {elapsed:.0f} s after SIGTERM: past the grace"
     step = int(job.failure.split("at step ")[1].split()[0])
     assert job.failure.startswith(f"stopped by SIGTERM at step {step} of 160"), job.failure
     folder = job.root / "checkpoints" / f"checkpoint-{step}"
@@ -114,9 +124,7 @@ def test_a_killed_rank_stops_the_job_with_its_name_and_exit_code(tmp_path, tiny_
             break
     victim = next(pid for pid in _children(proc.pid) if _rank_of(pid) == 1)
     os.kill(victim, signal.SIGKILL)
-    killed = time.monotonic()
-    code, rest = finish(proc, 90)
-    assert time.monotonic() - killed < 60
+    code, rest = finish(proc)  # the surviving rank is stopped, not left waiting for its peer
     assert code == 137, ("".join(lines) + rest)[-3000:]
     assert job.failure.startswith("rank 1 on algo-1 failed: the process was killed by SIGKILL"), job.failure
     assert not (job.model_dir / "model.safetensors").exists()
@@ -159,13 +167,12 @@ def test_a_failing_host_fails_the_whole_job(tmp_path, tiny_model_dir):
     good = _host_job(tmp_path / "a" / "opt-ml", tiny_model_dir, HOSTS[0], HOSTS, sentiment_rows(32), sharded=True)
     bad = _host_job(tmp_path / "b" / "opt-ml", tiny_model_dir, HOSTS[1], HOSTS, [], sharded=True)
     write_csv(bad.channel("train", distribution="ShardedByS3Key") / "t.csv", [("only text",)], header=("text",))
-    started = time.monotonic()
     procs = [start_train(j.root, env) for j in (good, bad)]
-    codes = [finish(p, 120)[0] for p in procs]
-    assert time.monotonic() - started < 90
+    codes = [finish(p)[0] for p in procs]
     assert codes[0] != 0 and codes[1] == 1
     assert bad.failure.startswith(f"rank 1 on {HOSTS[1]} failed:") and "label" in bad.failure, bad.failure
-    assert good.failure.startswith("rank 0 on"), good.failure
+    # The good host fails with its peer, not after waiting out BYOC_HOSTS_TIMEOUT for it.
+    assert good.failure.startswith("rank 0 on") and "did not all join" not in good.failure, good.failure
 
 
 def test_a_host_that_never_appears_fails_clearly(tmp_path, tiny_model_dir):
@@ -177,7 +184,7 @@ def test_a_host_that_never_appears_fails_clearly(tmp_path, tiny_model_dir):
         sentiment_rows(16),
         sharded=False,
     )
-    code, log = finish(start_train(job.root, {"BYOC_HOSTS_TIMEOUT": "3"}), 120)
+    code, log = finish(start_train(job.root, {"BYOC_HOSTS_TIMEOUT": "3"}))
     assert code == 1, log[-2000:]
     assert job.failure.startswith("host(s) algo-9.invalid did not resolve within 3 s"), job.failure
 
@@ -185,8 +192,6 @@ def test_a_host_that_never_appears_fails_clearly(tmp_path, tiny_model_dir):
 def test_a_host_that_resolves_but_never_joins_fails_clearly(tmp_path, tiny_model_dir):
     job = _host_job(tmp_path / "opt-ml", tiny_model_dir, HOSTS[0], HOSTS, sentiment_rows(16), sharded=False)
     env = {"BYOC_HOSTS_TIMEOUT": "5", "BYOC_MASTER_PORT": str(free_port())}
-    started = time.monotonic()
-    code, log = finish(start_train(job.root, env), 120)
+    code, log = finish(start_train(job.root, env))
     assert code == 1, log[-2000:]
-    assert time.monotonic() - started < 60
-    assert "did not all join within 5 s" in job.failure, job.failure
+    assert "did not all join within 5 s" in job.failure, job.failure  # it gave up at its timeout

@@ -7,7 +7,6 @@ import io
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import datasets
@@ -401,9 +400,7 @@ def test_pretokenized_label_id_far_beyond_the_labels_is_refused_before_naming_th
     """An id of 10^12 built 10^12 label names: MemoryError after 27 s, blamed on the batch size (issue 21)."""
     lines = [{"input_ids": [1, 2], "labels": 0}, {"input_ids": [3], "labels": 10**12}, {"input_ids": [4], "labels": 1}]
     write(tmp_path / "train" / "train.jsonl", "".join(json.dumps(r) + "\n" for r in lines))
-    started = time.monotonic()
-    message = error(tmp_path, train=tmp_path / "train")
-    assert time.monotonic() - started < 30
+    message = error(tmp_path, train=tmp_path / "train")  # not a MemoryError: the id is refused first
     for words in ("label id 1000000000000", "column 'labels'", "999999", "row 2", "renumber them 0..K-1"):
         assert words in message, message
 
