@@ -1,6 +1,7 @@
 """What the serving tests share: models to serve (trained by `byoc train`, or a tiny classifier with
-its serving graph built in process), `byoc serve` in a process of its own, and a model whose
-code/inference.py is replaced."""
+its serving graph built in process), `byoc serve` in a process of its own, a model whose
+code/inference.py is replaced, and ways to wait on the server's progress instead of the clock
+(`wait_for`, `Gates`, `Server.wait_for_log`; docs/testing.md, "Independent of speed")."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -20,6 +23,106 @@ from helpers import Job, run_train_process, sentiment_rows, write_csv
 
 REPO = Path(__file__).resolve().parents[1]
 TEXTS = ["i love this so much", "i hate this a lot number 3", "what a great day it was", "rude people and cold food"]
+
+# A bound that only guards against a hang: minutes, where what is waited for takes well under a second
+# here, so that no machine is slow enough to reach it. It says nothing about speed.
+HANG_GUARD_S = 300
+
+# The durations a serving test may assert: promises to SageMaker's clients, not guesses about our speed.
+PING_S = 2  # SageMaker's: /ping answers within 2 s, else the instance is taken for unhealthy
+INVOCATION_S = 60  # SageMaker's: an invocation is answered within 60 s
+STOP_GRACE_S = 30  # SageMaker's: an endpoint's container gets SIGKILL 30 s after SIGTERM
+
+
+def wait_for(predicate: Callable[[], object], what: str, timeout: float = HANG_GUARD_S, every: float = 0.02):
+    """Poll `predicate` until it returns something true, and return that; fail naming `what` if it has
+    not after `timeout` s (a hang guard, never a measure of speed)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:.0f} s for {what}")
+        time.sleep(every)
+
+
+# Handler code a test's code/inference.py starts with (`GATE_CODE + source`): `note(name, text)` says
+# that a call got somewhere (a line in a file the test reads), `gate(name)` holds a call until the test
+# opens the gate (`Gates.open`), `wait_noted(name, count)` until other calls have noted `name` `count`
+# times: a slow handler that lasts exactly as long as the test needs, on any machine, where a `sleep`
+# would have to end at the right moment.
+GATE_CODE = """
+import os as _os
+import time as _time
+
+
+def _path(name):
+    return _os.path.join(_os.environ["BYOC_TEST_GATES"], name)
+
+
+def note(name, text=""):
+    with open(_path(name + ".log"), "a") as f:
+        f.write(text + "\\n")
+
+
+def _until(done, what):
+    deadline = _time.monotonic() + 300  # a hang guard: the test (or another request) gets there first
+    while not done():
+        if _time.monotonic() > deadline:
+            raise RuntimeError("waited 300 s for " + what)
+        _time.sleep(0.01)
+
+
+def gate(name):
+    note(name + ".entered")
+    _until(lambda: _os.path.exists(_path(name + ".open")), "the test to open the gate " + name)
+    note(name + ".left")
+
+
+def noted(name):
+    try:
+        with open(_path(name + ".log")) as f:
+            return len(f.read().splitlines())
+    except FileNotFoundError:
+        return 0
+
+
+def wait_noted(name, count):
+    _until(lambda: noted(name) >= count, str(count) + " notes " + name)
+"""
+
+
+class Gates:
+    """The test's side of GATE_CODE: a folder the handlers write their notes in (`env()` names it to the
+    server), the notes read back, and gates opened."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def env(self) -> dict[str, str]:
+        return {"BYOC_TEST_GATES": str(self.folder)}
+
+    def notes(self, name: str) -> list[str]:
+        path = self.folder / f"{name}.log"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def wait(self, name: str, count: int = 1, text: str | None = None) -> list[str]:
+        """The notes `name` once there are `count` of them (of `text`, if given)."""
+
+        def enough() -> list[str] | None:
+            notes = self.notes(name)
+            return notes if sum(1 for n in notes if text is None or n == text) >= count else None
+
+        return wait_for(enough, f"{count} note(s) {name!r}" + (f" of {text!r}" if text is not None else ""))
+
+    def entered(self, name: str, count: int = 1) -> None:
+        """Wait until `count` calls have reached gate `name` (they wait there until it opens)."""
+        self.wait(name + ".entered", count)
+
+    def open(self, name: str) -> None:
+        (self.folder / f"{name}.open").write_text("")
 
 
 def free_port() -> int:
@@ -99,9 +202,11 @@ class Server:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        self.client = httpx.Client(base_url=self.url, timeout=60)
+        self.client = httpx.Client(base_url=self.url, timeout=INVOCATION_S)  # SageMaker's limit for an answer
+        self._lines: list[str] = []
+        self._reader: threading.Thread | None = None
 
-    def wait_ready(self, timeout: float = 120) -> None:
+    def wait_ready(self, timeout: float = HANG_GUARD_S) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -119,23 +224,52 @@ class Server:
         data = json.dumps(body) if not isinstance(body, (str, bytes)) else body
         return self.client.post("/invocations", content=data, headers=headers, **kwargs)
 
-    def wait_exit(self, timeout: float = 60) -> tuple[int, str]:
-        """(exit code, log) of a server expected to exit on its own; fails if it keeps running."""
+    def log(self) -> str:
+        """What the server has printed so far (from the first call on, a thread reads its output)."""
+        if self._reader is None:
+            self._reader = threading.Thread(target=lambda: self._lines.extend(self.proc.stdout), daemon=True)
+            self._reader.start()
+        return "".join(self._lines)
+
+    def wait_for_log(self, text: str, count: int = 1, timeout: float = HANG_GUARD_S) -> str:
+        """The log once `text` is in it `count` times; fails if the server exits first."""
+
+        def there() -> str | None:
+            exited = self.proc.poll() is not None
+            log = self.log()
+            if log.count(text) >= count:
+                return log
+            if exited and self._reader is not None and not self._reader.is_alive():
+                raise AssertionError(f"the server exited before logging {text!r}: " + log[-3000:])
+            return None
+
+        return wait_for(there, f"{text!r} in the server's log", timeout)
+
+    def _rest(self) -> str:
+        """The whole log of a server that has exited."""
+        if self._reader is None:
+            return self.proc.stdout.read()
+        self._reader.join(HANG_GUARD_S)
+        return "".join(self._lines)
+
+    def wait_exit(self, timeout: float = HANG_GUARD_S) -> tuple[int, str]:
+        """(exit code, log) of a server expected to exit on its own; fails if it keeps running (a hang guard)."""
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            raise AssertionError("the server kept running: " + self.proc.stdout.read()[-2000:]) from None
-        return code, self.proc.stdout.read()
+            raise AssertionError("the server kept running: " + self._rest()[-2000:]) from None
+        return code, self._rest()
 
     def stop(self) -> str:
+        """Stop the server as SageMaker does (SIGTERM, SIGKILL after its grace); its whole log."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(30)
+                self.proc.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        return self.proc.stdout.read()
+        return self._rest()
 
 
 def serve(model_dir: Path, tmp_path: Path | None = None, source: str | None = None, **env: str) -> Server:

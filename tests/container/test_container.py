@@ -21,12 +21,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from helpers import SMALL_JOB_HP, Job, build_job, losses, sentiment_rows, write_csv
+from helpers import SIGTERM_GRACE_S, SMALL_JOB_HP, Job, build_job, losses, sentiment_rows, write_csv
 
 sys.path.insert(0, str(Path(__file__).parent))
 import images  # noqa: E402
 
 pytestmark = pytest.mark.container
+
+# A bound that only guards against a hang (minutes, where the wait takes seconds here); and SageMaker's
+# promise to a serving container: SIGKILL 30 s after SIGTERM (as serve_helpers has them).
+HANG_GUARD_S = 300
+STOP_GRACE_S = 30
 
 
 @pytest.fixture(scope="session")
@@ -99,8 +104,8 @@ class Container:
     def remove(self) -> None:
         docker("rm", "-f", self.name)
 
-    def client_when_ready(self, timeout: float = 120) -> httpx.Client:
-        """A client on the container's published port 8080, once /ping answers 200."""
+    def client_when_ready(self, timeout: float = HANG_GUARD_S) -> httpx.Client:
+        """A client on the container's published port 8080, once /ping answers 200 (`timeout`: a hang guard)."""
         port = docker("port", self.name, "8080").stdout.strip().splitlines()[0].rsplit(":", 1)[1]
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
         deadline = time.monotonic() + timeout
@@ -116,8 +121,9 @@ class Container:
 
 def serve_and_check(image: str, model_dir: Path, *command: str) -> float:
     """`docker run` the image on the model, as SageMaker starts a serving container; check /ping, JSON and
-    CSV answers, the healthcheck, and that `docker stop` drains and exits 0 in seconds. Returns the
-    seconds from `docker run` to the first answer."""
+    CSV answers, the healthcheck, and that `docker stop` drains and exits 0 on its SIGTERM, before the
+    SIGKILL of SageMaker's grace. Returns the seconds from `docker run` to the first answer (printed,
+    never asserted: a measure, not a promise)."""
     started = time.monotonic()
     server = Container("-p", "127.0.0.1::8080", "-v", f"{model_dir}:/opt/ml/model", image, *command)
     try:
@@ -134,10 +140,9 @@ def serve_and_check(image: str, model_dir: Path, *command: str) -> float:
         assert [line.split(",")[0] for line in csv.text.splitlines()] == ["positive", "negative"]
         health = docker("exec", server.name, "byoc", "healthcheck")
         assert health.returncode == 0
-        stopping = time.monotonic()
-        stop = docker("stop", "--time", "30", server.name)  # SIGTERM, then SIGKILL after 30 s
+        # SIGTERM, then SIGKILL after SageMaker's 30 s: exit code 0, not 137, says it ended on its own first.
+        stop = docker("stop", "--time", str(STOP_GRACE_S), server.name)
         assert stop.returncode == 0
-        assert time.monotonic() - stopping < 15
         assert server.exit_code() == 0, server.logs()[-2000:]
         return first_answer
     finally:
@@ -162,13 +167,13 @@ def test_docker_stop_saves_a_checkpoint_and_a_restart_resumes(image, tmp_path, t
     job = build_job(tmp_path / "opt-ml", tiny_model_dir, hps, test=16)
     container = Container("-v", f"{job.root}:/opt/ml", image, "train")
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 2 * HANG_GUARD_S  # a hang guard (a job's start in a fresh container)
         while "[metrics] step=20 " not in container.logs():
             assert time.monotonic() < deadline, container.logs()[-3000:]
             time.sleep(0.5)
-        started = time.monotonic()
-        assert docker("stop", "--time", "110", container.name).returncode == 0
-        assert time.monotonic() - started < 30
+        # SIGTERM, then SIGKILL after SageMaker's 120 s grace: exit code 143, not 137, says the job saved
+        # and exited within it.
+        assert docker("stop", "--time", str(SIGTERM_GRACE_S), container.name).returncode == 0
         assert container.exit_code() == 143, container.logs()[-3000:]
     finally:
         container.remove()
@@ -327,11 +332,10 @@ def test_the_serving_image_is_small_labelled_and_holds_no_training_side(serve_im
 
 
 def test_train_in_the_serving_image_stops_at_once_naming_the_full_images(serve_image):
-    started = time.monotonic()
     result = docker("run", "--rm", serve_image, "train")
     log = result.stdout + result.stderr
     assert result.returncode == 1, log[-2000:]
-    assert time.monotonic() - started < 20
+    assert "training job" not in log  # at once: before the job's contract is even read
     assert "needs torch and transformers" in log and "Dockerfile.gpu" in log and "Dockerfile.neuron" in log, log[-2000:]
 
 
@@ -346,7 +350,7 @@ def test_the_serving_image_refuses_a_model_only_torch_serves_naming_the_full_ima
     model = tmp_path / "model"
     shutil.copytree(trained.model_dir, model)
     (model / "model.onnx").unlink()
-    result = docker("run", "--rm", "-v", f"{model}:/opt/ml/model", serve_image, timeout=120)
+    result = docker("run", "--rm", "-v", f"{model}:/opt/ml/model", serve_image, timeout=HANG_GUARD_S)
     log = result.stdout + result.stderr
     assert result.returncode != 0, log[-3000:]
     assert "this image has no torch" in log and "Dockerfile.gpu" in log, log[-3000:]

@@ -13,7 +13,7 @@ import pytest
 from byoc.serving.batching import Batcher
 from byoc.serving.request_errors import InputError
 
-WAIT = 10  # seconds: a request the batcher lost would wait forever; these tests fail instead
+WAIT = 120  # seconds, a hang guard: a request the batcher lost would wait forever; these tests fail instead
 
 
 class Model:

@@ -16,7 +16,18 @@ import serve_helpers
 from accept_cases import ACCEPT_CASES
 from hypothesis import HealthCheck, given, settings
 from request_strategies import SERVER_BODIES, requests
-from serve_helpers import TEXTS, Server, serve
+from serve_helpers import (
+    GATE_CODE,
+    HANG_GUARD_S,
+    INVOCATION_S,
+    PING_S,
+    STOP_GRACE_S,
+    TEXTS,
+    Gates,
+    Server,
+    serve,
+    wait_for,
+)
 
 from byoc.serving import default_handlers, negotiation
 
@@ -31,7 +42,7 @@ def trained_model(tmp_path_factory, tiny_model_dir) -> Path:
 def concurrently(s: Server, requests: list[tuple[bytes, dict]]) -> list[httpx.Response]:
     def send(request):
         body, headers = request
-        with httpx.Client(base_url=s.url, timeout=60) as client:
+        with httpx.Client(base_url=s.url, timeout=INVOCATION_S) as client:
             return client.post("/invocations", content=body, headers=headers)
 
     with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
@@ -123,7 +134,7 @@ def test_generated_requests_never_get_a_5xx_or_hang(shared_server, request):
     body, content_type, accept = request
     accept = None if accept is None else accept.strip()  # HTTP has no field value with spaces around it
     headers = {"content-type": content_type.strip(), **({"accept": accept} if accept is not None else {})}
-    answer = shared_server.client.post("/invocations", content=body, headers=headers, timeout=30)
+    answer = shared_server.client.post("/invocations", content=body, headers=headers, timeout=INVOCATION_S)
     assert answer.status_code in (200, 400, 406, 413, 415), answer.text
     if answer.status_code == 200:
         chosen = negotiation.choose(accept, default_handlers.ACCEPT_TYPES, "application/json")
@@ -180,20 +191,31 @@ def test_malformed_bodies_are_a_400(shared_server, body, content_type, words):
     assert answer.status_code == 400 and words in answer.json()["error"]
 
 
-SLOW = """
+# input_fn notes each request's first input once parsed (what follows, up to the batcher's queue, is
+# on the event loop at once); a request with "block" holds the model at a gate until the test opens it.
+SLOW = (
+    GATE_CODE
+    + """
 import time
-from byoc.inference import predict_fn as default
+from byoc.inference import input_fn as default_input, predict_fn as default
+
+
+def input_fn(body, content_type):
+    data = default_input(body, content_type)
+    note("parsed", data["inputs"][0])
+    return data
 
 
 def predict_fn(data, model):
     if "block" in data["inputs"]:
-        time.sleep(2)
+        gate("block")
     time.sleep(0.005)  # every call takes a while: a request of many chunks takes seconds
     return default(data, model)
 
 
 predict_fn.batchable = True
 """
+)
 
 
 def test_a_huge_request_is_refused_at_once(trained_model):
@@ -212,35 +234,42 @@ def test_a_huge_request_is_refused_at_once(trained_model):
 def test_a_big_request_cannot_hold_small_ones_behind_it(trained_model, tmp_path):
     """Chunks of different requests take turns: a small request sent while a big one runs is answered
     before the big one is, not after all of its chunks."""
-    s = serve(trained_model, tmp_path, SLOW, BYOC_MAX_BATCH_SIZE="8")
+    gates = Gates(tmp_path / "gates")
+    s = serve(trained_model, tmp_path, SLOW, BYOC_MAX_BATCH_SIZE="8", **gates.env())
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            done: dict[str, float] = {}
+            done: list[str] = []  # in the order the answers came
 
             def send(name: str, inputs: list[str]) -> int:
-                with httpx.Client(base_url=s.url, timeout=120) as client:
+                with httpx.Client(base_url=s.url, timeout=HANG_GUARD_S) as client:
                     status = client.post("/invocations", json={"inputs": inputs}).status_code
-                done[name] = time.monotonic()
+                done.append(name)
                 return status
 
-            big = pool.submit(send, "big", [f"{TEXTS[i % 4]} {i}" for i in range(2000)])  # 250 calls
-            time.sleep(0.5)
+            big = pool.submit(send, "big", ["block"] + [f"{TEXTS[i % 4]} {i}" for i in range(1999)])  # 250 calls
+            gates.entered("block")  # the big request's first chunk holds the model
             small = pool.submit(send, "small", [TEXTS[1]])
+            gates.wait("parsed", text=TEXTS[1])  # the small request is queued behind it
+            gates.open("block")
             assert (small.result(), big.result()) == (200, 200)
     finally:
         s.stop()
-    assert done["small"] < done["big"]
+    assert done == ["small", "big"]
 
 
 def test_a_full_queue_is_a_503_with_retry_after(trained_model, tmp_path):
-    s = serve(trained_model, tmp_path, SLOW, BYOC_MAX_QUEUED_INPUTS="10", BYOC_MAX_INPUTS_PER_REQUEST="10")
+    gates = Gates(tmp_path / "gates")
+    s = serve(
+        trained_model, tmp_path, SLOW, BYOC_MAX_QUEUED_INPUTS="10", BYOC_MAX_INPUTS_PER_REQUEST="10", **gates.env()
+    )
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            blocking = pool.submit(s.invoke, {"inputs": ["block"]})  # holds the model for 2 s
-            time.sleep(0.5)
+            blocking = pool.submit(s.invoke, {"inputs": ["block"]})
+            gates.entered("block")  # it holds the model until the gate opens
             waiting = pool.submit(s.invoke, {"inputs": TEXTS * 2})  # 8 of the 10 places
-            time.sleep(0.5)
-            refused = httpx.post(f"{s.url}/invocations", json={"inputs": TEXTS}, timeout=10)  # 8 + 4 > 10
+            gates.wait("parsed", text=TEXTS[0])  # queued
+            refused = s.invoke({"inputs": TEXTS})  # 8 + 4 > 10
+            gates.open("block")
             assert (blocking.result().status_code, waiting.result().status_code) == (200, 200)
         after = s.invoke({"inputs": TEXTS})
     finally:
@@ -253,15 +282,17 @@ def test_a_full_queue_is_a_503_with_retry_after(trained_model, tmp_path):
 def test_invocations_beyond_the_concurrency_limit_are_a_503_and_ping_still_answers(trained_model, tmp_path):
     """BYOC_MAX_CONCURRENCY refuses invocations, never /ping: SageMaker replaces an instance whose
     /ping fails, and under load that would make things worse (uvicorn's own limit refused /ping too)."""
-    s = serve(trained_model, tmp_path, SLOW, BYOC_MAX_CONCURRENCY="2")
+    gates = Gates(tmp_path / "gates")
+    s = serve(trained_model, tmp_path, SLOW, BYOC_MAX_CONCURRENCY="2", **gates.env())
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            held = [pool.submit(httpx.post, f"{s.url}/invocations", json={"inputs": ["block"]}, timeout=30)]
-            time.sleep(0.3)
-            held.append(pool.submit(httpx.post, f"{s.url}/invocations", json={"inputs": ["x"]}, timeout=30))
-            time.sleep(0.3)
-            third = httpx.post(f"{s.url}/invocations", json={"inputs": ["y"]}, timeout=30)
-            ping = httpx.get(f"{s.url}/ping", timeout=30)
+            held = [pool.submit(s.invoke, {"inputs": ["block"]})]
+            gates.entered("block")  # in flight, holding the model
+            held.append(pool.submit(s.invoke, {"inputs": ["x"]}))
+            gates.wait("parsed", text="x")  # in flight (a slot is taken before its body is parsed), queued
+            third = s.invoke({"inputs": ["y"]})
+            ping = s.client.get("/ping", timeout=PING_S)  # SageMaker's limit for /ping
+            gates.open("block")
             assert [f.result().status_code for f in held] == [200, 200]
         after = s.invoke({"inputs": TEXTS})
     finally:
@@ -332,10 +363,10 @@ def test_a_dead_batcher_fails_ping_and_the_worker_exits_to_be_replaced(trained_m
     pings = []
     try:
         code = None
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + HANG_GUARD_S
         while code is None and time.monotonic() < deadline:
             try:
-                pings.append(s.client.get("/ping", timeout=2).status_code)
+                pings.append(s.client.get("/ping", timeout=PING_S).status_code)  # SageMaker's limit for /ping
             except httpx.TransportError:
                 pings.append("closed")
             code = s.proc.poll()
@@ -366,16 +397,15 @@ def test_a_stuck_inference_call_fails_ping_and_sigterm_still_ends_the_server(tra
     s = serve(trained_model, tmp_path, STUCK, SAGEMAKER_MODEL_SERVER_TIMEOUT="1", BYOC_GRACEFUL_TIMEOUT="3")
     try:
         assert s.invoke({"inputs": "stuck"}).status_code == 504
-        deadline = time.monotonic() + 10
-        while (ping := s.client.get("/ping")).status_code == 200 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        # /ping says so once the call has run past the 1 s timeout
+        ping = wait_for(lambda: (p := s.client.get("/ping")).status_code != 200 and p, "/ping to fail")
         assert ping.status_code == 503 and "inference call has been running" in ping.json()["error"]
         refused = s.invoke({"inputs": "fine"})
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         signalled = time.monotonic()
         s.proc.send_signal(signal.SIGTERM)
-        s.proc.wait(30)  # the stuck thread does not keep the process alive
-        assert time.monotonic() - signalled < 30
+        s.proc.wait(HANG_GUARD_S)  # the stuck thread does not keep the process alive
+        assert time.monotonic() - signalled < STOP_GRACE_S  # SageMaker's SIGKILL comes 30 s after its SIGTERM
     finally:
         s.stop()
 
@@ -433,7 +463,7 @@ def test_an_impossible_batch_size_stops_the_server_at_start(trained_model, value
     """BYOC_MAX_BATCH_SIZE=0 made every request a 500, a negative one hung them."""
     s = Server(trained_model, env={"BYOC_MAX_BATCH_SIZE": value})
     try:
-        code = s.proc.wait(30)
+        code = s.proc.wait(HANG_GUARD_S)
     except subprocess.TimeoutExpired:
         s.proc.kill()
         raise AssertionError("the server started") from None

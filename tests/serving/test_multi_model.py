@@ -9,13 +9,12 @@ from __future__ import annotations
 import concurrent.futures
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import serve_helpers
-from serve_helpers import TEXTS, Server
+from serve_helpers import GATE_CODE, HANG_GUARD_S, PING_S, TEXTS, Gates, Server, wait_for
 
 pytestmark = pytest.mark.integration  # servers in processes
 
@@ -39,7 +38,7 @@ def model_copy(classifier: Path, root: Path, name: str, code: dict[str, str] | N
 
 def mme(root: Path, **env: str) -> Server:
     (root / "model").mkdir(parents=True, exist_ok=True)  # no single model: SageMaker mounts none
-    s = Server(root / "model", env={"SAGEMAKER_MULTI_MODEL": "true", **env})
+    s = Server(root / "model", env={"SAGEMAKER_MULTI_MODEL": "true", "BYOC_TEST_GATES": str(root / "gates"), **env})
     s.wait_ready()
     return s
 
@@ -193,32 +192,49 @@ def test_the_memory_budget_is_a_507_before_the_load_and_an_unload_makes_room(cla
     assert again.status_code == 200
 
 
-SLOW = """
-import time
+# input_fn notes each request once parsed; a request with "hold" holds the model at a gate until the
+# test opens it.
+SLOW = (
+    GATE_CODE
+    + """
+from byoc.inference import input_fn as default_input, predict_fn as default
 
-from byoc.inference import predict_fn as default
+
+def input_fn(body, content_type):
+    data = default_input(body, content_type)
+    note("parsed", data["inputs"][0])
+    return data
 
 
 def predict_fn(data, model):
-    time.sleep(float(data["inputs"][0]) if data["inputs"][0].replace(".", "").isdigit() else 0)
+    if "hold" in data["inputs"]:
+        gate("hold")
     return default(data, model)
 
 
 predict_fn.batchable = True
 """
+)
 
 
 def test_a_model_unloaded_while_it_answers_answers_or_is_a_404_never_a_500(classifier, tmp_path):
     s = mme(tmp_path)
+    gates = Gates(tmp_path / "gates")
     try:
         load(s, "busy", model_copy(classifier, tmp_path, "busy", {"inference.py": SLOW}))
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            slow = [pool.submit(invoke, s, "busy", {"inputs": ["1.0"]}) for _ in range(2)]
-            time.sleep(0.3)
+            slow = [pool.submit(invoke, s, "busy", {"inputs": ["hold"]})]
+            gates.entered("hold")  # in flight, in predict_fn
+            slow.append(pool.submit(invoke, s, "busy", {"inputs": ["queued"]}))
+            gates.wait("parsed", text="queued")  # in flight too, queued behind it
             unloading = pool.submit(s.client.delete, "/models/busy")
-            time.sleep(0.1)
+            # An unloading model is listed no more, and waits for the requests in flight.
+            wait_for(lambda: "busy" not in str(s.client.get("/models").json()), "the unload to begin")
             late = [pool.submit(invoke, s, "busy", {"inputs": ["0"]}) for _ in range(3)]
-            statuses = [f.result().status_code for f in slow + late]
+            statuses = [f.result().status_code for f in late]
+            assert not unloading.done()
+            gates.open("hold")
+            statuses = [f.result().status_code for f in slow] + statuses
             assert unloading.result().status_code == 200
         assert s.client.get("/ping").status_code == 200
     finally:
@@ -226,18 +242,28 @@ def test_a_model_unloaded_while_it_answers_answers_or_is_a_404_never_a_500(class
     assert statuses[:2] == [200, 200] and set(statuses[2:]) == {404}
 
 
+# Each predict_fn call writes its model's name to LOG; input_fn notes each request once parsed; the hot
+# model's first call holds the model at a gate until the test opens it.
 ORDERED = """
-import time
-
-from byoc.inference import predict_fn as default
+from byoc.inference import input_fn as default_input, predict_fn as default
 
 LOG = {log!r}
+calls = 0
+
+
+def input_fn(body, content_type):
+    data = default_input(body, content_type)
+    note("parsed", {name!r})
+    return data
 
 
 def predict_fn(data, model):
+    global calls
+    calls += 1
     with open(LOG, "a") as f:
         f.write({name!r} + "\\n")
-    time.sleep(0.05)
+    if {name!r} == "hot" and calls == 1:
+        gate("hot")
     return default(data, model)
 
 
@@ -250,15 +276,19 @@ def test_a_hot_model_cannot_starve_a_cold_one(classifier, tmp_path):
     after them runs within a couple of the hot model's batches, not after all of them."""
     log = tmp_path / "calls.log"
     s = mme(tmp_path, BYOC_MAX_BATCH_SIZE="1")
+    gates = Gates(tmp_path / "gates")
     try:
         for name in ("hot", "cold"):
-            code = {"inference.py": ORDERED.format(log=str(log), name=name)}
+            code = {"inference.py": GATE_CODE + ORDERED.format(log=str(log), name=name)}
             assert load(s, name, model_copy(classifier, tmp_path, name, code)).status_code == 200
-        with concurrent.futures.ThreadPoolExecutor(40) as pool:
+        with concurrent.futures.ThreadPoolExecutor(41) as pool:
             hot = [pool.submit(invoke, s, "hot", {"inputs": [f"text {i}"]}) for i in range(40)]
-            time.sleep(0.5)  # the hot model's queue is long now
-            cold = invoke(s, "cold", {"inputs": ["a cold request"]})
-            assert cold.status_code == 200 and all(f.result().status_code == 200 for f in hot)
+            gates.entered("hot")  # the first hot request holds the model...
+            gates.wait("parsed", 40, text="hot")  # ...and the other 39 are queued: the hot queue is long
+            cold = pool.submit(invoke, s, "cold", {"inputs": ["a cold request"]})
+            gates.wait("parsed", text="cold")  # queued after them
+            gates.open("hot")
+            assert cold.result().status_code == 200 and all(f.result().status_code == 200 for f in hot)
     finally:
         s.stop()
     calls = log.read_text().split()
@@ -268,19 +298,23 @@ def test_a_hot_model_cannot_starve_a_cold_one(classifier, tmp_path):
 
 
 def test_ping_answers_while_a_model_loads(classifier, tmp_path):
-    slow_load = "import time\ntime.sleep(3)\nfrom byoc.inference import *  # noqa\n"
+    slow_load = (
+        GATE_CODE + 'gate("load")  # a slow load, until the test opens the gate\nfrom byoc.inference import *  # noqa\n'
+    )
     s = mme(tmp_path)
+    gates = Gates(tmp_path / "gates")
     pings: list[int] = []
     try:
         load(s, "ready", model_copy(classifier, tmp_path, "ready"))
         url = model_copy(classifier, tmp_path, "slow", {"inference.py": slow_load})
         loading = threading.Thread(target=load, args=(s, "slow", url))
         loading.start()
-        time.sleep(0.5)
+        gates.entered("load")  # the slow model is loading, and stays so until the gate opens
         for _ in range(5):
-            pings.append(s.client.get("/ping", timeout=2).status_code)
+            pings.append(s.client.get("/ping", timeout=PING_S).status_code)  # SageMaker's limit for /ping
             pings.append(invoke(s, "ready", {"inputs": "still answering"}).status_code)
-        loading.join()
+        gates.open("load")
+        loading.join(HANG_GUARD_S)
         listed = [m["modelName"] for m in s.client.get("/models").json()["models"]]
     finally:
         s.stop()

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import serve_helpers
 import torch
-from serve_helpers import TEXTS, Server
+from serve_helpers import GATE_CODE, HANG_GUARD_S, INVOCATION_S, PING_S, STOP_GRACE_S, TEXTS, Gates, Server, wait_for
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from byoc.serving import default_handlers
@@ -117,7 +117,7 @@ def test_concurrent_clients_get_their_own_answers(server, trained_model):
 
     def ask(i: int):
         chosen = [texts[(i + k) % len(texts)] for k in range(1 + i % 3)]
-        with httpx.Client(base_url=server.url, timeout=60) as client:
+        with httpx.Client(base_url=server.url, timeout=INVOCATION_S) as client:
             answer = client.post("/invocations", json={"inputs": chosen}).json()
         return chosen, answer
 
@@ -150,24 +150,26 @@ def test_many_inputs_in_one_request_are_split_into_batches(trained_model, tmp_pa
 def test_ping_answers_quickly_under_load(server):
     texts = [TEXTS[0] * 20] * 64
     stop = threading.Event()
+    answered = [0] * 4
 
-    def load():
-        with httpx.Client(base_url=server.url, timeout=120) as client:
+    def load(n: int):
+        with httpx.Client(base_url=server.url, timeout=HANG_GUARD_S) as client:
             while not stop.is_set():
                 client.post("/invocations", json={"inputs": texts})
+                answered[n] += 1
 
-    threads = [threading.Thread(target=load) for _ in range(4)]
+    threads = [threading.Thread(target=load, args=(n,)) for n in range(4)]
     for t in threads:
         t.start()
     try:
-        time.sleep(1)
+        wait_for(lambda: all(answered), "an answer to each loading client")  # the load runs
         worst = 0.0
         for _ in range(10):
             started = time.monotonic()
             assert server.client.get("/ping").status_code == 200
             worst = max(worst, time.monotonic() - started)
             time.sleep(0.1)
-        assert worst < 2.0
+        assert worst < PING_S  # SageMaker's limit for /ping, the one duration this test holds the server to
     finally:
         stop.set()
         for t in threads:
@@ -246,7 +248,7 @@ def test_transform_fn_and_requirements(trained_model, tmp_path):
 def test_transform_fn_mixed_with_others_fails_at_start(trained_model, tmp_path):
     source = "def transform_fn(m, b, c, a):\n    return b\ndef input_fn(b, c):\n    return b\n"
     s = Server(model_with_code(trained_model, tmp_path, source))
-    code = s.proc.wait(120)
+    code = s.proc.wait(HANG_GUARD_S)
     log = s.proc.stdout.read()
     assert code != 0 and "transform_fn together with input_fn" in log
 
@@ -271,20 +273,47 @@ def test_user_handler_fault_is_a_500_and_the_server_survives(trained_model, tmp_
 # --- lifecycle ---------------------------------------------------------------------------------
 
 
-def test_sigterm_drains_in_flight_requests(trained_model):
-    s = Server(trained_model, env={"BYOC_MAX_BATCH_SIZE": "8"})
+# The default predict_fn, whose first call waits at a gate: a request still running when SIGTERM arrives.
+_FIRST_CALL_WAITS = (
+    GATE_CODE
+    + """
+from byoc.inference import predict_fn as default
+
+calls = 0
+
+
+def predict_fn(data, model):
+    global calls
+    calls += 1
+    if calls == 1:
+        gate("first")
+    return default(data, model)
+
+
+predict_fn.batchable = True
+"""
+)
+
+
+def test_sigterm_drains_in_flight_requests(trained_model, tmp_path):
+    gates = Gates(tmp_path / "gates")
+    model = serve_helpers.model_with_code(trained_model, tmp_path, _FIRST_CALL_WAITS)
+    s = Server(model, env={"BYOC_MAX_BATCH_SIZE": "8", **gates.env()})
     s.wait_ready()
-    texts = [TEXTS[0] * 30] * 400  # many batches: still running when SIGTERM arrives
+    texts = [TEXTS[0] * 30] * 400  # many batches
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(lambda: httpx.post(f"{s.url}/invocations", json={"inputs": texts}, timeout=60))
-        time.sleep(0.5)
+        pending = pool.submit(lambda: s.invoke({"inputs": texts}))
+        gates.entered("first")  # in flight
         signalled = time.monotonic()
         s.proc.send_signal(signal.SIGTERM)
+        s.wait_for_log("Shutting down")  # uvicorn took the signal, and drains
+        gates.open("first")
         response = pending.result()
     assert response.status_code == 200 and len(response.json()) == 400
-    # uvicorn exits through the signal it received, once the requests have drained.
-    assert s.proc.wait(30) in (0, -signal.SIGTERM) and time.monotonic() - signalled < 30
-    assert "Finished server process" in s.proc.stdout.read()
+    # uvicorn exits through the signal it received, once the requests have drained, before SageMaker's
+    # SIGKILL 30 s after its SIGTERM.
+    assert s.proc.wait(HANG_GUARD_S) in (0, -signal.SIGTERM) and time.monotonic() - signalled < STOP_GRACE_S
+    assert "Finished server process" in s.stop()
 
 
 # model_fn waits for a file the test writes: the load lasts as long as the test needs, on any machine
@@ -306,7 +335,7 @@ def test_ping_is_503_until_loaded_and_503_for_invocations(trained_model, tmp_pat
     model = serve_helpers.model_with_code(trained_model, tmp_path, _LOAD_WAITS_FOR_A_FILE)
     s = Server(model, env={"RELEASE_LOAD": str(release)})
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_GUARD_S
         while time.monotonic() < deadline:  # the port answers before the model is loaded
             try:
                 ping = s.client.get("/ping")
@@ -329,7 +358,7 @@ def test_unloadable_model_exits_non_zero(tmp_path):
     model_dir.mkdir(parents=True)
     (model_dir / "config.json").write_text("{broken")
     s = Server(model_dir)
-    assert s.proc.wait(120) != 0
+    assert s.proc.wait(HANG_GUARD_S) != 0
     assert "loading the model" in s.proc.stdout.read()
 
 
@@ -394,19 +423,21 @@ def test_workers_split_the_cores(trained_model):
 
 
 def test_timeout_is_a_504_and_the_server_survives(trained_model, tmp_path):
-    source = (
-        "import time\n"
+    source = GATE_CODE + (
         "def predict_fn(data, model):\n"
         "    if data['inputs'] == ['slow']:\n"
-        "        time.sleep(3)\n"
+        "        gate('slow')\n"
         "    return [{'label': 'ok', 'score': 1.0} for _ in data['inputs']]\n"
     )
-    s = Server(model_with_code(trained_model, tmp_path, source), env={"SAGEMAKER_MODEL_SERVER_TIMEOUT": "1"})
+    gates = Gates(tmp_path / "gates")
+    model = model_with_code(trained_model, tmp_path, source)
+    s = Server(model, env={"SAGEMAKER_MODEL_SERVER_TIMEOUT": "1", **gates.env()})
     try:
         s.wait_ready()
-        slow = s.invoke({"inputs": "slow"})
+        slow = s.invoke({"inputs": "slow"})  # held at its gate past the 1 s timeout
         assert slow.status_code == 504 and "SAGEMAKER_MODEL_SERVER_TIMEOUT" in slow.json()["error"]
-        time.sleep(2.5)  # the slow call still holds the inference thread for a moment
+        gates.open("slow")
+        gates.wait("slow.left")  # the slow call gives the inference thread back
         assert s.invoke({"inputs": "fine"}).json() == [{"label": "ok", "score": 1.0}]
     finally:
         s.stop()
@@ -427,7 +458,7 @@ def test_requirements_are_installed_at_start_and_failures_stop_it(trained_model,
     broken = model_with_code(trained_model, tmp_path / "broken", source)
     (broken / "code" / "requirements.txt").write_text(str(tmp_path / "no-such-package") + "\n")
     s = Server(broken)
-    assert s.proc.wait(120) != 0
+    assert s.proc.wait(HANG_GUARD_S) != 0
     assert "requirements.txt failed" in s.proc.stdout.read()
 
 

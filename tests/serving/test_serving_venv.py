@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -187,7 +186,7 @@ def _byoc(venv: Path) -> Path:
 
 def _healthcheck(venv: Path, tmp: Path) -> int:
     """`byoc healthcheck` as the image's HEALTHCHECK runs it, finding the server through `tmp` (TMPDIR)."""
-    return subprocess.run([str(_byoc(venv)), "healthcheck"], env={"TMPDIR": str(tmp)}, timeout=30).returncode
+    return subprocess.run([str(_byoc(venv)), "healthcheck"], env={"TMPDIR": str(tmp)}, timeout=300).returncode
 
 
 @pytest.mark.integration
@@ -195,7 +194,7 @@ def test_byoc_serve_in_the_serving_venv_serves_a_model_with_its_own_code(venv, m
     assert _healthcheck(venv, tmp_path) == 0  # no server yet: a container that does not serve is healthy
     server = Server(model, env={"TMPDIR": str(tmp_path)}, byoc=_byoc(venv))
     try:
-        server.wait_ready(timeout=60)
+        server.wait_ready()
         answer = server.invoke({"inputs": TEXTS})
         assert answer.status_code == 200, answer.text
         assert [a["label"] in ("negative", "positive") for a in answer.json()] == [True] * len(TEXTS)
@@ -208,7 +207,7 @@ def test_byoc_serve_in_the_serving_venv_serves_a_model_with_its_own_code(venv, m
 
 def _failed_start(venv: Path, model_dir: Path, tmp: Path, env: dict | None = None) -> str:
     server = Server(model_dir, env={"TMPDIR": str(tmp), **(env or {})}, byoc=_byoc(venv))
-    code, log = server.wait_exit(timeout=60)
+    code, log = server.wait_exit()
     assert code != 0, log[-3000:]
     return log
 
@@ -242,11 +241,10 @@ def test_int8_without_a_graph_made_ahead_says_how_to_make_one(venv, model, tmp_p
 @pytest.mark.integration
 def test_byoc_train_in_the_serving_venv_stops_at_once_naming_the_full_images(venv, tmp_path):
     root = tmp_path / "opt-ml"
-    started = time.monotonic()
-    done = subprocess.run(
-        [str(_byoc(venv)), "train"], env={"SAGEMAKER_BASE_DIR": str(root)}, capture_output=True, text=True, timeout=60
+    done = subprocess.run(  # the timeout only guards against a hang
+        [str(_byoc(venv)), "train"], env={"SAGEMAKER_BASE_DIR": str(root)}, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 1, done.stdout + done.stderr
-    assert time.monotonic() - started < 10
+    assert "training job" not in done.stdout + done.stderr  # at once: before the job's contract is even read
     failure = (root / "output" / "failure").read_text()
     assert "needs torch and transformers" in failure and "Dockerfile.gpu" in failure and "Dockerfile.neuron" in failure

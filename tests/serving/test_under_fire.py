@@ -14,7 +14,18 @@ from pathlib import Path
 import httpx
 import pytest
 import serve_helpers
-from serve_helpers import TEXTS, Server, serve
+from serve_helpers import (
+    GATE_CODE,
+    HANG_GUARD_S,
+    INVOCATION_S,
+    PING_S,
+    STOP_GRACE_S,
+    TEXTS,
+    Gates,
+    Server,
+    serve,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration  # servers in processes: not in make test-fast
 
@@ -25,7 +36,7 @@ def trained_model(tmp_path_factory, tiny_model_dir) -> Path:
 
 
 def raw(s: Server) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    return socket.create_connection(("127.0.0.1", s.port), timeout=HANG_GUARD_S)
 
 
 def read_response(sock: socket.socket) -> tuple[int, bytes]:
@@ -42,15 +53,34 @@ def read_response(sock: socket.socket) -> tuple[int, bytes]:
     return int(data.split(b" ", 2)[1]), data
 
 
-def test_one_long_text_holds_nobody_else(trained_model):
+# The default predict_fn, which notes when it starts on a long text.
+NOTES_LONG = (
+    GATE_CODE
+    + """
+from byoc.inference import predict_fn as default
+
+
+def predict_fn(data, model):
+    if any(isinstance(text, str) and len(text) > 1_000_000 for text in data["inputs"]):
+        note("long")
+    return default(data, model)
+
+
+predict_fn.batchable = True
+"""
+)
+
+
+def test_one_long_text_holds_nobody_else(trained_model, tmp_path):
     """A 5.8 MB text was tokenized whole before being truncated: 22 s of the inference thread, and an
     ordinary request sent just after it waited as long (504 with a 20 s timeout)."""
-    s = serve(trained_model, SAGEMAKER_MODEL_SERVER_TIMEOUT="3")
+    gates = Gates(tmp_path / "gates")
+    s = serve(trained_model, tmp_path, NOTES_LONG, SAGEMAKER_MODEL_SERVER_TIMEOUT="3", **gates.env())
     long_text = ("what a wonderful day it was, " * 200_000)[:5_800_000]
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             long = pool.submit(s.invoke, {"inputs": long_text})
-            time.sleep(0.3)
+            gates.wait("long")  # the long text is in predict_fn: the ordinary request comes after it
             ordinary = s.invoke({"inputs": TEXTS[0]})
             long_answer = long.result()
         short_answer = s.invoke({"inputs": long_text[:20_000]})
@@ -61,30 +91,36 @@ def test_one_long_text_holds_nobody_else(trained_model):
     assert long_answer.json() == short_answer.json()  # the cut text has the model's answer
 
 
-SLOW_INPUT = """
-import time
-
+# A body that starts with "hold" holds its input_fn at a gate: a slow or hung input_fn, for as long
+# as the test keeps the gate shut.
+SLOW_INPUT = (
+    GATE_CODE
+    + """
 from byoc.inference import input_fn as default
 
 
 def input_fn(body, content_type):
-    if body.startswith(b"sleep"):
-        time.sleep(float(body.split()[1]))
-    return default(b'{"inputs": "fine"}' if body.startswith(b"sleep") else body, content_type)
+    if body.startswith(b"hold"):
+        gate("input_fn")
+        body = b'{"inputs": "fine"}'
+    return default(body, content_type)
 """
+)
 
 
 def test_a_slow_user_input_fn_holds_neither_ping_nor_other_requests(trained_model, tmp_path):
     """A user's input_fn ran on the event loop: a 10 s sleep in it blocked /ping and every other
     request for 10 s, and the request timeout did not apply."""
-    s = serve(trained_model, tmp_path, SLOW_INPUT, SAGEMAKER_MODEL_SERVER_TIMEOUT="3")
+    gates = Gates(tmp_path / "gates")
+    s = serve(trained_model, tmp_path, SLOW_INPUT, SAGEMAKER_MODEL_SERVER_TIMEOUT="3", **gates.env())
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            slow = pool.submit(s.invoke, b"sleep 10")
-            time.sleep(0.5)
-            ping = s.client.get("/ping", timeout=2)
-            ordinary = s.client.post("/invocations", json={"inputs": TEXTS[0]}, timeout=2)
-            slow_answer = slow.result()
+            slow = pool.submit(s.invoke, b"hold")
+            gates.entered("input_fn")  # the slow input_fn runs, and stays until the gate opens
+            ping = s.client.get("/ping", timeout=PING_S)  # SageMaker's limit for /ping
+            ordinary = s.client.post("/invocations", json={"inputs": TEXTS[0]})  # answered while it stays
+            slow_answer = slow.result()  # the request timeout applies to it
+            gates.open("input_fn")
     finally:
         s.stop()
     assert ping.status_code == 200 and ping.json() == {"status": "healthy"}
@@ -95,15 +131,17 @@ def test_a_slow_user_input_fn_holds_neither_ping_nor_other_requests(trained_mode
 def test_hung_input_fns_on_large_bodies_do_not_exhaust_the_threads(trained_model, tmp_path):
     """Six hung input_fn calls on bodies over 256 KB filled asyncio's default pool (6 threads on 2
     cores): every later request then timed out (504) while /ping answered 200."""
-    s = serve(trained_model, tmp_path, SLOW_INPUT, SAGEMAKER_MODEL_SERVER_TIMEOUT="20")
-    hung = b"sleep 60 " + b" " * 300_000
+    gates = Gates(tmp_path / "gates")
+    s = serve(trained_model, tmp_path, SLOW_INPUT, SAGEMAKER_MODEL_SERVER_TIMEOUT="20", **gates.env())
+    hung = b"hold" + b" " * 300_000
     try:
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             for _ in range(8):
                 pool.submit(_post_ignoring_errors, s.url, hung)
-            time.sleep(1.0)
-            ordinary = s.client.post("/invocations", json={"inputs": TEXTS[:2]}, timeout=10)
-            large = s.client.post("/invocations", content=json.dumps({"inputs": ["ok " * 100_000]}), timeout=10)
+            gates.entered("input_fn", 8)  # eight input_fns hang at once (the gate never opens)
+            # Each would be a 504 after the 20 s timeout if no thread were left for it.
+            ordinary = s.client.post("/invocations", json={"inputs": TEXTS[:2]})
+            large = s.client.post("/invocations", content=json.dumps({"inputs": ["ok " * 100_000]}))
             s.proc.send_signal(signal.SIGKILL)  # the hung requests end with the server
     finally:
         s.stop()
@@ -113,29 +151,30 @@ def test_hung_input_fns_on_large_bodies_do_not_exhaust_the_threads(trained_model
 
 def _post_ignoring_errors(url: str, body: bytes) -> None:
     try:
-        httpx.post(f"{url}/invocations", content=body, timeout=30)
+        httpx.post(f"{url}/invocations", content=body, timeout=HANG_GUARD_S)
     except httpx.HTTPError:
         pass
 
 
 def test_sigterm_ends_the_server_within_the_graceful_limit_whatever_a_handler_does(trained_model, tmp_path):
     """With a 40 s hang in input_fn and a 3 s graceful limit, SIGTERM took 40 s; and a request cut at
-    the graceful limit got a plain-text 500."""
-    s = serve(trained_model, tmp_path, SLOW_INPUT, BYOC_GRACEFUL_TIMEOUT="2")
+    the graceful limit got a plain-text 500. Here the hang lasts for good (its gate never opens)."""
+    gates = Gates(tmp_path / "gates")
+    s = serve(trained_model, tmp_path, SLOW_INPUT, BYOC_GRACEFUL_TIMEOUT="2", **gates.env())
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            hung = pool.submit(s.invoke, b"sleep 40")
-            time.sleep(0.5)
+            hung = pool.submit(s.invoke, b"hold")
+            gates.entered("input_fn")
             signalled = time.monotonic()
             s.proc.send_signal(signal.SIGTERM)
             answer = hung.result()
-            s.proc.wait(20)
+            s.proc.wait(HANG_GUARD_S)  # it exits with the input_fn still hung
             took = time.monotonic() - signalled
     finally:
         log = s.stop()
     assert answer.status_code == 503 and answer.headers["retry-after"] == "1", answer.text
     assert "BYOC_GRACEFUL_TIMEOUT" in answer.json()["error"]
-    assert took < 15, log[-2000:]  # the hang was 40 s
+    assert took < STOP_GRACE_S, log[-2000:]  # SageMaker's SIGKILL comes 30 s after its SIGTERM
 
 
 def test_stalled_bodies_take_no_inference_slot_and_time_out(trained_model):
@@ -149,9 +188,10 @@ def test_stalled_bodies_take_no_inference_slot_and_time_out(trained_model):
             sock.sendall(b"POST /invocations HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n")
             sock.sendall(b"content-length: 1000\r\n\r\n" + b'{"inputs": "')
             stalled.append(sock)
-        time.sleep(0.5)
-        ordinary = s.invoke({"inputs": TEXTS})
+        # Answered on the event loop that read the stalled requests' bytes first (they were sent before
+        # it): once /ping answers, those requests are being read.
         ping = s.client.get("/ping")
+        ordinary = s.invoke({"inputs": TEXTS})
         answers = [read_response(sock) for sock in stalled]
     finally:
         for sock in stalled:
@@ -168,24 +208,32 @@ def test_idle_connections_are_closed_and_cannot_lock_ping_out(trained_model):
     s = serve(trained_model, BYOC_MAX_CONCURRENCY="4", BYOC_MAX_CONNECTIONS="16", BYOC_KEEP_ALIVE_TIMEOUT="4")
     idle = [raw(s) for _ in range(40)]
     try:
-        time.sleep(0.5)
-        ping = httpx.get(f"{s.url}/ping", timeout=5)
-        ordinary = httpx.post(f"{s.url}/invocations", json={"inputs": TEXTS[:1]}, timeout=10)
-        time.sleep(5)  # past the keep-alive timeout: every idle connection is closed by the server
-        closed = 0
-        for sock in idle:
-            sock.settimeout(5)
-            try:
-                closed += sock.recv(1) == b""
-            except (ConnectionResetError, TimeoutError):
-                closed += 1
+        # The server has taken all 40 once it has closed the 24 over its limit of 16 (the longest idle).
+        wait_for(lambda: sum(map(closed_by_server, idle)) >= 24, "24 idle connections closed at the limit")
+        ping = httpx.get(f"{s.url}/ping", timeout=PING_S)  # SageMaker's limit for /ping
+        ordinary = httpx.post(f"{s.url}/invocations", json={"inputs": TEXTS[:1]}, timeout=INVOCATION_S)
+        # The rest are closed after the keep-alive timeout: connections idle for good are never kept.
+        wait_for(lambda: all(map(closed_by_server, idle)), "every idle connection closed (BYOC_KEEP_ALIVE_TIMEOUT)")
     finally:
         for sock in idle:
             sock.close()
         s.stop()
     assert ping.status_code == 200 and ping.json() == {"status": "healthy"}
     assert ordinary.status_code == 200
-    assert closed == len(idle)
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server has closed the connection (the data it sent, if any, stays to be read)."""
+    timeout = sock.gettimeout()
+    sock.setblocking(False)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+    finally:
+        sock.settimeout(timeout)
 
 
 def test_huge_headers_are_a_431_that_echoes_nothing(trained_model):
@@ -202,7 +250,7 @@ def test_huge_headers_are_a_431_that_echoes_nothing(trained_model):
             pass  # the server closed the connection once the limit passed
         status, response = read_response(sock)
         sock.close()
-        ping = s.client.get("/ping", timeout=2)
+        ping = s.client.get("/ping", timeout=PING_S)  # SageMaker's limit for /ping
         long_accept = s.invoke({"inputs": "hi"}, accept="x/" + "y" * 5000)
     finally:
         s.stop()
@@ -214,12 +262,12 @@ def test_huge_headers_are_a_431_that_echoes_nothing(trained_model):
 def test_a_client_that_leaves_mid_body_is_one_log_line(trained_model):
     s = serve(trained_model)
     try:
-        for _ in range(3):
+        for left in range(1, 4):
             sock = raw(s)
             sock.sendall(b"POST /invocations HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n" + b"x" * 10)
-            time.sleep(0.2)
+            s.client.get("/ping")  # answered by the event loop that read those bytes first: the body is being read
             sock.close()
-        time.sleep(0.5)
+            s.wait_for_log("disconnected before its request's body was complete", left)
         after = s.invoke({"inputs": TEXTS[0]})
     finally:
         log = s.stop()
@@ -298,9 +346,9 @@ def test_stopping_while_requests_stream_in_is_clean(trained_model):
     threads = [threading.Thread(target=client) for _ in range(4)]
     for t in threads:
         t.start()
-    time.sleep(1.5)
+    wait_for(lambda: len(results) >= 8, "the clients' first answers")  # requests stream in
     s.proc.send_signal(signal.SIGTERM)
-    code = s.proc.wait(20)
+    code = s.proc.wait(STOP_GRACE_S)  # SageMaker's SIGKILL comes 30 s after its SIGTERM
     stop.set()
     for t in threads:
         t.join(15)
