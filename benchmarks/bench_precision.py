@@ -20,12 +20,12 @@ import sys
 import time
 from pathlib import Path
 
+import shared_data  # benchmarks/, beside this script
+
 from byoc.serving import default_handlers
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = next(
-    (p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None
-)
+DATA = shared_data.find("emotion")
 WORK = Path("/tmp/byoc-bench-precision")
 
 
@@ -76,7 +76,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     opts = parser.parse_args()
     if DATA is None:
-        sys.exit("the emotion data (../shared/data/emotion) is not beside the project")
+        sys.exit(shared_data.missing("emotion"))
     lines = (DATA / "test.txt").read_text(encoding="utf-8").split("\n")[1:]
     rows = [line.rsplit(";", 1) for line in lines if line.strip()]
     texts, labels = [r[0] for r in rows], [r[1].strip() for r in rows]

@@ -34,10 +34,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reference_stack  # noqa: E402
+import shared_data  # noqa: E402
 
-DATA = next(
-    (p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None
-)
+DATA = shared_data.find("emotion")
 WORK = Path("/tmp/byoc-bench-serve")
 
 
@@ -282,7 +281,7 @@ def main() -> int:
     )
     opts = parser.parse_args()
     if DATA is None:
-        sys.exit("the emotion data (../shared/data/emotion) is not beside the project")
+        sys.exit(shared_data.missing("emotion"))
     texts = sentences()
     model = train_model()
     results = {}

@@ -36,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serve  # noqa: E402
 import reference_stack  # noqa: E402
+import shared_data  # noqa: E402
 
 JSON = b"application/json"
 # (kind, body, content type, accept, the statuses it may get)
@@ -214,7 +215,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     opts = parser.parse_args()
     if bench_serve.DATA is None:
-        sys.exit("the emotion data (../shared/data/emotion) is not beside the project")
+        sys.exit(shared_data.missing("emotion"))
     texts = bench_serve.sentences()
     model = bench_serve.train_model()
     port = bench_serve.free_port()

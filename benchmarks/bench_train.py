@@ -27,10 +27,10 @@ import sys
 import time
 from pathlib import Path
 
+import shared_data  # benchmarks/, beside this script
+
 REPO = Path(__file__).resolve().parents[1]
-DATA = next(
-    (p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None
-)
+DATA = shared_data.find("emotion")
 RECIPES = ("tutorial", "dynamic", "byoc")
 BATCH, LR = 16, 5e-5
 
@@ -165,7 +165,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     opts = parser.parse_args()
     if DATA is None:
-        sys.exit("the emotion data (../shared/data/emotion) is not beside the project")
+        sys.exit(shared_data.missing("emotion"))
     if opts.one:
         print("RESULT " + json.dumps(run_one(opts.one, opts.steps, opts.warmup)))
         return 0

@@ -29,10 +29,10 @@ import sys
 import time
 from pathlib import Path
 
+import shared_data  # benchmarks/, beside this script
+
 REPO = Path(__file__).resolve().parents[1]
-DATA = next(
-    (p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None
-)
+DATA = shared_data.find("emotion")
 WORK = Path("/tmp/byoc-bench-xla")
 RECIPES = {"byoc": "auto", "tutorial": "128"}
 PROGRESS = re.compile(r"\[metrics\] step=(\d+) epoch=([\d.]+) loss=\S+ .*samples_per_second=([\d.]+)")
@@ -113,7 +113,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     opts = parser.parse_args()
     if DATA is None:
-        sys.exit("the emotion data (../shared/data/emotion) is not beside the project")
+        sys.exit(shared_data.missing("emotion"))
     results: dict = {"padding": padding_report()}
     pad = results["padding"]
     print(

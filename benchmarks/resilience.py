@@ -29,10 +29,10 @@ import threading
 import time
 from pathlib import Path
 
+import shared_data  # benchmarks/, beside this script
+
 REPO = Path(__file__).resolve().parents[1]
-DATA = next(
-    (p for p in (REPO.parent / "shared" / "data" / "emotion", Path("/work/shared/data/emotion")) if p.is_dir()), None
-)
+DATA = shared_data.find("emotion")
 BYOC = str(Path(sys.executable).parent / "byoc")
 
 
@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "resilience.json"))
     args = parser.parse_args()
     if DATA is None:
-        sys.exit("the emotion data is not in ../shared/data/emotion")
+        sys.exit(shared_data.missing("emotion"))
     work = Path(tempfile.mkdtemp(prefix="byoc-resilience-"))
     cache = work / "cache"
     rng = random.Random(args.seed)

@@ -9,8 +9,8 @@ hosts, sharded channels and the failure file work as in `byoc train`: the steps 
 
 import sys
 
-from byoc.cli import run_job  # reads the contract and hyperparameters, then calls main; failures -> output/failure
 from byoc.logs import configure_logging
+from byoc.training.entry import run_job  # reads the contract, calls main; failures -> output/failure
 
 
 def main(contract, args) -> dict:

@@ -21,13 +21,15 @@ import pytest
 os.environ.setdefault("USE_TORCH_XLA", "0")
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))  # shared_data: the one place that finds ../shared/data
+import shared_data  # noqa: E402, F401  (tests: `from helpers import shared_data`)
+
 # Every model and dataset the tests build is seeded; scripts/seed_margins.py varies this seed to
 # measure the margin of each threshold on a trained quantity.
 TEST_SEED = int(os.environ.get("BYOC_TEST_SEED", "0"))
 # For a job that means CPU ranks (several per host, hosts on loopback sharing one GPU...): the
 # same test then runs the same on a machine with GPUs.
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
-SHARED_DATA = next((p for p in (REPO.parent / "shared" / "data", Path("/work/shared/data")) if p.is_dir()), None)
 
 POSITIVE = [
     "i love this so much",

@@ -68,14 +68,14 @@ def test_bad_json_names_the_file(job):
 )
 def test_valid_json_that_is_not_an_object_names_the_file(job, name, content):
     """Issue 21: these gave "unexpected error: AttributeError" from `byoc train`."""
-    from byoc import cli
+    from byoc.training import entry
 
     job.hyperparameters({"epochs": "1"})
     job.channel("train")
     (job.root / "input/config" / name).write_text(content)
     with pytest.raises(ContractError, match=f"{name} must hold a JSON object of .* but it holds a JSON"):
         read_training_contract()
-    assert cli.train() == 1
+    assert entry.train() == 1
     failure = (job.root / "output/failure").read_text()
     assert failure.startswith(f"{name} must hold a JSON object") and "unexpected" not in failure, failure
 
@@ -112,8 +112,8 @@ def test_failure_file_keeps_the_first_reason(tmp_path):
 
 def test_failure_message_works_when_imports_are_broken(monkeypatch):
     """A SIGTERM can cut `import torch` short; the failure path must not import anything heavy."""
-    from byoc.cli import failure_message
     from byoc.launch.launcher import LaunchError
+    from byoc.training.entry import failure_message
     from byoc.training.interruption import Interrupted
 
     for name in (
@@ -144,7 +144,7 @@ def _raised_in(function_name: str) -> BaseException:
 def test_out_of_memory_blames_the_batch_size_only_in_a_training_step():
     """Issue 21: a MemoryError in the final evaluation (or in building label names) said "out of memory
     while training: lower per_device_train_batch_size"; now the message says where it happened."""
-    from byoc.cli import failure_message
+    from byoc.training.entry import failure_message
 
     in_step = failure_message(_raised_in("training_step"))
     assert in_step.startswith("out of memory in a training step: lower per_device_train_batch_size"), in_step
@@ -164,7 +164,6 @@ def test_out_of_memory_blames_the_batch_size_only_in_a_training_step():
 def test_user_errors_are_known_by_class_not_by_name():
     """Every error whose message tells the user what to change derives from byoc.errors.UserError,
     so its message reaches output/failure as it is, whatever the class is called."""
-    from byoc.cli import failure_message
     from byoc.contract import ContractError
     from byoc.errors import UserError
     from byoc.launch.launcher import LaunchError
@@ -173,6 +172,7 @@ def test_user_errors_are_known_by_class_not_by_name():
     from byoc.training.arguments import HyperparameterError
     from byoc.training.checkpoints import CheckpointMismatch
     from byoc.training.data import DataError
+    from byoc.training.entry import failure_message
     from byoc.training.model import ModelError
 
     for cls in (
@@ -209,9 +209,9 @@ def test_the_failure_file_holds_at_most_1024_bytes_of_whole_characters(tmp_path,
 
 
 def test_a_launcher_failure_is_cut_too(tmp_path):
-    from byoc import cli
     from byoc.contract import Paths
+    from byoc.training import entry
 
     paths = Paths(tmp_path)
-    assert cli._finish(paths, 1, "rank 0 on algo-1 failed: " + "ValueError: " * 1000) == 1
+    assert entry._finish(paths, 1, "rank 0 on algo-1 failed: " + "ValueError: " * 1000) == 1
     assert len(paths.failure_file.read_bytes()) <= 1024

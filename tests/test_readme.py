@@ -144,3 +144,16 @@ def test_every_file_that_runs_once_exists_and_testing_md_lists_it():
     for name in conftest.ONCE:
         assert (ROOT / "tests" / name).is_file(), f"conftest.ONCE names {name}, which is no test file"
         assert f"`{name}`" in testing, f"docs/testing.md does not list {name}, which runs in the main tier only"
+
+
+def test_the_readmes_error_codes_are_the_servers():
+    """The README's list of error statuses names every status of serving.md's error table, and of
+    the multi-model routes (404, 409, 507): it once lacked 408, 431 and 507."""
+    import re
+
+    serving = (ROOT / "docs" / "serving.md").read_text()
+    errors = serving[serving.index("## Errors") : serving.index("### Connections")]
+    table = set(re.findall(r"^\| (\d{3}) \|", errors, flags=re.M))
+    sentence = README[README.index("Errors are JSON") :].split("\n\n")[0]
+    listed = set(re.findall(r"\b(\d{3})\b", sentence))
+    assert table - listed == set() and {"404", "409", "507"} <= listed, sentence

@@ -255,16 +255,16 @@ def test_the_contract_reads_its_variables_from_the_mapping_given(tmp_path):
 
 
 def test_byoc_train_writes_a_bad_variable_to_the_failure_file(job, monkeypatch):
-    from byoc import cli
+    from byoc.training import entry
 
     job.hyperparameters({"epochs": "1"})
     monkeypatch.setenv("BYOC_COLLECTIVE_TIMEOUT", "half an hour")
-    assert cli.train() == 1
+    assert entry.train() == 1
     assert job.failure.startswith("BYOC_COLLECTIVE_TIMEOUT='half an hour': must be a number greater than 0")
     monkeypatch.delenv("BYOC_COLLECTIVE_TIMEOUT")
     (job.root / "output" / "failure").unlink()
     monkeypatch.setenv("BYOC_HOSTS_TIMEOUT", "-5")
-    assert cli.train() == 1
+    assert entry.train() == 1
     assert job.failure.startswith("BYOC_HOSTS_TIMEOUT='-5': must be a number of at least 1")
 
 

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-logger = logging.getLogger("byoc.compat")
+logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------

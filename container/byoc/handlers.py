@@ -1,6 +1,7 @@
-"""`byoc.handlers`: the errors a handler raises (`InputError` and its kin) and `inference_threads`, at
-the path that models trained by earlier versions import them from. They live in
-byoc.serving.request_errors and byoc.serving.default_handlers; this module only re-exports them."""
+"""`byoc.handlers`, public API: the errors a handler raises to answer a 4xx with its own message
+(`InputError` 400, `UnsupportedMediaType` 415, `NotAcceptable` 406, `PayloadTooLarge` 413), and
+`inference_threads()`, the threads a handler may use. They live in byoc.serving.request_errors and
+byoc.serving.default_handlers; this module re-exports them, the same objects, by name."""
 
 from byoc.serving.default_handlers import inference_threads
 from byoc.serving.request_errors import InputError, NotAcceptable, PayloadTooLarge, UnsupportedMediaType

@@ -1,8 +1,15 @@
-"""`byoc.inference`: the default inference handlers at the path every model's `code/inference.py`
-imports them from (models already trained carry that import). They live in
-byoc.serving.default_handlers; this module only re-exports them, the same objects."""
+"""`byoc.inference`, public API: the default inference handlers, which every model's
+`code/inference.py` imports (`from byoc.inference import input_fn, model_fn, output_fn`) and
+overrides one of; models already trained carry that import, so the names below stay. The handlers
+live in byoc.serving.default_handlers; this module re-exports them, the same objects, by name."""
 
-from byoc.serving.default_handlers import *  # noqa: F403
-from byoc.serving.default_handlers import input_fn, model_fn, output_fn, predict_fn
+from byoc.serving.default_handlers import (
+    ACCEPT_TYPES,
+    CONTENT_TYPES,
+    input_fn,
+    model_fn,
+    output_fn,
+    predict_fn,
+)
 
-__all__ = ["model_fn", "input_fn", "predict_fn", "output_fn"]
+__all__ = ["model_fn", "input_fn", "predict_fn", "output_fn", "CONTENT_TYPES", "ACCEPT_TYPES"]

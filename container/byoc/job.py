@@ -1,5 +1,7 @@
-"""`byoc.job`: the training job's steps, at the path copies of `code/train.py` made before the
-package had rooms import them from. They live in byoc.training.job; this module only re-exports them."""
+"""`byoc.job`, public API: the training job's steps, which a copy of `code/train.py` composes
+(`prepare`, `load_model`, `make_trainer`, `train_and_evaluate`, `finish`, under `stop_on_sigterm`).
+They live in byoc.training.job; this module re-exports them, the same objects, by name. Import it
+inside `main`, after `run_job` has set the device's environment: it loads transformers."""
 
 from byoc.training.job import (
     Job,

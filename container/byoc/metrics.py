@@ -1,5 +1,6 @@
-"""`byoc.metrics`: `METRIC_DEFINITIONS` for `Estimator(metric_definitions=...)`, at the path the
-README gives. The metrics live in byoc.training.metrics; this module only re-exports them."""
+"""`byoc.metrics`, public API: `METRIC_DEFINITIONS` for `Estimator(metric_definitions=...)` (the
+regexes that read each evaluation's metrics from the job's log), and `classification_metrics`. They
+live in byoc.training.metrics; this module re-exports them, the same objects, by name."""
 
 from byoc.training.metrics import METRIC_DEFINITIONS, classification_metrics
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-logger = logging.getLogger("byoc.requirements")
+logger = logging.getLogger(__name__)
 
 FILE = "requirements.txt"
 

@@ -79,7 +79,7 @@ def _contract(hosts: list[str]) -> TrainingContract:
 def test_only_multi_host_gpu_and_neuron_jobs_get_efa_variables(caplog):
     found = efa.EfaDevices(("rdmap16s27",), True)
     two_gpu_hosts = plan_launch(_contract(["algo-1", "algo-2"]), LaunchSettings(), cpu_count=96, counts=(8, 0))
-    caplog.set_level("INFO", logger="byoc.efa")
+    caplog.set_level("INFO", logger="byoc.launch.efa")
     env = worker_environment(two_gpu_hosts, "algo-1", Path("/tmp/f"), found)
     assert (env["FI_PROVIDER"], env["FI_EFA_USE_DEVICE_RDMA"], env["NCCL_SOCKET_IFNAME"]) == ("efa", "1", "eth0")
     assert "EFA device(s) rdmap16s27: the collectives between hosts use EFA (with RDMA read)" in caplog.text

@@ -149,11 +149,11 @@ def test_secret_looking_hyperparameters_stay_out_of_the_log(tmp_path):
 
 
 def test_hyperparameters_of_the_built_in_job_are_logged_masked(job, caplog):
-    from byoc import cli
+    from byoc.training import entry
 
     job.hyperparameters({"epochs": "1", "hfToken": json.dumps("hf_SeCrEt"), "db-password": "--SeCrEt"})
     with caplog.at_level("INFO", logger="byoc"):
-        assert cli.train() == 1  # an unknown hyperparameter: refused, naming it but not its value
+        assert entry.train() == 1  # an unknown hyperparameter: refused, naming it but not its value
     assert "db-password=*** epochs=1 hfToken=***" in caplog.text
     assert "SeCrEt" not in caplog.text + job.failure and "unknown hyperparameter 'hfToken'" in job.failure
 

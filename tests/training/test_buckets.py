@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from byoc.training.buckets import bucket_batches, bucket_of, choose_buckets, padding_efficiency
-from helpers import SHARED_DATA
+from helpers import shared_data
 
 
 def padded_tokens(lengths, buckets):
@@ -49,14 +49,13 @@ def test_batches_have_one_size_and_few_shapes():
     assert bucket_batches(lengths, buckets, 16, 42, 0) == batches  # and the same order on resume
 
 
-@pytest.mark.skipif(SHARED_DATA is None, reason="../shared/data is not here")
 def test_padding_efficiency_on_emotion_beats_the_tutorial_recipes():
     from transformers import AutoTokenizer
 
     from byoc.training.model import bundled_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(str(bundled_model_dir()))
-    lines = (SHARED_DATA / "emotion" / "train.txt").read_text(encoding="utf-8").splitlines()[1:]
+    lines = (shared_data.folder("emotion") / "train.txt").read_text(encoding="utf-8").splitlines()[1:]
     texts = [line.rsplit(";", 1)[0] for line in lines if line.strip()]
     lengths = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=512)["input_ids"]]
     buckets = choose_buckets(lengths, max_buckets=5)

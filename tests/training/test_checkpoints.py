@@ -94,7 +94,7 @@ def test_a_sealed_checkpoint_that_cannot_load_is_skipped_for_the_previous_one(tm
     assert common_resume_point(tmp_path) == newest and unreadable(newest) is None
     overwrite_in_place(newest / name, offset)
     assert newest_complete(tmp_path) == newest  # still sealed: every size is what it was
-    with caplog.at_level("WARNING", logger="byoc.checkpoints"):
+    with caplog.at_level("WARNING", logger="byoc.training.checkpoints"):
         assert common_resume_point(tmp_path) == tmp_path / "checkpoint-10"
     assert f"skipping the checkpoint {newest}: it was sealed but cannot be loaded" in caplog.text
     drop_after(tmp_path, tmp_path / "checkpoint-10")  # the resumed run writes checkpoint-20 again, from scratch

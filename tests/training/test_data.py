@@ -19,12 +19,7 @@ except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "container"))
 
 from byoc.training.data import DataError, DataSpec, TaskData, load_task_data
-
-SHARED_DATA = next(
-    (p for p in (Path(__file__).resolve().parents[3] / "shared" / "data", Path("/work/shared/data")) if p.is_dir()),
-    None,
-)
-
+from helpers import shared_data
 
 # --------------------------------------------------------------------------- helpers
 
@@ -588,10 +583,9 @@ def test_channel_directory_is_left_untouched(tmp_path):
 # --------------------------------------------------------------------------- real sample data
 
 
-@pytest.mark.skipif(SHARED_DATA is None, reason="shared sample data (shared/data or /work/shared/data) not available")
 def test_real_emotion_files(tmp_path):
     for name in ("train.txt", "val.txt", "test.txt"):
-        shutil.copy(SHARED_DATA / "emotion" / name, tmp_path / name)
+        shutil.copy(shared_data.folder("emotion") / name, tmp_path / name)
     data = load(tmp_path, train=tmp_path)
     assert (len(data.train), len(data.eval), len(data.test)) == (16000, 2000, 2000)
     assert data.label_names == ["anger", "fear", "joy", "love", "sadness", "surprise"]
@@ -599,10 +593,9 @@ def test_real_emotion_files(tmp_path):
     assert data.train["label"].count(data.label_names.index("surprise")) == 572
 
 
-@pytest.mark.skipif(SHARED_DATA is None, reason="shared sample data (shared/data or /work/shared/data) not available")
 def test_real_uci_yelp_and_imdb(tmp_path):
     for name in ("yelp_labelled.txt", "imdb_labelled.txt"):
-        shutil.copy(SHARED_DATA / "uci-sentiment" / name, tmp_path / name)
+        shutil.copy(shared_data.folder("uci-sentiment") / name, tmp_path / name)
     data = load(tmp_path, train=tmp_path)
     assert len(data.train) == 2000  # the U+0085 characters in imdb must not split rows
     assert data.label_names == ["0", "1"] and data.train["label"].count(1) == 1000

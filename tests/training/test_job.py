@@ -11,8 +11,8 @@ import datasets
 import pytest
 import torch
 
-from byoc import cli
-from helpers import SHARED_DATA, run_train_process, sentiment_rows, write_csv
+from byoc.training import entry
+from helpers import run_train_process, sentiment_rows, shared_data, write_csv
 
 pytestmark = pytest.mark.integration  # real jobs in processes: not in make test-fast
 
@@ -21,7 +21,7 @@ QUICK = {"max_steps": "8", "logging_steps": "4", "learning_rate": "5e-3", "per_d
 
 def train_in_process(job) -> int:
     """`byoc train` in this process (same code path as the command, without a 5 s interpreter start)."""
-    return cli.train()
+    return entry.train()
 
 
 def assert_deployable_model(model_dir: Path, labels: list[str]) -> None:
@@ -402,12 +402,11 @@ def test_toolkit_train_runs_the_job(job, tiny_model_dir):
     assert (job.model_dir / "model.safetensors").exists() and (job.root / "output/success").exists()
 
 
-@pytest.mark.skipif(SHARED_DATA is None, reason="../shared/data is not beside the project")
 def test_real_uci_files_with_the_bundled_minilm(job):
     """Headerless `sentence<TAB>label` files, the pretrained MiniLM, a read-only-style channel."""
     train = job.channel("train")
     for name in ("yelp_labelled.txt", "amazon_cells_labelled.txt"):
-        shutil.copy(SHARED_DATA / "uci-sentiment" / name, train / name)
+        shutil.copy(shared_data.folder("uci-sentiment") / name, train / name)
     before = sorted((p.name, p.stat().st_mtime) for p in train.iterdir())
     job.hyperparameters(
         {"max_steps": "10", "logging_steps": "5", "validation_split": "0.1", "per_device_train_batch_size": "16"}

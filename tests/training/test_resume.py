@@ -81,7 +81,7 @@ def test_sigterm_around_a_checkpoint_write(tmp_path, tiny_model_dir, reference):
 
 def test_sigterm_while_preparing_stops_at_once_with_nothing_to_save(tmp_path, tiny_model_dir):
     job = build_job(tmp_path / "opt-ml", tiny_model_dir, RESUME_HP, train=4000)
-    code, log = run_until(job, "byoc.data: train: ")
+    code, log = run_until(job, "byoc.training.data.columns: train: ")
     assert code == 143, log[-3000:]
     assert job.failure.startswith("stopped by SIGTERM while preparing the job"), job.failure
     assert "nothing was lost" in job.failure

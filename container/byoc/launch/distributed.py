@@ -24,7 +24,7 @@ import torch.distributed as dist
 from byoc import compat
 from byoc.launch.settings import RankSettings
 
-logger = logging.getLogger("byoc.distributed")
+logger = logging.getLogger(__name__)
 
 _rank: RankSettings | None = None  # this process's place in the job (configure)
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-logger = logging.getLogger("byoc.efa")
+logger = logging.getLogger(__name__)
 
 AMAZON_PCI_VENDOR = "0x1d0f"
 FIRST_GENERATION = "0xefa0"  # no RDMA read

@@ -41,7 +41,7 @@ from byoc.launch.settings import (
 )
 from byoc.safe_files import write_atomically
 
-logger = logging.getLogger("byoc.launch")
+logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 29500
 

@@ -24,7 +24,7 @@ from byoc.logs import mask_secrets
 from byoc.requirements import RequirementsError, install_requirements
 from byoc.sdk_values import loads as decode  # JSON where it parses, else the raw string, as the toolkit does
 
-logger = logging.getLogger("byoc.script")
+logger = logging.getLogger(__name__)
 
 
 class ScriptError(ContractError):

@@ -29,7 +29,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-logger = logging.getLogger("byoc.batching")
+logger = logging.getLogger(__name__)
 
 
 class QueueFull(Exception):

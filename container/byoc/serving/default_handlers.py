@@ -38,7 +38,7 @@ JSON_LINES = ("application/jsonlines", "application/x-jsonlines", "application/j
 CONTENT_TYPES = ("application/json", "text/csv", "text/plain", *JSON_LINES)
 ACCEPT_TYPES = ("application/json", "text/csv", *JSON_LINES)
 
-logger = logging.getLogger("byoc.inference")
+logger = logging.getLogger(__name__)
 
 # Set once by the server as it starts (byoc.serving.model_server): model_fn's signature is the
 # handler contract's, and a user's model_fn that calls this one passes nothing either.

@@ -29,7 +29,7 @@ from byoc.serving.request_errors import InputError, NotAcceptable, UnsupportedMe
 # Users' handlers raise byoc.serving.handler_loader.InputError and its kin, and models trained before the defaults moved
 # into the package carry a copy of them whose code imports those errors and inference_threads from here.
 
-logger = logging.getLogger("byoc.handlers")
+logger = logging.getLogger(__name__)
 
 USER_MODULE_MARK = "__byoc_user_code__"
 HANDLER_NAMES = ("model_fn", "input_fn", "predict_fn", "output_fn", "transform_fn")

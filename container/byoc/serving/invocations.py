@@ -22,7 +22,7 @@ from byoc.serving.model_server import ModelServer
 from byoc.serving.request_errors import InputError, InvalidAnswer
 from byoc.serving.settings import ServeSettings
 
-logger = logging.getLogger("byoc.serve")
+logger = logging.getLogger(__name__)
 
 RETRY_AFTER = "1"  # seconds, on every 503: SageMaker and its SDKs retry such answers
 

@@ -36,7 +36,7 @@ from byoc.serving.request_errors import InvalidAnswer, PayloadTooLarge
 from byoc.serving.settings import JSON, ServeSettings
 from byoc.serving.threads import DaemonThreads
 
-logger = logging.getLogger("byoc.serve")
+logger = logging.getLogger(__name__)
 
 SWITCH_INTERVAL = 0.0005
 INLINE_LIMIT = 256 * 1024  # bodies below this are parsed and answered on the event loop

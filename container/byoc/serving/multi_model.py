@@ -36,7 +36,7 @@ from byoc.serving.model_server import ModelServer, release_memory, resident_byte
 from byoc.serving.settings import ServeSettings
 from byoc.serving.threads import DaemonThreads
 
-logger = logging.getLogger("byoc.serve")
+logger = logging.getLogger(__name__)
 
 MIB = 1 << 20
 PAGE_SIZE = 100  # models per GET /models page when the request names no `limit`

@@ -29,7 +29,7 @@ from byoc.serving.model_server import ModelServer
 from byoc.serving.multi_model import PAGE_SIZE, LoadRefused, Registry
 from byoc.serving.settings import ServeSettings
 
-logger = logging.getLogger("byoc.serve")
+logger = logging.getLogger(__name__)
 
 TARGET_HEADER = "x-amzn-sagemaker-target-model"  # the invoker's TargetModel: for the logs only
 MAX_PAGE = 1000

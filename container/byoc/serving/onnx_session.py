@@ -24,7 +24,7 @@ from byoc.onnx_graph import (
 )
 from byoc.serving import cuda_provider
 
-logger = logging.getLogger("byoc.onnx_graph")
+logger = logging.getLogger(__name__)
 
 
 class Session:

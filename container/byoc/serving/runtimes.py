@@ -27,7 +27,7 @@ from byoc.serving import buckets, cuda_provider
 from byoc.serving.backend_choice import HALF, BackendError, Host, Plan, torch_dtype_name
 from byoc.serving.onnx_session import Session
 
-logger = logging.getLogger("byoc.inference")
+logger = logging.getLogger(__name__)
 
 
 def describe(model_dir: Path, gpu: bool) -> Host:

@@ -45,7 +45,7 @@ from byoc.serving.model_server import ModelServer, tune_malloc
 from byoc.serving.multi_model_routes import multi_model_app
 from byoc.serving.settings import ServeSettings, ServeSettingsError
 
-logger = logging.getLogger("byoc.serve")
+logger = logging.getLogger(__name__)
 
 
 def create_app(settings: ServeSettings | None = None) -> Starlette:

@@ -21,7 +21,7 @@ from byoc.training.model import ModelError
 from byoc.training.samplers import length_order
 from byoc.training.settings import CODE_DIR_ENV
 
-logger = logging.getLogger("byoc.artifact")
+logger = logging.getLogger(__name__)
 
 
 def default_code_dir(configured: Path | None = None) -> Path:

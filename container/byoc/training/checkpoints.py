@@ -35,7 +35,7 @@ from byoc.launch import distributed
 from byoc.safe_files import write_atomically
 from byoc.training import interruption  # Interrupted lives where importing it is cheap (see that module)
 
-logger = logging.getLogger("byoc.checkpoints")
+logger = logging.getLogger(__name__)
 
 JOB_FILE = "byoc-job.json"
 MARKER = "byoc-complete.json"

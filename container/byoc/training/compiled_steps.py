@@ -26,7 +26,7 @@ from byoc.training import xla
 from byoc.training.arguments import TrainArguments
 from byoc.training.settings import INDUCTOR_CACHE_ENV
 
-logger = logging.getLogger("byoc.compiled")
+logger = logging.getLogger(__name__)
 
 
 def wants_buckets(compile: bool, use_xla: bool) -> bool:

@@ -21,7 +21,7 @@ from byoc.errors import UserError, describe
 from byoc.launch import distributed
 from byoc.training.arguments import TrainArguments
 
-logger = logging.getLogger("byoc.evaluation")
+logger = logging.getLogger(__name__)
 
 
 class EvaluationFailed(UserError):

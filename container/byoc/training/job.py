@@ -47,7 +47,7 @@ from byoc.training.settings import TrainingSettings, current
 from byoc.training.tokenization import tokenize_splits
 from byoc.training.trainer import ClassifierTrainer, build_trainer
 
-logger = logging.getLogger("byoc.job")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -74,7 +74,7 @@ class Job:
 
 def main(contract: TrainingContract, args: TrainArguments) -> dict[str, Any]:
     """byoc's training job (or this rank's part of it), end to end; returns the final metrics.
-    `byoc train` runs it under `byoc.cli.run_job`, as `code/train.py` runs its own `main`."""
+    `byoc train` runs it under `byoc.training.entry.run_job`, as `code/train.py` runs its own `main`."""
     with stop_on_sigterm() as stop:
         job = prepare(contract, args)
         model = load_model(job)
@@ -105,7 +105,7 @@ def cache_dir_for(settings: TrainingSettings) -> Path:
 
 def prepare(contract: TrainingContract, args: TrainArguments, settings: TrainingSettings | None = None) -> Job:
     """The device, the model's source, the data and its tokens; the shards and buckets every rank agrees on."""
-    settings = settings or current()  # the job's, as byoc.cli.run_job configured them
+    settings = settings or current()  # the job's, as byoc.training.entry.run_job configured them
     use_xla = xla.wants_xla(args.device, settings)
     if use_xla:
         xla.prepare_environment(contract.checkpoint_folder, settings.xla)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from transformers import TrainerCallback
 
-logger = logging.getLogger("byoc.metrics")
+logger = logging.getLogger(__name__)
 
 _NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 # For `Estimator(metric_definitions=METRIC_DEFINITIONS)`: each regex reads one `[metrics]` log line field.

@@ -26,7 +26,7 @@ from byoc.errors import UserError, brief
 from byoc.safe_files import UnsafeArchive, extract_archive
 from byoc.training.arguments import TrainArguments
 
-logger = logging.getLogger("byoc.model")
+logger = logging.getLogger(__name__)
 
 
 class ModelError(UserError, ValueError):

@@ -24,7 +24,7 @@ from typing import Any
 
 from byoc.training.arguments import TrainArguments
 
-logger = logging.getLogger("byoc.precision")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The training job's settings: what one process of the job (a launched rank, or the single process)
 reads from the environment, once, as it starts, and passes down.
 
-`byoc.cli.run_job` reads them (`TrainingSettings.from_env`) and `configure`s them as the job's; the
+`byoc.training.entry.run_job` reads them (`TrainingSettings.from_env`) and `configure`s them as the job's; the
 job's steps take them as a parameter and default to the configured ones (`current`), so that a
 `code/train.py` calling the steps as `prepare(contract, args)` gets them too. The rank's own part
 (its numbers, the process group) is `byoc.launch.settings.RankSettings`, which the launcher's side
@@ -76,7 +76,7 @@ _configured: TrainingSettings | None = None
 
 
 def configure(settings: TrainingSettings) -> None:
-    """This process's settings, once, as the job starts (byoc.cli.run_job)."""
+    """This process's settings, once, as the job starts (byoc.training.entry.run_job)."""
     global _configured
     _configured = settings
 

@@ -16,7 +16,7 @@ from byoc.training.arguments import TrainArguments
 from byoc.training.data import TaskData
 from byoc.training.model import model_max_length
 
-logger = logging.getLogger("byoc.tokenization")
+logger = logging.getLogger(__name__)
 
 
 def tokenize_splits(

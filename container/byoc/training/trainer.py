@@ -36,7 +36,7 @@ from byoc.training.metrics import ProgressCallback, classification_metrics
 from byoc.training.precision import Precision
 from byoc.training.samplers import FixedShapeSampler, LengthBucketSampler, length_order
 
-logger = logging.getLogger("byoc.trainer")
+logger = logging.getLogger(__name__)
 
 
 class ClassifierTrainer(Trainer):

@@ -23,7 +23,7 @@ from byoc.errors import UserError
 from byoc.launch.devices import device_counts
 from byoc.training.settings import TrainingSettings, XlaSettings
 
-logger = logging.getLogger("byoc.xla")
+logger = logging.getLogger(__name__)
 
 COMPILE_CACHE_DIR = "neuron-compile-cache"  # under the checkpoint folder: synced to S3, kept across spot restarts
 

@@ -16,7 +16,7 @@ from byoc.training.data.labels import LabelCodec
 from byoc.training.data.names import LABEL_COLUMNS, NUMBER, PAIR_COLUMNS, TEXT_COLUMNS
 from byoc.training.data.types import DataError, DataSpec, Part, Source, describe_sources
 
-logger = logging.getLogger("byoc.data")  # one name for the whole package: log lines read "byoc.training.data: ..."
+logger = logging.getLogger(__name__)
 
 
 def build_text(

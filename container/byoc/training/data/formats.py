@@ -27,7 +27,7 @@ from byoc.errors import brief
 from byoc.training.data.names import HEADER_LABEL_NAMES, KNOWN_COLUMNS, NUMBER
 from byoc.training.data.types import DataError
 
-logger = logging.getLogger("byoc.data")  # one name for the whole package: log lines read "byoc.training.data: ..."
+logger = logging.getLogger(__name__)
 
 # File suffix (after an optional .gz) -> reader.
 FORMATS = {

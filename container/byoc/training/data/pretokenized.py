@@ -19,7 +19,7 @@ from byoc.training.data.labels import MAX_LABEL_IDS, integral, row_count
 from byoc.training.data.names import TOKEN_COLUMNS
 from byoc.training.data.types import DataError, DataSpec, Source, describe_sources
 
-logger = logging.getLogger("byoc.data")  # one name for the whole package: log lines read "byoc.training.data: ..."
+logger = logging.getLogger(__name__)
 
 
 def is_pretokenized(sources: list[Source]) -> bool:

@@ -16,7 +16,7 @@ from byoc.errors import brief
 from byoc.training.data.formats import FORMATS, format_of, read_file
 from byoc.training.data.types import DataError, Source
 
-logger = logging.getLogger("byoc.data")  # one name for the whole package: log lines read "byoc.training.data: ..."
+logger = logging.getLogger(__name__)
 
 IGNORED_CHANNELS = frozenset({"model", "code", "checkpoints", "sm_drivers"})
 CHANNEL_ALIASES = {"training": "train", "testing": "test"}
