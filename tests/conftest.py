@@ -34,6 +34,7 @@ ONCE = frozenset(
         "launch/test_efa.py",
         "serving/test_async_profile.py",
         "serving/test_batching.py",
+        "serving/test_connections.py",
         "serving/test_hostile.py",
         "serving/test_limits.py",
         "serving/test_multi_model.py",

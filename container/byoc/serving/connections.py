@@ -16,7 +16,9 @@ never closed here.
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,17 +33,23 @@ class ConnectionLimits:
     keep_alive_timeout: float = 75.0
 
 
-LIMITS = ConnectionLimits()
-# Connections idle now (no request begun), oldest first: the next to close at the connection limit,
-# found in O(1) however many there are (a scan of 1,024 on every new connection cost the event loop
-# more than the idle clients did).
-_IDLE: dict[GuardedProtocol, None] = {}
+class ConnectionGuard:
+    """One server's connection limits and its idle connections, oldest first: the next to close at
+    the connection limit, found in O(1) however many there are (a scan of 1,024 on every new
+    connection cost the event loop more than the idle clients did). `protocol()` is what uvicorn
+    makes each connection with; each server (and each uvicorn worker) has a guard of its own."""
 
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self.idle: dict[GuardedProtocol, None] = {}
 
-def configure(limits: ConnectionLimits) -> None:
-    """Set the limits of this process's connections (each uvicorn worker sets them as its app starts)."""
-    global LIMITS
-    LIMITS = limits
+    def protocol(self) -> Callable[..., GuardedProtocol]:
+        """`uvicorn.run(..., http=guard.protocol())`."""
+        return functools.partial(GuardedProtocol, guard=self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A uvicorn worker process gets the limits, and a registry of its own connections.
+        return (ConnectionGuard, (self.limits,))
 
 
 def error_bytes(status: int, reason: str, message: str) -> bytes:
@@ -55,11 +63,12 @@ def error_bytes(status: int, reason: str, message: str) -> bytes:
 
 
 class GuardedProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the limits above (`uvicorn.run(..., http=GuardedProtocol)`)."""
+    """uvicorn's httptools protocol with the limits above (made by `ConnectionGuard.protocol()`)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, guard: ConnectionGuard, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.limits = LIMITS
+        self.guard = guard
+        self.limits = guard.limits
         self.in_head = True  # reading a request's headers (or waiting for a request)
         self.head_bytes = 0  # bytes of the headers read so far
         self.idle_since = 0.0
@@ -73,13 +82,13 @@ class GuardedProtocol(HttpToolsProtocol):
             self.limits.keep_alive_timeout, self.timeout_keep_alive_handler
         )
         if len(self.connections) > self.limits.max_connections:
-            victim = _longest_idle(self.connections, self)
+            victim = _longest_idle(self.guard.idle, self.connections, self)
             if victim is not None:
                 victim.transport.close()
-        _IDLE[self] = None
+        self.guard.idle[self] = None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        _IDLE.pop(self, None)
+        self.guard.idle.pop(self, None)
         self._cancel_header_timer()
         super().connection_lost(exc)
 
@@ -96,7 +105,7 @@ class GuardedProtocol(HttpToolsProtocol):
             )
 
     def on_message_begin(self) -> None:
-        _IDLE.pop(self, None)
+        self.guard.idle.pop(self, None)
         super().on_message_begin()
         self._cancel_header_timer()
         self.header_timer = self.loop.call_later(self.limits.header_timeout, self._headers_too_slow)
@@ -114,8 +123,8 @@ class GuardedProtocol(HttpToolsProtocol):
         self.idle_since = self.loop.time()
         super().on_response_complete()
         if not self.transport.is_closing() and not self.pipeline:
-            _IDLE.pop(self, None)
-            _IDLE[self] = None  # the newest idle one
+            self.guard.idle.pop(self, None)
+            self.guard.idle[self] = None  # the newest idle one
 
     def _headers_too_slow(self) -> None:
         self.header_timer = None
@@ -149,11 +158,11 @@ class GuardedProtocol(HttpToolsProtocol):
         return None
 
 
-def _longest_idle(connections: set[Any], newcomer: Any) -> Any:
+def _longest_idle(idle: dict[Any, None], connections: set[Any], newcomer: Any) -> Any:
     """The idle connection idle longest, else the one stuck longest in its headers, else in its body."""
-    while _IDLE:
-        oldest = next(iter(_IDLE))
-        del _IDLE[oldest]
+    while idle:
+        oldest = next(iter(idle))
+        del idle[oldest]
         if oldest is not newcomer and not oldest.transport.is_closing():
             return oldest
     ranked = [

@@ -48,11 +48,9 @@ from byoc.serving.settings import ServeSettings, ServeSettingsError
 logger = logging.getLogger(__name__)
 
 
-def create_app(settings: ServeSettings | None = None) -> Starlette:
-    if not logging.getLogger().handlers:  # a uvicorn worker process (workers > 1) starts unconfigured
-        configure_logging()
-    settings = settings or ServeSettings.from_env()
-    connections.configure(
+def connection_guard(settings: ServeSettings) -> connections.ConnectionGuard:
+    """The limits of the server's connections (byoc.serving.connections), from its settings."""
+    return connections.ConnectionGuard(
         connections.ConnectionLimits(
             max_connections=settings.max_connections,
             max_header_bytes=settings.max_header_bytes,
@@ -60,6 +58,12 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
             keep_alive_timeout=settings.keep_alive_timeout,
         )
     )
+
+
+def create_app(settings: ServeSettings | None = None) -> Starlette:
+    if not logging.getLogger().handlers:  # a uvicorn worker process (workers > 1) starts unconfigured
+        configure_logging()
+    settings = settings or ServeSettings.from_env()
     invocations = Invocations(settings)
     if settings.multi_model:
         return multi_model_app(settings, invocations, _execution_parameters(settings), restart)
@@ -196,7 +200,7 @@ def main() -> None:
         timeout_keep_alive=settings.keep_alive_timeout,
         # Connections are bounded by byoc.serving.connections (the longest-idle one closes at the limit) and
         # invocations in the app: uvicorn's own limit_concurrency would answer /ping with a plain 503.
-        http=connections.GuardedProtocol,
+        http=connection_guard(settings).protocol(),
     )
     if settings.workers > 1:
         failure = _failure_file(os.getpid())
