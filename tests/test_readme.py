@@ -157,3 +157,35 @@ def test_the_readmes_error_codes_are_the_servers():
     sentence = README[README.index("Errors are JSON") :].split("\n\n")[0]
     listed = set(re.findall(r"\b(\d{3})\b", sentence))
     assert table - listed == set() and {"404", "409", "507"} <= listed, sentence
+
+
+def test_every_module_has_its_test_file_or_testing_md_says_where_it_is_tested():
+    import re
+
+    package = ROOT / "container" / "byoc"
+    doc = (ROOT / "docs" / "testing.md").read_text()
+    section = doc[doc.index("## Modules tested through others") : doc.index("## Docs kept in step")]
+    listed: dict[str, list[str]] = {}
+    for row in section.splitlines():
+        if row.startswith("| `byoc."):
+            modules, files = row.split(" | ")[:2]
+            for module in re.findall(r"`(byoc[\w.]*)`", modules):
+                listed[module] = re.findall(r"`([\w/]+\.py)`", files)
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        module = ".".join(("byoc", *parts))
+        if module in ("byoc", "byoc.training", "byoc.launch", "byoc.serving"):
+            continue  # a room's __init__ is a docstring
+        own = ROOT / "tests" / Path(*parts[:-1]) / f"test_{parts[-1]}.py" if parts else None
+        if own is not None and own.is_file():
+            assert module not in listed, f"{module} has {own.name}: drop its row from testing.md"
+            continue
+        assert listed.get(module), f"{module} has no {own}: add it, or say in testing.md where it is tested"
+        for name in listed[module]:
+            assert (ROOT / "tests" / name).is_file(), f"testing.md: {module} is tested in {name}, which is not there"
+    assert set(listed) <= {
+        ".".join(("byoc", *p.relative_to(package).with_suffix("").parts)).removesuffix(".__init__")
+        for p in package.rglob("*.py")
+    }, "testing.md names a module that is gone"
