@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
 
 from byoc import onnx_graph
-from byoc.serving import default_handlers, onnx_session
+from byoc.serving.model import default_handlers, onnx_session
 from helpers import build_classifier_with_graph
 
 REPO = Path(__file__).resolve().parents[1]

@@ -217,7 +217,7 @@ def test_settings_set_once_at_start_are_what_the_deep_modules_see(monkeypatch):
     """The rank's settings reach every training module through byoc.launch.distributed, and the
     server's reach a user's model_fn through the default handlers: set once, never read again."""
     from byoc.launch import distributed
-    from byoc.serving import default_handlers
+    from byoc.serving.model import default_handlers
     from byoc.training import settings as job_settings
 
     monkeypatch.setattr(distributed, "_rank", None)
@@ -280,7 +280,7 @@ WRITERS = {
     "byoc.launch.script": "the toolkit's SM_* and PYTHONPATH, for the user's script",
     "byoc.training.xla": "torch-xla and the Neuron compiler read theirs as they load",
     "byoc.training.compiled_steps": "inductor reads its cache folder from the environment only",
-    "byoc.serving.model_server": "OMP_NUM_THREADS, which torch reads at import",
+    "byoc.serving.model.model_server": "OMP_NUM_THREADS, which torch reads at import",
 }
 _WRITING_METHODS = {"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
 

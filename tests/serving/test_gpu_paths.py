@@ -13,8 +13,8 @@ import onnx
 import pytest
 import torch
 
-from byoc.serving import buckets, cuda_provider, default_handlers, onnx_session, runtimes
-from byoc.serving.backend_choice import Plan
+from byoc.serving.model import buckets, cuda_provider, default_handlers, onnx_session, runtimes
+from byoc.serving.model.backend_choice import Plan
 from helpers import build_classifier_with_graph
 
 TEXTS = [

@@ -12,9 +12,9 @@ import pytest
 import serve_helpers
 from accept_cases import ACCEPT_CASES
 
-from byoc.serving import default_handlers, runtimes
-from byoc.serving.handler_loader import HandlerError, call, load_handlers
-from byoc.serving.request_errors import InputError, InvalidAnswer, NotAcceptable
+from byoc.serving.http.request_errors import InputError, InvalidAnswer, NotAcceptable
+from byoc.serving.model import default_handlers, runtimes
+from byoc.serving.model.handler_loader import HandlerError, call, load_handlers
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,8 @@ from serve_helpers import (
     wait_for,
 )
 
-from byoc.serving import default_handlers, negotiation
+from byoc.serving.http import negotiation
+from byoc.serving.model import default_handlers
 
 pytestmark = pytest.mark.integration  # servers in processes: not in make test-fast
 

@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from request_strategies import requests
 
-from byoc.serving import default_handlers, negotiation
-from byoc.serving.batching import Batcher
-from byoc.serving.request_errors import InputError, NotAcceptable
+from byoc.serving.http import negotiation
+from byoc.serving.http.request_errors import InputError, NotAcceptable
+from byoc.serving.model import default_handlers
+from byoc.serving.model.batching import Batcher
 
 HANDLER_EXAMPLES = 1200  # generated requests through the default handlers
 

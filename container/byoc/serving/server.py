@@ -4,18 +4,18 @@
   background, so /ping answers 503 at once while loading instead of hanging), the batching task
   running, and no inference call running past the request timeout; 503 with the reason otherwise.
   Always answered from the event loop, never behind inference.
-- `POST /invocations`: handlers from `byoc.serving.handler_loader`, run by `byoc.serving.model_server`; requests batched
-  by `byoc.serving.batching`.
+- `POST /invocations`: handlers from `byoc.serving.model.handler_loader`, run by
+  `byoc.serving.model.model_server`; requests batched by `byoc.serving.model.batching`.
 - `GET /execution-parameters`: batch transform settings.
 Errors are JSON `{"error": ...}` with honest codes: 400 bad input, 406 bad accept, 408 a body
 too slow, 413 too large, 415 bad content type, 431 headers too large, 503 not ready or at capacity
 (with Retry-After), 504 over the timeout, 500 only for faults of the server or the handler code.
-Connections are guarded by byoc.serving.connections (idle ones closed, headers bounded in size and time).
+Connections are guarded by byoc.serving.http.connections (idle ones closed, headers bounded in size and time).
 An invocation takes one of `BYOC_MAX_CONCURRENCY` slots only once its body is complete, so slow
 or stalled senders never turn ordinary requests into 503s.
 SIGTERM: uvicorn stops accepting, finishes in-flight requests (up to `BYOC_GRACEFUL_TIMEOUT`,
 default 25 s, inside SageMaker's 30 s), answers those still running then with a JSON 503, and
-exits; no handler thread can hold the process (byoc.serving.threads). A worker whose batching task died
+exits; no handler thread can hold the process (byoc.serving.model.threads). A worker whose batching task died
 gives up the same way, and exits non-zero, so that the platform (or uvicorn's supervisor) replaces it.
 """
 
@@ -39,17 +39,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from byoc.logs import configure_logging
-from byoc.serving import connections
-from byoc.serving.invocations import Invocations, error
-from byoc.serving.model_server import ModelServer, tune_malloc
-from byoc.serving.multi_model_routes import multi_model_app
+from byoc.serving.http import connections
+from byoc.serving.http.invocations import Invocations, error
+from byoc.serving.http.multi_model_routes import multi_model_app
+from byoc.serving.model.model_server import ModelServer, tune_malloc
 from byoc.serving.settings import ServeSettings, ServeSettingsError
 
 logger = logging.getLogger(__name__)
 
 
 def connection_guard(settings: ServeSettings) -> connections.ConnectionGuard:
-    """The limits of the server's connections (byoc.serving.connections), from its settings."""
+    """The limits of the server's connections (byoc.serving.http.connections), from its settings."""
     return connections.ConnectionGuard(
         connections.ConnectionLimits(
             max_connections=settings.max_connections,
@@ -198,7 +198,7 @@ def main() -> None:
         access_log=False,
         timeout_graceful_shutdown=settings.graceful_timeout,
         timeout_keep_alive=settings.keep_alive_timeout,
-        # Connections are bounded by byoc.serving.connections (the longest-idle one closes at the limit) and
+        # Connections are bounded by byoc.serving.http.connections (the longest-idle one closes at the limit) and
         # invocations in the app: uvicorn's own limit_concurrency would answer /ping with a plain 503.
         http=connection_guard(settings).protocol(),
     )

@@ -15,14 +15,14 @@ from pathlib import Path
 from byoc.contract import Paths
 from byoc.environment import Environment, SettingError
 from byoc.logs import log_level
-from byoc.serving.backend_choice import (
+from byoc.serving.limits import Limits, read_limits
+from byoc.serving.model.backend_choice import (
     BACKENDS,
     INFERENCE_BACKEND_ENV,
     INFERENCE_COMPILE_ENV,
     INFERENCE_PRECISION_ENV,
     PRECISIONS,
 )
-from byoc.serving.limits import Limits, read_limits
 
 JSON = "application/json"
 PROFILES = ("realtime", "async")
@@ -44,7 +44,8 @@ class ServeSettingsError(SettingError):
 
 @dataclass(frozen=True)
 class InferenceSettings:
-    """How the default handlers load the model (byoc.serving.default_handlers, byoc.serving.backend_choice)."""
+    """How the default handlers load the model (byoc.serving.model.default_handlers and
+    byoc.serving.model.backend_choice)."""
 
     backend: str = "auto"  # BYOC_INFERENCE_BACKEND: auto, onnxruntime or torch
     precision: str = "auto"  # BYOC_INFERENCE_PRECISION: auto, fp32, fp16, bf16 or int8
@@ -80,7 +81,9 @@ class ServeSettings:
     max_inputs: int = 4096  # per request (413 above): about 15 s of a MiniLM on 2 cores, inside the 60 s timeout
     max_queued_inputs: int = 16384  # waiting for the model, all requests together (503 + Retry-After above)
     max_concurrency: int = 256  # invocations one worker answers at once (503 + Retry-After above; /ping never)
-    max_connections: int = 1024  # open connections; past it the longest-idle one is closed (byoc.serving.connections)
+    max_connections: int = (
+        1024  # open connections; past it the longest-idle one is closed (byoc.serving.http.connections)
+    )
     keep_alive_timeout: float = 75.0  # a connection idle this long is closed (SageMaker keeps its own 60 s)
     header_timeout: float = 15.0  # a request's headers complete within this of their first byte (408)
     body_timeout: float = 30.0  # a request's body complete within this of its headers (408)
@@ -88,7 +91,7 @@ class ServeSettings:
     program: str = "inference.py"  # the handler file in model/code/
     inference: InferenceSettings = InferenceSettings()
     log_level: str = "INFO"  # BYOC_LOG_LEVEL (byoc.logs sets it up; read here to stop on a bad value)
-    multi_model: bool = False  # SAGEMAKER_MULTI_MODEL: models load on POST /models (byoc.serving.multi_model)
+    multi_model: bool = False  # SAGEMAKER_MULTI_MODEL: models load on POST /models (byoc.serving.model.multi_model)
     multi_model_memory_mb: int | None = None  # BYOC_MULTI_MODEL_MEMORY_MB; None: the container's memory less headroom
     limits: Limits = Limits(cpus=1, memory=None)  # the container's CPUs and memory (byoc.serving.limits)
     profile: str = "realtime"  # BYOC_PROFILE: async raises the limits an asynchronous endpoint needs (ASYNC_DEFAULTS)

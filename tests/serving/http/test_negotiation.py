@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from accept_cases import ACCEPT_CASES, CSV, JSON
 
-from byoc.serving import default_handlers, negotiation
+from byoc.serving.http import negotiation
+from byoc.serving.model import default_handlers
 
 OFFERED = default_handlers.ACCEPT_TYPES  # application/json, text/csv, the JSON Lines types
 

@@ -1,4 +1,4 @@
-"""byoc.serving.connections: each server's connection limits and idle connections are its own,
+"""byoc.serving.http.connections: each server's connection limits and idle connections are its own,
 passed to uvicorn with the protocol, not set in the module (a test can run two servers with different
 limits in one process). Its behaviour under idle, stalled and oversized connections is tested against
 a real server in serving/test_under_fire.py and serving/test_hostile.py."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pickle
 
-from byoc.serving import connections
+from byoc.serving.http import connections
 from byoc.serving.server import connection_guard
 from byoc.serving.settings import ServeSettings
 

@@ -3,7 +3,7 @@
 The contract is the AWS inference toolkits': `model_fn(model_dir)`, `input_fn(body, content_type)`,
 `predict_fn(data, model)`, `output_fn(prediction, accept)`, or a single
 `transform_fn(model, body, content_type, accept)`; each may take a trailing `context`. The
-defaults are the module `byoc.serving.default_handlers`; a model's own `code/inference.py` overrides any subset.
+defaults are the module `byoc.serving.model.default_handlers`; a model's own `code/inference.py` overrides any subset.
 Mixing `transform_fn` with the others is a start-up error, as in the toolkits.
 """
 
@@ -22,12 +22,13 @@ from typing import Any
 
 from byoc.errors import UserError
 from byoc.requirements import RequirementsError, install_requirements
-from byoc.serving import default_handlers
-from byoc.serving.default_handlers import inference_threads  # noqa: F401  (re-exported, as are the request errors)
-from byoc.serving.request_errors import InputError, NotAcceptable, UnsupportedMediaType  # noqa: F401
+from byoc.serving.http.request_errors import InputError, NotAcceptable, UnsupportedMediaType  # noqa: F401
+from byoc.serving.model import default_handlers
+from byoc.serving.model.default_handlers import inference_threads  # noqa: F401  (re-exported, as are the request errors)
 
-# Users' handlers raise byoc.serving.handler_loader.InputError and its kin, and models trained before the defaults moved
-# into the package carry a copy of them whose code imports those errors and inference_threads from here.
+# Users' handlers raise byoc.serving.model.handler_loader.InputError and its kin, and models trained
+# before the defaults moved into the package carry a copy of them whose code imports those errors and
+# inference_threads from here.
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ def _hint(err: BaseException) -> str:
 
 
 def load_handlers(model_dir: Path, program: str = "inference.py", isolated_as: str | None = None) -> Handlers:
-    """The default handlers (`byoc.serving.default_handlers`), overridden by `model_dir/code/inference.py`
+    """The default handlers (`byoc.serving.model.default_handlers`), overridden by `model_dir/code/inference.py`
     (or the `program` SAGEMAKER_PROGRAM names: `ServeSettings.program`), after installing
     `model_dir/code/requirements.txt`. `isolated_as`: one model of many, whose code is imported under
     that private module name (multi-model endpoints)."""

@@ -4,7 +4,7 @@
 execution providers, the model's files) and the two settings, BYOC_INFERENCE_BACKEND and
 BYOC_INFERENCE_PRECISION (read with the server's others: byoc.serving.settings.InferenceSettings).
 It imports nothing heavy and reads nothing itself, so every hardware and software combination is a
-unit test (tests/serving/test_backend_choice.py).
+unit test (tests/serving/model/test_backend_choice.py).
 
 The rules, with both settings on `auto`:
 - no GPU: ONNX Runtime on the CPU, fp32 (about a second to start, no torch import);
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from byoc.errors import UserError
-from byoc.serving.cuda_provider import CUDA_EP
+from byoc.serving.model.cuda_provider import CUDA_EP
 
 INFERENCE_BACKEND_ENV = "BYOC_INFERENCE_BACKEND"  # auto (default), onnxruntime or torch
 INFERENCE_PRECISION_ENV = "BYOC_INFERENCE_PRECISION"  # auto (default), fp32, fp16, bf16 or int8

@@ -24,9 +24,11 @@ from typing import Any, cast
 
 import numpy as np
 
-from byoc.serving import backend_choice, buckets, limits, negotiation, runtimes
-from byoc.serving.backend_choice import INFERENCE_BACKEND_ENV, INFERENCE_PRECISION_ENV
-from byoc.serving.request_errors import InputError, InvalidAnswer, NotAcceptable, UnsupportedMediaType
+from byoc.serving import limits
+from byoc.serving.http import negotiation
+from byoc.serving.http.request_errors import InputError, InvalidAnswer, NotAcceptable, UnsupportedMediaType
+from byoc.serving.model import backend_choice, buckets, runtimes
+from byoc.serving.model.backend_choice import INFERENCE_BACKEND_ENV, INFERENCE_PRECISION_ENV
 from byoc.serving.settings import InferenceSettings
 
 # The variables' names under the ones byoc.inference gave them before they had a module of their own.
@@ -40,7 +42,7 @@ ACCEPT_TYPES = ("application/json", "text/csv", *JSON_LINES)
 
 logger = logging.getLogger(__name__)
 
-# Set once by the server as it starts (byoc.serving.model_server): model_fn's signature is the
+# Set once by the server as it starts (byoc.serving.model.model_server): model_fn's signature is the
 # handler contract's, and a user's model_fn that calls this one passes nothing either.
 _settings: InferenceSettings | None = None
 
@@ -67,7 +69,7 @@ def inference_threads(settings: InferenceSettings | None = None) -> int:
 def model_fn(model_dir: str) -> dict[str, Any]:
     """Load tokenizer and classifier; weights come from safetensors only (nothing is unpickled).
 
-    byoc.serving.backend_choice picks the runtime from the host and BYOC_INFERENCE_BACKEND /
+    byoc.serving.model.backend_choice picks the runtime from the host and BYOC_INFERENCE_BACKEND /
     BYOC_INFERENCE_PRECISION: ONNX Runtime on the CPU where there is no GPU; ONNX Runtime's CUDA
     execution provider on a GPU where onnxruntime-gpu is installed; else torch (on CUDA in half
     precision). On ONNX Runtime torch and transformers are never imported, which starts several
@@ -97,7 +99,7 @@ def nvidia_gpu() -> bool:
 
 def choose_backend(model_dir: Path, int8: bool = False, gpu: bool | None = None) -> str:
     """onnxruntime or torch for this model, with BYOC_INFERENCE_BACKEND (`gpu`: default, whether an
-    NVIDIA GPU is present); byoc.serving.backend_choice.choose has the whole plan."""
+    NVIDIA GPU is present); byoc.serving.model.backend_choice.choose has the whole plan."""
     settings = current_settings()
     host = runtimes.describe(Path(model_dir), gpu=nvidia_gpu() if gpu is None else gpu)
     return backend_choice.choose(settings.backend, "int8" if int8 else settings.precision, host).backend
@@ -284,13 +286,13 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
 
 # The server may merge concurrent requests into one call: this predict_fn takes
 # {"inputs": [...], "parameters": {...}} and returns one result per input, in order
-# (byoc.serving.handler_loader.Handlers.batchable reads this flag).
+# (byoc.serving.model.handler_loader.Handlers.batchable reads this flag).
 predict_fn.batchable = True  # type: ignore[attr-defined]
 
 
 def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[str, str]:
     """Serialise as JSON (default), JSON Lines or CSV (label,score per line). `accept` is the type
-    the server chose (byoc.serving.negotiation); a full Accept header (lists, weights, wildcards) works too."""
+    the server chose (byoc.serving.http.negotiation); a full Accept header (lists, weights, wildcards) works too."""
     kind = accept if accept in ACCEPT_TYPES else negotiation.choose(accept, ACCEPT_TYPES, "application/json")
     try:
         if kind == "application/json":

@@ -1,4 +1,4 @@
-"""byoc.serving.threads: the server's handler threads grow while busy, are reused while idle, and never hold
+"""byoc.serving.model.threads: the server's handler threads grow while busy, are reused while idle, and never hold
 the process at exit (a hung handler in a ThreadPoolExecutor kept a stopped server alive)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from byoc.serving.threads import DaemonThreads
+from byoc.serving.model.threads import DaemonThreads
 
 
 def test_a_busy_pool_grows_up_to_its_limit_and_reuses_idle_threads():
@@ -56,7 +56,7 @@ def test_exceptions_and_base_exceptions_reach_the_caller():
 def test_a_hung_thread_never_holds_the_process_at_exit():
     code = (
         "import sys, threading, time; sys.path.insert(0, sys.argv[1])\n"
-        "from byoc.serving.threads import DaemonThreads\n"
+        "from byoc.serving.model.threads import DaemonThreads\n"
         "hanging = threading.Event()\n"
         "pool = DaemonThreads(2, 'test'); pool.submit(lambda: (hanging.set(), time.sleep(3600)))\n"
         "assert hanging.wait(300)\n"  # the call hangs in its thread when the interpreter exits

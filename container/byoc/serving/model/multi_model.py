@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from byoc import model_folder, onnx_graph
-from byoc.serving.model_server import ModelServer, release_memory, resident_bytes
+from byoc.serving.model.model_server import ModelServer, release_memory, resident_bytes
+from byoc.serving.model.threads import DaemonThreads
 from byoc.serving.settings import ServeSettings
-from byoc.serving.threads import DaemonThreads
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ running for longer than the request timeout (a stuck call: every request would w
 out, so the endpoint says so and SageMaker can replace the host).
 
 The model's calls (`model_fn`, `predict_fn`, `transform_fn`) run on one inference thread. A user's
-`input_fn` and `output_fn` run on threads of their own (byoc.serving.threads: daemons, started while every
+`input_fn` and `output_fn` run on threads of their own (byoc.serving.model.threads: daemons, started while every
 one is busy), never on the event loop: a slow or hung one costs its own request a 504 and nothing
 else. byoc's own `input_fn`/`output_fn` parse and write small bodies on the event loop (bounded
 work, and a thread hop per request would fight the inference thread for the GIL), large ones on
@@ -29,12 +29,13 @@ from typing import Any
 
 from starlette.responses import Response
 
-from byoc.serving import default_handlers, negotiation
-from byoc.serving.batching import Batcher, guarded
-from byoc.serving.handler_loader import HandlerError, Handlers, InputError, NotAcceptable, call, load_handlers
-from byoc.serving.request_errors import InvalidAnswer, PayloadTooLarge
+from byoc.serving.http import negotiation
+from byoc.serving.http.request_errors import InvalidAnswer, PayloadTooLarge
+from byoc.serving.model import default_handlers
+from byoc.serving.model.batching import Batcher, guarded
+from byoc.serving.model.handler_loader import HandlerError, Handlers, InputError, NotAcceptable, call, load_handlers
+from byoc.serving.model.threads import DaemonThreads
 from byoc.serving.settings import JSON, ServeSettings
-from byoc.serving.threads import DaemonThreads
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ INLINE_LIMIT = 256 * 1024  # bodies below this are parsed and answered on the ev
 class ModelServer:
     """The loaded model, its handlers and the inference thread; shared by the routes.
 
-    One model of many (multi-model endpoints: byoc.serving.multi_model) shares its inference thread and
+    One model of many (multi-model endpoints: byoc.serving.model.multi_model) shares its inference thread and
     its handler threads with the others (`executor`, `handler_threads`), and has a `name`: its code is
     imported under a module name of its own."""
 

@@ -1,10 +1,10 @@
-"""Loading a model for the default handlers, on the backend `byoc.serving.backend_choice` picked: ONNX
+"""Loading a model for the default handlers, on the backend `byoc.serving.model.backend_choice` picked: ONNX
 Runtime (CPU or CUDA execution provider) or torch (CPU or CUDA, fp32 or half precision).
 
 Both loaders return the same dict (docs/serving.md): `backend`, `model`, `tokenizer`,
 `encode(inputs)`, `logits(feeds)` (one padded batch of numpy arrays -> fp32 numpy logits),
 `id2label`, `max_length`, `pad_id`, and `buckets` (how predict_fn cuts and pads a batch:
-byoc.serving.buckets), `device`, `precision`.
+byoc.serving.model.buckets), `device`, `precision`.
 
 torch and transformers are imported only inside `load_torch`: the ONNX Runtime path never pays
 for them (5-17 s on a GPU host).
@@ -23,9 +23,9 @@ from tokenizers import Tokenizer
 
 from byoc import model_folder
 from byoc.onnx_graph import GRAPH
-from byoc.serving import buckets, cuda_provider
-from byoc.serving.backend_choice import HALF, BackendError, Host, Plan, torch_dtype_name
-from byoc.serving.onnx_session import Session
+from byoc.serving.model import buckets, cuda_provider
+from byoc.serving.model.backend_choice import HALF, BackendError, Host, Plan, torch_dtype_name
+from byoc.serving.model.onnx_session import Session
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from byoc.serving.batching import Batcher
-from byoc.serving.request_errors import InputError
+from byoc.serving.http.request_errors import InputError
+from byoc.serving.model.batching import Batcher
 
 WAIT = 120  # seconds, a hang guard: a request the batcher lost would wait forever; these tests fail instead
 

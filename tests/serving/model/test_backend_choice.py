@@ -1,11 +1,11 @@
-"""The serving backend, device and precision as a pure function of the host (byoc.serving.backend_choice):
+"""The serving backend, device and precision as a pure function of the host (byoc.serving.model.backend_choice):
 every combination of GPU, ONNX Runtime build, model files and settings, without any of them here."""
 
 from __future__ import annotations
 
 import pytest
 
-from byoc.serving.backend_choice import (
+from byoc.serving.model.backend_choice import (
     CUDA_EP,
     HALF,
     BackendError,

@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from byoc.serving.batching import BatcherStopped, QueueFull
-from byoc.serving.model_server import ModelServer
-from byoc.serving.request_errors import InputError, InvalidAnswer
+from byoc.serving.http.request_errors import InputError, InvalidAnswer
+from byoc.serving.model.batching import BatcherStopped, QueueFull
+from byoc.serving.model.model_server import ModelServer
 from byoc.serving.settings import ServeSettings
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from byoc.onnx_graph import (
     safetensors_layout,
     session_layout,
 )
-from byoc.serving import cuda_provider
+from byoc.serving.model import cuda_provider
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class Session:
 
     `device="cuda"` runs on ONNX Runtime's CUDA execution provider (onnxruntime-gpu), and raises
     `cuda_provider.ProviderError` where that provider did not load; `fp16=True` (CUDA) serves an fp16
-    copy made at start (byoc.serving.cuda_provider.fp16_graph). `provider` says what runs the graph.
+    copy made at start (byoc.serving.model.cuda_provider.fp16_graph). `provider` says what runs the graph.
     """
 
     def __init__(

@@ -1,7 +1,8 @@
 """The errors a handler raises to answer a request with an honest status instead of a 500.
 
-A leaf module (no imports) so that the default handlers (`byoc.serving.default_handlers`) and the handler loader
-(`byoc.serving.handler_loader`, which re-exports them for users' code) can both use them without importing each other.
+A leaf module (no imports) so that the default handlers (`byoc.serving.model.default_handlers`)
+and the handler loader (`byoc.serving.model.handler_loader`, which re-exports them for users'
+code) can both use them without importing each other.
 """
 
 from __future__ import annotations
