@@ -62,11 +62,7 @@ def test_cpu_jobs_tell_the_trainer_they_are_cpu_ones():
     auto, cpu = parse_hyperparameters({}), parse_hyperparameters({"device": "cpu"})
     assert device_arguments(auto, use_xla=False, cuda=False) == {"use_cpu": True}  # even with torch-xla installed
     on_gpu = device_arguments(auto, use_xla=False, cuda=True)
-    assert on_gpu == {
-        "use_cpu": False,
-        "accelerator_config": {"non_blocking": True},
-        "logging_nan_inf_filter": False,
-    }  # no host synchronisation per step
+    assert on_gpu == {"use_cpu": False, "accelerator_config": {"non_blocking": True}}
     assert device_arguments(cpu, use_xla=False, cuda=True) == {"use_cpu": True}
     assert "use_cpu" not in device_arguments(auto, use_xla=True, cuda=False)
 

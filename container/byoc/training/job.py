@@ -203,6 +203,8 @@ def train_and_evaluate(job: Job, trainer: ClassifierTrainer, stop: StopOnSignal)
             checkpoint_dir,
             "during an evaluation" if stop.evaluation_stopped else "training",
         )
+    if not args.neuron_precompile:  # a precompile run's weights are a cache's by-product, not a model
+        trainer.divergence.check(trainer.model)  # a NaN loss or NaN weights: fail, publish nothing
     metrics: dict[str, Any] = dict(train_metrics)
     stop.arm("the final evaluation")
     if stop.stop_now():  # SIGTERM came as training ended

@@ -32,6 +32,7 @@ from byoc.training.arguments import TrainArguments
 from byoc.training.buckets import IGNORE_LABEL, FixedShapeCollator
 from byoc.training.checkpoints import EvaluationStopped, mark_complete, rotate
 from byoc.training.compiled_steps import CompileReport, compile_arguments, static_graphs_per_bucket
+from byoc.training.divergence import DivergenceGuard
 from byoc.training.metrics import ProgressCallback, classification_metrics
 from byoc.training.precision import Precision
 from byoc.training.samplers import FixedShapeSampler, LengthBucketSampler, length_order
@@ -68,6 +69,8 @@ class ClassifierTrainer(Trainer):
         self.shard_consumers, self.precompile = shard_consumers, precompile
         self.bucket_sampler: LengthBucketSampler | None = None
         self.add_callback(_SamplerEpoch(self))
+        self.divergence = DivergenceGuard(self.args.learning_rate)  # a NaN loss fails the job
+        self.add_callback(self.divergence)
         self.compile_report: CompileReport | None = None
         if use_xla or compiled:
             self.compile_report = CompileReport(use_xla)
@@ -179,9 +182,6 @@ def device_arguments(args: TrainArguments, use_xla: bool, cuda: bool | None = No
         # Batches are copied from pinned memory without the host waiting for the copy (accelerate's
         # DataLoader moves them to the GPU; the default copy blocks the host once a step).
         "accelerator_config": {"non_blocking": True},
-        # The Trainer's NaN filter tests every step's loss on the host (`if torch.isnan(loss) or ...`):
-        # one GPU synchronisation a step. Off, a NaN loss shows in the logged average instead of being hidden.
-        "logging_nan_inf_filter": False,
     }
 
 
@@ -268,6 +268,10 @@ def build_trainer(
         save_on_each_node=len(contract.hosts) > 1,  # each host resumes from its own copy
         logging_strategy="steps",
         logging_steps=args.logging_steps,
+        # Off: a NaN loss shows in the logged average (byoc.training.divergence fails the job on it)
+        # instead of being replaced by the average before it; and on a GPU the filter's check of every
+        # step's loss on the host (`if torch.isnan(loss) or ...`) costs one synchronisation a step.
+        logging_nan_inf_filter=False,
         report_to="none",  # our own callbacks below: readable lines and TensorBoard in output/
         disable_tqdm=True,
         **compile_arguments(args, compiling, use_xla, cuda),
