@@ -27,6 +27,7 @@ ONCE = frozenset(
         "test_safe_files.py",
         "test_gpu_image_requirements.py",
         "test_import_paths.py",
+        "test_logs.py",
         "test_model_folder.py",
         "test_readme.py",
         "test_requirements.py",

@@ -18,6 +18,7 @@ from typing import Any
 
 from byoc.environment import Environment
 from byoc.errors import UserError
+from byoc.logs import mask_text, remember_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +130,7 @@ def read_training_contract(root: Path | None = None, env: Mapping[str, str] | No
             "tree at /opt/ml, or point SAGEMAKER_BASE_DIR at one (it needs input/config/hyperparameters.json)"
         )
     hyperparameters = _read_object(paths.config_dir / "hyperparameters.json", "name -> value", default={})
+    remember_secrets(hyperparameters)  # masked from here on in this process's log lines and failure text
     channels = _read_channels(paths)
     resources = _read_object(paths.config_dir / "resourceconfig.json", "settings (hosts, current_host...)")
     if resources is None:
@@ -245,7 +247,8 @@ def write_failure(paths: Paths, message: str) -> None:
     paths.output_dir.mkdir(parents=True, exist_ok=True)
     if paths.failure_file.exists() and paths.failure_file.stat().st_size > 0:
         return
-    paths.failure_file.write_bytes(cut_to_bytes(" ".join(message.split()), FAILURE_LIMIT - 1) + b"\n")
+    text = mask_text(" ".join(message.split()))  # no secret of the job's in what the console shows
+    paths.failure_file.write_bytes(cut_to_bytes(text, FAILURE_LIMIT - 1) + b"\n")
 
 
 def cut_to_bytes(text: str, limit: int) -> bytes:

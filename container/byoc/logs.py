@@ -41,13 +41,10 @@ def configure_logging() -> None:
         level = "WARNING"
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # one copy of transformers' reports, from rank 0
     who = f" rank{rank}" if rank is not None else ""
-    logging.basicConfig(
-        level=level,
-        format=f"%(asctime)s{who} %(levelname)s %(name)s: %(message)s",
-        datefmt="%Y-%m-%d %H:%M:%S",
-        stream=sys.stdout,
-        force=True,
-    )
+    logging.basicConfig(level=level, stream=sys.stdout, force=True)
+    formatter = _MaskingFormatter(f"%(asctime)s{who} %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(formatter)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     # Progress bars are carriage-return noise in CloudWatch; byoc logs progress as lines instead.
@@ -58,20 +55,61 @@ def configure_logging() -> None:
 MASK = "***"
 # A hyperparameter named with one of these words holds a credential: its value never reaches the logs.
 SECRET_WORDS = frozenset(
-    "token secret password passwd passphrase key apikey credential credentials auth oauth authorization".split()
+    "token secret password passwd passphrase pwd pat bearer key apikey credential credentials auth oauth "
+    "authorization".split()
 )
-# Words glued without a case change (HFTOKEN, dbpassword) count when they end with one of these
-# (not "key" or "auth": monkey, author).
-_SECRET_ENDINGS = ("token", "secret", "password", "passwd", "credential", "credentials", "apikey", "accesskey")
+# Names glued without a case change (HFTOKEN, dbpassword, SECRETKEY, openaikey) count when they end with
+# one of these (not a bare "key" or "auth": monkey, hockey, author).
+_SECRET_ENDINGS = (
+    "token", "secret", "password", "passwd", "pwd", "credential", "credentials",
+    "apikey", "accesskey", "secretkey", "privatekey", "aikey",
+)  # fmt: skip
 # camelCase and PascalCase words: awsSecretAccessKey -> aws Secret Access Key; APIKey -> API Key.
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+# A URL's password (postgres://user:PASSWORD@host), whatever the hyperparameter holding it is called.
+_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@]*:)(?P<password>[^\s/@]+)@")
+# Values remembered as secret in this process (remember_secrets): masked in every log line and failure.
+_KNOWN: set[str] = set()
+_NOT_SECRET = {"true", "false", "none", "null", ""}
 
 
 def is_secret(name: str) -> bool:
-    """hf_token, hfToken, HF-TOKEN, WANDB_API_KEY, awsSecretAccessKey, apiKey, APIKEY, db-password...
-    (whole words of the name, in any case or style, so "keyword", "monkey" or "max_tokens" are not)."""
+    """hf_token, hfToken, HF-TOKEN, WANDB_API_KEY, awsSecretAccessKey, apiKey, APIKEY, db-password,
+    dbPwd, githubPAT, SECRETKEY, openaikey... (whole words of the name, in any case or style, or the
+    glued name's ending, so "keyword", "monkey" or "max_tokens" are not)."""
     words = [word.lower() for word in _WORD.findall(name)]
-    return any(word in SECRET_WORDS or word.endswith(_SECRET_ENDINGS) for word in words)
+    glued = "".join(words)
+    return any(word in SECRET_WORDS or word.endswith(_SECRET_ENDINGS) for word in words) or glued.endswith(
+        _SECRET_ENDINGS
+    )
+
+
+def remember_secrets(hyperparameters: Mapping[str, Any]) -> None:
+    """Remember the values of `hyperparameters` that are secret (by their name, or a URL's password):
+    from then on this process masks them wherever they appear, in its log lines (configure_logging)
+    and in the failure text it writes (`mask_text`), an argparse error quoting them included."""
+    for name, value in hyperparameters.items():
+        text = value if isinstance(value, str) else str(value)
+        if is_secret(name):
+            value_text = text.strip('"')  # as the SDK's JSON string decodes (masking it masks the quoted too)
+            if value_text.lower() not in _NOT_SECRET and len(value_text) >= 3:
+                _KNOWN.add(value_text)
+        _KNOWN.update(m["password"] for m in _URL_PASSWORD.finditer(text))
+
+
+def mask_text(text: str) -> str:
+    """`text` with every remembered secret value and every URL's password replaced by ***."""
+    text = _URL_PASSWORD.sub(lambda m: f"{m['head']}{MASK}@", text)
+    for secret in sorted(_KNOWN, key=len, reverse=True):  # the longest first: one may contain another
+        text = text.replace(secret, MASK)
+    return text
+
+
+class _MaskingFormatter(logging.Formatter):
+    """Every line byoc's process logs (a traceback included) with the secrets masked (mask_text)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask_text(super().format(record))
 
 
 def mask_secrets(args: list[str]) -> list[str]:
@@ -91,5 +129,8 @@ def mask_secrets(args: list[str]) -> list[str]:
 
 
 def mask_hyperparameters(hyperparameters: Mapping[str, Any]) -> dict[str, Any]:
-    """The hyperparameters with each secret-looking one's value masked, for a log line."""
-    return {name: MASK if is_secret(name) else value for name, value in hyperparameters.items()}
+    """The hyperparameters with each secret-looking one's value masked (and a URL's password), for a log line."""
+    return {
+        name: MASK if is_secret(name) else mask_text(value) if isinstance(value, str) else value
+        for name, value in hyperparameters.items()
+    }

@@ -34,10 +34,12 @@ with open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{rank}.json"), "w") as
 """
 
 
-def script_job(tmp_path: Path, *, fail: str | None = None, requirements: str | None = None) -> Job:
+def script_job(
+    tmp_path: Path, *, fail: str | None = None, requirements: str | None = None, script: str = SCRIPT
+) -> Job:
     source = tmp_path / "src"
     source.mkdir(parents=True)
-    (source / "train.py").write_text(SCRIPT)
+    (source / "train.py").write_text(script)
     if requirements:
         (source / "requirements.txt").write_text(requirements)
     archive = tmp_path / "sourcedir.tar.gz"
@@ -148,6 +150,31 @@ def test_secret_looking_hyperparameters_stay_out_of_the_log(tmp_path):
     assert "SeCrEt" not in result.stdout + result.stderr
 
 
+# A script whose argparse refuses the arguments it does not know, quoting them in its error.
+STRICT_SCRIPT = """
+import argparse
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs")
+parser.parse_args()
+"""
+
+
+@pytest.mark.integration  # a real job in processes
+def test_a_secret_that_an_argparse_error_quotes_stays_out_of_the_failure_file(tmp_path):
+    """`unrecognized arguments: --db_password VALUE` put VALUE into output/failure, which SageMaker
+    shows in its console and DescribeTrainingJob."""
+    job = script_job(tmp_path, script=STRICT_SCRIPT)
+    hps = json.loads((job.root / "input/config/hyperparameters.json").read_text())
+    secrets = {"db_password": "Hunter2-SeCrEt", "dbUrl": "postgres://me:Url-SeCrEt@db:5432/app"}
+    job.hyperparameters({**hps, **{name: json.dumps(value) for name, value in secrets.items()}})
+    result = run_train_process(job.root)
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "unrecognized arguments: " in job.failure and "--db_password ***" in job.failure, job.failure
+    assert "postgres://me:***@db:5432/app" in job.failure and "SeCrEt" not in job.failure, job.failure
+    assert "SeCrEt" not in result.stdout  # byoc's own log lines (the script's stderr is the user's own)
+    assert "Hunter2-SeCrEt" in result.stderr  # which passes through as the script wrote it
+
+
 def test_hyperparameters_of_the_built_in_job_are_logged_masked(job, caplog):
     from byoc.training import entry
 
@@ -164,9 +191,11 @@ def test_which_names_are_secret():
     secret = ["hf_token", "hfToken", "HfToken", "HF-TOKEN", "HFTOKEN", "--WANDB_API_KEY", "wandbApiKey", "db-password"]
     secret += ["awsSecretAccessKey", "AWS_SECRET_ACCESS_KEY", "apiKey", "APIKEY", "APIKey", "api-key", "aws_secret"]
     secret += ["auth", "authToken", "passwd", "Credentials", "private_key", "x_api_key2", "dbpassword"]
+    # Unmasked before (issue 28): glued, all-caps or abbreviated names.
+    secret += ["SECRETKEY", "privatekey", "openaikey", "wandbAPIkey", "dbPwd", "githubPAT", "bearer"]
     assert [name for name in secret if not is_secret(name)] == []
     plain = ["keyword", "monkey", "hockey", "author", "tokenizer_name", "epochs", "max_tokens", "MaxTokens"]
-    plain += ["num_tokens", "learning_rate", "model_id", "sagemaker_program"]
+    plain += ["num_tokens", "learning_rate", "model_id", "sagemaker_program", "patience", "path", "db_url"]
     assert [name for name in plain if is_secret(name)] == []
 
 
