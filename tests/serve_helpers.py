@@ -203,14 +203,17 @@ class Server:
             text=True,
         )
         self.client = httpx.Client(base_url=self.url, timeout=INVOCATION_S)  # SageMaker's limit for an answer
+        # Read from the start: a server that logs more than the pipe holds (64 KiB) would block in its
+        # next log line (a multi-model churn of 200 cycles did).
         self._lines: list[str] = []
-        self._reader: threading.Thread | None = None
+        self._reader = threading.Thread(target=lambda: self._lines.extend(self.proc.stdout), daemon=True)
+        self._reader.start()
 
     def wait_ready(self, timeout: float = HANG_GUARD_S) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise AssertionError("server exited: " + self.proc.stdout.read()[-3000:])
+                raise AssertionError("server exited: " + self.rest()[-3000:])
             try:
                 if self.client.get("/ping").status_code == 200:
                     return
@@ -225,10 +228,7 @@ class Server:
         return self.client.post("/invocations", content=data, headers=headers, **kwargs)
 
     def log(self) -> str:
-        """What the server has printed so far (from the first call on, a thread reads its output)."""
-        if self._reader is None:
-            self._reader = threading.Thread(target=lambda: self._lines.extend(self.proc.stdout), daemon=True)
-            self._reader.start()
+        """What the server has printed so far."""
         return "".join(self._lines)
 
     def wait_for_log(self, text: str, count: int = 1, timeout: float = HANG_GUARD_S) -> str:
@@ -239,16 +239,14 @@ class Server:
             log = self.log()
             if log.count(text) >= count:
                 return log
-            if exited and self._reader is not None and not self._reader.is_alive():
+            if exited and not self._reader.is_alive():
                 raise AssertionError(f"the server exited before logging {text!r}: " + log[-3000:])
             return None
 
         return wait_for(there, f"{text!r} in the server's log", timeout)
 
-    def _rest(self) -> str:
+    def rest(self) -> str:
         """The whole log of a server that has exited."""
-        if self._reader is None:
-            return self.proc.stdout.read()
         self._reader.join(HANG_GUARD_S)
         return "".join(self._lines)
 
@@ -258,8 +256,8 @@ class Server:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            raise AssertionError("the server kept running: " + self._rest()[-2000:]) from None
-        return code, self._rest()
+            raise AssertionError("the server kept running: " + self.rest()[-2000:]) from None
+        return code, self.rest()
 
     def stop(self) -> str:
         """Stop the server as SageMaker does (SIGTERM, SIGKILL after its grace); its whole log."""
@@ -269,7 +267,7 @@ class Server:
                 self.proc.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        return self._rest()
+        return self.rest()
 
 
 def serve(model_dir: Path, tmp_path: Path | None = None, source: str | None = None, **env: str) -> Server:

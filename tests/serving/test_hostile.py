@@ -468,5 +468,5 @@ def test_an_impossible_batch_size_stops_the_server_at_start(trained_model, value
     except subprocess.TimeoutExpired:
         s.proc.kill()
         raise AssertionError("the server started") from None
-    log = s.proc.stdout.read()
+    log = s.rest()
     assert code != 0 and f"BYOC_MAX_BATCH_SIZE='{value}'" in log and "at least 1" in log

@@ -249,7 +249,7 @@ def test_transform_fn_mixed_with_others_fails_at_start(trained_model, tmp_path):
     source = "def transform_fn(m, b, c, a):\n    return b\ndef input_fn(b, c):\n    return b\n"
     s = Server(model_with_code(trained_model, tmp_path, source))
     code = s.proc.wait(HANG_GUARD_S)
-    log = s.proc.stdout.read()
+    log = s.rest()
     assert code != 0 and "transform_fn together with input_fn" in log
 
 
@@ -359,7 +359,7 @@ def test_unloadable_model_exits_non_zero(tmp_path):
     (model_dir / "config.json").write_text("{broken")
     s = Server(model_dir)
     assert s.proc.wait(HANG_GUARD_S) != 0
-    assert "loading the model" in s.proc.stdout.read()
+    assert "loading the model" in s.rest()
 
 
 def test_unloadable_model_with_several_workers_exits_non_zero(tmp_path):
@@ -459,7 +459,7 @@ def test_requirements_are_installed_at_start_and_failures_stop_it(trained_model,
     (broken / "code" / "requirements.txt").write_text(str(tmp_path / "no-such-package") + "\n")
     s = Server(broken)
     assert s.proc.wait(HANG_GUARD_S) != 0
-    assert "requirements.txt failed" in s.proc.stdout.read()
+    assert "requirements.txt failed" in s.rest()
 
 
 def test_sagemaker_environment_variables_are_honoured(trained_model):
