@@ -379,3 +379,15 @@ def test_the_settings_say_multi_model(tmp_path):
     chosen = ServeSettings.from_env({**env, "BYOC_MULTI_MODEL_MEMORY_MB": "300"}, limits=Limits(cpus=2, memory=None))
     assert chosen.multi_model_budget == 300 << 20
     assert not ServeSettings.from_env({"SAGEMAKER_BASE_DIR": str(tmp_path)}).multi_model
+
+
+def test_more_than_one_worker_is_refused_at_start_naming_both_settings(tmp_path):
+    """Each worker kept its own registry: after one load about half the invocations answered 404."""
+    from byoc.serving.settings import ServeSettings, ServeSettingsError
+
+    env = {"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_BASE_DIR": str(tmp_path)}
+    with pytest.raises(ServeSettingsError, match="SAGEMAKER_MODEL_SERVER_WORKERS=2 with SAGEMAKER_MULTI_MODEL=true"):
+        ServeSettings.from_env({**env, "SAGEMAKER_MODEL_SERVER_WORKERS": "2"})
+    assert ServeSettings.from_env({**env, "SAGEMAKER_MODEL_SERVER_WORKERS": "1"}).workers == 1
+    single = {"SAGEMAKER_BASE_DIR": str(tmp_path), "SAGEMAKER_MODEL_SERVER_WORKERS": "2"}
+    assert ServeSettings.from_env(single).workers == 2

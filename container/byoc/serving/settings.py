@@ -93,6 +93,8 @@ class ServeSettings:
     log_level: str = "INFO"  # BYOC_LOG_LEVEL (byoc.logs sets it up; read here to stop on a bad value)
     multi_model: bool = False  # SAGEMAKER_MULTI_MODEL: models load on POST /models (byoc.serving.model.multi_model)
     multi_model_memory_mb: int | None = None  # BYOC_MULTI_MODEL_MEMORY_MB; None: the container's memory less headroom
+    # BYOC_MULTI_MODEL_LOAD_TIMEOUT: seconds a load may take (multi-model-server's own default, 120 s)
+    multi_model_load_timeout: float = 120.0
     limits: Limits = Limits(cpus=1, memory=None)  # the container's CPUs and memory (byoc.serving.limits)
     profile: str = "realtime"  # BYOC_PROFILE: async raises the limits an asynchronous endpoint needs (ASYNC_DEFAULTS)
 
@@ -138,6 +140,7 @@ class ServeSettings:
             log_level=log_level(read),
             multi_model=read.flag("SAGEMAKER_MULTI_MODEL"),
             multi_model_memory_mb=read.integer("BYOC_MULTI_MODEL_MEMORY_MB", None, 64),
+            multi_model_load_timeout=read.number("BYOC_MULTI_MODEL_LOAD_TIMEOUT", 120.0, positive=True),
             limits=limits or read_limits(),
             profile=profile,
         )
@@ -148,6 +151,14 @@ class ServeSettings:
                 "every request in flight needs its connection; raise the first"
             )
         settings = replace(settings, max_connections=connections)
+        if settings.multi_model and settings.workers > 1:
+            # Each worker process would hold its own registry: a load reaches one of them, about half
+            # the invocations would answer 404 and the memory budget would count once per worker.
+            raise ServeSettingsError(
+                f"SAGEMAKER_MODEL_SERVER_WORKERS={settings.workers} with SAGEMAKER_MULTI_MODEL=true: a multi-model "
+                "endpoint runs one worker (its models share one registry, one memory budget and one inference "
+                "thread); unset SAGEMAKER_MODEL_SERVER_WORKERS or set it to 1"
+            )
         if settings.max_inputs > settings.max_queued_inputs:
             raise ServeSettingsError(
                 f"BYOC_MAX_INPUTS_PER_REQUEST={settings.max_inputs} is over BYOC_MAX_QUEUED_INPUTS="

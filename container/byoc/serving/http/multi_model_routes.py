@@ -1,14 +1,15 @@
 """The routes of a multi-model endpoint (byoc.serving.model.multi_model has the models): SageMaker's
 custom-container contract for MME, plus /ping and /execution-parameters.
 
-    POST   /models                  {"model_name": ..., "url": ...}   200, or 400/404/409/500/507
+    POST   /models                  {"model_name": ..., "url": ...}   200, or 400/404/409/500/504/507
     GET    /models[?next_page_token=T&limit=N]  {"models": [{"modelName", "modelUrl"}], "nextPageToken"?}
     GET    /models/{name}           {"modelName", "modelUrl"}          200, or 404
     DELETE /models/{name}           200, or 404
     POST   /models/{name}/invoke    everything /invocations takes, for that model; 404 if not loaded
 
 /ping is 200 with no model loaded (SageMaker loads models only once the container is healthy) and
-503 only when the server itself cannot serve (a stuck inference call, a dead batching task).
+503 only when the server itself cannot serve (a stuck inference call, of a loaded model or of one
+unloaded since; a dead batching task; MAX_HUNG loads hung at once).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from starlette.routing import Route
 
 from byoc.serving.http.invocations import Invocations, error
 from byoc.serving.model.model_server import ModelServer
-from byoc.serving.model.multi_model import PAGE_SIZE, LoadRefused, Registry
+from byoc.serving.model.multi_model import PAGE_SIZE, LoadRefused, Registry, small_int
 from byoc.serving.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def multi_model_app(
             name, url = spec["model_name"], spec["url"]
             if not (isinstance(name, str) and name and isinstance(url, str) and url):
                 raise ValueError
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, RecursionError):  # RecursionError: JSON nested too deep
             return error(400, 'the body must be JSON: {"model_name": "a name", "url": "/opt/ml/models/.../model"}')
         logger.info("loading model %r from %s (target model %s)", name, url, request.headers.get(TARGET_HEADER, "-"))
         try:
@@ -79,13 +80,16 @@ def multi_model_app(
         return JSONResponse({**registry.describe(entry), "status": f"model {name!r} loaded"})
 
     async def listing(request: Request) -> Response:
-        limit = request.query_params.get("limit", "")
-        size = int(limit) if limit.isdigit() and 0 < int(limit) <= MAX_PAGE else PAGE_SIZE
-        return JSONResponse(registry.page(request.query_params.get("next_page_token"), size))
+        size = small_int(request.query_params.get("limit", "")) or PAGE_SIZE
+        try:
+            return JSONResponse(registry.page(request.query_params.get("next_page_token"), min(size, MAX_PAGE)))
+        except LoadRefused as refused:
+            return error(refused.status, str(refused))
 
     async def describe(request: Request) -> Response:
-        entry = registry.get(request.path_params["name"])
-        return JSONResponse(registry.describe(entry)) if entry else _not_loaded(request.path_params["name"])
+        name = request.path_params["name"]
+        entry = registry.get(name)
+        return JSONResponse(registry.describe(entry)) if entry else error(404, registry.absent(name))
 
     async def unload(request: Request) -> Response:
         name = request.path_params["name"]
@@ -102,7 +106,7 @@ def multi_model_app(
         async def route(body: bytes, run: Callable[[ModelServer], Awaitable[Response]]) -> Response:
             entry = registry.get(name)  # looked up once the body is read: an unload meanwhile is a 404
             if entry is None:
-                return _not_loaded(name)
+                return error(404, registry.absent(name))
             logger.debug("invoking model %r (target model %s)", name, target or "-")
             entry.in_flight += 1
             try:
@@ -128,7 +132,3 @@ def multi_model_app(
         ],
         lifespan=lifespan,
     )
-
-
-def _not_loaded(name: str) -> Response:
-    return error(404, f"no model named {name!r} is loaded: load it with POST /models first")

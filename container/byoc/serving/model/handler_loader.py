@@ -23,7 +23,7 @@ from typing import Any
 from byoc.errors import UserError
 from byoc.requirements import RequirementsError, install_requirements
 from byoc.serving.http.request_errors import InputError, NotAcceptable, UnsupportedMediaType  # noqa: F401
-from byoc.serving.model import default_handlers
+from byoc.serving.model import default_handlers, model_code
 from byoc.serving.model.default_handlers import inference_threads  # noqa: F401  (re-exported, as are the request errors)
 
 # Users' handlers raise byoc.serving.model.handler_loader.InputError and its kin, and models trained
@@ -96,29 +96,20 @@ def _import(path: Path) -> ModuleType:
 
 def _import_isolated(path: Path, name: str) -> ModuleType:
     """Import a model's module as one of many (multi-model endpoints): under the private name `name`,
-    with the sibling modules it imports (its `helper.py`) kept under private names too, so that the
-    next model's `inference.py` and `helper.py` are its own, never this one's. Its folder is on
-    sys.path only while it imports: siblings are imported at the top of the module in this mode."""
-    folder = str(path.parent)
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise HandlerError(f"cannot import {path}: it is not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    setattr(module, USER_MODULE_MARK, True)
-    before = set(sys.modules)
-    sys.path.insert(0, folder)
-    sys.modules[name] = module
+    its sibling modules its own (byoc.serving.model.model_code)."""
     try:
-        spec.loader.exec_module(module)
+        return model_code.import_isolated(path, name)
+    except model_code.NotPython:
+        raise HandlerError(f"cannot import {path}: it is not a Python module") from None
     except BaseException as err:  # as _import: a failed load of this model, and nothing else
-        del sys.modules[name]
         raise HandlerError(f"cannot import {path}: {type(err).__name__}: {err}{_hint(err)}") from None
-    finally:
-        sys.path.remove(folder)
-        for sibling in set(sys.modules) - before - {name}:  # this model's own modules: out of the way
-            if (getattr(sys.modules[sibling], "__file__", None) or "").startswith(folder + "/"):
-                sys.modules[f"{name}.{sibling}"] = sys.modules.pop(sibling)
-    return module
+
+
+def forget_isolated(model_dir: Path, name: str) -> None:
+    """Forget the code of the model imported as `name` (an unload): its modules, its paths, and
+    the handlers' signatures read from it."""
+    model_code.forget(name, str(model_dir / "code"))
+    _takes_context.cache_clear()
 
 
 # What the full images (Dockerfile.gpu, Dockerfile.neuron) hold and the serving image (Dockerfile.serve) does

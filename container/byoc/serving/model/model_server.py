@@ -33,7 +33,15 @@ from byoc.serving.http import negotiation
 from byoc.serving.http.request_errors import InvalidAnswer, PayloadTooLarge
 from byoc.serving.model import default_handlers
 from byoc.serving.model.batching import Batcher, guarded
-from byoc.serving.model.handler_loader import HandlerError, Handlers, InputError, NotAcceptable, call, load_handlers
+from byoc.serving.model.handler_loader import (
+    HandlerError,
+    Handlers,
+    InputError,
+    NotAcceptable,
+    call,
+    forget_isolated,
+    load_handlers,
+)
 from byoc.serving.model.threads import DaemonThreads
 from byoc.serving.settings import JSON, ServeSettings
 
@@ -69,6 +77,7 @@ class ModelServer:
         self.handler_threads = handler_threads or DaemonThreads(settings.max_concurrency, "byoc-handler")
         self.batcher: Batcher | None = None
         self.busy_since: float | None = None  # when the inference call now running began
+        self.code_name = f"byoc_model_{id(self):x}"  # one model of many: its code's private module name
 
     def start(self, on_death: Callable[[str], None], loader: DaemonThreads | None = None) -> asyncio.Future:
         """Load the model (in the inference thread, or on `loader`'s while other models infer) and
@@ -104,6 +113,7 @@ class ModelServer:
         self.model = self.handlers = self.batcher = None
         self.ready.clear()
         self.fatal = "the model was unloaded"
+        forget_isolated(self.settings.model_dir, self.code_name)
 
     def load(self) -> None:
         """Runs in the inference thread at start-up (torch state stays on the thread that uses it)."""
@@ -115,7 +125,7 @@ class ModelServer:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         try:
             _split_cores(self.settings)
-            isolated = f"byoc_model_{id(self):x}" if self.name is not None else None
+            isolated = self.code_name if self.name is not None else None
             self.handlers = load_handlers(self.settings.model_dir, self.settings.program, isolated)
             accept_types = self.handlers.accept_types
             if accept_types and self.settings.default_accept not in accept_types:
