@@ -101,6 +101,45 @@ def test_a_sealed_checkpoint_that_cannot_load_is_skipped_for_the_previous_one(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10"]
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"log_history": "none"},
+        {"log_history": [1, 2]},
+        {"epoch": "one"},
+        {"max_steps": 1.5},
+        {"best_metric": [0.9]},
+        {"train_batch_size": True},
+        {"trial_params": "x"},
+        {"a_field_from_elsewhere": 1},
+    ],
+)
+def test_a_trainer_state_of_the_wrong_types_is_skipped_for_the_previous_checkpoint(tmp_path, caplog, fields):
+    """Issue 28: valid JSON of the wrong types was resumed, and the job died with "unexpected error: TypeError"."""
+    from byoc.training.checkpoints import common_resume_point
+
+    loadable_checkpoint(tmp_path, 10)
+    newest = loadable_checkpoint(tmp_path, 20)
+    state = json.loads((newest / "trainer_state.json").read_text())
+    (newest / "trainer_state.json").write_text(json.dumps({**state, **fields}))
+    mark_complete(newest)  # sealed again: the sizes match what is there now
+    with caplog.at_level("WARNING", logger="byoc.training.checkpoints"):
+        assert common_resume_point(tmp_path) == tmp_path / "checkpoint-10"
+    name = next(iter(fields))
+    assert f"{newest}: it was sealed but cannot be loaded (trainer_state.json: {name}" in caplog.text
+
+
+def test_a_trainer_state_as_the_trainer_writes_it_is_usable(tmp_path):
+    from transformers import TrainerState
+
+    from byoc.training.checkpoints import state_problem
+
+    written = TrainerState(global_step=3, max_steps=9, train_batch_size=16, best_metric=0.5, epoch=1.0)
+    written.log_history = [{"loss": 0.5, "step": 3}]
+    written.save_to_json(str(tmp_path / "trainer_state.json"))  # as the Trainer saves it
+    assert state_problem(json.loads((tmp_path / "trainer_state.json").read_text())) is None
+
+
 def test_changed_configuration_is_refused(tmp_path):
     fake_checkpoint(tmp_path, 3)
     check_job(tmp_path, {"learning_rate": 1e-3, "seed": 42})

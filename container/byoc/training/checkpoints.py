@@ -17,6 +17,7 @@ instead of silently mixing two jobs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from safetensors import safe_open
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerState
 
 from byoc.errors import UserError, brief
 from byoc.launch import distributed
@@ -161,6 +162,8 @@ def unreadable(folder: Path) -> str | None:
         state = json.loads((folder / "trainer_state.json").read_text())
         if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
             return "trainer_state.json has no global_step"
+        if (problem := state_problem(state)) is not None:
+            return f"trainer_state.json: {problem}"
         _check_weights(folder)
         for path in sorted(folder.iterdir()):
             if path.suffix in (".pt", ".pth", ".bin"):
@@ -169,6 +172,52 @@ def unreadable(folder: Path) -> str | None:
                         return f"{path.name} is corrupted ({bad})"
     except Exception as err:  # whatever a damaged file raises: the checkpoint is skipped, not the job
         return brief(err, 200)
+    return None
+
+
+_NUMBER, _NONE = (int, float), type(None)
+# What the Trainer's resume reads of trainer_state.json, and the JSON types it can take: valid JSON of
+# other types was resumed, and the job died in the Trainer with "unexpected error: TypeError".
+STATE_TYPES: dict[str, tuple[type, ...]] = {
+    "epoch": _NUMBER,
+    "global_step": (int,),
+    "max_steps": (int,),
+    "logging_steps": _NUMBER,
+    "eval_steps": _NUMBER,
+    "save_steps": _NUMBER,
+    "train_batch_size": (int, _NONE),
+    "num_train_epochs": _NUMBER,
+    "num_input_tokens_seen": _NUMBER,
+    "total_flos": _NUMBER,
+    "log_history": (list,),
+    "best_metric": (*_NUMBER, _NONE),
+    "best_global_step": (int, _NONE),
+    "best_model_checkpoint": (str, _NONE),
+    "is_local_process_zero": (bool,),
+    "is_world_process_zero": (bool,),
+    "is_hyper_param_search": (bool,),
+    "trial_name": (str, _NONE),
+    "trial_params": (dict, _NONE),
+    "stateful_callbacks": (dict, _NONE),
+}
+
+
+def state_problem(state: dict[str, Any]) -> str | None:
+    """Why the Trainer could not resume from this trainer_state.json content (None: it can): a field
+    this transformers' TrainerState does not know, or a value of the wrong JSON type."""
+    known = {field.name for field in dataclasses.fields(TrainerState)}
+    if unknown := sorted(set(state) - known):
+        return f"{', '.join(unknown)}: not a field of this transformers' TrainerState"
+    for name, value in state.items():
+        types = STATE_TYPES.get(name)
+        if types is None:
+            continue
+        if isinstance(value, bool) and bool not in types:  # JSON true is no step count
+            types = ()
+        if not isinstance(value, types):
+            return f"{name} is {json.dumps(value)[:40]}, not {' or '.join(t.__name__ for t in types) or 'a number'}"
+    if not all(isinstance(entry, dict) for entry in state.get("log_history") or []):
+        return "log_history holds an entry that is not an object"
     return None
 
 
