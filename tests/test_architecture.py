@@ -4,6 +4,7 @@ import cycle, no module over the size limit, and the import graph in the doc equ
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import shutil
 import sys
@@ -89,6 +90,43 @@ def test_local_imports_count_as_dependencies(tmp_path):
     """A function-local import hides a dependency from a reader, not from the graph."""
     path = import_graph.PACKAGE / "cli.py"
     assert "byoc.training.entry" in import_graph.imports_of(path, set(import_graph.modules()))
+
+
+# A module whose functions import what they use, for one reason given once at its top.
+MODULE_REASON = "# Imported where used:"
+
+
+def local_imports_without_a_reason(root):
+    """ "path:line" of each import inside a function with no comment saying why: on its group of import
+    lines, on the two lines above the group, or once for the whole module (MODULE_REASON)."""
+    missing = []
+    for path in sorted(root.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        if any(line.startswith(MODULE_REASON) for line in lines):
+            continue
+        is_import = lambda i, lines=lines: lines[i].strip().startswith(("import ", "from "))
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for inner in ast.walk(node):
+                if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                    first = last = inner.lineno - 1
+                    while first > 0 and is_import(first - 1):
+                        first -= 1
+                    while last + 1 < len(lines) and is_import(last + 1):
+                        last += 1
+                    if not any("#" in line for line in lines[max(0, first - 2) : last + 1]):
+                        missing.append(f"{path.relative_to(root)}:{inner.lineno}")
+    return sorted(set(missing))
+
+
+def test_each_import_inside_a_function_says_why(tmp_path):
+    """docs/architecture.md promises it: an import inside a function keeps a module light or an
+    optional package optional, and says which."""
+    assert local_imports_without_a_reason(import_graph.PACKAGE) == []
+    (tmp_path / "quiet.py").write_text("def f():\n    import json\n\n    return json\n")
+    (tmp_path / "said.py").write_text("def f():\n    # Only here: a reason.\n    import json\n\n    return json\n")
+    assert local_imports_without_a_reason(tmp_path) == ["quiet.py:2"]
 
 
 def test_architecture_doc_shows_the_current_graph():

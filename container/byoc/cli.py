@@ -8,6 +8,7 @@ sagemaker-training toolkit's own `train` command runs the same job, as in the AW
 
 from __future__ import annotations
 
+# Imported where used: each command loads its own room, so `byoc serve` loads neither training nor torch.
 import argparse
 import logging
 import os

@@ -19,6 +19,8 @@ What differs, and where it is used:
 
 from __future__ import annotations
 
+# Imported where used: each helper imports what it inspects, so importing compat loads neither torch nor
+# transformers (the launcher and the server import it).
 import contextlib
 import inspect
 import logging

@@ -16,6 +16,8 @@ made from the weights beside them (`check_layout`).
 
 from __future__ import annotations
 
+# Imported where used: onnx and torch only for the export (at training's end; the serving image has no torch),
+# onnxruntime only for checking and quantizing the graph.
 import hashlib
 import inspect
 import json

@@ -269,6 +269,7 @@ def launch(
 
     Returns (exit code, failure message or None). SIGTERM to this process reaches every rank.
     """
+    # Only when launching: the plan (above) is pure and tested without torch.
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch

@@ -10,6 +10,7 @@ real exit codes and a failure message quoting its first error.
 
 from __future__ import annotations
 
+# Imported where used: only script mode needs the sagemaker-training toolkit.
 import json
 import logging
 import os

@@ -50,6 +50,7 @@ def persistent_cache(checkpoint_dir: Path, given: str | None) -> Path:
     checkpoint folder, so a spot restart or a later job with the same shapes loads its compiled steps
     instead of compiling them again (minutes). `given`: the TORCHINDUCTOR_CACHE_DIR the user set
     (the settings' `compile_cache`), which wins."""
+    # Private inductor modules, only when compiling: importing them loads the compiler.
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
     from torch._inductor.utils import clear_caches
 

@@ -12,6 +12,8 @@ in place before anything slow loads, and the serving image can say at once that 
 
 from __future__ import annotations
 
+# Imported where used: `byoc train` on a host only launches the ranks and must not load torch or
+# transformers, and the failure path must still work when a SIGTERM cut an import short.
 import logging
 import sys
 import traceback

@@ -138,10 +138,11 @@ def _jsonable(value: Any) -> Any:
 
 def plot_history(history: list[dict[str, Any]], path: Path) -> None:
     """Training loss, eval loss and eval accuracy / F1 against the step."""
+    # Only for the plot at the job's end: matplotlib's import costs a second.
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): pyplot picks its backend when imported
 
     train = [(h["step"], h["loss"]) for h in history if "loss" in h and "step" in h]
     evals = [h for h in history if "eval_loss" in h and "step" in h]

@@ -60,6 +60,7 @@ def detect(use_xla: bool, processes: int = 1) -> Hardware:
     """This machine's description (asks torch; only on the training path, where torch is loaded)."""
     if use_xla:
         return Hardware("xla", processes=processes)
+    # Only here: the rest of the module is a pure function of the hardware it is given, used without torch.
     import torch
 
     if not torch.cuda.is_available():

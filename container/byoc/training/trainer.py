@@ -327,6 +327,7 @@ def build_trainer(
     samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * training_args.world_size
     trainer.add_callback(ProgressCallback(samples_per_step))
     if trainer.is_world_process_zero():
+        # Only on rank 0, which alone writes TensorBoard events (the import loads tensorboard).
         from torch.utils.tensorboard import SummaryWriter
 
         trainer.add_callback(TensorBoardCallback(SummaryWriter(log_dir=str(contract.paths.tensorboard_dir))))

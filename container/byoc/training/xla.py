@@ -13,6 +13,7 @@ recompiles after its first epoch.
 
 from __future__ import annotations
 
+# Imported where used: torch_xla exists only in the Neuron image (and the XLA test tier).
 import logging
 import os
 import shutil

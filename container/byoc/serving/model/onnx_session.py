@@ -3,6 +3,7 @@ on the CPU or on ONNX Runtime's CUDA execution provider, fp32, int8 or fp16."""
 
 from __future__ import annotations
 
+# Imported where used: a torch-only host has no onnxruntime, and the server must start there too.
 import importlib.util
 import logging
 import tempfile

@@ -190,6 +190,7 @@ def _compile(torch: Any, model: Any, device: str, passes: buckets.Buckets) -> An
     """torch.compile with one static graph per bucket shape, captured as a CUDA graph on a GPU
     (mode reduce-overhead). Each shape compiles on its first batch (seconds each): off unless
     BYOC_INFERENCE_COMPILE=1, since it costs the first requests of each shape that time."""
+    # Only when compiling (BYOC_INFERENCE_COMPILE=1): dynamo's import alone takes seconds.
     import torch._dynamo
 
     config = torch._dynamo.config
