@@ -246,3 +246,33 @@ def test_a_model_that_grew_while_serving_counts_at_the_next_load(classifier, tmp
         assert load(s, "next", tmp_path / "models" / "next" / "model").status_code == 200
     finally:
         s.stop()
+
+
+def test_a_load_whose_model_fn_fails_leaves_none_of_its_code(tmp_path):
+    """The failed model's inference.py and helper stayed in sys.modules: each retry kept another copy."""
+    import asyncio
+    import sys
+
+    from byoc.serving.limits import Limits
+    from byoc.serving.model.multi_model import LoadRefused, Registry
+    from byoc.serving.settings import ServeSettings
+
+    code = tmp_path / "models" / "bad" / "model" / "code"
+    code.mkdir(parents=True)
+    (code / "helper.py").write_text("TABLE = bytearray(1 << 20)\n")
+    (code / "inference.py").write_text("import helper\n\n\ndef model_fn(model_dir):\n    raise ValueError('no')\n")
+    env = {"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_BASE_DIR": str(tmp_path)}
+    registry = Registry(ServeSettings.from_env(env, limits=Limits(cpus=1, memory=4 << 30)), 1 << 30, print)
+
+    async def load_twice() -> list[int]:
+        statuses = []
+        for _ in range(2):
+            try:
+                await registry.load("bad", str(code.parent))
+            except LoadRefused as refused:
+                statuses.append(refused.status)
+        await registry.stop()
+        return statuses
+
+    assert asyncio.run(load_twice()) == [500, 500]
+    assert [name for name in sys.modules if name.startswith("byoc_model_")] == []

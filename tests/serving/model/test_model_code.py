@@ -124,3 +124,11 @@ def test_a_sibling_runs_once(tmp_path, imported):
     assert sorted(name for name in sys.modules if name.startswith("byoc_model_m")) == [
         "byoc_model_m", "byoc_model_m.counter", "byoc_model_m.helper", "byoc_model_m.late"
     ]  # fmt: skip
+
+
+def test_a_module_that_fails_after_importing_a_sibling_package_leaves_nothing(tmp_path):
+    files = {"inference.py": "import tools\nraise RuntimeError('broken')\n", "tools/__init__.py": "X = 1\n"}
+    path = model(tmp_path, "m", files)
+    with pytest.raises(RuntimeError, match="broken"):
+        model_code.import_isolated(path, "byoc_model_m")
+    assert [name for name in sys.modules if name.startswith("byoc_model_m") or name == "tools"] == []

@@ -48,17 +48,23 @@ def import_isolated(path: Path, name: str) -> ModuleType:
     try:
         spec.loader.exec_module(module)
     except BaseException:
+        _make_private(name, folder, before)  # first: forget finds what it removes under `name`
         forget(name, folder)
         raise
-    finally:
-        if folder in sys.path:
-            sys.path.remove(folder)  # ours; a copy the code inserted itself stays until the unload
-        for added in set(sys.modules) - before:  # a sibling package's modules: private too
-            if added.partition(".")[0] == name:
-                continue  # this module, and the siblings the finder imported: private already
-            if (getattr(sys.modules[added], "__file__", None) or "").startswith(folder + "/"):
-                sys.modules[f"{name}.{added}"] = sys.modules.pop(added)
+    _make_private(name, folder, before)
     return module
+
+
+def _make_private(name: str, folder: str, before: set[str]) -> None:
+    """Take our copy of `folder` off sys.path, and rename the sibling package modules the import
+    added under `name` (a copy of the folder the code inserted itself stays until the unload)."""
+    if folder in sys.path:
+        sys.path.remove(folder)
+    for added in set(sys.modules) - before:
+        if added.partition(".")[0] == name:
+            continue  # this module, and the siblings the finder imported: private already
+        if (getattr(sys.modules[added], "__file__", None) or "").startswith(folder + "/"):
+            sys.modules[f"{name}.{added}"] = sys.modules.pop(added)
 
 
 def forget(name: str, folder: str) -> None:

@@ -202,6 +202,7 @@ class Registry:
             raise LoadRefused(504, f"the model {name!r} did not load: {self._hung_text(self.hung[name])}") from None
         if server.error:
             await server.stop(shared=True)
+            server.forget()  # the code it imported before model_fn failed: a retried load would add more
             raise LoadRefused(500, f"the model {name!r} could not load: {server.error}")
         took = max(estimate, resident_bytes() - before)
         entry = Entry(name, url, server, took)
