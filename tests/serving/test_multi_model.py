@@ -37,8 +37,12 @@ def model_copy(classifier: Path, root: Path, name: str, code: dict[str, str] | N
 
 
 def mme(root: Path, **env: str) -> Server:
+    """A multi-model server. Its models run on ONNX Runtime on the CPU wherever the test runs: on a GPU
+    machine without onnxruntime-gpu `auto` picks torch on CUDA, and the first load would be charged
+    for importing torch and CUDA, which the memory tests' budgets do not allow for."""
     (root / "model").mkdir(parents=True, exist_ok=True)  # no single model: SageMaker mounts none
-    s = Server(root / "model", env={"SAGEMAKER_MULTI_MODEL": "true", "BYOC_TEST_GATES": str(root / "gates"), **env})
+    defaults = {"SAGEMAKER_MULTI_MODEL": "true", "BYOC_INFERENCE_BACKEND": "onnxruntime"}
+    s = Server(root / "model", env={**defaults, "BYOC_TEST_GATES": str(root / "gates"), **env})
     s.wait_ready()
     return s
 
