@@ -7,9 +7,11 @@ costs no other load or model anything, a call that hangs after its model's unloa
 from __future__ import annotations
 
 import concurrent.futures
+import subprocess
+import sys
 
 import pytest
-from serve_helpers import GATE_CODE, TEXTS, Gates, wait_for
+from serve_helpers import GATE_CODE, HANG_GUARD_S, TEXTS, Gates, wait_for
 
 from serving.test_multi_model import classifier, invoke, load, mme, model_copy, rss_mib  # noqa: F401  (a fixture)
 
@@ -253,30 +255,36 @@ def test_a_model_that_grew_while_serving_counts_at_the_next_load(classifier, tmp
 
 
 def test_a_load_whose_model_fn_fails_leaves_none_of_its_code(tmp_path):
-    """The failed model's inference.py and helper stayed in sys.modules: each retry kept another copy."""
-    import asyncio
-    import sys
-
-    from byoc.serving.limits import Limits
-    from byoc.serving.model.multi_model import LoadRefused, Registry
-    from byoc.serving.settings import ServeSettings
-
+    """The failed model's inference.py and helper stayed in sys.modules: each retry kept another copy.
+    In a process of its own: a load sets process-wide state (the default handlers' settings,
+    OMP_NUM_THREADS) that later tests in this one must not inherit."""
     code = tmp_path / "models" / "bad" / "model" / "code"
     code.mkdir(parents=True)
     (code / "helper.py").write_text("TABLE = bytearray(1 << 20)\n")
     (code / "inference.py").write_text("import helper\n\n\ndef model_fn(model_dir):\n    raise ValueError('no')\n")
-    env = {"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_BASE_DIR": str(tmp_path)}
-    registry = Registry(ServeSettings.from_env(env, limits=Limits(cpus=1, memory=4 << 30)), 1 << 30, print)
+    script = f"""
+import asyncio, sys
+from byoc.serving.limits import Limits
+from byoc.serving.model.multi_model import LoadRefused, Registry
+from byoc.serving.settings import ServeSettings
 
-    async def load_twice() -> list[int]:
-        statuses = []
-        for _ in range(2):
-            try:
-                await registry.load("bad", str(code.parent))
-            except LoadRefused as refused:
-                statuses.append(refused.status)
-        await registry.stop()
-        return statuses
+env = {{"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_BASE_DIR": {str(tmp_path)!r}}}
+registry = Registry(ServeSettings.from_env(env, limits=Limits(cpus=1, memory=4 << 30)), 1 << 30, print)
 
-    assert asyncio.run(load_twice()) == [500, 500]
-    assert [name for name in sys.modules if name.startswith("byoc_model_")] == []
+
+async def load_twice():
+    statuses = []
+    for _ in range(2):
+        try:
+            await registry.load("bad", {str(code.parent)!r})
+        except LoadRefused as refused:
+            statuses.append(refused.status)
+    await registry.stop()
+    return statuses
+
+
+print(asyncio.run(load_twice()), [name for name in sys.modules if name.startswith("byoc_model_")])
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "[500, 500] []", done.stdout[-3000:]
