@@ -120,7 +120,7 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
         tokenized = tokenize_splits(task, tokenizer, args, cache)
         model = load_model(ModelSource(model_dir, "bundled"), args, names)
         contract = TrainingContract(paths=Paths(Path("/tmp/byoc-bench/opt-ml")), hyperparameters={}, channels={})
-        trainer = build_trainer(model, tokenizer, tokenized, args, contract, len(names))
+        trainer = build_trainer(model, tokenizer, tokenized, args, contract, names)
         trainer.data_collator = counting(trainer.data_collator)
     else:
         padding = {"tutorial": "max_length", "dynamic": False}[recipe]

@@ -54,6 +54,8 @@ _EVAL_DATA = "lower max_eval_samples, or use an instance with more memory"
 # same in transformers 4.55-5.x), and what helps there: the training batch size only helps in training.
 _OUT_OF_MEMORY_IN = {
     "classification_metrics": ("while computing the evaluation metrics", _EVAL_DATA),
+    "multilabel_metrics": ("while computing the evaluation metrics", _EVAL_DATA),
+    "regression_metrics": ("while computing the evaluation metrics", _EVAL_DATA),
     "compute_metrics": ("while computing the evaluation metrics", _EVAL_DATA),
     "prediction_step": ("in an evaluation step", _EVAL_BATCH),
     "evaluation_loop": ("while evaluating (the predictions of every eval row are kept)", _EVAL_DATA),

@@ -5,6 +5,10 @@ A model folder holds a Hugging Face classifier saved by `save_pretrained` (confi
 id2label, model.safetensors), its tokenizer (tokenizer.json, tokenizer_config.json...), the
 serving graphs (byoc.onnx_graph: model.onnx, optionally model.int8.onnx) and code/ (the
 inference handlers, `code/inference.py`, and their requirements.txt).
+
+config.json's `problem_type` names the task (transformers' names, which pick the loss in training
+and the scores in serving): one label per text (softmax), several (sigmoid, with the decision
+`byoc_threshold` saved beside it), or a number (regression, one output).
 """
 
 from __future__ import annotations
@@ -17,6 +21,26 @@ TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 CODE_DIR = "code"
 
+SINGLE_LABEL = "single_label_classification"
+MULTI_LABEL = "multi_label_classification"
+REGRESSION = "regression"
+TOKEN_CLASSIFICATION = "token_classification"
+TASKS = (SINGLE_LABEL, MULTI_LABEL, REGRESSION, TOKEN_CLASSIFICATION)
+# Short names users write for the tasks (the `task` hyperparameter).
+TASK_ALIASES = {
+    "single_label": SINGLE_LABEL,
+    "single": SINGLE_LABEL,
+    "classification": SINGLE_LABEL,
+    "multi_label": MULTI_LABEL,
+    "multilabel": MULTI_LABEL,
+    "multi": MULTI_LABEL,
+    "regress": REGRESSION,
+    "token": TOKEN_CLASSIFICATION,
+    "ner": TOKEN_CLASSIFICATION,
+}
+THRESHOLD_KEY = "byoc_threshold"  # config.json: a multi-label model's decision threshold
+DEFAULT_THRESHOLD = 0.5
+
 DEFAULT_MAX_LENGTH = 512  # when neither the tokenizer nor the model says
 _UNKNOWN = 100_000  # tokenizers that do not know their limit report a huge number (1e30)
 
@@ -27,3 +51,24 @@ def max_length(*limits: Any) -> int:
     missing and the 'unknown' ones."""
     known = [int(n) for n in limits if isinstance(n, (int, float)) and not isinstance(n, bool) and 0 < n < _UNKNOWN]
     return min(known, default=DEFAULT_MAX_LENGTH)
+
+
+def task_name(value: str) -> str | None:
+    """The canonical task for a name or alias (case and '-' insensitive), or None if it names none."""
+    key = value.strip().lower().replace("-", "_")
+    return key if key in TASKS else TASK_ALIASES.get(key)
+
+
+def task_of(config: dict[str, Any]) -> str:
+    """The task a saved config.json was trained for. transformers leaves `problem_type` unset until the
+    first forward pass with labels; then one output means regression, more a single-label classifier."""
+    stated = config.get("problem_type")
+    if stated in TASKS:
+        return str(stated)
+    return REGRESSION if int(config.get("num_labels") or len(config.get("id2label") or {}) or 2) == 1 else SINGLE_LABEL
+
+
+def threshold_of(config: dict[str, Any]) -> float:
+    """A multi-label model's decision threshold (config.json's byoc_threshold, else 0.5)."""
+    value = config.get(THRESHOLD_KEY, DEFAULT_THRESHOLD)
+    return float(value) if isinstance(value, (int, float)) and 0 <= value <= 1 else DEFAULT_THRESHOLD

@@ -8,6 +8,7 @@ import json
 import pickle
 import sys
 
+import numpy as np
 import pytest
 import serve_helpers
 from accept_cases import ACCEPT_CASES
@@ -212,3 +213,58 @@ def test_output_fn_never_writes_nan():
         with pytest.raises(InvalidAnswer, match="NaN or infinity"):
             default_handlers.output_fn(broken, accept)
     assert json.loads(default_handlers.output_fn([{"label": "joy", "score": 0.5}], "application/json")[0])
+
+
+# --------------------------------------------------------------------------- multi-label and regression
+
+
+def fake_model(task: str, logits: list[list[float]], id2label: dict[int, str], threshold: float = 0.5) -> dict:
+    """What model_fn returns, around fixed logits (one row per input, in request order)."""
+    rows = iter(logits)
+
+    def encode(inputs):
+        return [{"input_ids": [1, 2], "attention_mask": [1, 1], "token_type_ids": [0, 0]} for _ in inputs]
+
+    def run(feeds):
+        return np.array([next(rows) for _ in range(len(feeds["input_ids"]))], dtype=np.float32)
+
+    return {"encode": encode, "logits": run, "id2label": id2label, "pad_id": 0, "task": task, "threshold": threshold}
+
+
+def test_multi_label_answers_every_label_at_or_above_the_threshold_best_first():
+    id2label = {0: "anger", 1: "joy", 2: "love"}
+    logits = [[-3.0, 2.0, 0.5], [-3.0, -2.0, -4.0]]  # sigmoid: .05 .88 .62; .05 .12 .02
+    ask = lambda parameters: default_handlers.predict_fn(  # noqa: E731
+        {"inputs": ["a", "b"], "parameters": parameters}, fake_model("multi_label_classification", logits, id2label)
+    )
+    answer = ask({})
+    assert [[e["label"] for e in row] for row in answer] == [["joy", "love"], []]
+    assert answer[0][0]["score"] == pytest.approx(1 / (1 + np.exp(-2.0)))
+    assert [[e["label"] for e in row] for row in ask({"threshold": 0.7})] == [["joy"], []]
+    assert [[e["label"] for e in row] for row in ask({"top_k": 1})] == [["joy"], ["joy"]]  # top_k alone: the k best
+    assert [[e["label"] for e in row] for row in ask({"top_k": 1, "threshold": 0.5})] == [["joy"], []]
+    saved = default_handlers.predict_fn(
+        {"inputs": ["a"], "parameters": {}}, fake_model("multi_label_classification", logits[:1], id2label, 0.7)
+    )
+    assert [e["label"] for e in saved[0]] == ["joy"]  # the model's own threshold (config.json)
+    body, kind = default_handlers.output_fn(answer, "text/csv")
+    assert kind == "text/csv" and body.splitlines()[1] == '""' and body.splitlines()[0].startswith("joy,0.88")
+
+
+@pytest.mark.parametrize("threshold", [-0.1, 1.5, "0.5", True])
+def test_a_threshold_outside_zero_to_one_is_a_bad_request(threshold):
+    with pytest.raises(InputError, match="threshold"):
+        body = json.dumps({"inputs": "x", "parameters": {"threshold": threshold}})
+        default_handlers.input_fn(body, "application/json")
+
+
+def test_regression_answers_the_value_named_after_the_target():
+    answer = default_handlers.predict_fn(
+        {"inputs": ["a", "b"], "parameters": {}}, fake_model("regression", [[3.25], [-1.5]], {0: "similarity"})
+    )
+    assert answer == [{"label": "similarity", "score": 3.25}, {"label": "similarity", "score": -1.5}]
+    unnamed = default_handlers.predict_fn(
+        {"inputs": ["a"], "parameters": {}}, fake_model("regression", [[0.5]], {0: "LABEL_0"})
+    )
+    assert unnamed == [{"score": 0.5}]
+    assert default_handlers.output_fn(unnamed, "text/csv")[0] == "0.500000\n"

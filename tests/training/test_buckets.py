@@ -140,3 +140,15 @@ def test_fixed_shape_collator_pads_to_the_bucket_and_fills_short_batches():
     long = collate([{"input_ids": list(range(40)), "attention_mask": [1] * 40, "labels": 1}])
     assert long["input_ids"].shape == (4, 32) and long["input_ids"][0].tolist() == list(range(32))
     assert torch.equal(long["labels"], torch.tensor([1, IGNORE_LABEL, IGNORE_LABEL, IGNORE_LABEL]))
+
+
+def test_float_labels_fill_up_with_the_ignore_label():
+    """Multi-label vectors and regression targets stay floats; filler rows are IGNORE_LABEL (-100)."""
+    from byoc.training.buckets import IGNORE_LABEL, FixedShapeCollator
+
+    collate = FixedShapeCollator(0, [8], batch_rows=3)
+    rows = [{"input_ids": [1, 2], "attention_mask": [1, 1], "labels": [1.0, 0.0]}]
+    batch = collate(rows)
+    assert batch["labels"].tolist() == [[1.0, 0.0], [IGNORE_LABEL, IGNORE_LABEL], [IGNORE_LABEL, IGNORE_LABEL]]
+    target = collate([{"input_ids": [1], "attention_mask": [1], "labels": 2.5}])["labels"]
+    assert target.dtype.is_floating_point and target.tolist() == [2.5, IGNORE_LABEL, IGNORE_LABEL]

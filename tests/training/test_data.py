@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import datasets
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -309,10 +310,12 @@ def test_sparse_integer_and_integral_float_labels_are_mapped(tmp_path):
     assert data.eval["label"] == [1]
 
 
-def test_fractional_labels_are_rejected(tmp_path):
+def test_fractional_labels_mean_regression_and_a_classifier_refuses_them(tmp_path):
     write(tmp_path / "train" / "d.csv", "text,label\na,0.5\nb,1\n")
-    message = error(tmp_path, train=tmp_path / "train")
-    assert "regression" in message and "0.5" in message
+    data = load(tmp_path, train=tmp_path / "train")
+    assert data.task == "regression" and data.train["label"] == [0.5, 1.0] and data.label_names == ["label"]
+    message = error(tmp_path, DataSpec(task="single_label_classification"), train=tmp_path / "train")
+    assert "task=regression" in message and "0.5" in message
 
 
 def test_unknown_label_in_eval(tmp_path):
@@ -609,3 +612,103 @@ def test_training_and_testing_channel_names(tmp_path):
         (folder / "d.csv").write_text("text,label\n" + "".join(f"t{i},{'ab'[i % 2]}\n" for i in range(n)))
     data = load_task_data({"training": train, "testing": test}, DataSpec(), tmp_path / "cache")
     assert len(data.train) == 6 and len(data.test) == 2
+
+
+# --------------------------------------------------------------------------- tasks: multi-label, regression
+
+
+def test_label_lists_mean_multi_label_and_an_empty_list_means_no_label(tmp_path):
+    rows = [{"text": "a", "labels": ["joy", "love"]}, {"text": "b", "labels": []}, {"text": "c", "labels": ["anger"]}]
+    write(tmp_path / "train" / "d.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    write(tmp_path / "test" / "t.jsonl", json.dumps({"text": "d", "labels": ["love"]}) + "\n")
+    data = load(tmp_path, train=tmp_path / "train", test=tmp_path / "test")
+    assert data.task == "multi_label_classification" and data.label_names == ["anger", "joy", "love"]
+    assert data.train["label"] == [[0, 1, 1], [0, 0, 0], [1, 0, 0]] and data.test["label"] == [[0, 0, 1]]
+
+
+def test_a_saved_dataset_with_a_sequence_of_class_labels(tmp_path):
+    names = ["anger", "joy", "love", "unused"]
+    features = datasets.Features(
+        {"text": datasets.Value("string"), "labels": datasets.Sequence(datasets.ClassLabel(names=names))}
+    )
+    ds = datasets.Dataset.from_dict({"text": ["a", "b"], "labels": [[1, 2], [0]]}, features=features)
+    ds.save_to_disk(str(tmp_path / "train"))
+    data = load(tmp_path, train=tmp_path / "train")
+    assert data.task == "multi_label_classification" and data.label_names == names  # unused labels kept
+    assert data.train["label"] == [[0, 1, 1, 0], [1, 0, 0, 0]]
+
+
+def test_label_ids_in_lists_and_parquet_arrays(tmp_path):
+    frame = pd.DataFrame({"text": ["a", "b", "c"], "label": [[3, 1], [1], []]})
+    (tmp_path / "train").mkdir()
+    frame.to_parquet(tmp_path / "train" / "d.parquet")  # lists come back as numpy arrays
+    data = load(tmp_path, train=tmp_path / "train")
+    assert data.label_names == ["1", "3"] and data.train["label"] == [[1, 1], [1, 0], [0, 0]]
+
+
+def test_text_labels_split_on_the_delimiter_when_asked(tmp_path):
+    write(tmp_path / "train" / "d.csv", 'text,label\na,"joy, love"\nb,joy\n')
+    data = load(tmp_path, DataSpec(task="multi_label_classification"), train=tmp_path / "train")
+    assert data.label_names == ["joy", "love"] and data.train["label"] == [[1, 1], [1, 0]]
+    piped = load(tmp_path, DataSpec(task="multi_label_classification", label_delimiter="|"), train=tmp_path / "train")
+    assert piped.label_names == ["joy", "joy, love"]  # no "|": each text is one label
+    assert load(tmp_path, train=tmp_path / "train").task == "single_label_classification"  # auto: one class
+
+
+def test_binary_label_columns_are_found_beside_an_id_column(tmp_path):
+    write(tmp_path / "train" / "d.csv", "id,comment_text,toxic,insult\n7,you are bad,1,1\n8,hello,0,0\n9,meh,1,0\n")
+    data = load(tmp_path, train=tmp_path / "train")
+    assert data.task == "multi_label_classification" and data.label_names == ["toxic", "insult"]
+    assert data.train["text"] == ["you are bad", "hello", "meh"] and data.train["label"][0] == [1, 1]
+    chosen = load(tmp_path, DataSpec(label_columns=["insult"]), train=tmp_path / "train")
+    assert chosen.label_names == ["insult"] and chosen.train["label"] == [[1], [0], [0]]
+
+
+def test_a_label_column_that_is_not_zero_or_one(tmp_path):
+    write(tmp_path / "train" / "d.csv", "text,toxic,insult\na,1,1\nb,0,2\n")
+    message = error(tmp_path, DataSpec(label_columns=["toxic", "insult"]), train=tmp_path / "train")
+    assert "'insult'" in message and "row 2" in message and "0 or 1" in message
+
+
+def test_fractional_numbers_mean_regression_and_whole_ones_on_request(tmp_path):
+    write(tmp_path / "train" / "d.tsv", "sentence1\tsentence2\tscore\na\tb\t4.5\nc\td\t1\n")
+    data = load(tmp_path, train=tmp_path / "train")
+    assert data.task == "regression" and data.label_names == ["score"] and data.train["label"] == [4.5, 1.0]
+    write(tmp_path / "stars" / "d.csv", "text,rating\na,5\nb,1\n")
+    stars = load(tmp_path, DataSpec(task="regression"), train=tmp_path / "stars")
+    assert stars.task == "regression" and stars.train["label"] == [5.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    "spec,content,words",
+    [
+        (DataSpec(task="regression"), "text,label\na,1\nb,neg\n", ["task=regression", "'neg'", "row 2"]),
+        (DataSpec(), '{"text": "a", "label": 2.5}\n{"text": "b", "label": -Infinity}\n', ["finite", "row 2"]),
+        (DataSpec(), '{"text": "a", "label": ["x"]}\n{"text": "b", "label": "x"}\n', ["mixes label kinds", "row 2"]),
+        (DataSpec(task="single_label_classification"), '{"text": "a", "label": ["x"]}\n', ["multi_label"]),
+    ],
+)
+def test_labels_the_task_cannot_take(tmp_path, spec, content, words):
+    write(tmp_path / "train" / ("d.jsonl" if content.startswith("{") else "d.csv"), content)
+    message = error(tmp_path, spec, train=tmp_path / "train")
+    for word in words:
+        assert word in message, message
+
+
+def test_an_unknown_label_in_a_test_list_names_its_row(tmp_path):
+    write(tmp_path / "train" / "d.jsonl", json.dumps({"text": "a", "labels": ["joy"]}) + "\n")
+    rows = [{"text": "a", "labels": []}, {"text": "b", "labels": ["joy", "awe"]}]
+    write(tmp_path / "test" / "d.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    message = error(tmp_path, train=tmp_path / "train", test=tmp_path / "test")
+    assert "test data" in message and "'awe'" in message and "row 2" in message
+
+
+def test_the_hold_out_is_stratified_for_regression_and_label_sets(tmp_path):
+    from byoc.training.data.labels import holdout
+
+    values = np.concatenate([np.linspace(0, 1, 50), np.linspace(100, 101, 50)]).astype(np.float32)
+    _, eval_idx = holdout(values, 0.2, seed=1)
+    assert len(eval_idx) == 20 and (values[eval_idx] > 50).sum() == 10  # each half of the range keeps its share
+    sets = np.array([[1, 0]] * 30 + [[0, 1]] * 10, dtype=np.float32)
+    _, eval_sets = holdout(sets, 0.25, seed=1)
+    assert sets[eval_sets][:, 1].sum() in (2, 3)  # a quarter of the ten [0, 1] rows

@@ -103,3 +103,57 @@ def test_plot_is_a_png(tmp_path):
     history = [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5}, {"step": 2, "eval_loss": 0.6, "eval_accuracy": 0.8}]
     plot_history(history, tmp_path / "m.png")
     assert (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# --------------------------------------------------------------------------- multi-label and regression
+
+
+def test_multilabel_metrics_by_hand():
+    from byoc.training.metrics import multilabel_metrics
+
+    truth = np.array([[1, 0, 0], [1, 1, 0], [0, 0, 0], [0, 0, 1]])
+    scores = np.array([[0.9, 0.2, 0.1], [0.8, 0.1, 0.7], [0.1, 0.2, 0.3], [0.4, 0.1, 0.6]])
+    metrics, per_label = multilabel_metrics(scores, truth, 0.5, ["a", "b", "c"])
+    # Predicted: {a}, {a, c}, {}, {c}. a: tp 2; b: fn 1; c: tp 1, fp 1. Pooled tp 3, fp 1, fn 1.
+    assert metrics["f1_micro"] == pytest.approx(2 * 3 / (2 * 3 + 1 + 1))
+    assert per_label == {"a": 1.0, "b": 0.0, "c": pytest.approx(2 / 3, abs=1e-6)}
+    assert metrics["f1_macro"] == pytest.approx((1 + 0 + 2 / 3) / 3)
+    # Rows: 1, 2*1/(2+2)=0.5, empty predicted empty = 1, 1.
+    assert metrics["f1_samples"] == pytest.approx((1 + 0.5 + 1 + 1) / 4)
+    assert metrics["exact_match"] == pytest.approx(3 / 4)
+    assert metrics["jaccard"] == pytest.approx((1 + 1 / 3 + 1 + 1) / 4)
+    stricter, _ = multilabel_metrics(scores, truth, 0.85, ["a", "b", "c"])
+    assert stricter["exact_match"] == pytest.approx(2 / 4)  # only row 0 ({a} at 0.9) and the empty row
+
+
+def test_regression_metrics_match_the_textbook():
+    from byoc.training.metrics import regression_metrics
+
+    rng = np.random.default_rng(0)
+    truth = rng.normal(size=50)
+    pred = truth + rng.normal(scale=0.5, size=50)
+    pred[3] = pred[4]  # a tie for Spearman
+    metrics = regression_metrics(pred, truth)
+    assert metrics["pearson"] == pytest.approx(np.corrcoef(pred, truth)[0, 1])
+    ranks = lambda v: np.argsort(np.argsort(v)).astype(float)  # noqa: E731 (no ties but the one)
+    tied = ranks(pred)
+    tied[[3, 4]] = tied[[3, 4]].mean()
+    assert metrics["spearmanr"] == pytest.approx(np.corrcoef(tied, ranks(truth))[0, 1])
+    assert metrics["mse"] == pytest.approx(np.mean((pred - truth) ** 2))
+    assert metrics["mae"] == pytest.approx(np.mean(np.abs(pred - truth)))
+    assert regression_metrics(np.ones(4), truth[:4])["pearson"] == 0.0  # constant predictions: r undefined
+
+
+def test_task_metrics_drop_the_filler_rows_of_fixed_shape_batches():
+    from transformers import EvalPrediction
+
+    from byoc.training.metrics import TaskMetrics
+
+    logits = np.array([[4.0, -4.0], [-4.0, 4.0], [4.0, 4.0]])
+    labels = np.array([[1.0, 0.0], [0.0, 1.0], [-100.0, -100.0]])  # the last row is filler
+    metrics = TaskMetrics("multi_label_classification", ["x", "y"])(EvalPrediction(logits, labels))
+    assert metrics["exact_match"] == 1.0
+    value = TaskMetrics("regression", ["score"])(
+        EvalPrediction(np.array([[1.0], [2.0], [9.0]]), np.array([1.0, 2.0, -100.0]))
+    )
+    assert value["mse"] == 0.0 and value["pearson"] == pytest.approx(1.0)

@@ -136,3 +136,26 @@ def test_publish_replaces_what_a_killed_publish_left(tmp_path):
     assert sorted(p.name for p in (model_dir / "code").iterdir()) == ["inference.py"]
     assert (model_dir / "code" / "inference.py").read_text() == "new"
     assert (model_dir / "config.json").read_text() == "new"
+
+
+@pytest.mark.parametrize("task", ["multi_label_classification", "regression"])
+def test_the_masked_loss_is_transformers_loss_and_skips_filler_rows(task, tiny_model_dir):
+    """Where no row is filler, byoc's loss is the model's own; filler rows (IGNORE_LABEL) change nothing."""
+    from transformers import AutoModelForSequenceClassification
+
+    from byoc.training.trainer import masked_loss
+
+    labels_count = 3 if task == "multi_label_classification" else 1
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        tiny_model_dir, num_labels=labels_count, problem_type=task
+    ).eval()
+    ids = torch.randint(5, 50, (4, 6))
+    labels = torch.randint(0, 2, (4, 3)).float() if labels_count == 3 else torch.rand(4) * 5
+    with torch.no_grad():
+        out = model(input_ids=ids, labels=labels)
+        assert float(masked_loss(out.logits, labels, task)) == pytest.approx(float(out.loss), rel=1e-5)
+        filler = torch.full_like(labels[:2], -100.0)
+        padded_logits = torch.cat([out.logits, torch.full_like(out.logits[:2], 7.0)])
+        padded = masked_loss(padded_logits, torch.cat([labels, filler]), task)
+        assert float(padded) == pytest.approx(float(out.loss), rel=1e-5)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from byoc.errors import UserError
+from byoc.model_folder import TASKS, task_name
 from byoc.sdk_values import Bound, base_type, coerce, describe
 
 logger = logging.getLogger(__name__)
@@ -116,6 +117,19 @@ class TrainArguments:
         None, "Second text column for sentence-pair tasks. Default: detected (sentence2, hypothesis, ...)."
     )
     label_column: str | None = _hp(None, "Label column. Default: detected (label, labels, target, class, ...).")
+    task: str = _hp(
+        "auto",
+        "single_label_classification, multi_label_classification or regression (or single_label, multi_label). auto: "
+        "lists of labels or 0/1 label columns -> multi-label; numbers not all whole -> regression; else single-label.",
+        ("problem_type",),
+    )
+    label_columns: str | None = _hp(
+        None, "Multi-label, one 0/1 column per label: the columns (a,b). Default: found when all but the text are 0/1."
+    )
+    label_delimiter: str = _hp(",", "Multi-label labels written as text (joy,love): what separates them.")
+    threshold: float = _hp(
+        0.5, "Multi-label: a label is predicted at this sigmoid score or above (saved for serving).", bound=Bound(0, 1)
+    )
     validation_split: float = _hp(
         0.0,
         "Without eval data, hold out this fraction of train (stratified) to evaluate on. 0 = none.",
@@ -245,6 +259,10 @@ def _validate(args: TrainArguments) -> None:
             "hyperparameter do_train=false: `byoc train` always trains; remove it or set it to true"
         )
     bucket_sizes(args)  # a bad list fails here, before any work
+    task = "auto" if args.task.strip().lower() == "auto" else task_name(args.task)
+    if task is None:
+        raise HyperparameterError(f"hyperparameter task must be auto or one of {', '.join(TASKS)}, got {args.task!r}")
+    args.task = task
     _check_precision(args)
     if args.serving_int8 and not args.serving_graph:
         raise HyperparameterError(
@@ -286,6 +304,12 @@ def _check_precision(args: TrainArguments) -> None:
         )
 
 
+def label_column_list(args: TrainArguments) -> list[str] | None:
+    """The `label_columns` hyperparameter as column names (None: not given). Takes a,b and ["a", "b"]."""
+    names = [part.strip().strip("'\"").strip() for part in str(args.label_columns or "").strip("[] ").split(",")]
+    return [n for n in names if n] or None
+
+
 def bucket_sizes(args: TrainArguments) -> list[int] | None:
     """The `buckets` hyperparameter as ascending sizes, or None for auto. Takes 32,64 and [32, 64]."""
     text = str(args.buckets).strip().strip("[]()").strip()
@@ -307,10 +331,6 @@ def bucket_sizes(args: TrainArguments) -> list[int] | None:
     return sizes
 
 
-def _fields() -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(TrainArguments)}
-
-
 def _names() -> dict[str, str]:
     """Every accepted name (canonical and alias) -> canonical name."""
     names = {}
@@ -323,7 +343,7 @@ def _names() -> dict[str, str]:
 
 def parse_hyperparameters(raw: Mapping[str, Any]) -> TrainArguments:
     """Decode a hyperparameters.json mapping (any SDK's encoding) into `TrainArguments`."""
-    names, fields = _names(), _fields()
+    names, fields = _names(), {f.name: f for f in dataclasses.fields(TrainArguments)}
     values: dict[str, Any] = {}
     given_as: dict[str, str] = {}
     for key, value in raw.items():
@@ -331,7 +351,11 @@ def parse_hyperparameters(raw: Mapping[str, Any]) -> TrainArguments:
             continue
         name = key.lstrip("-").replace("-", "_")
         if name not in names:
-            raise HyperparameterError(_unknown_message(key, names))
+            close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+            raise HyperparameterError(
+                f"unknown hyperparameter {key!r}: {f'did you mean {close[0]!r}? ' if close else ''}"
+                "See the hyperparameter table (docs/hyperparameters.md) for the valid names"
+            )
         canonical = names[name]
         decoded = _decode(key, value, fields[canonical])
         if canonical in values and values[canonical] != decoded:
@@ -344,15 +368,6 @@ def parse_hyperparameters(raw: Mapping[str, Any]) -> TrainArguments:
     if args.output_dir:
         logger.info("output_dir=%s is ignored: the model is written to SM_MODEL_DIR", args.output_dir)
     return args
-
-
-def _unknown_message(key: str, names: Mapping[str, str]) -> str:
-    close = difflib.get_close_matches(key.lstrip("-").replace("-", "_"), list(names), n=1, cutoff=0.6)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return (
-        f"unknown hyperparameter {key!r}: {hint}"
-        "See the hyperparameter table (docs/hyperparameters.md) for the valid names"
-    )
 
 
 def _decode(key: str, value: Any, f: dataclasses.Field) -> Any:

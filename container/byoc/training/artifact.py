@@ -16,6 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
 from transformers.trainer_utils import PredictionOutput
 
 from byoc import model_folder, onnx_graph
+from byoc.model_folder import DEFAULT_THRESHOLD, MULTI_LABEL, REGRESSION, SINGLE_LABEL
 from byoc.training.buckets import IGNORE_LABEL
 from byoc.training.model import ModelError
 from byoc.training.samplers import length_order
@@ -92,27 +93,43 @@ def _save_tokenizer(tokenizer: PreTrainedTokenizerBase, folder: Path, max_length
 
 
 def write_predictions(
-    output: PredictionOutput, test_ds: datasets.Dataset, label_names: list[str], output_data_dir: Path
+    output: PredictionOutput,
+    test_ds: datasets.Dataset,
+    label_names: list[str],
+    output_data_dir: Path,
+    task: str = SINGLE_LABEL,
+    threshold: float = DEFAULT_THRESHOLD,
 ) -> None:
-    """output/data/test_predictions.jsonl: each test row's label, prediction and score, in the data's order."""
+    """output/data/test_predictions.jsonl: each test row's label(s) and prediction, in the data's order:
+    the best label and its score; the labels at or above `threshold` with every label's score
+    (multi-label); or the predicted value (regression)."""
     logits = output.predictions[0] if isinstance(output.predictions, tuple) else output.predictions
-    keep = np.asarray(output.label_ids) != IGNORE_LABEL  # filler rows of a fixed-shape last batch
-    probs = torch.softmax(torch.from_numpy(np.asarray(logits, dtype=np.float32)[keep]), dim=-1).numpy()
-    rows = sorted(zip(length_order(test_ds), probs, np.asarray(output.label_ids)[keep]))  # back to the data's order
+    labels = np.asarray(output.label_ids)
+    keep = labels.reshape(len(labels), -1)[:, 0] != IGNORE_LABEL  # filler rows of a fixed-shape last batch
+    kept = torch.from_numpy(np.asarray(logits, dtype=np.float32)[keep])
+    if task == REGRESSION:
+        scores = kept.numpy()
+    else:
+        scores = (torch.sigmoid(kept) if task == MULTI_LABEL else torch.softmax(kept, dim=-1)).numpy()
+    order = length_order(test_ds)
+    rows = sorted(zip(order, range(len(order))), key=lambda pair: pair[0])  # back to the data's order
     output_data_dir.mkdir(parents=True, exist_ok=True)
     path = output_data_dir / "test_predictions.jsonl"
     with path.open("w", encoding="utf-8") as f:
-        for index, row, label in rows:
-            best = int(row.argmax())
-            f.write(
-                json.dumps(
-                    {
-                        "index": index,
-                        "label": label_names[int(label)],
-                        "predicted": label_names[best],
-                        "score": round(float(row[best]), 6),
-                    }
-                )
-                + "\n"
-            )
+        for index, at in rows:
+            answer = _prediction(scores[at], labels[keep][at], label_names, task, threshold)
+            f.write(json.dumps({"index": index, **answer}) + "\n")
     logger.info("test predictions written to %s", path)
+
+
+def _prediction(row: np.ndarray, label: np.ndarray, names: list[str], task: str, threshold: float) -> dict:
+    if task == REGRESSION:
+        return {"label": round(float(label.reshape(-1)[0]), 6), "predicted": round(float(row.reshape(-1)[0]), 6)}
+    if task == MULTI_LABEL:
+        return {
+            "labels": [names[j] for j in np.flatnonzero(label >= 0.5)],
+            "predicted": [names[j] for j in np.argsort(-row, kind="stable") if row[j] >= threshold],
+            "scores": {name: round(float(v), 6) for name, v in zip(names, row)},
+        }
+    best = int(row.argmax())
+    return {"label": names[int(label)], "predicted": names[best], "score": round(float(row[best]), 6)}

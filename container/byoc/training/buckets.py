@@ -132,7 +132,19 @@ class FixedShapeCollator:
         if "attention_mask" in batch:
             batch["attention_mask"][len(features) :, 0] = 1  # filler rows attend to their one token
         if "labels" in features[0]:
-            labels = torch.full((rows,), IGNORE_LABEL, dtype=torch.long)
-            labels[: len(features)] = torch.as_tensor([int(f["labels"]) for f in features], dtype=torch.long)
-            batch["labels"] = labels
+            batch["labels"] = _labels(features, rows)
         return batch
+
+
+def _labels(features: list[dict[str, Any]], rows: int) -> torch.Tensor:
+    """The batch's labels, filler rows at IGNORE_LABEL: class ids (long), or float targets and 0/1
+    vectors (regression, multi-label: the masked loss of byoc.training.trainer skips those rows)."""
+    first = features[0]["labels"]
+    if isinstance(first, int):
+        labels = torch.full((rows,), IGNORE_LABEL, dtype=torch.long)
+        labels[: len(features)] = torch.as_tensor([int(f["labels"]) for f in features], dtype=torch.long)
+        return labels
+    values = torch.as_tensor([f["labels"] for f in features], dtype=torch.float32)
+    filled = torch.full((rows, *values.shape[1:]), float(IGNORE_LABEL), dtype=torch.float32)
+    filled[: len(features)] = values
+    return filled

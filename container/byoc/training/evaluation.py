@@ -28,9 +28,10 @@ class EvaluationFailed(UserError):
     """Training finished and the model was saved, but the final evaluation (or the test predictions) failed."""
 
 
-def final_evaluation(trainer: Trainer, tokenized: dict[str, Any], args: TrainArguments) -> dict[str, float]:
-    """Eval metrics on the eval split (else test), and test metrics when test is a separate split."""
-    metrics: dict[str, float] = {}
+def final_evaluation(trainer: Trainer, tokenized: dict[str, Any], args: TrainArguments) -> dict[str, Any]:
+    """Eval metrics on the eval split (else test), and test metrics when test is a separate split;
+    with them the per-label figures of a multi-label task (`eval_f1_per_label`), for metrics.json."""
+    metrics: dict[str, Any] = {}
     if not args.do_eval:
         return metrics
     eval_ds = tokenized.get("eval", tokenized.get("test"))
@@ -41,9 +42,17 @@ def final_evaluation(trainer: Trainer, tokenized: dict[str, Any], args: TrainArg
             if last
             else trainer.evaluate(eval_ds, metric_key_prefix="eval")
         )
+        metrics.update(_details(trainer, "eval"))
     if "eval" in tokenized and "test" in tokenized:
         metrics.update(trainer.evaluate(tokenized["test"], metric_key_prefix="test"))
+        metrics.update(_details(trainer, "test"))
     return metrics
+
+
+def _details(trainer: Trainer, prefix: str) -> dict[str, Any]:
+    """The last evaluation's figures kept out of the log lines (byoc.training.metrics.TaskMetrics.details)."""
+    details = getattr(trainer.compute_metrics, "details", None) or {}
+    return {f"{prefix}_{key}": value for key, value in details.items()}
 
 
 class Failures:

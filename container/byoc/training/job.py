@@ -30,7 +30,7 @@ from byoc import __version__
 from byoc.contract import TrainingContract
 from byoc.launch import distributed
 from byoc.training import precision, xla
-from byoc.training.arguments import TrainArguments, bucket_sizes
+from byoc.training.arguments import TrainArguments, bucket_sizes, label_column_list
 from byoc.training.artifact import default_code_dir, publish_model, write_predictions
 from byoc.training.buckets import choose_buckets, padding_efficiency
 from byoc.training.checkpoints import StopOnSignal, check_job, common_resume_point, drop_after
@@ -123,6 +123,9 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
             text_column=args.text_column,
             text_pair_column=args.text_pair_column,
             label_column=args.label_column,
+            label_columns=label_column_list(args),
+            task=args.task,
+            label_delimiter=args.label_delimiter,
             validation_split=args.validation_split,
             seed=args.seed,
             max_train_samples=args.max_train_samples,
@@ -159,7 +162,7 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
 
 def load_model(job: Job) -> PreTrainedModel:
     """The classifier for the job's labels (`byoc.training.model.load_model`)."""
-    return _load_model(job.source, job.args, job.label_names, job.use_xla)
+    return _load_model(job.source, job.args, job.label_names, job.use_xla, job.data.task)
 
 
 def make_trainer(job: Job, model: PreTrainedModel) -> ClassifierTrainer:
@@ -170,11 +173,12 @@ def make_trainer(job: Job, model: PreTrainedModel) -> ClassifierTrainer:
         job.tokenized,
         job.args,
         job.contract,
-        len(job.label_names),
+        job.label_names,
         job.buckets,
         job.use_xla,
         job.precision,
         job.shard_consumers,
+        task=job.data.task,
     )
 
 
@@ -233,7 +237,9 @@ def finish(job: Job, trainer: ClassifierTrainer, metrics: dict[str, Any]) -> dic
     paths = job.contract.paths
     if predictions is not None:
         with failures.kept("writing the test predictions"):
-            write_predictions(predictions, tokenized["test"], job.label_names, paths.output_data_dir)
+            write_predictions(
+                predictions, tokenized["test"], job.label_names, paths.output_data_dir, job.data.task, args.threshold
+            )
     summary = {**metrics, **_job_summary(job, trainer)}
     if failures.first:
         summary["evaluation_failure"] = failures.first
@@ -272,6 +278,7 @@ def _job_summary(job: Job, trainer: ClassifierTrainer) -> dict[str, Any]:
             **(trainer.compile_report.summary() if trainer.compile_report else {}),
         }
     return {
+        "task": job.data.task,
         "num_labels": len(job.label_names),
         "labels": job.label_names,
         "train_samples": len(job.tokenized["train"]),
@@ -337,7 +344,7 @@ def _agree_on_shards(contract: TrainingContract, data: TaskData, tokenized: dict
     if labels != data.label_names:
         remap = np.asarray([labels.index(name) for name in data.label_names])
         for split, ds in tokenized.items():
-            tokenized[split] = ds.map(lambda b: {"labels": remap[np.asarray(b["labels"])].tolist()}, batched=True)
+            tokenized[split] = ds.map(lambda b: {"labels": _remapped(b["labels"], remap, len(labels))}, batched=True)
         data.label_names[:] = labels
     rows = min(n for _, n in per_rank)
     if rows < len(tokenized["train"]):
@@ -349,6 +356,16 @@ def _agree_on_shards(contract: TrainingContract, data: TaskData, tokenized: dict
         sorted({n for _, n in per_rank}),
     )
     return distributed.host_ranks()
+
+
+def _remapped(labels: list, remap: np.ndarray, count: int) -> list:
+    """A batch's labels in the shared label map: class ids renumbered, or 0/1 vectors (multi-label) widened."""
+    values = np.asarray(labels)
+    if values.ndim == 1:
+        return remap[values].tolist()
+    out = np.zeros((len(values), count), dtype=np.float32)
+    out[:, remap] = values
+    return out.tolist()
 
 
 def _label_sort_key(name: str) -> tuple:

@@ -15,7 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from transformers import TrainerCallback
+
+from byoc.model_folder import MULTI_LABEL, REGRESSION
+from byoc.training.buckets import IGNORE_LABEL
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +35,13 @@ METRIC_DEFINITIONS: list[dict[str, str]] = [
     {"Name": "eval:f1", "Regex": rf"\[metrics\].* eval_f1={_NUMBER}"},
     {"Name": "test:accuracy", "Regex": rf"\[metrics\].* test_accuracy={_NUMBER}"},
     {"Name": "test:f1", "Regex": rf"\[metrics\].* test_f1={_NUMBER}"},
+    # Multi-label and regression jobs (task=...): their headline metrics.
+    {"Name": "eval:f1_micro", "Regex": rf"\[metrics\].* eval_f1_micro={_NUMBER}"},
+    {"Name": "eval:f1_macro", "Regex": rf"\[metrics\].* eval_f1_macro={_NUMBER}"},
+    {"Name": "test:f1_micro", "Regex": rf"\[metrics\].* test_f1_micro={_NUMBER}"},
+    {"Name": "eval:pearson", "Regex": rf"\[metrics\].* eval_pearson={_NUMBER}"},
+    {"Name": "eval:mse", "Regex": rf"\[metrics\].* eval_mse={_NUMBER}"},
+    {"Name": "test:pearson", "Regex": rf"\[metrics\].* test_pearson={_NUMBER}"},
 ]
 
 
@@ -55,6 +66,91 @@ def classification_metrics(predictions: np.ndarray, labels: np.ndarray, num_labe
         "precision": float(precision[present].mean()) if present.any() else 0.0,
         "recall": float(recall[present].mean()) if present.any() else 0.0,
     }
+
+
+def multilabel_metrics(
+    scores: np.ndarray, labels: np.ndarray, threshold: float, names: list[str]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(metrics, per-label F1) of multi-label predictions: sigmoid `scores` at or above `threshold`
+    against 0/1 `labels`, both (rows, labels).
+
+    f1_micro pools every label's counts; f1_macro averages the labels that occur in the data or the
+    predictions (as for one label per text); f1_samples averages each row's F1, a row with no labels
+    that is predicted none counting 1 (SemEval's convention; scikit-learn counts it 0); exact_match:
+    rows predicted exactly; jaccard: each row's |predicted & true| / |predicted | true|, averaged."""
+    predicted = np.asarray(scores) >= threshold
+    truth = np.asarray(labels) >= 0.5
+    true_pos = (predicted & truth).sum(axis=0).astype(float)
+    n_pred, n_true = predicted.sum(axis=0), truth.sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_label = np.where(n_pred + n_true > 0, 2 * true_pos / (n_pred + n_true), 0.0)
+        row_tp = (predicted & truth).sum(axis=1)
+        row_sum = predicted.sum(axis=1) + truth.sum(axis=1)
+        row_f1 = np.where(row_sum > 0, 2 * row_tp / row_sum, 1.0)
+        union = (predicted | truth).sum(axis=1)
+        row_jaccard = np.where(union > 0, row_tp / union, 1.0)
+    present = (n_pred + n_true) > 0
+    pooled = n_pred.sum() + n_true.sum()
+    metrics = {
+        "f1_micro": float(2 * true_pos.sum() / pooled) if pooled else 1.0,
+        "f1_macro": float(per_label[present].mean()) if present.any() else 1.0,
+        "f1_samples": float(row_f1.mean()) if len(row_f1) else 0.0,
+        "exact_match": float((predicted == truth).all(axis=1).mean()) if len(truth) else 0.0,
+        "jaccard": float(row_jaccard.mean()) if len(row_jaccard) else 0.0,
+    }
+    return metrics, {name: round(float(f), 6) for name, f in zip(names, per_label)}
+
+
+def regression_metrics(predictions: np.ndarray, targets: np.ndarray) -> dict[str, float]:
+    """Pearson and Spearman correlation, mean squared and mean absolute error."""
+    pred = np.asarray(predictions, dtype=np.float64).reshape(-1)
+    true = np.asarray(targets, dtype=np.float64).reshape(-1)
+    return {
+        "pearson": _correlation(pred, true),
+        # Spearman: Pearson of the ranks, ties sharing their average rank (pandas ranks as scipy does).
+        "spearmanr": _correlation(pd.Series(pred).rank().to_numpy(), pd.Series(true).rank().to_numpy()),
+        "mse": float(np.mean((pred - true) ** 2)) if len(pred) else 0.0,
+        "mae": float(np.mean(np.abs(pred - true))) if len(pred) else 0.0,
+    }
+
+
+def _correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Pearson's r; 0 where either side is constant (r is undefined there)."""
+    if len(a) < 2 or a.std() == 0 or b.std() == 0:
+        return 0.0
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64)))
+
+
+class TaskMetrics:
+    """The Trainer's `compute_metrics` for a task; `details` keeps the last evaluation's per-label
+    figures (per-label F1), which go to metrics.json rather than into every log line."""
+
+    def __init__(self, task: str, names: list[str], threshold: float = 0.5) -> None:
+        self.task, self.names, self.threshold = task, names, threshold
+        self.details: dict[str, Any] = {}
+
+    def __call__(self, prediction: Any) -> dict[str, float]:
+        return self.compute_metrics(prediction)
+
+    def compute_metrics(self, prediction: Any) -> dict[str, float]:
+        """(The name byoc.errors reads on a traceback: out of memory here is "computing the metrics".)"""
+        logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+        logits, labels = np.asarray(logits), np.asarray(prediction.label_ids)
+        # Score against the label ids returned with the predictions, never the dataset's column:
+        # the evaluation order need not be the dataset's. Filler rows (fixed-shape batches) are dropped.
+        keep = labels.reshape(len(labels), -1)[:, 0] != IGNORE_LABEL
+        logits, labels = logits[keep], labels[keep]
+        if self.task == MULTI_LABEL:
+            metrics, per_label = multilabel_metrics(sigmoid(logits), labels, self.threshold, self.names)
+            self.details = {"f1_per_label": per_label}
+            return metrics
+        if self.task == REGRESSION:
+            return regression_metrics(logits, labels)
+        return classification_metrics(np.argmax(logits, axis=-1), labels, len(self.names))
 
 
 def _class_ids(values: np.ndarray, num_labels: int) -> np.ndarray:
@@ -151,7 +247,7 @@ def plot_history(history: list[dict[str, Any]], path: Path) -> None:
         ax_loss.plot(*zip(*train), label="train loss")
     if evals:
         ax_loss.plot([h["step"] for h in evals], [h["eval_loss"] for h in evals], "o-", label="eval loss")
-        for key in ("eval_accuracy", "eval_f1"):
+        for key in ("eval_accuracy", "eval_f1", "eval_f1_micro", "eval_pearson"):
             points = [(h["step"], h[key]) for h in evals if key in h]
             if points:
                 ax_score.plot(*zip(*points), "o-", label=key)

@@ -23,6 +23,7 @@ from transformers import (
 from byoc import model_folder
 from byoc.contract import TrainingContract
 from byoc.errors import UserError, brief
+from byoc.model_folder import MULTI_LABEL, REGRESSION, SINGLE_LABEL, THRESHOLD_KEY
 from byoc.safe_files import UnsafeArchive, extract_archive
 from byoc.training.arguments import TrainArguments
 
@@ -133,9 +134,11 @@ def load_tokenizer(source: ModelSource, args: TrainArguments) -> PreTrainedToken
 
 
 def load_model(
-    source: ModelSource, args: TrainArguments, label_names: list[str], use_xla: bool = False
+    source: ModelSource, args: TrainArguments, label_names: list[str], use_xla: bool = False, task: str = SINGLE_LABEL
 ) -> PreTrainedModel:
-    """A sequence classifier with our label maps; optional dropout override and frozen embeddings.
+    """A sequence classifier with our label maps and task (`problem_type`, which picks transformers'
+    loss: a regression model has one output, named after its label column; a multi-label model keeps
+    its decision threshold in config.json); optional dropout override and frozen embeddings.
 
     On XLA, attention defaults to eager: the SDPA path inspects the mask's values to skip it, which
     cuts every step's graph in two (one more compilation per bucket)."""
@@ -155,7 +158,7 @@ def load_model(
         ):
             if getattr(config, key, None) is not None:
                 overrides[key] = args.dropout
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"problem_type": task}
     if args.attn_implementation or use_xla:
         kwargs["attn_implementation"] = args.attn_implementation or "eager"
     try:
@@ -172,16 +175,18 @@ def load_model(
         )
     except Exception as err:
         raise ModelError(f"cannot load the model from {source.path} ({source.origin}): {brief(err)}") from None
+    if task == MULTI_LABEL:  # saved in config.json with the model: serving's default threshold
+        setattr(model.config, THRESHOLD_KEY, args.threshold)
     freeze_bottom(model, args.freeze_embeddings, args.freeze_layers)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     logger.info(
-        "model %s (%s): %.1fM parameters, %.1fM trained, %d labels",
+        "model %s (%s): %.1fM parameters, %.1fM trained, %s",
         type(model).__name__,
         source.origin,
         total / 1e6,
         trainable / 1e6,
-        len(label_names),
+        "one output (regression)" if task == REGRESSION else f"{len(label_names)} labels ({task})",
     )
     return model
 

@@ -9,7 +9,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import (
     DataCollatorWithPadding,
@@ -27,13 +26,14 @@ from transformers.trainer_callback import ProgressCallback as TqdmCallback
 from byoc import compat
 from byoc.contract import TrainingContract
 from byoc.launch import distributed
+from byoc.model_folder import MULTI_LABEL, SINGLE_LABEL
 from byoc.training import precision, xla
-from byoc.training.arguments import TrainArguments
+from byoc.training.arguments import HyperparameterError, TrainArguments
 from byoc.training.buckets import IGNORE_LABEL, FixedShapeCollator
 from byoc.training.checkpoints import EvaluationStopped, mark_complete, rotate
 from byoc.training.compiled_steps import CompileReport, compile_arguments, static_graphs_per_bucket
 from byoc.training.divergence import DivergenceGuard
-from byoc.training.metrics import ProgressCallback, classification_metrics
+from byoc.training.metrics import ProgressCallback, TaskMetrics
 from byoc.training.precision import Precision
 from byoc.training.samplers import FixedShapeSampler, LengthBucketSampler, length_order
 
@@ -58,13 +58,16 @@ class ClassifierTrainer(Trainer):
         shard_consumers: list[int] | None = None,
         precompile: bool = False,
         compiled: bool = False,
+        task: str = SINGLE_LABEL,
         **kwargs: Any,
     ) -> None:
         """`Trainer`'s own arguments, and byoc's: `buckets`, the fixed-shape length buckets (XLA, or
         torch_compile); `use_xla`; `shard_consumers`, the ranks that read each host's shard when
         each host trains on its own; `precompile` (neuron_precompile: one batch per shape, then stop);
-        `compiled`: the steps run under torch.compile (their graphs are counted, as XLA's are)."""
+        `compiled`: the steps run under torch.compile (their graphs are counted, as XLA's are);
+        `task`: byoc.model_folder's task (multi-label and regression compute their loss here)."""
         super().__init__(*args, **kwargs)
+        self.task = task
         self.buckets, self.use_xla = buckets, use_xla
         self.shard_consumers, self.precompile = shard_consumers, precompile
         self.bucket_sampler: LengthBucketSampler | None = None
@@ -120,6 +123,17 @@ class ClassifierTrainer(Trainer):
             return super()._get_eval_sampler(eval_dataset)
         return length_order(eval_dataset)
 
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """Multi-label and regression: the model's own loss (binary cross-entropy, mean squared error)
+        over the rows that are not filler rows of a fixed-shape batch (labelled IGNORE_LABEL), which
+        their losses, unlike cross-entropy, cannot skip. A mask, not a selection: shapes stay fixed."""
+        if self.task == SINGLE_LABEL or "labels" not in inputs:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        labels = inputs["labels"]
+        outputs = model(**{k: v for k, v in inputs.items() if k != "labels"})
+        loss = masked_loss(outputs.logits, labels, self.task)
+        return (loss, outputs) if return_outputs else loss
+
     def create_optimizer(self, *args, **kwargs):
         optimizer = super().create_optimizer(*args, **kwargs)
         if self.use_xla and "weight_decay" in optimizer.defaults:
@@ -149,6 +163,20 @@ class ClassifierTrainer(Trainer):
             ranks = distributed.host_ranks() if self.args.world_size > 1 else None
             mark_complete(run_dir / f"checkpoint-{self.state.global_step}", ranks)
             rotate(run_dir, limit)
+
+
+def masked_loss(logits: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
+    """transformers' loss for the task (BCE-with-logits for multi-label, MSE for regression), as a
+    mean over the rows whose label is not IGNORE_LABEL; the same number where no row is filler."""
+    rows = labels.shape[0]
+    keep = (labels.reshape(rows, -1)[:, 0] != IGNORE_LABEL).to(torch.float32)
+    if task == MULTI_LABEL:
+        per_row = torch.nn.functional.binary_cross_entropy_with_logits(
+            logits.float(), labels.float().clamp(min=0), reduction="none"
+        ).mean(dim=1)
+    else:
+        per_row = (logits.float().reshape(rows) - labels.float().reshape(rows)) ** 2
+    return (per_row * keep).sum() / keep.sum().clamp(min=1.0)
 
 
 class _SamplerEpoch(TrainerCallback):
@@ -226,15 +254,22 @@ def build_trainer(
     tokenized: dict[str, Any],
     args: TrainArguments,
     contract: TrainingContract,
-    num_labels: int,
+    label_names: list[str],
     buckets: list[int] | None = None,
     use_xla: bool = False,
     chosen: Precision | None = None,
     shard_consumers: list[int] | None = None,
+    task: str = SINGLE_LABEL,
 ) -> ClassifierTrainer:
     """The Trainer for this job; `buckets` (XLA, or torch_compile) switches to fixed-shape batches;
     `chosen`: the job's precision (default: chosen here, from `args` and this machine);
-    `shard_consumers`: the ranks reading each host's shard, when each host trains on its own."""
+    `shard_consumers`: the ranks reading each host's shard, when each host trains on its own;
+    `task`: what the labels are (byoc.model_folder's tasks), which picks the loss and the metrics."""
+    if task != SINGLE_LABEL and args.label_smoothing:
+        raise HyperparameterError(
+            f"hyperparameter label_smoothing smooths one class per text; task {task} has no classes to smooth: "
+            "remove label_smoothing"
+        )
     compat.check_trainer_hooks(ClassifierTrainer.__mro__[1])  # the private methods overridden below
     cuda = on_cuda(args, use_xla)
     if chosen is None:
@@ -292,15 +327,7 @@ def build_trainer(
         **device_arguments(args, use_xla, cuda),
     )
 
-    def compute_metrics(prediction) -> dict[str, float]:
-        logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
-        # Score against the label ids returned with the predictions, never the dataset's column:
-        # the evaluation order need not be the dataset's. Filler rows (fixed-shape batches) are dropped.
-        keep = np.asarray(prediction.label_ids) != IGNORE_LABEL
-        return classification_metrics(
-            np.argmax(logits, axis=-1)[keep], np.asarray(prediction.label_ids)[keep], num_labels
-        )
-
+    compute_metrics = TaskMetrics(task, label_names, args.threshold)
     collator: FixedShapeCollator | DataCollatorWithPadding
     if buckets is not None:
         collator = FixedShapeCollator(tokenizer.pad_token_id or 0, buckets, args.per_device_eval_batch_size)
@@ -321,6 +348,7 @@ def build_trainer(
         shard_consumers=shard_consumers,
         precompile=args.neuron_precompile,
         compiled=compiling,
+        task=task,
     )
     for callback in (PrinterCallback, TqdmCallback):
         trainer.remove_callback(callback)

@@ -1,4 +1,5 @@
-"""The default inference handlers: a text classifier trained by `byoc train`.
+"""The default inference handlers: a text classifier (one label, several labels, or a number per
+text) trained by `byoc train`.
 
 SageMaker's handler contract (as in the AWS inference toolkits): `model_fn(model_dir)`,
 `input_fn(body, content_type)`, `predict_fn(data, model)`, `output_fn(prediction, accept)`.
@@ -8,6 +9,9 @@ model carries the template `code/inference.py`, which imports them from here and
 Request and response follow the Hugging Face inference DLC, so existing clients keep working:
     {"inputs": "text" | ["t1", ...] | [{"text": ..., "text_pair": ...}], "parameters": {"top_k": 2}}
     -> [{"label": "joy", "score": 0.98}]  (one entry per input; a list per input with top_k)
+A multi-label model answers, per input, the list of labels scored at or above its threshold (sigmoid
+scores, best first, possibly empty; "threshold" and "top_k" parameters override); a regression
+model {"score": value} (with "label", the target's name, when the model names it).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from byoc.model_folder import DEFAULT_THRESHOLD, MULTI_LABEL, REGRESSION, SINGLE_LABEL
 from byoc.serving import limits
 from byoc.serving.http import negotiation
 from byoc.serving.http.request_errors import InputError, InvalidAnswer, NotAcceptable, UnsupportedMediaType
@@ -127,6 +132,7 @@ def input_fn(body: bytes | str, content_type: str = "application/json") -> dict[
     if not isinstance(parameters, dict):
         raise InputError('"parameters" must be a JSON object')
     _check_top_k(parameters.get("top_k"))
+    _check_threshold(parameters.get("threshold"))
     return {"inputs": _normalise(inputs), "parameters": parameters}
 
 
@@ -220,6 +226,13 @@ def _check_top_k(top_k: Any) -> None:
         raise InputError('"top_k" must be a positive integer')
 
 
+def _check_threshold(threshold: Any) -> None:
+    if threshold is not None and (
+        not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0 <= threshold <= 1
+    ):
+        raise InputError('"threshold" must be a number from 0 to 1 (a multi-label score at or above it is a label)')
+
+
 def _normalise(inputs: Any) -> list[str | tuple[str, str]]:
     items = inputs if isinstance(inputs, list) else [inputs]
     if not items:
@@ -256,10 +269,13 @@ def _encodable(text: str) -> bool:
 
 
 def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
-    """Classify; returns, per input, the best {"label", "score"} or the top_k of them."""
+    """Classify; returns, per input, the best {"label", "score"} or the top_k of them; for a multi-label
+    model the labels at or above the threshold; for a regression model {"score": value}."""
     inputs, parameters = data["inputs"], data.get("parameters", {})
-    top_k = parameters.get("top_k")
+    top_k, threshold = parameters.get("top_k"), parameters.get("threshold")
     _check_top_k(top_k)
+    _check_threshold(threshold)
+    task = model.get("task", SINGLE_LABEL)
     try:
         encoded = model["encode"](inputs)
     except Exception:  # a user's input_fn let through what the tokenizer cannot take: the input's fault
@@ -271,17 +287,41 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     passes = model.get("buckets", buckets.CPU)
     order = sorted(range(len(inputs)), key=lambda i: len(encoded[i]["input_ids"]))
     scores: list[Any] = [None] * len(inputs)  # each input's probabilities, filled chunk by chunk
+    scale = _SCALES[task]
     for chunk in buckets.batches(order, encoded, passes):
-        probs = buckets.softmax(model["logits"](buckets.pad(chunk, encoded, model["pad_id"], passes)))
+        probs = scale(model["logits"](buckets.pad(chunk, encoded, model["pad_id"], passes)))
         for n, i in enumerate(chunk):
             scores[i] = probs[n]
     id2label = model["id2label"]
+    if task == REGRESSION:
+        name = id2label.get(0)
+        named = {"label": name} if name and name != "LABEL_0" else {}
+        return [{**named, "score": float(row.reshape(-1)[0])} for row in scores]
     results: list[Any] = []
     for row in scores:
-        best = np.argsort(-row, kind="stable")[: top_k or 1]
-        entries = [{"label": id2label[int(j)], "score": float(row[j])} for j in best]
+        best = np.argsort(-row, kind="stable")
+        if task == MULTI_LABEL:
+            if threshold is not None or not top_k:  # top_k alone: the k best, whatever their scores
+                cut = model.get("threshold", DEFAULT_THRESHOLD) if threshold is None else threshold
+                best = best[row[best] >= cut]
+            entries = [{"label": id2label[int(j)], "score": float(row[j])} for j in best[:top_k]]
+            results.append(entries)
+            continue
+        entries = [{"label": id2label[int(j)], "score": float(row[j])} for j in best[: top_k or 1]]
         results.append(entries if top_k else entries[0])
     return results
+
+
+def _sigmoid(logits: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+
+
+# Scores from logits, by task: a distribution over the labels, each label's own probability, the value.
+_SCALES = {
+    SINGLE_LABEL: buckets.softmax,
+    MULTI_LABEL: _sigmoid,
+    REGRESSION: lambda logits: np.asarray(logits, dtype=np.float64),
+}
 
 
 # The server may merge concurrent requests into one call: this predict_fn takes
@@ -291,8 +331,10 @@ predict_fn.batchable = True  # type: ignore[attr-defined]
 
 
 def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[str, str]:
-    """Serialise as JSON (default), JSON Lines or CSV (label,score per line). `accept` is the type
-    the server chose (byoc.serving.http.negotiation); a full Accept header (lists, weights, wildcards) works too."""
+    """Serialise as JSON (default), JSON Lines or CSV: one line per input, `label,score` (a list of
+    labels: each label and score in turn on the line, an empty list an empty field; a regression
+    value alone: `score`). `accept` is the type the server chose (byoc.serving.http.negotiation); a
+    full Accept header (lists, weights, wildcards) works too."""
     kind = accept if accept in ACCEPT_TYPES else negotiation.choose(accept, ACCEPT_TYPES, "application/json")
     try:
         if kind == "application/json":
@@ -305,10 +347,11 @@ def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         for p in prediction:
-            best = p[0] if isinstance(p, list) else p
-            if not math.isfinite(best["score"]):
+            entries = p if isinstance(p, list) else [p]
+            if any(not math.isfinite(e["score"]) for e in entries):
                 raise InvalidAnswer(NON_FINITE)
-            writer.writerow([best["label"], f"{best['score']:.6f}"])
+            row = [field for e in entries for field in ((e["label"],) if "label" in e else ()) + (f"{e['score']:.6f}",)]
+            writer.writerow(row or [""])  # one line per input, also for an input with no label
         return out.getvalue(), "text/csv"
     shown = accept if len(accept) <= 100 else accept[:100] + "..."
     raise NotAcceptable(f"unsupported accept type {shown!r}: ask for one of {', '.join(ACCEPT_TYPES)}")

@@ -3,7 +3,8 @@ Runtime (CPU or CUDA execution provider) or torch (CPU or CUDA, fp32 or half pre
 
 Both loaders return the same dict (docs/serving.md): `backend`, `model`, `tokenizer`,
 `encode(inputs)`, `logits(feeds)` (one padded batch of numpy arrays -> fp32 numpy logits),
-`id2label`, `max_length`, `pad_id`, and `buckets` (how predict_fn cuts and pads a batch:
+`id2label`, `task` and `threshold` (byoc.model_folder: what the logits mean), `max_length`,
+`pad_id`, and `buckets` (how predict_fn cuts and pads a batch:
 byoc.serving.model.buckets), `device`, `precision`.
 
 torch and transformers are imported only inside `load_torch`: the ONNX Runtime path never pays
@@ -104,6 +105,8 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int) -> dict[str, Any]:
         "encode": encode,
         "logits": session.logits,
         "id2label": labels_of(config),
+        "task": model_folder.task_of(config),
+        "threshold": model_folder.threshold_of(config),
         "max_length": limit,
         "pad_id": pad_id,
         "buckets": buckets.gpu(limit) if plan.device == "cuda" else buckets.CPU,
@@ -168,6 +171,8 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False) -> dict[str,
         "encode": encode,
         "logits": logits,
         "id2label": dict(model.config.id2label),
+        "task": model_folder.task_of(model.config.to_dict()),
+        "threshold": model_folder.threshold_of(model.config.to_dict()),
         "max_length": limit,
         "pad_id": tokenizer.pad_token_id or 0,
         "buckets": passes,

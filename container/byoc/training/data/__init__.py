@@ -6,7 +6,8 @@ folder, or CSV / TSV / JSON / JSON Lines / Parquet / ``text;label`` files, optio
 gzipped -- picks the text and label columns, checks the labels and returns normalised
 ``datasets.Dataset`` objects:
 
-* text data: ``text`` (and ``text_pair`` for sentence pairs) plus ``label`` (int64);
+* text data: ``text`` (and ``text_pair`` for sentence pairs) plus ``label``: an int64 class id, a
+  float32 0/1 vector (multi-label) or a float32 number (regression);
 * pretokenized data (has ``input_ids``): ``input_ids``, ``attention_mask``,
   ``token_type_ids`` (those present) plus ``labels`` (int64).
 
@@ -25,6 +26,7 @@ The data flow, one module a step (each imports only the ones below it; none impo
 * `pretokenized`: data with input_ids -> token columns + labels (it shares the column helpers below);
 * `columns`: text data -> its text, text pair and label columns -> text + label datasets;
 * `labels`: label names -> ids, and the stratified hold-out;
+* `tasks`: which task the labels ask for (one class, several, a number), and the codecs of the last two;
 * `names` and `types`: the column names recognised, and the shared types (`DataError`, `DataSpec`, ...).
 """
 
@@ -34,6 +36,7 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
+from byoc.model_folder import SINGLE_LABEL, task_name
 from byoc.training.data.columns import build_text
 from byoc.training.data.labels import holdout
 from byoc.training.data.pretokenized import build_pretokenized, is_pretokenized
@@ -59,9 +62,15 @@ def load_task_data(channels: Mapping[str, Path], spec: DataSpec, cache_dir: Path
                 f"{kind[not pretokenized]}. Provide every split in the same form."
             )
     if pretokenized:
+        if spec.task not in ("auto", SINGLE_LABEL) or spec.label_columns:
+            raise DataError(
+                f"Pretokenized data (with input_ids) trains single-label classifiers only, not task={spec.task}: "
+                "give the texts instead (byoc tokenizes them), or one class id per row."
+            )
         splits, label_names, train_labels = build_pretokenized(sources, spec, Path(cache_dir))
+        task = SINGLE_LABEL
     else:
-        splits, label_names, train_labels = build_text(sources, spec)
+        splits, label_names, train_labels, task = build_text(sources, spec)
 
     if "eval" in splits and spec.validation_split > 0:
         logger.info("eval: using the given eval data; validation_split=%s is not used", spec.validation_split)
@@ -85,11 +94,13 @@ def load_task_data(channels: Mapping[str, Path], spec: DataSpec, cache_dir: Path
 
     shown = ", ".join(label_names[:20]) + (", ..." if len(label_names) > 20 else "")
     logger.info(
-        "data ready: train %d, eval %s, test %s rows; %d labels: %s",
+        "data ready (%s): train %d, eval %s, test %s rows; %d %s: %s",
+        task,
         len(splits["train"]),
         len(splits["eval"]) if "eval" in splits else "no",
         len(splits["test"]) if "test" in splits else "no",
         len(label_names),
+        "output" if task == "regression" else "labels",
         shown,
     )
     return TaskData(
@@ -98,10 +109,13 @@ def load_task_data(channels: Mapping[str, Path], spec: DataSpec, cache_dir: Path
         test=splits.get("test"),
         label_names=label_names,
         pretokenized=pretokenized,
+        task=task,
     )
 
 
 def _check_spec(spec: DataSpec) -> None:
+    if spec.task != "auto" and task_name(spec.task) != spec.task:
+        raise DataError(f"task must be auto or one of byoc's task names, got {spec.task!r}.")
     split = spec.validation_split
     if not isinstance(split, (int, float)) or not (split == 0 or 0 < split < 1):
         raise DataError(

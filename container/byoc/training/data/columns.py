@@ -1,6 +1,7 @@
 """Text data: picking the text (and sentence-pair) and label columns of each table, by explicit
-name, by a known name or by the two-column fallback, and building the normalised `text`
-[, `text_pair`], `label` (int64) datasets.
+name, by a known name or by the two-column fallback (or the 0/1 label columns of a multi-label
+table), and building the normalised `text` [, `text_pair`], `label` datasets: `label` is an int64
+class id, a float32 0/1 vector (multi-label) or a float32 target (regression).
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import datasets
 import numpy as np
 import pandas as pd
 
+from byoc.model_folder import MULTI_LABEL, REGRESSION
+from byoc.training.data import tasks
 from byoc.training.data.labels import LabelCodec
-from byoc.training.data.names import LABEL_COLUMNS, NUMBER, PAIR_COLUMNS, TEXT_COLUMNS
+from byoc.training.data.names import ID_COLUMN, LABEL_COLUMNS, NUMBER, PAIR_COLUMNS, TEXT_COLUMNS
 from byoc.training.data.types import DataError, DataSpec, Part, Source, describe_sources
 
 logger = logging.getLogger(__name__)
@@ -21,9 +24,9 @@ logger = logging.getLogger(__name__)
 
 def build_text(
     sources: dict[str, list[Source]], spec: DataSpec
-) -> tuple[dict[str, datasets.Dataset], list[str], np.ndarray]:
-    """Each split as a `text` [, `text_pair`], `label` dataset, the label names (from the train data)
-    and the train label ids (for the hold-out)."""
+) -> tuple[dict[str, datasets.Dataset], list[str], np.ndarray, str]:
+    """Each split as a `text` [, `text_pair`], `label` dataset, the label names (from the train data),
+    the train labels (for the hold-out) and the task (byoc.model_folder.TASKS)."""
     parts = {role: [_text_part(src, spec, role) for src in srcs] for role, srcs in sources.items()}
     paired = "text_pair" in parts["train"][0].frame
     for role, ps in parts.items():
@@ -34,7 +37,19 @@ def build_text(
                 f"but the {role} data ({odd.where}) differs. Use the same columns in every split."
             )
 
-    codec = LabelCodec.from_train(parts["train"])
+    task = tasks.decide(spec.task, parts["train"])
+    for role, ps in parts.items():
+        if role != "train":
+            for part in ps:
+                tasks.label_kind(part, role)  # one kind per column (eval may differ from train: encode says)
+    codec: LabelCodec | tasks.MultiLabelCodec | tasks.RegressionCodec
+    if task == MULTI_LABEL:
+        codec = tasks.MultiLabelCodec.from_train(parts["train"], spec.label_delimiter)
+    elif task == REGRESSION:
+        codec = tasks.RegressionCodec([parts["train"][0].label_name])
+    else:
+        codec = LabelCodec.from_train(parts["train"])
+    feature = getattr(codec, "feature", datasets.Value("int64"))
     splits, train_labels = {}, np.array([], dtype=np.int64)
     for role, ps in parts.items():
         labels = np.concatenate([codec.encode(p, role) for p in ps])
@@ -44,38 +59,55 @@ def build_text(
         if paired:
             features["text_pair"] = datasets.Value("string")
             columns["text_pair"] = frame["text_pair"].tolist()
-        features["label"] = datasets.Value("int64")
+        features["label"] = feature
         columns["label"] = labels
         splits[role] = datasets.Dataset.from_dict(columns, features=datasets.Features(features))
         if role == "train":
             train_labels = labels
         logger.info(
-            "%s: %d rows from %s; %s; %d labels",
+            "%s: %d rows from %s; %s; %s",
             role,
             len(frame),
             describe_sources(sources[role]),
             ps[0].described,
-            len(np.unique(labels)),
+            _label_summary(labels, task),
         )
-    return splits, codec.names, train_labels
+    return splits, codec.names, train_labels, task
+
+
+def _label_summary(labels: np.ndarray, task: str) -> str:
+    if task == MULTI_LABEL:
+        per_row = labels.sum(axis=1)
+        return f"multi-label, {int((labels.sum(axis=0) > 0).sum())} labels used, {per_row.mean():.2f} per row"
+    if task == REGRESSION:
+        return f"regression targets {labels.min():g}..{labels.max():g} (mean {labels.mean():.4g})"
+    return f"{len(np.unique(labels))} labels"
 
 
 def _text_part(src: Source, spec: DataSpec, role: str) -> Part:
     data = src.data
     text, pair, label = _pick_columns(src, spec, role)
+    wanted = [c for c in (text, pair, *(label if isinstance(label, list) else [label])) if c]
     if isinstance(data, datasets.Dataset):  # only the needed columns go to pandas
-        data = data.select_columns([c for c in (text, pair, label) if c]).to_pandas()
+        data = data.select_columns(wanted).to_pandas()
     frame = pd.DataFrame({"text": _texts(data[text], role, text, src.where)})
     if pair:
         frame["text_pair"] = _texts(data[pair], role, pair, src.where)
+    described = f"text column '{text}'" + (f", pair column '{pair}'" if pair else "")
+    if isinstance(label, list):  # one 0/1 column per label
+        labels = tasks.rows_of_columns(data, label, role, src.where)
+        shown = ", ".join(label[:5]) + (", ..." if len(label) > 5 else "")
+        described = f"{described}, {len(label)} label columns ({shown})"
+        return Part(frame, labels, list(label), src.where, described, "labels")
     labels = data[label].reset_index(drop=True)
     class_names = src.class_names.get(label)
-    missing = labels.isna() | labels.map(lambda v: isinstance(v, str) and not v.strip())
+    missing = labels.isna() if not labels.map(tasks.kind_of).eq("list").any() else labels.map(lambda v: v is None)
+    missing |= labels.map(lambda v: isinstance(v, str) and not v.strip())
     if class_names is not None:
-        missing |= labels.eq(-1)  # datasets marks "no label" (e.g. GLUE test sets) with -1
+        # datasets marks "no label" (e.g. GLUE test sets) with -1
+        missing |= labels.map(lambda v: isinstance(v, (int, np.integer)) and v == -1)
     fail_on_missing(missing, role, label, src.where)
-    described = f"text column '{text}'" + (f", pair column '{pair}'" if pair else "") + f", label column '{label}'"
-    return Part(frame, labels, class_names, src.where, described)
+    return Part(frame, labels, class_names, src.where, f"{described}, label column '{label}'", label)
 
 
 def _texts(values: pd.Series, role: str, column: str, where: str) -> pd.Series:
@@ -95,23 +127,44 @@ def fail_on_missing(missing: pd.Series, role: str, column: str, where: str) -> N
         )
 
 
-def _pick_columns(src: Source, spec: DataSpec, role: str) -> tuple[str, str | None, str]:
+def _pick_columns(src: Source, spec: DataSpec, role: str) -> tuple[str, str | None, str | list[str]]:
     """(text, text pair or None, label) column names: explicit names first, then known names,
-    then the two-column fallback (one text column and one other)."""
+    then the two-column fallback (one text column and one other). The label is a list of columns
+    where each label has a 0/1 column of its own (label_columns, or found: every other column 0/1)."""
     columns = src.columns
     lookup = {c.lower(): c for c in reversed(columns)}  # on a case clash the first column wins
 
     def explicit(name: str | None, setting: str) -> str | None:
         return explicit_column(name, setting, columns, role, src.where) if name else None
 
-    label = explicit(spec.label_column, "label_column") or _first_known(LABEL_COLUMNS, lookup)
+    if spec.label_columns:
+        label_columns = [explicit_column(c, "label_columns", columns, role, src.where) for c in spec.label_columns]
+    else:
+        label_columns = []
+    label = None
+    if not label_columns:
+        label = explicit(spec.label_column, "label_column") or _first_known(LABEL_COLUMNS, lookup)
     pair = explicit(spec.text_pair_column, "text_pair_column")
     text = explicit(spec.text_column, "text_column")
     if not (spec.text_column or spec.text_pair_column):
         found = next(((lookup[a], lookup[b]) for a, b in PAIR_COLUMNS if a in lookup and b in lookup), None)
         text, pair = found or (None, None)
     if text is None:
-        text = _first_known(TEXT_COLUMNS, lookup, exclude={label, pair})
+        text = _first_known(TEXT_COLUMNS, lookup, exclude={label, pair, *label_columns})
+    if label is None and not label_columns and spec.task in ("auto", MULTI_LABEL):
+        label_columns = _binary_label_columns(src, text, pair)
+    if label_columns:
+        if text is None:
+            textual = [c for c in columns if c not in label_columns and _looks_textual(_column(src.data, c))]
+            text = textual[0] if len(textual) == 1 else None
+        if text is None:
+            raise DataError(
+                f"Could not find the text column in the {role} data ({src.where}); columns: {', '.join(columns)}. "
+                "Set the text_column hyperparameter."
+            )
+        if text in label_columns or pair in label_columns:
+            raise DataError(f"Column '{text}' cannot be both text and a label column; fix label_columns.")
+        return text, pair, label_columns
 
     if (text is None or label is None) and len(columns) == 2:
         if text is not None or label is not None:
@@ -138,6 +191,20 @@ def _pick_columns(src: Source, spec: DataSpec, role: str) -> tuple[str, str | No
             f"Column '{label}' cannot be both text and label; set text_column and label_column to different columns."
         )
     return text, pair, label
+
+
+def _binary_label_columns(src: Source, text: str | None, pair: str | None) -> list[str]:
+    """The multi-label layout of one 0/1 column per label (Kaggle's toxic comments, SemEval E-c): at
+    least two columns besides the text and identifier columns, every one of them 0/1."""
+    rest = [c for c in src.columns if c not in (text, pair) and not ID_COLUMN.fullmatch(c)]
+    if text is None:
+        textual = [c for c in rest if _looks_textual(_column(src.data, c))]
+        if len(textual) != 1:
+            return []
+        rest = [c for c in rest if c != textual[0]]
+    if len(rest) < 2:
+        return []
+    return rest if tasks.binary_columns(src.data, rest) else []
 
 
 def explicit_column(name: str, setting: str, columns: list[str], role: str, where: str) -> str:

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from byoc.errors import brief
 from byoc.training.data.names import HEADER_LABEL_NAMES, KNOWN_COLUMNS, NUMBER
-from byoc.training.data.types import DataError
+from byoc.training.data.types import DataError, class_names_of
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,8 @@ def _lines(text: str) -> list[tuple[int, str]]:
 
 
 def _read_txt(path: Path) -> pd.DataFrame:
-    """`text;label` or `text<TAB>label` per line, split on the last separator."""
+    """`text;label` or `text<TAB>label` per line, split on the last separator; or a TSV table (every
+    line the same three or more tab-separated fields)."""
     lines = _lines(_read_text(path))
     if not lines:
         return pd.DataFrame({"text": [], "label": []})
@@ -94,6 +95,11 @@ def _read_txt(path: Path) -> pd.DataFrame:
             f"{path.name}: lines have no ';' or tab separator. Text files need one example per line "
             "as 'text;label' or 'text<TAB>label'."
         )
+    tabs = {line.count("\t") for line in head}
+    if sep == "\t" and len(tabs) == 1 and tabs.pop() >= 2:
+        # Every line has the same three or more tab-separated fields: a TSV table saved as .txt
+        # (SemEval's and SICK's releases), not text<TAB>label.
+        return _read_csv(path, "tsv")
     names = ["text", "label"]
     # A header has a label-like name (label, label_name, ...) after a column-like name.
     first_text, _, first_label = (field.strip() for field in lines[0][1].rpartition(sep))
@@ -221,5 +227,4 @@ def _read_parquet(path: Path) -> tuple[pd.DataFrame, dict[str, list[str]]]:
     table = pq.read_table(source)
     # Parquet written by `datasets` keeps its features (ClassLabel names) in the schema metadata.
     features = datasets.Features.from_arrow_schema(table.schema)
-    class_names = {n: f.names for n, f in features.items() if isinstance(f, datasets.ClassLabel)}
-    return table.to_pandas(), class_names
+    return table.to_pandas(), class_names_of(features)

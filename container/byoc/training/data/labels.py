@@ -33,7 +33,7 @@ class LabelCodec:
             names = list(with_names[0])
             return cls(names, {n: i for i, n in enumerate(names)}, False, True)
         raw = pd.concat([p.labels for p in parts], ignore_index=True)
-        numbers = _as_numbers(raw)
+        numbers = as_numbers(raw)
         if numbers is not None:
             # 0..K-1 keep their ids; other integers (1..5, -1/1) map to ids in sorted order.
             values = sorted(set(integral(numbers, "train", parts[0].where).tolist()))
@@ -53,7 +53,7 @@ class LabelCodec:
             labels = labels.map(lambda i: self.names[i] if 0 <= i < len(self.names) else i)
 
         if self.numeric:
-            numbers = _as_numbers(labels)
+            numbers = as_numbers(labels)
             if numbers is None:  # some label is not a number: report the first one
                 bad = ~labels.map(lambda v: isinstance(v, (int, float)) or bool(NUMBER.fullmatch(str(v).strip())))
                 self._unknown(labels[bad].iloc[0], bad, role, part.where)
@@ -76,8 +76,10 @@ class LabelCodec:
         )
 
 
-def _as_numbers(values: pd.Series) -> pd.Series | None:
+def as_numbers(values: pd.Series) -> pd.Series | None:
     """The labels as numbers when every label is a number or a numeric string, else None."""
+    if values.map(lambda v: isinstance(v, (list, tuple, np.ndarray))).any():
+        return None
     if pd.api.types.is_bool_dtype(values):
         return values.astype("int64")
     if pd.api.types.is_numeric_dtype(values):
@@ -93,22 +95,25 @@ def _as_numbers(values: pd.Series) -> pd.Series | None:
 
 
 def integral(numbers: pd.Series, role: str, where: str) -> np.ndarray:
-    """The labels as int64 ids or values; a fractional label would mean regression, which we do not do."""
+    """The labels as int64 ids or values; a fractional label means regression, which a classifier cannot learn."""
     array = numbers.to_numpy(dtype=np.float64)
     fractional = array != np.round(array)
     if fractional.any():
         first = int(np.flatnonzero(fractional)[0]) + 1
         raise DataError(
-            f"The {role} data ({where}) has non-integer label {array[first - 1]:g} (first at row {first}); "
-            "regression is not supported. Use class labels (names or whole numbers)."
+            f"The {role} data ({where}) has non-integer label {array[first - 1]:g} (first at row {first}), but "
+            "a classifier needs class labels (names or whole numbers). For a number per text set task=regression; "
+            "otherwise fix those labels."
         )
     return array.astype(np.int64)
 
 
 def holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Sorted (train, eval) row indices holding out `fraction` of the rows, seeded, and
-    stratified by label when every label has at least two rows."""
+    stratified when every stratum has at least two rows: by class ids (int), by the decile of a
+    regression target (float), by the label set of multi-label rows (2-D: rare sets fall back to random)."""
     n = len(labels)
+    labels = _strata(np.asarray(labels))
     n_eval = round(n * fraction)
     if n_eval < 1 or n_eval >= n:
         raise DataError(
@@ -129,6 +134,17 @@ def holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray,
         eval_idx = np.sort(rng.permutation(n)[:n_eval])
     train_idx = np.setdiff1d(np.arange(n), eval_idx)
     return train_idx, eval_idx
+
+
+def _strata(labels: np.ndarray) -> np.ndarray:
+    """What the hold-out stratifies by: class ids as they are, a regression target's decile, and a
+    multi-label row's set of labels (its 0/1 vector as one id)."""
+    if labels.ndim == 2:
+        return np.unique(labels, axis=0, return_inverse=True)[1].reshape(-1)
+    if np.issubdtype(labels.dtype, np.floating):
+        edges = np.quantile(labels, np.linspace(0, 1, 11)[1:-1]) if len(labels) else []
+        return np.digitize(labels, np.unique(edges))
+    return labels
 
 
 def row_count(n: int) -> str:

@@ -18,6 +18,7 @@ TEXT_COLUMNS = (
     "utterance",
     "message",
     "comment",
+    "comment_text",
     "question",
     "premise",
     "query",
@@ -29,6 +30,7 @@ PAIR_COLUMNS = (
     ("question1", "question2"),
     ("text", "text_pair"),
     ("query", "passage"),
+    ("sentence_a", "sentence_b"),
 )
 LABEL_COLUMNS = (
     "label",
@@ -43,7 +45,10 @@ LABEL_COLUMNS = (
     "y",
     "gold_label",
     "rating",
+    "score",
 )
+# Columns that name rows rather than describe them: never a label column of the 0/1 layout.
+ID_COLUMN = re.compile(r"(?i:id|idx|index|.*[_ -]id)|.*[a-z]ID")  # fullmatch: ID, pair_ID, tweetID
 TOKEN_COLUMNS = ("input_ids", "attention_mask", "token_type_ids")
 
 # 'y' is left out: it is as likely to be a label value ("y"/"n") as a header.

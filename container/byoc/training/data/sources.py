@@ -14,7 +14,7 @@ import datasets
 
 from byoc.errors import brief
 from byoc.training.data.formats import FORMATS, format_of, read_file
-from byoc.training.data.types import DataError, Source
+from byoc.training.data.types import DataError, Source, class_names_of
 
 logger = logging.getLogger(__name__)
 
@@ -156,8 +156,7 @@ def _read_saved(name: str, path: Path, role: str | None) -> dict[str, list[Sourc
 def _dataset_source(ds: datasets.Dataset, where: str, path: Path) -> Source:
     if len(ds) == 0:
         raise DataError(f"The saved dataset ({where}) has no rows. Save a dataset with examples in it.")
-    class_names = {n: f.names for n, f in ds.features.items() if isinstance(f, datasets.ClassLabel)}
-    return Source(ds, where, "dataset", str(path), class_names)
+    return Source(ds, where, "dataset", str(path), class_names_of(ds.features))
 
 
 def _split_names(role: str) -> tuple[str, ...]:

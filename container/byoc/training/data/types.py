@@ -25,6 +25,9 @@ class DataSpec:
     text_column: str | None = None  # explicit names override detection
     text_pair_column: str | None = None
     label_column: str | None = None
+    label_columns: list[str] | None = None  # one 0/1 column per label (multi-label)
+    task: str = "auto"  # auto, or a task of byoc.model_folder.TASKS
+    label_delimiter: str = ","  # splits a text label into several (multi-label)
     validation_split: float = 0.0  # fraction of train held out as eval when there is no eval data (0 = none)
     seed: int = 42
     max_train_samples: int | None = None  # keep the first N train rows, for quick runs
@@ -36,8 +39,9 @@ class TaskData:
     train: datasets.Dataset
     eval: datasets.Dataset | None  # validation data (None if none)
     test: datasets.Dataset | None
-    label_names: list[str]  # id -> name; len = num_labels
+    label_names: list[str]  # id -> name; len = num_labels (regression: one, the label column's name)
     pretokenized: bool
+    task: str = "single_label_classification"  # byoc.model_folder.TASKS
 
 
 @dataclass
@@ -62,9 +66,10 @@ class Part:
 
     frame: pd.DataFrame  # text [, text_pair]
     labels: pd.Series
-    class_names: list[str] | None
+    class_names: list[str] | None  # a ClassLabel's names, or the label columns (multi-label)
     where: str
     described: str  # for the log: "text column 'text', label column 'label_name'"
+    label_name: str = "label"  # the label column's name (a regression model's output is named after it)
 
 
 def describe_sources(sources: list[Source]) -> str:
@@ -75,3 +80,13 @@ def describe_sources(sources: list[Source]) -> str:
     fmts = ", ".join(sorted({src.fmt for src in sources}))
     origins = ", ".join(sorted({src.origin for src in sources}))
     return f"{len(sources)} {'file' if len(sources) == 1 else 'files'} ({fmts}) in {origins}"
+
+
+def class_names_of(features: datasets.Features) -> dict[str, list[str]]:
+    """The label names of each ClassLabel column, and of each list of ClassLabels (multi-label)."""
+    names = {}
+    for name, feature in features.items():
+        inner = getattr(feature, "feature", feature)  # Sequence(ClassLabel) / List(ClassLabel): its items
+        if isinstance(inner, datasets.ClassLabel):
+            names[name] = list(inner.names)
+    return names

@@ -1,0 +1,203 @@
+"""Which task the labels ask for, and the codecs of the tasks beyond one class per text: several
+labels per text (multi-hot float vectors) and a number per text (regression, float32).
+
+`decide` reads the train labels (and the `task` hyperparameter): lists of names or ids, or 0/1 label
+columns, mean multi-label; numbers that are not all whole mean regression; whole numbers and names
+mean one class per text. A `task` the labels contradict is refused, naming the row that does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import datasets
+import numpy as np
+import pandas as pd
+
+from byoc.model_folder import MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION
+from byoc.training.data.labels import as_numbers, row_count
+from byoc.training.data.types import DataError, Part
+
+AUTO = "auto"
+_KINDS = {"list": "lists of labels", "number": "numbers", "text": "names (text)"}
+
+
+def kind_of(value: object) -> str:
+    """One label's kind: a list (multi-label), a number, or text."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return "list"
+    if isinstance(value, (int, float, np.number, bool, np.bool_)):
+        return "number"
+    return "text"
+
+
+def label_kind(part: Part, role: str) -> str:
+    """The kind every label of a split's part has; mixed kinds are refused, naming the first odd row."""
+    kinds = part.labels.map(kind_of)
+    first = kinds.iloc[0]
+    odd = kinds != first
+    if odd.any():
+        row = int(np.flatnonzero(odd.to_numpy())[0])
+        raise DataError(
+            f"The {role} data ({part.where}) mixes label kinds: row 1 has {_KINDS[first]} but row {row + 1} has "
+            f"{_KINDS[kinds.iloc[row]]} ({part.labels.iloc[row]!r}). Use one kind of label in the column."
+        )
+    return first
+
+
+def decide(requested: str, parts: list[Part]) -> str:
+    """The task of the train data: `requested` (a canonical task or auto) checked against its labels."""
+    kinds = {label_kind(p, "train") for p in parts}
+    if len(kinds) > 1:
+        raise DataError(
+            f"The train data files hold different label kinds ({', '.join(_KINDS[k] for k in sorted(kinds))}). "
+            "Use one kind of label in every file."
+        )
+    kind = kinds.pop()
+    numbers = None
+    if kind != "list":
+        numbers = [as_numbers(p.labels) for p in parts]
+        if any(n is None for n in numbers):
+            numbers = None
+    fractional = numbers is not None and any(
+        (n.to_numpy(dtype=np.float64) != np.round(n.to_numpy(dtype=np.float64))).any() for n in numbers if n is not None
+    )
+    if requested == TOKEN_CLASSIFICATION:
+        raise DataError(
+            "task=token_classification (NER) is not supported by this version of byoc yet: train a text "
+            "classifier (single_label_classification, multi_label_classification or regression)."
+        )
+    if requested == AUTO:
+        if kind == "list":
+            return MULTI_LABEL
+        return REGRESSION if fractional else SINGLE_LABEL
+    if requested == REGRESSION and numbers is None:
+        where, value, row = _first_non_number(parts)
+        raise DataError(
+            f"task=regression needs numeric labels, but the train data ({where}) has label {value!r} at row {row}. "
+            "Use numbers as labels, or drop task=regression to classify by name."
+        )
+    if requested == SINGLE_LABEL and kind == "list":
+        raise DataError(
+            f"task=single_label_classification needs one label per row, but the train data ({parts[0].where}) "
+            "holds lists of labels. Use task=multi_label_classification (or task=auto)."
+        )
+    return requested
+
+
+def _first_non_number(parts: list[Part]) -> tuple[str, object, int]:
+    for part in parts:
+        for row, value in enumerate(part.labels):
+            if as_numbers(pd.Series([value])) is None:
+                return part.where, value, row + 1
+    return parts[0].where, None, 0  # not reached: decide calls it when some label is not a number
+
+
+@dataclass
+class MultiLabelCodec:
+    """The train label set of a multi-label task, and how to turn each split's labels into 0/1 vectors."""
+
+    names: list[str]
+    delimiter: str
+
+    feature = datasets.Sequence(datasets.Value("float32"))
+
+    @classmethod
+    def from_train(cls, parts: list[Part], delimiter: str) -> MultiLabelCodec:
+        with_names = [p.class_names for p in parts if p.class_names is not None]
+        if with_names:  # label columns, or a Sequence(ClassLabel) feature: their order, even unused ones
+            return cls(list(with_names[0]), delimiter)
+        values = {v for p in parts for row in p.labels for v in _items(row, delimiter, None)}
+        numeric = all(isinstance(v, (int, np.integer)) for v in values)
+        ordered = sorted(values) if numeric else sorted(str(v) for v in values)
+        if not ordered:
+            raise DataError(
+                f"The train data ({parts[0].where}) has no labels at all: every row's label list is empty. "
+                "A multi-label classifier needs rows with labels."
+            )
+        return cls([str(v) for v in ordered], delimiter)
+
+    def encode(self, part: Part, role: str) -> np.ndarray:
+        index = {name: i for i, name in enumerate(self.names)}
+        out = np.zeros((len(part.labels), len(self.names)), dtype=np.float32)
+        for row, value in enumerate(part.labels):
+            for item in _items(value, self.delimiter, part.class_names):
+                column = index.get(str(item))
+                if column is None:
+                    known = ", ".join(self.names[:10]) + (", ..." if len(self.names) > 10 else "")
+                    raise DataError(
+                        f"The {role} data ({part.where}) has label '{item}' at row {row + 1} that the train data "
+                        f"does not have; known labels: {known}. Fix that label or add examples of it to the train data."
+                    )
+                out[row, column] = 1.0
+        return out
+
+
+def _items(value: object, delimiter: str, class_names: list[str] | None) -> list:
+    """One row's labels: a list as given (ClassLabel ids as their names), or a string split on `delimiter`."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        items = [v.item() if isinstance(v, np.generic) else v for v in value]
+    elif isinstance(value, str):
+        items = [v.strip() for v in value.split(delimiter)] if delimiter else [value.strip()]
+    else:
+        items = [value.item() if isinstance(value, np.generic) else value]
+    items = [v.strip() if isinstance(v, str) else v for v in items if not (isinstance(v, str) and not v.strip())]
+    if class_names is not None:
+        named = len(class_names)
+        return [class_names[int(v)] if isinstance(v, (int, np.integer)) and 0 <= v < named else v for v in items]
+    return items
+
+
+@dataclass
+class RegressionCodec:
+    """A regression target: one float per row, finite."""
+
+    names: list[str]  # one name: the label column's, the model's single output
+
+    feature = datasets.Value("float32")
+
+    def encode(self, part: Part, role: str) -> np.ndarray:
+        numbers = as_numbers(part.labels)
+        if numbers is None:
+            where, value, row = _first_non_number([part])
+            raise DataError(
+                f"The {role} data ({where}) has label {value!r} at row {row}, not a number, but the train "
+                "labels are numbers (regression). Fix that label."
+            )
+        values = numbers.to_numpy(dtype=np.float64)
+        bad = ~np.isfinite(values)
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            raise DataError(
+                f"The {role} data ({part.where}) has regression label {values[first]} "
+                f"({row_count(int(bad.sum()))}, first at row {first + 1}); regression labels must be finite numbers."
+            )
+        return values.astype(np.float32)
+
+
+def binary_columns(frame: pd.DataFrame | datasets.Dataset, columns: list[str]) -> bool:
+    """Whether each column holds only 0/1 values (numbers, booleans or "0"/"1"): label columns."""
+    for column in columns:
+        values = frame[column] if isinstance(frame, pd.DataFrame) else pd.Series(frame[column][:1000])
+        numbers = as_numbers(values.dropna()) if len(values.dropna()) == len(values) else None
+        if numbers is None or not numbers.isin([0, 1]).all():
+            return False
+    return True
+
+
+def rows_of_columns(frame: pd.DataFrame, columns: list[str], role: str, where: str) -> pd.Series:
+    """0/1 label columns as each row's list of the columns set to 1 (the multi-label form)."""
+    matrix = []
+    for column in columns:
+        numbers = as_numbers(frame[column].reset_index(drop=True))
+        if numbers is None or frame[column].isna().any() or not numbers.isin([0, 1]).all():
+            values = frame[column].reset_index(drop=True)
+            bad = values.isna() | ~values.map(lambda v: str(v).strip() in ("0", "1", "0.0", "1.0", "True", "False"))
+            row = int(np.flatnonzero(bad.to_numpy())[0]) if bad.any() else 0
+            raise DataError(
+                f"The {role} data ({where}) has value {values.iloc[row]!r} in label column '{column}' at row "
+                f"{row + 1}; label columns hold 0 or 1. Fix that value."
+            )
+        matrix.append(numbers.to_numpy(dtype=np.int64))
+    ones = np.stack(matrix, axis=1) if matrix else np.zeros((len(frame), 0), dtype=np.int64)
+    return pd.Series([[columns[j] for j in np.flatnonzero(row)] for row in ones], dtype=object)

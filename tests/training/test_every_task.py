@@ -1,0 +1,219 @@
+"""Multi-label and regression jobs end to end: the real `byoc train` on small data, its metrics and
+predictions, the model folder (config.json's problem_type and threshold, model.onnx), and the default
+handlers serving it on ONNX Runtime and on torch with the same answers."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import random
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from byoc.model_folder import MULTI_LABEL, REGRESSION
+from byoc.training import entry
+
+pytestmark = pytest.mark.integration  # real jobs: not in make test-fast
+
+QUICK = {"max_steps": "30", "logging_steps": "10", "learning_rate": "5e-3", "per_device_train_batch_size": "8"}
+WORDS = {"joy": "happy glad", "anger": "angry mad", "fear": "scared afraid"}
+
+
+def emotion_rows(n: int, seed: int = 0) -> list[dict]:
+    """Texts holding the words of 0-2 emotions, labelled with those emotions (a list, maybe empty)."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        labels = rng.sample(sorted(WORDS), rng.choice([0, 1, 1, 2]))
+        words = " ".join(WORDS[label] for label in labels) or "plain words"
+        rows.append({"text": f"{words} number {i}", "labels": labels})
+    return rows
+
+
+def score_rows(n: int, seed: int = 0) -> list[tuple[str, str, float]]:
+    """Sentence pairs scored by how many words they share (0.0-5.0, not all whole: regression)."""
+    rng = random.Random(seed)
+    vocab = "red blue green cat dog bird runs sits eats big".split()
+    rows = []
+    for _ in range(n):
+        a, b = rng.sample(vocab, 5), rng.sample(vocab, 5)
+        rows.append((" ".join(a), " ".join(b), round(len(set(a) & set(b)) + rng.random() * 0.5, 2)))
+    return rows
+
+
+def write_jsonl(path, rows) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def write_pairs(path, rows) -> None:
+    lines = ["pair_ID\tsentence_A\tsentence_B\trelatedness_score"]
+    lines += [f"{i}\t{a}\t{b}\t{s}" for i, (a, b, s) in enumerate(rows)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def serve(model_dir, monkeypatch, backend: str):
+    """The model's own code/inference.py handlers, on the given backend."""
+    monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
+    monkeypatch.setattr("byoc.serving.model.default_handlers.nvidia_gpu", lambda: False)
+    monkeypatch.setattr("byoc.serving.model.default_handlers._settings", None)
+    monkeypatch.syspath_prepend(str(model_dir / "code"))
+    inference = importlib.reload(importlib.import_module("inference"))
+    return inference, inference.model_fn(str(model_dir))
+
+
+def ask(inference, model, body, content_type="application/json", accept="application/json"):
+    data = inference.input_fn(json.dumps(body) if isinstance(body, dict) else body, content_type)
+    return inference.output_fn(inference.predict_fn(data, model), accept)
+
+
+@pytest.fixture(autouse=True)
+def forget_inference_module():
+    yield
+    sys.modules.pop("inference", None)
+
+
+def test_multi_label_from_label_lists(job, tiny_model_dir, monkeypatch):
+    job.hyperparameters({**QUICK, "do_predict": "true", "threshold": "0.4"})
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", emotion_rows(96))
+    write_jsonl(job.channel("test") / "test.jsonl", emotion_rows(20, seed=1))
+    assert entry.train() == 0, job.failure
+
+    metrics = job.metrics
+    assert metrics["task"] == MULTI_LABEL and metrics["labels"] == ["anger", "fear", "joy"]
+    for key in ("f1_micro", "f1_macro", "f1_samples", "exact_match", "jaccard"):
+        assert 0 <= metrics[f"eval_{key}"] <= 1, key
+    assert set(metrics["eval_f1_per_label"]) == {"anger", "fear", "joy"}
+    config = json.loads((job.model_dir / "config.json").read_text())
+    assert config["problem_type"] == MULTI_LABEL and config["byoc_threshold"] == 0.4
+    predictions = [
+        json.loads(line) for line in (job.root / "output/data/test_predictions.jsonl").read_text().splitlines()
+    ]
+    assert [p["labels"] for p in predictions] == [sorted(r["labels"]) for r in emotion_rows(20, seed=1)]
+    assert all(set(p["scores"]) == {"anger", "fear", "joy"} for p in predictions)
+
+    texts = ["happy glad number 1", "angry mad scared afraid number 2", "plain words"]
+    inference, model = serve(job.model_dir, monkeypatch, "onnxruntime")
+    answer = json.loads(ask(inference, model, {"inputs": texts})[0])
+    # Every label at or above the saved threshold, best first, from the sigmoid of torch's logits.
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    direct = AutoModelForSequenceClassification.from_pretrained(job.model_dir).eval()
+    encoded = AutoTokenizer.from_pretrained(job.model_dir)(texts, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        probs = direct(**encoded).logits.sigmoid().numpy()
+    for row, expected in zip(answer, probs):
+        chosen = [j for j in np.argsort(-expected) if expected[j] >= 0.4]
+        assert [e["label"] for e in row] == [direct.config.id2label[int(j)] for j in chosen]
+        assert [e["score"] for e in row] == pytest.approx([float(expected[j]) for j in chosen], abs=1e-4)
+    everything = json.loads(ask(inference, model, {"inputs": texts, "parameters": {"threshold": 0}})[0])
+    assert [len(row) for row in everything] == [3, 3, 3]
+    top = json.loads(ask(inference, model, {"inputs": texts, "parameters": {"top_k": 1}})[0])
+    assert [len(row) for row in top] == [1, 1, 1]
+    nothing = json.loads(ask(inference, model, {"inputs": texts, "parameters": {"threshold": 1}})[0])
+    assert nothing == [[], [], []]
+    # CSV: one line per input, also for an input with no label.
+    csv_body, kind = ask(inference, model, "\n".join(texts), "text/csv", "text/csv")
+    assert kind == "text/csv" and len(csv_body.splitlines()) == 3
+    csv_none, _ = ask(inference, model, {"inputs": texts, "parameters": {"threshold": 1}}, accept="text/csv")
+    assert csv_none.splitlines() == ['""', '""', '""']
+
+    torch_inference, torch_model = serve(job.model_dir, monkeypatch, "torch")
+    assert torch_model["backend"] == "torch"
+    again = json.loads(ask(torch_inference, torch_model, {"inputs": texts})[0])
+    assert [[e["label"] for e in row] for row in again] == [[e["label"] for e in row] for row in answer]
+
+
+def test_multi_label_from_binary_columns_with_an_id_column(job, tiny_model_dir):
+    job.hyperparameters({**QUICK, "max_steps": "4", "validation_split": "0.25"})
+    job.model_channel(tiny_model_dir)
+    rows = emotion_rows(48)
+    lines = ["ID\tTweet\tanger\tfear\tjoy"]
+    lines += [
+        f"2017-{i}\t{r['text']}\t" + "\t".join(str(int(e in r["labels"])) for e in ("anger", "fear", "joy"))
+        for i, r in enumerate(rows)
+    ]
+    (job.channel("train") / "train.txt").write_text("\r\n".join(lines) + "\r\n")
+    assert entry.train() == 0, job.failure
+    metrics = job.metrics
+    assert metrics["task"] == MULTI_LABEL and metrics["labels"] == ["anger", "fear", "joy"]
+    assert "eval_f1_micro" in metrics and 30 <= metrics["train_samples"] <= 40  # about a quarter held out
+
+
+def test_regression_of_sentence_pairs(job, tiny_model_dir, monkeypatch):
+    job.hyperparameters({**QUICK, "label_column": "relatedness_score", "do_predict": "true"})
+    job.model_channel(tiny_model_dir)
+    write_pairs(job.channel("train") / "train.tsv", score_rows(96))
+    write_pairs(job.channel("test") / "test.tsv", score_rows(16, seed=1))
+    assert entry.train() == 0, job.failure
+
+    metrics = job.metrics
+    assert metrics["task"] == REGRESSION and metrics["labels"] == ["relatedness_score"]
+    for key in ("eval_pearson", "eval_spearmanr", "eval_mse", "eval_mae"):
+        assert isinstance(metrics[key], float), key
+    config = json.loads((job.model_dir / "config.json").read_text())
+    assert config["problem_type"] == REGRESSION and config["id2label"] == {"0": "relatedness_score"}
+    predictions = [
+        json.loads(line) for line in (job.root / "output/data/test_predictions.jsonl").read_text().split("\n") if line
+    ]
+    assert [p["label"] for p in predictions] == pytest.approx([s for _, _, s in score_rows(16, seed=1)], abs=1e-5)
+
+    pairs = [{"text": a, "text_pair": b} for a, b, _ in score_rows(3, seed=2)]
+    inference, model = serve(job.model_dir, monkeypatch, "onnxruntime")
+    answer = json.loads(ask(inference, model, {"inputs": pairs})[0])
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    direct = AutoModelForSequenceClassification.from_pretrained(job.model_dir).eval()
+    encoded = AutoTokenizer.from_pretrained(job.model_dir)(
+        [p["text"] for p in pairs], [p["text_pair"] for p in pairs], padding=True, return_tensors="pt"
+    )
+    with torch.inference_mode():
+        values = direct(**encoded).logits.reshape(-1).tolist()
+    assert [a["label"] for a in answer] == ["relatedness_score"] * 3
+    assert [a["score"] for a in answer] == pytest.approx(values, abs=1e-4)
+    csv_body, _ = ask(inference, model, {"inputs": pairs}, accept="text/csv")
+    assert [line.split(",")[0] for line in csv_body.splitlines()] == ["relatedness_score"] * 3
+    lines, kind = ask(inference, model, {"inputs": pairs}, accept="application/jsonlines")
+    assert [json.loads(line)["score"] for line in lines.splitlines()] == pytest.approx(values, abs=1e-4)
+
+
+def test_regression_with_whole_number_scores_on_request(job, tiny_model_dir):
+    job.hyperparameters({**QUICK, "max_steps": "4", "task": "regression"})
+    job.model_channel(tiny_model_dir)
+    (job.channel("train") / "train.csv").write_text(
+        "text,rating\n" + "".join(f"text {i},{i % 5 + 1}\n" for i in range(40))
+    )
+    assert entry.train() == 0, job.failure
+    assert job.metrics["task"] == REGRESSION and "eval_pearson" not in job.metrics  # no eval data: no eval
+
+
+@pytest.mark.parametrize(
+    "hyperparameters,content,words",
+    [
+        ({"task": "regression"}, "text,label\na,pos\nb,neg\n", ["task=regression", "'pos'"]),
+        ({}, '{"text": "a", "label": 1}\n{"text": "b", "label": "neg"}\n', ["mixes label kinds", "row 2"]),
+        ({}, '{"text": "a", "label": 1.5}\n{"text": "b", "label": Infinity}\n', ["finite", "row 2"]),
+        ({"task": "single_label"}, '{"text": "a", "labels": ["x"]}\n', ["multi_label"]),
+        (
+            {"label_smoothing": "0.1"},
+            '{"text": "a", "labels": ["x"]}\n{"text": "b", "labels": []}\n',
+            ["label_smoothing"],
+        ),
+        ({"task": "ner"}, "text,label\na,pos\n", ["not supported"]),
+        ({"task": "clustering"}, "text,label\na,pos\n", ["task must be"]),
+    ],
+)
+def test_bad_task_data_fails_clearly(job, tiny_model_dir, hyperparameters, content, words):
+    job.hyperparameters({**QUICK, "max_steps": "2", **hyperparameters})
+    job.model_channel(tiny_model_dir)
+    name = "train.jsonl" if content.startswith("{") else "train.csv"
+    (job.channel("train") / name).write_text(content)
+    assert entry.train() != 0
+    failure = job.failure
+    assert failure is not None and "Traceback" not in failure
+    for word in words:
+        assert word in failure, failure
+    assert not (job.model_dir / "model.safetensors").exists()
