@@ -8,7 +8,9 @@ size (16) and learning rate (5e-5); the recipes are run alternately, each in a f
   dynamic   HF Trainer, dynamic padding + length-grouped batches
   byoc      byoc's trainer with its defaults (frozen embeddings, dropout 0, dynamic padding,
             length buckets), built by the same functions `byoc train` uses; `byoc:key=value:...`
-            adds hyperparameters (e.g. `byoc:freeze_layers=1`)
+            adds hyperparameters (e.g. `byoc:freeze_layers=1`); `byoc:task=multi_label` and
+            `byoc:task=regression` train the same texts as a multi-label task (each label a one-hot
+            list) or a regression (the label id as a number): the same lengths, another head and loss
 
 Reports samples/s (median over rounds), tokens fed per sample, the ratio to each baseline and the
 achieved fp32 GFLOP/s (6 x non-embedding parameters x tokens fed). Run it alone: a second busy
@@ -116,11 +118,22 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
             }
         )
         cache = Path("/tmp/byoc-bench/cache")
-        task = TaskData(train=raw, eval=None, test=None, label_names=names, pretokenized=False)
-        tokenized = tokenize_splits(task, tokenizer, args, cache)
-        model = load_model(ModelSource(model_dir, "bundled"), args, names)
+        if args.task == "multi_label_classification":
+            raw = raw.cast_column("label", datasets.Value("float32")).map(
+                lambda row: {"label": [float(row["label"] == i) for i in range(len(names))]},
+                features=datasets.Features(
+                    {"text": datasets.Value("string"), "label": datasets.Sequence(datasets.Value("float32"))}
+                ),
+            )
+        elif args.task == "regression":
+            raw = raw.cast_column("label", datasets.Value("float32"))
+            names = ["label"]
+        task = args.task if args.task != "auto" else "single_label_classification"
+        data = TaskData(train=raw, eval=None, test=None, label_names=names, pretokenized=False, task=task)
+        tokenized = tokenize_splits(data, tokenizer, args, cache)
+        model = load_model(ModelSource(model_dir, "bundled"), args, names, task=task)
         contract = TrainingContract(paths=Paths(Path("/tmp/byoc-bench/opt-ml")), hyperparameters={}, channels={})
-        trainer = build_trainer(model, tokenizer, tokenized, args, contract, names)
+        trainer = build_trainer(model, tokenizer, tokenized, args, contract, names, task=task)
         trainer.data_collator = counting(trainer.data_collator)
     else:
         padding = {"tutorial": "max_length", "dynamic": False}[recipe]

@@ -171,6 +171,37 @@ def tiny_classifier(tmp_path_factory, tiny_model_dir: Path) -> Path:
     return target
 
 
+def task_classifier(tmp_path_factory, tiny_model_dir: Path, task: str) -> Path:
+    """A tiny untrained model of `task` (multi_label_classification: anger, joy, love with threshold
+    0.3; regression: one output named "similarity"), saved as byoc publishes it, with its serving graph."""
+    target = tmp_path_factory.getbasetemp() / f"tiny-{task}"
+    if (target / "model.onnx").exists():
+        return target
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from byoc import onnx_graph
+
+    names = ["anger", "joy", "love"] if task == "multi_label_classification" else ["similarity"]
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        tiny_model_dir,
+        num_labels=len(names),
+        id2label=dict(enumerate(names)),
+        label2id={n: i for i, n in enumerate(names)},
+        problem_type=task,
+    )
+    if task == "multi_label_classification":
+        model.config.byoc_threshold = 0.3
+    shutil.rmtree(target, ignore_errors=True)
+    model.save_pretrained(target, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (tiny_model_dir / name).exists():
+            shutil.copy(tiny_model_dir / name, target / name)
+    assert onnx_graph.export(target) is not None
+    return target
+
+
 def model_with_code(model_dir: Path, tmp_path: Path, source: str, name: str = "inference.py") -> Path:
     """A copy of the model (under tmp_path/opt-ml/model) whose code/ holds `source` as `name`."""
     target = tmp_path / "opt-ml" / "model"

@@ -1,0 +1,128 @@
+"""`byoc serve` over real HTTP for every task: multi-label and regression models answer in the Hugging
+Face inference DLC's shapes in every content type, on ONNX Runtime fp32 and int8, alone and side by
+side with a single-label model in one multi-model endpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import serve_helpers
+import torch
+from serve_helpers import TEXTS, Server
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+pytestmark = pytest.mark.integration  # servers in processes
+
+MULTI, REGRESSION = "multi_label_classification", "regression"
+
+
+@pytest.fixture(scope="module")
+def multi_label(tmp_path_factory, tiny_model_dir) -> Path:
+    return serve_helpers.task_classifier(tmp_path_factory, tiny_model_dir, MULTI)
+
+
+@pytest.fixture(scope="module")
+def regression(tmp_path_factory, tiny_model_dir) -> Path:
+    return serve_helpers.task_classifier(tmp_path_factory, tiny_model_dir, REGRESSION)
+
+
+def direct_logits(model_dir: Path, texts: list[str]) -> np.ndarray:
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    encoded = AutoTokenizer.from_pretrained(model_dir)(texts, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        return model(**encoded).logits.numpy()
+
+
+def serve(model_dir: Path, tmp_path: Path, **env: str) -> Server:
+    """The model at tmp_path/<name>/model, where SageMaker puts it (SAGEMAKER_BASE_DIR/model)."""
+    target = tmp_path / model_dir.name / "model"
+    shutil.copytree(model_dir, target)
+    s = Server(target, env={"BYOC_INFERENCE_BACKEND": "onnxruntime", **env})
+    s.wait_ready()
+    return s
+
+
+def test_a_multi_label_model_answers_its_labels_above_the_threshold(multi_label, tmp_path):
+    scores = 1 / (1 + np.exp(-direct_logits(multi_label, TEXTS)))
+    expected = [[("anger", "joy", "love")[j] for j in np.argsort(-row) if row[j] >= 0.3] for row in scores]
+    s = serve(multi_label, tmp_path)
+    try:
+        answer = s.invoke({"inputs": TEXTS})
+        assert answer.status_code == 200
+        assert [[e["label"] for e in row] for row in answer.json()] == expected
+        flat = [e["score"] for row in answer.json() for e in row]
+        above = [float(v) for row in scores for v in sorted(row, reverse=True) if v >= 0.3]
+        assert flat == pytest.approx(above, abs=1e-4)
+        every = s.invoke({"inputs": TEXTS, "parameters": {"threshold": 0.0}}).json()
+        assert all(len(row) == 3 for row in every)
+        assert s.invoke({"inputs": TEXTS, "parameters": {"threshold": 1.0}}).json() == [[] for _ in TEXTS]
+        bad = s.invoke({"inputs": "x", "parameters": {"threshold": 2}})
+        assert bad.status_code == 400 and "threshold" in bad.text
+        lines = "\n".join(json.dumps({"inputs": t}) for t in TEXTS)
+        jl = s.invoke(lines, "application/jsonlines", accept="application/jsonlines")
+        assert [json.loads(line) for line in jl.text.splitlines()] == answer.json()
+        csv = s.invoke("\n".join(TEXTS), "text/csv", accept="text/csv")
+        assert csv.status_code == 200 and len(csv.text.splitlines()) == len(TEXTS)  # a line per input, even empty
+    finally:
+        s.stop()
+
+
+def test_a_regression_model_answers_its_value(regression, tmp_path):
+    values = direct_logits(regression, TEXTS).reshape(-1)
+    s = serve(regression, tmp_path)
+    try:
+        answer = s.invoke({"inputs": TEXTS}).json()
+        assert [a["label"] for a in answer] == ["similarity"] * len(TEXTS)
+        assert [a["score"] for a in answer] == pytest.approx(values.tolist(), abs=1e-4)
+        csv = s.invoke("\n".join(TEXTS), "text/csv", accept="text/csv").text.splitlines()
+        assert [float(line.split(",")[1]) for line in csv] == pytest.approx(values.tolist(), abs=1e-5)
+        pair = s.invoke({"inputs": [{"text": "a dog runs", "text_pair": "a dog is running"}]})
+        assert pair.status_code == 200 and set(pair.json()[0]) == {"label", "score"}
+    finally:
+        s.stop()
+
+
+def test_int8_serves_every_task(multi_label, regression, tmp_path):
+    """The int8 graph (quantized at start) keeps every output: the labels and values stay close."""
+    for model_dir in (multi_label, regression):
+        s = serve(model_dir, tmp_path, BYOC_INFERENCE_PRECISION="int8")
+        try:
+            answer = s.invoke({"inputs": TEXTS, "parameters": {"threshold": 0.0}}).json()
+        finally:
+            s.stop()
+        logits = direct_logits(model_dir, TEXTS)
+        if model_dir == regression:
+            assert [a["score"] for a in answer] == pytest.approx(logits.reshape(-1).tolist(), abs=0.1)
+        else:
+            probs = 1 / (1 + np.exp(-logits))
+            got = [{e["label"]: e["score"] for e in row} for row in answer]
+            for row, expected in zip(got, probs):
+                assert [row[name] for name in ("anger", "joy", "love")] == pytest.approx(expected.tolist(), abs=0.05)
+
+
+@pytest.fixture(scope="module")
+def single_label(tmp_path_factory, tiny_model_dir) -> Path:
+    return serve_helpers.tiny_classifier(tmp_path_factory, tiny_model_dir)
+
+
+def test_one_multi_model_endpoint_serves_every_task(single_label, multi_label, regression, tmp_path):
+    single = single_label
+    (tmp_path / "model").mkdir()
+    s = Server(tmp_path / "model", env={"SAGEMAKER_MULTI_MODEL": "true", "BYOC_INFERENCE_BACKEND": "onnxruntime"})
+    s.wait_ready()
+    try:
+        for name, folder in (("single", single), ("multi", multi_label), ("value", regression)):
+            target = tmp_path / "models" / name / "model"
+            shutil.copytree(folder, target)
+            loaded = s.client.post("/models", json={"model_name": name, "url": str(target)})
+            assert loaded.status_code == 200, loaded.text
+        ask = lambda name: s.client.post(f"/models/{name}/invoke", json={"inputs": TEXTS[:2]}).json()  # noqa: E731
+        assert all(set(a) == {"label", "score"} and a["label"] in ("negative", "positive") for a in ask("single"))
+        assert all(isinstance(row, list) for row in ask("multi"))
+        assert [a["label"] for a in ask("value")] == ["similarity", "similarity"]
+    finally:
+        s.stop()
