@@ -8,7 +8,8 @@ inference handlers, `code/inference.py`, and their requirements.txt).
 
 config.json's `problem_type` names the task (transformers' names, which pick the loss in training
 and the scores in serving): one label per text (softmax), several (sigmoid, with the decision
-`byoc_threshold` saved beside it), or a number (regression, one output).
+`byoc_threshold` saved beside it), or a number (regression, one output); a token classifier (a tag
+per token: NER) is named by its architecture (`...ForTokenClassification`).
 """
 
 from __future__ import annotations
@@ -60,12 +61,20 @@ def task_name(value: str) -> str | None:
 
 
 def task_of(config: dict[str, Any]) -> str:
-    """The task a saved config.json was trained for. transformers leaves `problem_type` unset until the
-    first forward pass with labels; then one output means regression, more a single-label classifier."""
+    """The task a saved config.json was trained for. A token classifier says so by its architecture
+    (transformers' problem_type names only sequence tasks); transformers leaves `problem_type` unset
+    until the first forward pass with labels; then one output means regression, more a single-label classifier."""
+    if any(str(a).endswith("ForTokenClassification") for a in config.get("architectures") or ()):
+        return TOKEN_CLASSIFICATION
     stated = config.get("problem_type")
     if stated in TASKS:
         return str(stated)
     return REGRESSION if int(config.get("num_labels") or len(config.get("id2label") or {}) or 2) == 1 else SINGLE_LABEL
+
+
+def model_class(task: str) -> str:
+    """The transformers Auto class that loads a model of `task`."""
+    return "AutoModelForTokenClassification" if task == TOKEN_CLASSIFICATION else "AutoModelForSequenceClassification"
 
 
 def threshold_of(config: dict[str, Any]) -> float:

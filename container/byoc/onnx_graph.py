@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from byoc.model_folder import WEIGHTS
+from byoc.model_folder import CONFIG, TOKEN_CLASSIFICATION, WEIGHTS, model_class, task_of
 
 logger = logging.getLogger(__name__)
 
@@ -89,13 +89,16 @@ def export(model_dir: Path) -> Path | None:
 def _export(model_dir: Path) -> Path:
     import onnx
     import torch
-    from transformers import AutoModelForSequenceClassification
+    import transformers
 
     # Eager attention traces to plain ops with dynamic batch and length; loading from the saved
     # folder exports exactly what was published, whatever device or state the trainer left.
-    model = AutoModelForSequenceClassification.from_pretrained(
-        model_dir, attn_implementation="eager", use_safetensors=True, trust_remote_code=False
-    ).eval()
+    task = task_of(json.loads((model_dir / CONFIG).read_text(encoding="utf-8")))
+    model = (
+        getattr(transformers, model_class(task))
+        .from_pretrained(model_dir, attn_implementation="eager", use_safetensors=True, trust_remote_code=False)
+        .eval()
+    )
     accepted = inspect.signature(model.forward).parameters
     names = [n for n in INPUTS if n in accepted]  # DistilBERT takes no token_type_ids
 
@@ -124,7 +127,11 @@ def _export(model_dir: Path) -> Path:
             str(path),
             input_names=names,
             output_names=["logits"],
-            dynamic_axes={**{n: {0: "batch", 1: "length"} for n in names}, "logits": {0: "batch"}},
+            # A token classifier's logits have a row per token: their length varies too.
+            dynamic_axes={
+                **{n: {0: "batch", 1: "length"} for n in names},
+                "logits": {0: "batch", 1: "length"} if task == TOKEN_CLASSIFICATION else {0: "batch"},
+            },
             opset_version=17,
             dynamo=False,
             do_constant_folding=False,

@@ -152,3 +152,12 @@ def test_float_labels_fill_up_with_the_ignore_label():
     assert batch["labels"].tolist() == [[1.0, 0.0], [IGNORE_LABEL, IGNORE_LABEL], [IGNORE_LABEL, IGNORE_LABEL]]
     target = collate([{"input_ids": [1], "attention_mask": [1], "labels": 2.5}])["labels"]
     assert target.dtype.is_floating_point and target.tolist() == [2.5, IGNORE_LABEL, IGNORE_LABEL]
+
+
+def test_token_labels_pad_to_the_bucket_with_the_ignore_label():
+    from byoc.training.buckets import IGNORE_LABEL, FixedShapeCollator
+
+    collate = FixedShapeCollator(0, [4, 8], batch_rows=2)
+    batch = collate([{"input_ids": [1, 2, 3], "attention_mask": [1, 1, 1], "labels": [IGNORE_LABEL, 3, IGNORE_LABEL]}])
+    assert batch["input_ids"].shape == batch["labels"].shape == (2, 4)
+    assert batch["labels"].tolist() == [[IGNORE_LABEL, 3, IGNORE_LABEL, IGNORE_LABEL], [IGNORE_LABEL] * 4]

@@ -712,3 +712,50 @@ def test_the_hold_out_is_stratified_for_regression_and_label_sets(tmp_path):
     sets = np.array([[1, 0]] * 30 + [[0, 1]] * 10, dtype=np.float32)
     _, eval_sets = holdout(sets, 0.25, seed=1)
     assert sets[eval_sets][:, 1].sum() in (2, 3)  # a quarter of the ten [0, 1] rows
+
+
+# --------------------------------------------------------------------------- token classification
+
+
+def test_the_wnut17_conll_files_read_with_their_published_counts(tmp_path):
+    wnut = shared_data.folder("wnut17")
+    (tmp_path / "train").mkdir()
+    (tmp_path / "test").mkdir()
+    shutil.copy(wnut / "wnut17train.conll", tmp_path / "train" / "train.conll")
+    shutil.copy(wnut / "emerging.test.annotated", tmp_path / "test" / "test.txt")  # a .txt that reads as CoNLL
+    data = load(tmp_path, train=tmp_path / "train", test=tmp_path / "test")
+    assert data.task == "token_classification" and (len(data.train), len(data.test)) == (3394, 1287)
+    assert len(data.label_names) == 13 and data.label_names[0] == "O"
+    assert sum(len(t) for t in data.train["tokens"]) == 62730
+
+
+def test_iob1_tags_become_iob2_and_records_with_tag_names_read(tmp_path):
+    rows = [{"tokens": ["John", "Smith", "in", "New", "York"], "ner_tags": ["I-PER", "I-PER", "O", "I-LOC", "I-LOC"]}]
+    write(tmp_path / "train" / "d.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    data = load(tmp_path, train=tmp_path / "train")
+    assert data.label_names == ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]
+    assert [data.label_names[t] for t in data.train["tags"][0]] == ["B-PER", "I-PER", "O", "B-LOC", "I-LOC"]
+
+
+@pytest.mark.parametrize(
+    "name,content,words",
+    [
+        ("d.conll", "a O\nb B-X\n\nc O extra\n", ["line 4", "the lines before have 2"]),
+        ("d.conll", "a O\nb B-X\nc PERSON\n", ["'PERSON'", "line 3", "not an IOB tag"]),
+        ("d.jsonl", '{"tokens": [], "ner_tags": []}\n', ["no tokens", "row 1"]),
+        ("d.jsonl", '{"tokens": ["a", "b"], "ner_tags": ["O"]}\n', ["2 tokens but 1 tags", "row 1"]),
+        ("d.jsonl", '{"tokens": ["a"], "ner_tags": [3]}\n', ["tag ids without their names"]),
+    ],
+)
+def test_token_data_the_job_cannot_take(tmp_path, name, content, words):
+    write(tmp_path / "train" / name, content)
+    message = error(tmp_path, train=tmp_path / "train")
+    for word in words:
+        assert word in message, message
+
+
+def test_a_test_tag_that_train_lacks_names_its_line(tmp_path):
+    write(tmp_path / "train" / "d.conll", "a B-PER\nb O\n")
+    write(tmp_path / "test" / "d.conll", "a O\n\nb B-PER\nc B-ORG\n")
+    message = error(tmp_path, train=tmp_path / "train", test=tmp_path / "test")
+    assert "'B-ORG'" in message and "line 4" in message and "test data" in message

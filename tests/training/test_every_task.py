@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from byoc.model_folder import MULTI_LABEL, REGRESSION
+from byoc.model_folder import MULTI_LABEL, REGRESSION, TOKEN_CLASSIFICATION
 from byoc.training import entry
 
 pytestmark = pytest.mark.integration  # real jobs: not in make test-fast
@@ -202,14 +202,17 @@ def test_regression_with_whole_number_scores_on_request(job, tiny_model_dir):
             '{"text": "a", "labels": ["x"]}\n{"text": "b", "labels": []}\n',
             ["label_smoothing"],
         ),
-        ({"task": "ner"}, "text,label\na,pos\n", ["not supported"]),
+        ({"task": "ner"}, "text,label\na,pos\n", ["needs token data"]),
+        ({"task": "regression"}, "a\tB-X\nb\tO\n", ["token data"]),
+        ({}, "a B-X\nb\n", ["line 2", "token without its tag"]),
+        ({}, "a B-X x\nb O\n", ["line 2", "the lines before have 3"]),
         ({"task": "clustering"}, "text,label\na,pos\n", ["task must be"]),
     ],
 )
 def test_bad_task_data_fails_clearly(job, tiny_model_dir, hyperparameters, content, words):
     job.hyperparameters({**QUICK, "max_steps": "2", **hyperparameters})
     job.model_channel(tiny_model_dir)
-    name = "train.jsonl" if content.startswith("{") else "train.csv"
+    name = "train.jsonl" if content.startswith("{") else "train.csv" if "," in content else "train.conll"
     (job.channel("train") / name).write_text(content)
     assert entry.train() != 0
     failure = job.failure
@@ -217,3 +220,84 @@ def test_bad_task_data_fails_clearly(job, tiny_model_dir, hyperparameters, conte
     for word in words:
         assert word in failure, failure
     assert not (job.model_dir / "model.safetensors").exists()
+
+
+# --------------------------------------------------------------------------- token classification (NER)
+
+PEOPLE, PLACES = ["john", "mary", "ahmed", "li"], ["paris", "lagos", "lima", "oslo"]
+
+
+def conll_sentences(n: int, seed: int = 0, iob1: bool = False) -> str:
+    """CoNLL text: '<person> lives in <place> now' with person and place tagged (IOB2, or IOB1)."""
+    rng = random.Random(seed)
+    lines = ["-DOCSTART- O", ""]
+    for _ in range(n):
+        person, place = rng.choice(PEOPLE), rng.choice(PLACES)
+        first = "I" if iob1 else "B"
+        lines += [f"{person}\t{first}-PER", "smith\tI-PER", "lives\tO", "in\tO", f"{place}\t{first}-LOC", "now\tO", ""]
+    return "\n".join(lines) + "\n"
+
+
+def test_token_classification_from_conll_files(job, tiny_model_dir, monkeypatch):
+    job.hyperparameters({**QUICK, "max_steps": "40", "do_predict": "true"})
+    job.model_channel(tiny_model_dir)
+    (job.channel("train") / "train.conll").write_text(conll_sentences(64, iob1=True))  # IOB1: converted
+    (job.channel("test") / "test.txt").write_text(conll_sentences(12, seed=1))  # a .txt that reads as CoNLL
+    assert entry.train() == 0, job.failure
+
+    metrics = job.metrics
+    assert metrics["task"] == TOKEN_CLASSIFICATION and metrics["labels"] == ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]
+    for key in ("precision", "recall", "f1", "accuracy"):
+        assert 0 <= metrics[f"eval_{key}"] <= 1, key
+    assert set(metrics["eval_f1_per_type"]) <= {"LOC", "PER"}
+    config = json.loads((job.model_dir / "config.json").read_text())
+    assert config["architectures"] == ["BertForTokenClassification"] and (job.model_dir / "model.onnx").exists()
+    written = (job.root / "output/data/test_predictions.jsonl").read_text().splitlines()
+    first = json.loads(written[0])
+    assert first["index"] == 0 and first["tags"] == ["B-PER", "I-PER", "O", "O", "B-LOC", "O"]
+    assert len(first["predicted"]) == 6
+
+    texts = ["John Smith lives in Paris now", "mary smith lives in oslo now and ahmed smith lives in lima"]
+    from transformers import pipeline
+
+    reference = pipeline("token-classification", model=str(job.model_dir), device="cpu")
+    for backend in ("onnxruntime", "torch"):
+        inference, model = serve(job.model_dir, monkeypatch, backend)
+        assert model["backend"] == backend
+        for strategy in ("none", "simple", "first", "average", "max"):
+            body = {"inputs": texts, "parameters": {"aggregation_strategy": strategy}}
+            answer = json.loads(ask(inference, model, body)[0])
+            expected = reference(texts, aggregation_strategy=strategy)
+            assert sum(len(entities) for entities in answer) >= 3, answer  # the trained model finds entities
+            for got, want, text in zip(answer, expected, texts):
+                key = "entity" if strategy == "none" else "entity_group"
+                assert [(e[key], e["start"], e["end"]) for e in got] == [(e[key], e["start"], e["end"]) for e in want]
+                assert [e["score"] for e in got] == pytest.approx([float(e["score"]) for e in want], abs=1e-4)
+                assert all(e["word"] == text[e["start"] : e["end"]] for e in got)  # the text as sent
+        with pytest.raises(Exception, match="CSV"):
+            ask(inference, model, {"inputs": texts}, accept="text/csv")
+        for bad in (
+            {"inputs": ["  "]},
+            {"inputs": [["a", "b"]]},
+            {"inputs": "x", "parameters": {"aggregation_strategy": "all"}},
+        ):
+            with pytest.raises(Exception, match="empty|pair|aggregation_strategy"):
+                ask(inference, model, bad)
+
+
+def test_token_records_with_class_label_ids(job, tiny_model_dir):
+    import datasets
+
+    names = ["O", "B-PER", "I-PER"]
+    features = datasets.Features(
+        {
+            "tokens": datasets.Sequence(datasets.Value("string")),
+            "ner_tags": datasets.Sequence(datasets.ClassLabel(names=names)),
+        }
+    )
+    rows = {"tokens": [["john", "smith", "runs"]] * 24, "ner_tags": [[1, 2, 0]] * 24}
+    datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(job.channel("train") / "ds"))
+    job.hyperparameters({**QUICK, "max_steps": "3", "validation_split": "0.25", "label_all_tokens": "true"})
+    job.model_channel(tiny_model_dir)
+    assert entry.train() == 0, job.failure
+    assert job.metrics["task"] == TOKEN_CLASSIFICATION and "eval_f1" in job.metrics

@@ -157,3 +157,23 @@ def test_task_metrics_drop_the_filler_rows_of_fixed_shape_batches():
         EvalPrediction(np.array([[1.0], [2.0], [9.0]]), np.array([1.0, 2.0, -100.0]))
     )
     assert value["mse"] == 0.0 and value["pearson"] == pytest.approx(1.0)
+
+
+def test_entities_follow_conlleval_rules():
+    from byoc.training.metrics import entities
+
+    tags = ["B-PER", "I-PER", "O", "I-LOC", "I-LOC", "B-LOC", "I-PER", "O", "B-X"]
+    # An I- after O starts an entity; a B- ends one; a change of type ends one and starts another.
+    assert entities(tags) == {("PER", 0, 1), ("LOC", 3, 4), ("LOC", 5, 5), ("PER", 6, 6), ("X", 8, 8)}
+
+
+def test_token_metrics_by_hand():
+    from byoc.training.metrics import token_metrics
+
+    true = [["B-PER", "I-PER", "O", "B-LOC"], ["O", "B-LOC"]]
+    predicted = [["B-PER", "I-PER", "O", "O"], ["B-PER", "B-LOC"]]
+    metrics, per_type = token_metrics(true, predicted)
+    # Gold: PER(0-1), LOC(3), LOC(1:1); predicted: PER(0-1), PER(1:0), LOC(1:1): 2 right of 3 each way.
+    assert metrics["precision"] == pytest.approx(2 / 3) and metrics["recall"] == pytest.approx(2 / 3)
+    assert metrics["f1"] == pytest.approx(2 / 3) and metrics["accuracy"] == pytest.approx(4 / 6)
+    assert per_type == {"LOC": pytest.approx(2 / 3, abs=1e-6), "PER": pytest.approx(2 / 3, abs=1e-6)}

@@ -119,8 +119,9 @@ class TrainArguments:
     label_column: str | None = _hp(None, "Label column. Default: detected (label, labels, target, class, ...).")
     task: str = _hp(
         "auto",
-        "single_label_classification, multi_label_classification or regression (or single_label, multi_label). auto: "
-        "lists of labels or 0/1 label columns -> multi-label; numbers not all whole -> regression; else single-label.",
+        "single_label_classification, multi_label_classification, regression or token_classification (or single_label, "
+        "multi_label, ner). auto: CoNLL files or tokens + ner_tags -> token_classification; lists of labels or 0/1 "
+        "label columns -> multi-label; numbers not all whole -> regression; else single-label.",
         ("problem_type",),
     )
     label_columns: str | None = _hp(
@@ -130,6 +131,7 @@ class TrainArguments:
     threshold: float = _hp(
         0.5, "Multi-label: a label is predicted at this sigmoid score or above (saved for serving).", bound=Bound(0, 1)
     )
+    label_all_tokens: bool = _hp(False, "Token classification: tag every sub-token of a word, not only its first.")
     validation_split: float = _hp(
         0.0,
         "Without eval data, hold out this fraction of train (stratified) to evaluate on. 0 = none.",

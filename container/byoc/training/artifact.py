@@ -16,8 +16,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
 from transformers.trainer_utils import PredictionOutput
 
 from byoc import model_folder, onnx_graph
-from byoc.model_folder import DEFAULT_THRESHOLD, MULTI_LABEL, REGRESSION, SINGLE_LABEL
+from byoc.model_folder import DEFAULT_THRESHOLD, MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION
 from byoc.training.buckets import IGNORE_LABEL
+from byoc.training.metrics import tag_sequences
 from byoc.training.model import ModelError
 from byoc.training.samplers import length_order
 from byoc.training.settings import CODE_DIR_ENV
@@ -105,6 +106,9 @@ def write_predictions(
     (multi-label); or the predicted value (regression)."""
     logits = output.predictions[0] if isinstance(output.predictions, tuple) else output.predictions
     labels = np.asarray(output.label_ids)
+    if task == TOKEN_CLASSIFICATION:
+        _write_tags(logits, labels, test_ds, label_names, output_data_dir / "test_predictions.jsonl")
+        return
     keep = labels.reshape(len(labels), -1)[:, 0] != IGNORE_LABEL  # filler rows of a fixed-shape last batch
     kept = torch.from_numpy(np.asarray(logits, dtype=np.float32)[keep])
     if task == REGRESSION:
@@ -119,6 +123,16 @@ def write_predictions(
         for index, at in rows:
             answer = _prediction(scores[at], labels[keep][at], label_names, task, threshold)
             f.write(json.dumps({"index": index, **answer}) + "\n")
+    logger.info("test predictions written to %s", path)
+
+
+def _write_tags(logits: np.ndarray, labels: np.ndarray, ds: datasets.Dataset, names: list[str], path: Path) -> None:
+    """Each test sentence's tags and predicted tags, one per word (as far as max_length reached)."""
+    true, predicted = tag_sequences(np.asarray(logits), labels, names)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for index, at in sorted((index, at) for at, index in enumerate(length_order(ds))):
+            f.write(json.dumps({"index": index, "tags": true[at], "predicted": predicted[at]}) + "\n")
     logger.info("test predictions written to %s", path)
 
 

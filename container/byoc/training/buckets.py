@@ -132,14 +132,21 @@ class FixedShapeCollator:
         if "attention_mask" in batch:
             batch["attention_mask"][len(features) :, 0] = 1  # filler rows attend to their one token
         if "labels" in features[0]:
-            batch["labels"] = _labels(features, rows)
+            batch["labels"] = _labels(features, rows, width)
         return batch
 
 
-def _labels(features: list[dict[str, Any]], rows: int) -> torch.Tensor:
-    """The batch's labels, filler rows at IGNORE_LABEL: class ids (long), or float targets and 0/1
-    vectors (regression, multi-label: the masked loss of byoc.training.trainer skips those rows)."""
+def _labels(features: list[dict[str, Any]], rows: int, width: int) -> torch.Tensor:
+    """The batch's labels, filler rows at IGNORE_LABEL: class ids (long); a tag id per token (token
+    classification: padded to `width` with IGNORE_LABEL); or float targets and 0/1 vectors (regression,
+    multi-label: the masked loss of byoc.training.trainer skips those rows)."""
     first = features[0]["labels"]
+    if isinstance(first, list) and (not first or isinstance(first[0], int)):
+        tags = torch.full((rows, width), IGNORE_LABEL, dtype=torch.long)
+        for i, feature in enumerate(features):
+            values = feature["labels"][:width]
+            tags[i, : len(values)] = torch.as_tensor(values, dtype=torch.long)
+        return tags
     if isinstance(first, int):
         labels = torch.full((rows,), IGNORE_LABEL, dtype=torch.long)
         labels[: len(features)] = torch.as_tensor([int(f["labels"]) for f in features], dtype=torch.long)

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from transformers import TrainerCallback
 
-from byoc.model_folder import MULTI_LABEL, REGRESSION
+from byoc.model_folder import MULTI_LABEL, REGRESSION, TOKEN_CLASSIFICATION
 from byoc.training.buckets import IGNORE_LABEL
 
 logger = logging.getLogger(__name__)
@@ -121,6 +121,56 @@ def _correlation(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 
 
+def entities(tags: list[str]) -> set[tuple[str, int, int]]:
+    """The (type, first, last) entity chunks of an IOB tag sequence, as seqeval's default mode (the
+    conlleval script's rules) reads them: a chunk ends at O, at a B-, or where the type changes; an
+    I- after O or after another type starts one."""
+    found, kind, start = set(), None, 0
+    for i, tag in enumerate([*tags, "O"]):
+        bi, this = (tag[0], tag[2:]) if tag != "O" else ("O", None)
+        if kind is not None and (bi in ("O", "B") or this != kind):
+            found.add((kind, start, i - 1))
+            kind = None
+        if bi != "O" and (bi == "B" or kind is None):
+            kind, start = this, i
+    return found
+
+
+def token_metrics(true: list[list[str]], predicted: list[list[str]]) -> tuple[dict[str, float], dict[str, float]]:
+    """(metrics, per-type F1) of tag sequences: entity-level precision, recall and F1 pooled over
+    every entity (seqeval's micro average), and token accuracy."""
+    gold = {(row, *e) for row, tags in enumerate(true) for e in entities(tags)}
+    guess = {(row, *e) for row, tags in enumerate(predicted) for e in entities(tags)}
+    hit = gold & guess
+    kinds = sorted({e[1] for e in gold | guess})
+    per_type = {}
+    for kind in kinds:
+        g, p, h = (sum(e[1] == kind for e in group) for group in (gold, guess, hit))
+        per_type[kind] = round(2 * h / (g + p), 6) if g + p else 0.0
+    precision = len(hit) / len(guess) if guess else 0.0
+    recall = len(hit) / len(gold) if gold else 0.0
+    tokens = sum(len(t) for t in true)
+    metrics = {
+        "precision": precision,
+        "recall": recall,
+        "f1": 2 * precision * recall / (precision + recall) if precision + recall else 0.0,
+        "accuracy": sum(a == b for t, p in zip(true, predicted) for a, b in zip(t, p)) / tokens if tokens else 0.0,
+    }
+    return metrics, per_type
+
+
+def tag_sequences(logits: np.ndarray, labels: np.ndarray, names: list[str]) -> tuple[list[list[str]], list[list[str]]]:
+    """(true, predicted) tag names of each row, at the positions that carry a label (a word's first
+    sub-token; never padding or special tokens, which hold IGNORE_LABEL)."""
+    predicted_ids = np.asarray(logits).argmax(axis=-1)
+    true, predicted = [], []
+    for row, ids in zip(labels, predicted_ids):
+        keep = np.flatnonzero(row != IGNORE_LABEL)
+        true.append([names[int(row[k])] for k in keep])
+        predicted.append([names[int(ids[k])] for k in keep])
+    return true, predicted
+
+
 def sigmoid(logits: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64)))
 
@@ -140,6 +190,10 @@ class TaskMetrics:
         """(The name byoc.errors reads on a traceback: out of memory here is "computing the metrics".)"""
         logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
         logits, labels = np.asarray(logits), np.asarray(prediction.label_ids)
+        if self.task == TOKEN_CLASSIFICATION:  # a label per token: padding and filler rows hold IGNORE_LABEL
+            metrics, per_type = token_metrics(*tag_sequences(logits, labels, self.names))
+            self.details = {"f1_per_type": per_type}
+            return metrics
         # Score against the label ids returned with the predictions, never the dataset's column:
         # the evaluation order need not be the dataset's. Filler rows (fixed-shape batches) are dropped.
         keep = labels.reshape(len(labels), -1)[:, 0] != IGNORE_LABEL

@@ -15,6 +15,7 @@ import torch
 from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -23,7 +24,7 @@ from transformers import (
 from byoc import model_folder
 from byoc.contract import TrainingContract
 from byoc.errors import UserError, brief
-from byoc.model_folder import MULTI_LABEL, REGRESSION, SINGLE_LABEL, THRESHOLD_KEY
+from byoc.model_folder import MULTI_LABEL, REGRESSION, SINGLE_LABEL, THRESHOLD_KEY, TOKEN_CLASSIFICATION
 from byoc.safe_files import UnsafeArchive, extract_archive
 from byoc.training.arguments import TrainArguments
 
@@ -158,11 +159,13 @@ def load_model(
         ):
             if getattr(config, key, None) is not None:
                 overrides[key] = args.dropout
-    kwargs: dict[str, Any] = {"problem_type": task}
+    # transformers' problem_type names sequence tasks only; a token classifier is its own class.
+    kwargs: dict[str, Any] = {} if task == TOKEN_CLASSIFICATION else {"problem_type": task}
+    auto = AutoModelForTokenClassification if task == TOKEN_CLASSIFICATION else AutoModelForSequenceClassification
     if args.attn_implementation or use_xla:
         kwargs["attn_implementation"] = args.attn_implementation or "eager"
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(
+        model = auto.from_pretrained(
             source.path,
             num_labels=len(label_names),
             id2label=dict(enumerate(label_names)),

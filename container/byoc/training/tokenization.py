@@ -12,9 +12,11 @@ import datasets
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from byoc.model_folder import TOKEN_CLASSIFICATION
 from byoc.training.arguments import TrainArguments
+from byoc.training.buckets import IGNORE_LABEL
 from byoc.training.data import TaskData
-from byoc.training.model import model_max_length
+from byoc.training.model import ModelError, model_max_length
 
 logger = logging.getLogger(__name__)
 
@@ -29,29 +31,26 @@ def tokenize_splits(
     }
     if data.pretokenized:
         return {name: with_length(ds) for name, ds in splits.items()}
+    if data.task == TOKEN_CLASSIFICATION and not tokenizer.is_fast:
+        raise ModelError(
+            "token classification needs a fast tokenizer (tokenizer.json) to put each word's tag on its sub-tokens; "
+            f"{type(tokenizer).__name__} is not one: use a model folder with a tokenizer.json"
+        )
     padding = "max_length" if args.pad_to_max_length else False
     tokenizer_id = hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()[:12]
     out = {}
     for name, ds in splits.items():
         key = hashlib.sha256(
-            f"{ds._fingerprint}:{tokenizer_id}:{type(tokenizer).__name__}:{max_length}:{padding}".encode()
+            f"{ds._fingerprint}:{tokenizer_id}:{type(tokenizer).__name__}:{max_length}:{padding}:"
+            f"{args.label_all_tokens}".encode()
         ).hexdigest()[:16]
         cache_file = cache_dir / "tokenized" / f"{name}-{key}.arrow"
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         pair = "text_pair" in ds.column_names
-
-        def encode(batch: dict[str, list], pair: bool = pair) -> dict[str, list]:
-            enc = tokenizer(
-                batch["text"],
-                batch["text_pair"] if pair else None,
-                truncation=True,
-                max_length=max_length,
-                padding=padding,
-            )
-            enc["length"] = [sum(mask) for mask in enc["attention_mask"]]
-            enc["labels"] = batch["label"]
-            return enc
-
+        if data.task == TOKEN_CLASSIFICATION:
+            encode = tag_encoder(tokenizer, max_length, padding, data.label_names, args.label_all_tokens)
+        else:
+            encode = text_encoder(tokenizer, max_length, padding, pair)
         out[name] = ds.map(
             encode,
             batched=True,
@@ -62,13 +61,65 @@ def tokenize_splits(
         )
     lengths = np.asarray(out["train"]["length"])
     logger.info(
-        "tokenized: train %d texts, %.1f tokens on average (max %d, truncated at %d)",
+        "tokenized: train %d %s, %.1f tokens on average (max %d, truncated at %d)",
         len(lengths),
+        "sentences" if data.task == TOKEN_CLASSIFICATION else "texts",
         lengths.mean(),
         lengths.max(),
         max_length,
     )
     return out
+
+
+def text_encoder(tokenizer: PreTrainedTokenizerBase, max_length: int, padding: Any, pair: bool) -> Any:
+    """Texts (and pairs) -> token ids, each row's length, and its label."""
+
+    def encode(batch: dict[str, list], pair: bool = pair) -> dict[str, list]:
+        enc = tokenizer(
+            batch["text"],
+            batch["text_pair"] if pair else None,
+            truncation=True,
+            max_length=max_length,
+            padding=padding,
+        )
+        enc["length"] = [sum(mask) for mask in enc["attention_mask"]]
+        enc["labels"] = batch["label"]
+        return enc
+
+    return encode
+
+
+def tag_encoder(
+    tokenizer: PreTrainedTokenizerBase, max_length: int, padding: Any, names: list[str], all_tokens: bool
+) -> Any:
+    """Sentences of words -> token ids, and each word's tag on its first sub-token (`all_tokens`: on
+    every sub-token, B- becoming I- after the first); special tokens and the other sub-tokens get
+    IGNORE_LABEL, which the loss and the metrics skip (as run_ner.py does)."""
+    inside = [
+        names.index("I-" + n[2:]) if n.startswith("B-") and "I-" + n[2:] in names else i for i, n in enumerate(names)
+    ]
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        enc = tokenizer(
+            batch["tokens"], is_split_into_words=True, truncation=True, max_length=max_length, padding=padding
+        )
+        labels = []
+        for row, tags in enumerate(batch["tags"]):
+            previous, aligned = None, []
+            for word in enc.word_ids(row):
+                if word is None:
+                    aligned.append(IGNORE_LABEL)
+                elif word != previous:
+                    aligned.append(tags[word])
+                else:
+                    aligned.append(inside[tags[word]] if all_tokens else IGNORE_LABEL)
+                previous = word
+            labels.append(aligned)
+        enc["labels"] = labels
+        enc["length"] = [sum(mask) for mask in enc["attention_mask"]]
+        return enc
+
+    return encode
 
 
 def with_length(ds: datasets.Dataset) -> datasets.Dataset:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from transformers import (
+    DataCollatorForTokenClassification,
     DataCollatorWithPadding,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -26,7 +27,7 @@ from transformers.trainer_callback import ProgressCallback as TqdmCallback
 from byoc import compat
 from byoc.contract import TrainingContract
 from byoc.launch import distributed
-from byoc.model_folder import MULTI_LABEL, SINGLE_LABEL
+from byoc.model_folder import MULTI_LABEL, SINGLE_LABEL, TOKEN_CLASSIFICATION
 from byoc.training import precision, xla
 from byoc.training.arguments import HyperparameterError, TrainArguments
 from byoc.training.buckets import IGNORE_LABEL, FixedShapeCollator
@@ -127,7 +128,7 @@ class ClassifierTrainer(Trainer):
         """Multi-label and regression: the model's own loss (binary cross-entropy, mean squared error)
         over the rows that are not filler rows of a fixed-shape batch (labelled IGNORE_LABEL), which
         their losses, unlike cross-entropy, cannot skip. A mask, not a selection: shapes stay fixed."""
-        if self.task == SINGLE_LABEL or "labels" not in inputs:
+        if self.task in (SINGLE_LABEL, TOKEN_CLASSIFICATION) or "labels" not in inputs:  # cross-entropy skips -100
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         labels = inputs["labels"]
         outputs = model(**{k: v for k, v in inputs.items() if k != "labels"})
@@ -328,13 +329,14 @@ def build_trainer(
     )
 
     compute_metrics = TaskMetrics(task, label_names, args.threshold)
-    collator: FixedShapeCollator | DataCollatorWithPadding
+    collator: FixedShapeCollator | DataCollatorWithPadding | DataCollatorForTokenClassification
     if buckets is not None:
         collator = FixedShapeCollator(tokenizer.pad_token_id or 0, buckets, args.per_device_eval_batch_size)
     else:
         # On a GPU, lengths padded to a multiple of 8: tensor-core-aligned matrices in bf16/fp16/TF32,
         # and fewer distinct shapes for the kernel and allocator caches. (On CPU, padding is pure cost.)
-        collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if cuda else None)
+        padder = DataCollatorForTokenClassification if task == TOKEN_CLASSIFICATION else DataCollatorWithPadding
+        collator = padder(tokenizer, pad_to_multiple_of=8 if cuda else None)  # token labels padded with -100
     trainer = ClassifierTrainer(
         model=model,
         args=training_args,

@@ -11,7 +11,9 @@ Request and response follow the Hugging Face inference DLC, so existing clients 
     -> [{"label": "joy", "score": 0.98}]  (one entry per input; a list per input with top_k)
 A multi-label model answers, per input, the list of labels scored at or above its threshold (sigmoid
 scores, best first, possibly empty; "threshold" and "top_k" parameters override); a regression
-model {"score": value} (with "label", the target's name, when the model names it).
+model {"score": value} (with "label", the target's name, when the model names it); a token classifier
+its entities, [{"entity_group", "score", "word", "start", "end"}] ("aggregation_strategy" as the
+pipeline's: byoc.serving.model.entities).
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ from typing import Any, cast
 
 import numpy as np
 
-from byoc.model_folder import DEFAULT_THRESHOLD, MULTI_LABEL, REGRESSION, SINGLE_LABEL
+from byoc.model_folder import DEFAULT_THRESHOLD, MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION
 from byoc.serving import limits
 from byoc.serving.http import negotiation
 from byoc.serving.http.request_errors import InputError, InvalidAnswer, NotAcceptable, UnsupportedMediaType
-from byoc.serving.model import backend_choice, buckets, runtimes
+from byoc.serving.model import backend_choice, buckets, entities, runtimes
 from byoc.serving.model.backend_choice import INFERENCE_BACKEND_ENV, INFERENCE_PRECISION_ENV
 from byoc.serving.settings import InferenceSettings
 
@@ -133,6 +135,7 @@ def input_fn(body: bytes | str, content_type: str = "application/json") -> dict[
         raise InputError('"parameters" must be a JSON object')
     _check_top_k(parameters.get("top_k"))
     _check_threshold(parameters.get("threshold"))
+    entities.check_strategy(parameters.get("aggregation_strategy"))
     return {"inputs": _normalise(inputs), "parameters": parameters}
 
 
@@ -276,6 +279,8 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     _check_top_k(top_k)
     _check_threshold(threshold)
     task = model.get("task", SINGLE_LABEL)
+    if task == TOKEN_CLASSIFICATION:
+        return entities.predict(inputs, parameters, model)
     try:
         encoded = model["encode"](inputs)
     except Exception:  # a user's input_fn let through what the tokenizer cannot take: the input's fault
@@ -348,6 +353,11 @@ def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[
         writer = csv.writer(out, lineterminator="\n")
         for p in prediction:
             entries = p if isinstance(p, list) else [p]
+            if any("start" in e for e in entries):
+                raise NotAcceptable(
+                    "a token classifier's answer (entities with their offsets, several per input) does not fit a CSV "
+                    "row: ask for application/json or application/jsonlines"
+                )
             if any(not math.isfinite(e["score"]) for e in entries):
                 raise InvalidAnswer(NON_FINITE)
             row = [field for e in entries for field in ((e["label"],) if "label" in e else ()) + (f"{e['score']:.6f}",)]

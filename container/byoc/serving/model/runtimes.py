@@ -23,8 +23,9 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from byoc import model_folder
+from byoc.model_folder import TOKEN_CLASSIFICATION
 from byoc.onnx_graph import GRAPH
-from byoc.serving.model import buckets, cuda_provider
+from byoc.serving.model import buckets, cuda_provider, entities
 from byoc.serving.model.backend_choice import HALF, BackendError, Host, Plan, torch_dtype_name
 from byoc.serving.model.onnx_session import Session
 
@@ -98,14 +99,16 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int) -> dict[str, Any]:
             for e in tokenizer.encode_batch(clip(inputs, limit, side))
         ]
 
+    task = model_folder.task_of(config)
     return {
         "backend": "onnxruntime",
         "model": session,
+        "windows": entities.window_encoder(tokenizer, limit, session.inputs) if task == TOKEN_CLASSIFICATION else None,
         "tokenizer": tokenizer,
         "encode": encode,
         "logits": session.logits,
         "id2label": labels_of(config),
-        "task": model_folder.task_of(config),
+        "task": task,
         "threshold": model_folder.threshold_of(config),
         "max_length": limit,
         "pad_id": pad_id,
@@ -126,14 +129,20 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False) -> dict[str,
     # Imported only here: the ONNX Runtime path starts in about a second because it never imports them.
     try:
         import torch
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        import transformers
+        from transformers import AutoTokenizer
     except ModuleNotFoundError as err:
         if err.name not in ("torch", "transformers"):
             raise
         raise BackendError(needs_full_image(plan, err.name)) from None
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False)
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    task = model_folder.task_of(config)
+    auto = getattr(transformers, model_folder.model_class(task))
+    model = auto.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False)
+    if task == TOKEN_CLASSIFICATION and not getattr(tokenizer, "is_fast", False):
+        raise BackendError(f"a token classifier needs a fast tokenizer (tokenizer.json) to find words: {model_dir}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = plan.precision
     if precision == HALF and device.type == "cpu":  # /dev/nvidia0 is there, and torch sees no CUDA
@@ -143,6 +152,10 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False) -> dict[str,
     dtype = getattr(torch, torch_dtype_name(precision, bf16))
     model.to(device=device, dtype=dtype).eval()
     limit = model_folder.max_length(tokenizer.model_max_length, getattr(model.config, "max_position_embeddings", None))
+    windows = None
+    if task == TOKEN_CLASSIFICATION:
+        names = [n for n in tokenizer.model_input_names if n in ("input_ids", "attention_mask", "token_type_ids")]
+        windows = entities.window_encoder(tokenizer.backend_tokenizer, limit, names)
     passes = buckets.gpu(limit) if device.type == "cuda" else buckets.CPU
     forward: Any = model
     if compiled:
@@ -170,8 +183,9 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False) -> dict[str,
         "tokenizer": tokenizer,
         "encode": encode,
         "logits": logits,
+        "windows": windows,
         "id2label": dict(model.config.id2label),
-        "task": model_folder.task_of(model.config.to_dict()),
+        "task": task,
         "threshold": model_folder.threshold_of(model.config.to_dict()),
         "max_length": limit,
         "pad_id": tokenizer.pad_token_id or 0,

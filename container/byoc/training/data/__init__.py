@@ -8,6 +8,7 @@ gzipped -- picks the text and label columns, checks the labels and returns norma
 
 * text data: ``text`` (and ``text_pair`` for sentence pairs) plus ``label``: an int64 class id, a
   float32 0/1 vector (multi-label) or a float32 number (regression);
+* token data (CoNLL files, or ``tokens`` with ``ner_tags``): ``tokens`` and ``tags`` (tag ids);
 * pretokenized data (has ``input_ids``): ``input_ids``, ``attention_mask``,
   ``token_type_ids`` (those present) plus ``labels`` (int64).
 
@@ -26,6 +27,7 @@ The data flow, one module a step (each imports only the ones below it; none impo
 * `pretokenized`: data with input_ids -> token columns + labels (it shares the column helpers below);
 * `columns`: text data -> its text, text pair and label columns -> text + label datasets;
 * `labels`: label names -> ids, and the stratified hold-out;
+* `tokens` (and `conll`): token classification data, sentences of tokens with an IOB tag each;
 * `tasks`: which task the labels ask for (one class, several, a number), and the codecs of the last two;
 * `names` and `types`: the column names recognised, and the shared types (`DataError`, `DataSpec`, ...).
 """
@@ -36,11 +38,12 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from byoc.model_folder import SINGLE_LABEL, task_name
+from byoc.model_folder import SINGLE_LABEL, TOKEN_CLASSIFICATION, task_name
 from byoc.training.data.columns import build_text
 from byoc.training.data.labels import holdout
 from byoc.training.data.pretokenized import build_pretokenized, is_pretokenized
 from byoc.training.data.sources import collect_sources, data_channels
+from byoc.training.data.tokens import build_tokens, is_token_data
 from byoc.training.data.types import DataError, DataSpec, TaskData
 
 __all__ = ["DataError", "DataSpec", "TaskData", "load_task_data"]
@@ -61,6 +64,12 @@ def load_task_data(channels: Mapping[str, Path], spec: DataSpec, cache_dir: Path
                 f"The train data is {kind[pretokenized]} but the {role} data ({role_sources[0].where}) is "
                 f"{kind[not pretokenized]}. Provide every split in the same form."
             )
+    tokens = not pretokenized and is_token_data(sources["train"])
+    if tokens and spec.task not in ("auto", TOKEN_CLASSIFICATION):
+        raise DataError(
+            f"The train data ({sources['train'][0].where}) is token data (a tag per token: NER) but task={spec.task}: "
+            "drop task, or set task=token_classification."
+        )
     if pretokenized:
         if spec.task not in ("auto", SINGLE_LABEL) or spec.label_columns:
             raise DataError(
@@ -69,6 +78,9 @@ def load_task_data(channels: Mapping[str, Path], spec: DataSpec, cache_dir: Path
             )
         splits, label_names, train_labels = build_pretokenized(sources, spec, Path(cache_dir))
         task = SINGLE_LABEL
+    elif tokens:
+        splits, label_names, train_labels = build_tokens(sources, spec)
+        task = TOKEN_CLASSIFICATION
     else:
         splits, label_names, train_labels, task = build_text(sources, spec)
 

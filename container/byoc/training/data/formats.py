@@ -1,6 +1,7 @@
 """Reading one data file into a DataFrame: CSV / TSV (delimiter and header sniffed), JSON (records,
 wrapped records or columns), JSON Lines, Parquet (with the ClassLabel names `datasets` stores in its
-metadata) and `text;label` text files, each optionally gzipped.
+metadata), `text;label` text files and CoNLL token files (byoc.training.data.conll), each optionally
+gzipped.
 
 Files are read with pandas / pyarrow rather than the `datasets` file builders, because channel
 directories may be read-only (FastFile mode) and those builders write next to what they read.
@@ -24,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from byoc.errors import brief
+from byoc.training.data import conll
 from byoc.training.data.names import HEADER_LABEL_NAMES, KNOWN_COLUMNS, NUMBER
 from byoc.training.data.types import DataError, class_names_of
 
@@ -38,6 +40,9 @@ FORMATS = {
     ".ndjson": "jsonl",
     ".parquet": "parquet",
     ".txt": "txt",
+    ".conll": "conll",
+    ".iob": "conll",
+    ".bio": "conll",
 }
 _SAMPLE_CHARS = 64 * 1024
 
@@ -58,6 +63,8 @@ def read_file(path: Path, fmt: str) -> tuple[pd.DataFrame, dict[str, list[str]]]
             return _read_csv(path, fmt), {}
         if fmt == "txt":
             return _read_txt(path), {}
+        if fmt == "conll":
+            return conll.read_conll(_read_text(path), path.name), {}
         return _read_json(path, fmt), {}
     except DataError:
         raise
@@ -88,6 +95,8 @@ def _read_txt(path: Path) -> pd.DataFrame:
     lines = _lines(_read_text(path))
     if not lines:
         return pd.DataFrame({"text": [], "label": []})
+    if conll.looks_like_conll([line for _, line in lines[:200]]):
+        return conll.read_conll(_read_text(path), path.name)  # token<TAB>tag lines: token classification
     head = [line for _, line in lines[:20]]
     sep = "\t" if any("\t" in line for line in head) else ";"
     if not any(sep in line for line in head):

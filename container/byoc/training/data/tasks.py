@@ -64,8 +64,9 @@ def decide(requested: str, parts: list[Part]) -> str:
     )
     if requested == TOKEN_CLASSIFICATION:
         raise DataError(
-            "task=token_classification (NER) is not supported by this version of byoc yet: train a text "
-            "classifier (single_label_classification, multi_label_classification or regression)."
+            f"task=token_classification needs token data, but the train data ({parts[0].where}) has a text and a "
+            "label per row: give CoNLL files (.conll: a token and its tag per line) or records with a tokens list "
+            "and a ner_tags list, or drop task to classify the texts."
         )
     if requested == AUTO:
         if kind == "list":
