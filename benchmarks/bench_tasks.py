@@ -9,6 +9,7 @@ the bundled all-MiniLM-L6-v2 on the CPU, and are scored by the same metric code 
   entailment    sick             3-class entailment of a pair; scored on the test split
   rte           rte              2-class entailment of a pair; scored on dev (test is unlabelled)
   emotion       emotion          6 emotions, one per tweet; scored on the test split
+  ner           wnut17           named entities (6 types, IOB tags, CoNLL); entity F1 on the test split
 
 Each run is a fresh process, byoc's a real `byoc train` job on a temporary /opt/ml tree.
 
@@ -51,6 +52,7 @@ TASKS = {
     ),
     "rte": ("rte", "train.tsv", "dev.tsv", {}, "accuracy"),
     "emotion": ("emotion", "train.txt", "test.txt", {}, "accuracy"),
+    "ner": ("wnut17", "wnut17train.conll", "emerging.test.annotated", {}, "f1"),
 }
 # Columns a task's files hold but do not learn from (SICK has two label columns: each task keeps its own).
 SICK_COLUMNS = ["pair_ID", "sentence_A", "sentence_B", "relatedness_score", "entailment_judgment"]
@@ -72,7 +74,8 @@ def job_tree(root: Path, task: str, hyperparameters: dict) -> Path:
             frame = pd.read_csv(data / file, sep="\t", header=0 if headed else None, names=SICK_COLUMNS)
             frame = frame.drop(columns=DROP[task])
             frame.to_csv(target.with_suffix(".tsv"), sep="\t", index=False)
-        else:
+        else:  # (a CoNLL file under its own name: .annotated is not a data file's name)
+            target = target.with_suffix(".conll") if task == "ner" else target
             target.write_bytes((data / file).read_bytes())
     config = root / "input" / "config"
     config.mkdir(parents=True)
@@ -98,7 +101,9 @@ def run_reference(task: str, epochs: float, workdir: Path) -> dict:
     import transformers
     from transformers import (
         AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
         AutoTokenizer,
+        DataCollatorForTokenClassification,
         DataCollatorWithPadding,
         Trainer,
         TrainingArguments,
@@ -107,6 +112,7 @@ def run_reference(task: str, epochs: float, workdir: Path) -> dict:
     from byoc.training.data import DataSpec, load_task_data
     from byoc.training.metrics import TaskMetrics
     from byoc.training.model import bundled_model_dir
+    from byoc.training.tokenization import tag_encoder
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -123,12 +129,18 @@ def run_reference(task: str, epochs: float, workdir: Path) -> dict:
         encoded["labels"] = batch["label"]
         return encoded
 
+    ner = data.task == "token_classification"
+    if ner:  # run_ner.py's recipe: each word's tag on its first sub-token, the others -100
+        encode = tag_encoder(tokenizer, tokenizer.model_max_length, False, data.label_names, False)
     train = data.train.map(encode, batched=True, remove_columns=data.train.column_names)
     test = data.test.map(encode, batched=True, remove_columns=data.test.column_names)
     transformers.set_seed(42)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        model_dir, num_labels=len(data.label_names), problem_type=data.task
-    )
+    if ner:
+        model = AutoModelForTokenClassification.from_pretrained(model_dir, num_labels=len(data.label_names))
+    else:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            model_dir, num_labels=len(data.label_names), problem_type=data.task
+        )
     args = TrainingArguments(
         output_dir=str(workdir / "reference-out"),
         num_train_epochs=epochs,
@@ -145,7 +157,7 @@ def run_reference(task: str, epochs: float, workdir: Path) -> dict:
         model=model,
         args=args,
         train_dataset=train,
-        data_collator=DataCollatorWithPadding(tokenizer),
+        data_collator=(DataCollatorForTokenClassification if ner else DataCollatorWithPadding)(tokenizer),
         compute_metrics=TaskMetrics(data.task, data.label_names),
     )
     start = time.monotonic()
