@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -354,3 +355,55 @@ def assert_same_losses(job: Job, reference: Job, after: int = 0) -> None:
     assert set(ours) == set(theirs)
     for step in sorted(s for s in ours if s > after):
         assert ours[step] == pytest.approx(theirs[step], rel=1e-4, abs=1e-5), step
+
+
+# ---------------------------------------------------------------------------------------------
+# Small data of each task beyond one label per text (tests/training/test_every_task.py, test_xla.py).
+
+WORDS = {"joy": "happy glad", "anger": "angry mad", "fear": "scared afraid"}
+
+
+def emotion_rows(n: int, seed: int = 0) -> list[dict]:
+    """Texts holding the words of 0-2 emotions, labelled with those emotions (a list, maybe empty)."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        labels = rng.sample(sorted(WORDS), rng.choice([0, 1, 1, 2]))
+        words = " ".join(WORDS[label] for label in labels) or "plain words"
+        rows.append({"text": f"{words} number {i}", "labels": labels})
+    return rows
+
+
+def score_rows(n: int, seed: int = 0) -> list[tuple[str, str, float]]:
+    """Sentence pairs scored by how many words they share (0.0-5.0, not all whole: regression)."""
+    rng = random.Random(seed)
+    vocab = "red blue green cat dog bird runs sits eats big".split()
+    rows = []
+    for _ in range(n):
+        a, b = rng.sample(vocab, 5), rng.sample(vocab, 5)
+        rows.append((" ".join(a), " ".join(b), round(len(set(a) & set(b)) + rng.random() * 0.5, 2)))
+    return rows
+
+
+def write_jsonl(path, rows) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def write_pairs(path, rows) -> None:
+    lines = ["pair_ID\tsentence_A\tsentence_B\trelatedness_score"]
+    lines += [f"{i}\t{a}\t{b}\t{s}" for i, (a, b, s) in enumerate(rows)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+PEOPLE, PLACES = ["john", "mary", "ahmed", "li"], ["paris", "lagos", "lima", "oslo"]
+
+
+def conll_sentences(n: int, seed: int = 0, iob1: bool = False) -> str:
+    """CoNLL text: '<person> lives in <place> now' with person and place tagged (IOB2, or IOB1)."""
+    rng = random.Random(seed)
+    lines = ["-DOCSTART- O", ""]
+    for _ in range(n):
+        person, place = rng.choice(PEOPLE), rng.choice(PLACES)
+        first = "I" if iob1 else "B"
+        lines += [f"{person}\t{first}-PER", "smith\tI-PER", "lives\tO", "in\tO", f"{place}\t{first}-LOC", "now\tO", ""]
+    return "\n".join(lines) + "\n"

@@ -173,23 +173,29 @@ def tiny_classifier(tmp_path_factory, tiny_model_dir: Path) -> Path:
 
 def task_classifier(tmp_path_factory, tiny_model_dir: Path, task: str) -> Path:
     """A tiny untrained model of `task` (multi_label_classification: anger, joy, love with threshold
-    0.3; regression: one output named "similarity"), saved as byoc publishes it, with its serving graph."""
+    0.3; regression: one output named "similarity"; token_classification: O, B-PER, I-PER, B-LOC,
+    I-LOC), saved as byoc publishes it, with its serving graph."""
     target = tmp_path_factory.getbasetemp() / f"tiny-{task}"
     if (target / "model.onnx").exists():
         return target
     import torch
-    from transformers import AutoModelForSequenceClassification
+    import transformers
 
     from byoc import onnx_graph
+    from byoc.model_folder import model_class
 
-    names = ["anger", "joy", "love"] if task == "multi_label_classification" else ["similarity"]
+    names = {
+        "multi_label_classification": ["anger", "joy", "love"],
+        "regression": ["similarity"],
+        "token_classification": ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"],
+    }[task]
     torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_pretrained(
+    model = getattr(transformers, model_class(task)).from_pretrained(
         tiny_model_dir,
         num_labels=len(names),
         id2label=dict(enumerate(names)),
         label2id={n: i for i, n in enumerate(names)},
-        problem_type=task,
+        **({} if task == "token_classification" else {"problem_type": task}),
     )
     if task == "multi_label_classification":
         model.config.byoc_threshold = 0.3

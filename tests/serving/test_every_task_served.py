@@ -30,6 +30,11 @@ def regression(tmp_path_factory, tiny_model_dir) -> Path:
     return serve_helpers.task_classifier(tmp_path_factory, tiny_model_dir, REGRESSION)
 
 
+@pytest.fixture(scope="module")
+def ner(tmp_path_factory, tiny_model_dir) -> Path:
+    return serve_helpers.task_classifier(tmp_path_factory, tiny_model_dir, "token_classification")
+
+
 def direct_logits(model_dir: Path, texts: list[str]) -> np.ndarray:
     model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
     encoded = AutoTokenizer.from_pretrained(model_dir)(texts, padding=True, return_tensors="pt")
@@ -86,6 +91,37 @@ def test_a_regression_model_answers_its_value(regression, tmp_path):
         s.stop()
 
 
+def test_a_token_classifier_answers_the_pipelines_entities_and_covers_long_texts(ner, tmp_path):
+    from transformers import pipeline
+
+    texts = ["John Smith lives in Paris", "word " * 300 + "and the end"]  # the second: several windows
+    reference = pipeline("token-classification", model=str(ner), device="cpu")
+    s = serve(ner, tmp_path)
+    try:
+        answer = s.invoke({"inputs": texts[:1], "parameters": {"aggregation_strategy": "none"}})
+        assert answer.status_code == 200
+        expected = reference(texts[:1], aggregation_strategy="none")[0]
+        assert [(e["entity"], e["start"], e["end"]) for e in answer.json()[0]] == [
+            (e["entity"], e["start"], e["end"]) for e in expected
+        ]
+        every = s.invoke({"inputs": texts[1], "parameters": {"aggregation_strategy": "none"}}).json()[0]
+        ends = [e["end"] for e in every]
+        assert ends == sorted(ends) and len(set(ends)) == len(ends)  # each token once, in order
+        # The tiny model has 128 positions: tokens far past the first window are answered too (its random
+        # head tags most tokens, so some of them lie there).
+        assert every and max(ends) > len("word " * 200)
+        lines = s.invoke(json.dumps({"inputs": texts[0]}), "application/jsonlines", accept="application/jsonlines")
+        assert lines.status_code == 200 and isinstance(json.loads(lines.text.splitlines()[0]), list)
+        refused = s.invoke({"inputs": texts[0]}, accept="text/csv")
+        assert refused.status_code == 406 and "application/json" in refused.text
+        empty = s.invoke({"inputs": ""})
+        assert empty.status_code == 400 and "empty" in empty.text
+        pair = s.invoke({"inputs": [{"text": "a", "text_pair": "b"}]})
+        assert pair.status_code == 400 and "pair" in pair.text
+    finally:
+        s.stop()
+
+
 def test_int8_serves_every_task(multi_label, regression, tmp_path):
     """The int8 graph (quantized at start) keeps every output: the labels and values stay close."""
     for model_dir in (multi_label, regression):
@@ -109,13 +145,13 @@ def single_label(tmp_path_factory, tiny_model_dir) -> Path:
     return serve_helpers.tiny_classifier(tmp_path_factory, tiny_model_dir)
 
 
-def test_one_multi_model_endpoint_serves_every_task(single_label, multi_label, regression, tmp_path):
+def test_one_multi_model_endpoint_serves_every_task(single_label, multi_label, regression, ner, tmp_path):
     single = single_label
     (tmp_path / "model").mkdir()
     s = Server(tmp_path / "model", env={"SAGEMAKER_MULTI_MODEL": "true", "BYOC_INFERENCE_BACKEND": "onnxruntime"})
     s.wait_ready()
     try:
-        for name, folder in (("single", single), ("multi", multi_label), ("value", regression)):
+        for name, folder in (("single", single), ("multi", multi_label), ("value", regression), ("ner", ner)):
             target = tmp_path / "models" / name / "model"
             shutil.copytree(folder, target)
             loaded = s.client.post("/models", json={"model_name": name, "url": str(target)})
@@ -124,5 +160,6 @@ def test_one_multi_model_endpoint_serves_every_task(single_label, multi_label, r
         assert all(set(a) == {"label", "score"} and a["label"] in ("negative", "positive") for a in ask("single"))
         assert all(isinstance(row, list) for row in ask("multi"))
         assert [a["label"] for a in ask("value")] == ["similarity", "similarity"]
+        assert all(isinstance(row, list) and all("entity_group" in e for e in row) for row in ask("ner"))
     finally:
         s.stop()

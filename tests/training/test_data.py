@@ -759,3 +759,9 @@ def test_a_test_tag_that_train_lacks_names_its_line(tmp_path):
     write(tmp_path / "test" / "d.conll", "a O\n\nb B-PER\nc B-ORG\n")
     message = error(tmp_path, train=tmp_path / "train", test=tmp_path / "test")
     assert "'B-ORG'" in message and "line 4" in message and "test data" in message
+
+
+def test_a_missing_regression_label_names_its_row(tmp_path):
+    write(tmp_path / "train" / "d.jsonl", '{"text": "a", "label": 1.5}\n{"text": "b", "label": NaN}\n')
+    message = error(tmp_path, train=tmp_path / "train")
+    assert "no value" in message and "row 2" in message

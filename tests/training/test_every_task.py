@@ -1,12 +1,12 @@
-"""Multi-label and regression jobs end to end: the real `byoc train` on small data, its metrics and
-predictions, the model folder (config.json's problem_type and threshold, model.onnx), and the default
-handlers serving it on ONNX Runtime and on torch with the same answers."""
+"""Multi-label, regression and token classification jobs end to end: the real `byoc train` on small
+data, its metrics and predictions, the model folder (config.json's problem_type and threshold,
+model.onnx), and the default handlers serving it on ONNX Runtime and on torch with the same answers
+(for NER: the transformers pipeline's)."""
 
 from __future__ import annotations
 
 import importlib
 import json
-import random
 import sys
 
 import numpy as np
@@ -15,43 +15,11 @@ import torch
 
 from byoc.model_folder import MULTI_LABEL, REGRESSION, TOKEN_CLASSIFICATION
 from byoc.training import entry
+from helpers import conll_sentences, emotion_rows, score_rows, write_jsonl, write_pairs
 
 pytestmark = pytest.mark.integration  # real jobs: not in make test-fast
 
 QUICK = {"max_steps": "30", "logging_steps": "10", "learning_rate": "5e-3", "per_device_train_batch_size": "8"}
-WORDS = {"joy": "happy glad", "anger": "angry mad", "fear": "scared afraid"}
-
-
-def emotion_rows(n: int, seed: int = 0) -> list[dict]:
-    """Texts holding the words of 0-2 emotions, labelled with those emotions (a list, maybe empty)."""
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        labels = rng.sample(sorted(WORDS), rng.choice([0, 1, 1, 2]))
-        words = " ".join(WORDS[label] for label in labels) or "plain words"
-        rows.append({"text": f"{words} number {i}", "labels": labels})
-    return rows
-
-
-def score_rows(n: int, seed: int = 0) -> list[tuple[str, str, float]]:
-    """Sentence pairs scored by how many words they share (0.0-5.0, not all whole: regression)."""
-    rng = random.Random(seed)
-    vocab = "red blue green cat dog bird runs sits eats big".split()
-    rows = []
-    for _ in range(n):
-        a, b = rng.sample(vocab, 5), rng.sample(vocab, 5)
-        rows.append((" ".join(a), " ".join(b), round(len(set(a) & set(b)) + rng.random() * 0.5, 2)))
-    return rows
-
-
-def write_jsonl(path, rows) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def write_pairs(path, rows) -> None:
-    lines = ["pair_ID\tsentence_A\tsentence_B\trelatedness_score"]
-    lines += [f"{i}\t{a}\t{b}\t{s}" for i, (a, b, s) in enumerate(rows)]
-    path.write_text("\n".join(lines) + "\n")
 
 
 def serve(model_dir, monkeypatch, backend: str):
@@ -223,19 +191,6 @@ def test_bad_task_data_fails_clearly(job, tiny_model_dir, hyperparameters, conte
 
 
 # --------------------------------------------------------------------------- token classification (NER)
-
-PEOPLE, PLACES = ["john", "mary", "ahmed", "li"], ["paris", "lagos", "lima", "oslo"]
-
-
-def conll_sentences(n: int, seed: int = 0, iob1: bool = False) -> str:
-    """CoNLL text: '<person> lives in <place> now' with person and place tagged (IOB2, or IOB1)."""
-    rng = random.Random(seed)
-    lines = ["-DOCSTART- O", ""]
-    for _ in range(n):
-        person, place = rng.choice(PEOPLE), rng.choice(PLACES)
-        first = "I" if iob1 else "B"
-        lines += [f"{person}\t{first}-PER", "smith\tI-PER", "lives\tO", "in\tO", f"{place}\t{first}-LOC", "now\tO", ""]
-    return "\n".join(lines) + "\n"
 
 
 def test_token_classification_from_conll_files(job, tiny_model_dir, monkeypatch):

@@ -161,3 +161,39 @@ def test_neuron_precompile_without_the_tool_says_what_is_missing(tmp_path, tiny_
     done = run_train_process(job.root, env={"NEURON_RT_NUM_CORES": "1", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 1
     assert job.failure.startswith("neuron_precompile=true needs the Neuron SDK's neuron_parallel_compile"), job.failure
+
+
+@pytest.mark.parametrize("task", ["multi_label", "regression", "ner"])
+def test_every_task_trains_on_xla_with_fixed_shapes(tmp_path, tiny_model_dir, task):
+    """Multi-label, regression and NER on the XLA path: fixed-shape batches whose filler rows (the
+    short last evaluation batch) must cost neither the loss nor the metrics, few graphs, and the
+    CPU path's evaluation within a margin."""
+    from helpers import Job, conll_sentences, emotion_rows, score_rows, write_jsonl, write_pairs
+
+    results = {}
+    for device in ("cpu", "xla"):
+        job = Job(tmp_path / device / "opt-ml").resources()
+        extra = {"label_column": "relatedness_score"} if task == "regression" else {}
+        job.hyperparameters({**CLASSIFICATION_HP, "epochs": "2", "device": device, "do_predict": "true", **extra})
+        job.model_channel(tiny_model_dir)
+        if task == "multi_label":
+            write_jsonl(job.channel("train") / "t.jsonl", emotion_rows(64))
+            write_jsonl(job.channel("test") / "t.jsonl", emotion_rows(20, seed=1))
+        elif task == "regression":
+            write_pairs(job.channel("train") / "t.tsv", score_rows(64))
+            write_pairs(job.channel("test") / "t.tsv", score_rows(20, seed=1))
+        else:
+            (job.channel("train") / "t.conll").write_text(conll_sentences(64))
+            (job.channel("test") / "t.conll").write_text(conll_sentences(20, seed=1))
+        done = run_train_process(job.root)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        predictions = (job.root / "output/data/test_predictions.jsonl").read_text().splitlines()
+        assert len(predictions) == 20  # every test row once, no filler row
+        results[device] = job.metrics
+    cpu, xla = results["cpu"], results["xla"]
+    # 20 test rows in batches of 16: the last evaluation batch is 4 rows and 12 filler rows. Their
+    # labels (-100) would make a BCE or MSE loss of thousands; masked, the loss stays the CPU path's.
+    assert abs(xla["eval_loss"] - cpu["eval_loss"]) <= 0.2 * max(cpu["eval_loss"], 0.1)
+    headline = {"multi_label": "eval_f1_micro", "regression": "eval_mse", "ner": "eval_accuracy"}[task]
+    assert headline in xla and headline in cpu
+    assert xla["xla_graphs_per_epoch"][1:] == [0]  # no new graph after the first epoch
