@@ -477,3 +477,16 @@ def test_tutorial_layout_torch_formatted_padded_datasets(job, tiny_model_dir):
     )
     assert train_in_process(job) == 0, job.failure
     assert "eval_accuracy" in job.metrics and job.metrics["train_samples"] == 48
+
+
+def test_shards_labels_move_into_the_shared_label_map():
+    """Hosts training on their own shards agree on the union of labels: each host's class ids, 0/1
+    vectors (multi-label) and tag ids per token (NER, -100 kept) are renumbered into it."""
+    import numpy as np
+
+    from byoc.training.job import _remapped
+
+    remap = np.array([0, 2])  # this shard's labels a, c in the shared map a, b, c
+    assert _remapped([1, 0], remap, 3) == [2, 0]
+    assert _remapped([[1.0, 1.0], [0.0, 1.0]], remap, 3) == [[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]]
+    assert _remapped([[-100, 1, 0, -100]], remap, 3) == [[-100, 2, 0, -100]]
