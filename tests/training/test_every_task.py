@@ -256,3 +256,47 @@ def test_token_records_with_class_label_ids(job, tiny_model_dir):
     job.model_channel(tiny_model_dir)
     assert entry.train() == 0, job.failure
     assert job.metrics["task"] == TOKEN_CLASSIFICATION and "eval_f1" in job.metrics
+
+
+@pytest.mark.parametrize("task", ["single_label", "multi_label", "regression", "ner"])
+def test_the_metric_definitions_read_every_evaluation_from_a_real_log(job, tiny_model_dir, task):
+    """Automatic model tuning reads objectives from the log with METRIC_DEFINITIONS: applied to a real
+    job's log, they find each evaluation once, with the values metrics.json holds."""
+    import re
+
+    from byoc.training.metrics import METRIC_DEFINITIONS
+    from helpers import run_train_process, sentiment_rows, write_csv
+
+    hp = {**QUICK, "max_steps": "-1", "epochs": "2", "eval_strategy": "epoch", "logging_steps": "5"}
+    job.hyperparameters({**hp, **({"label_column": "relatedness_score"} if task == "regression" else {})})
+    job.model_channel(tiny_model_dir)
+    train, validation, test = job.channel("train"), job.channel("validation"), job.channel("test")
+    if task == "single_label":
+        for folder, rows in ((train, 32), (validation, 8), (test, 8)):
+            write_csv(folder / "d.csv", sentiment_rows(rows))
+    elif task == "multi_label":
+        for folder, rows in ((train, 32), (validation, 8), (test, 8)):
+            write_jsonl(folder / "d.jsonl", emotion_rows(rows, seed=rows))
+    elif task == "regression":
+        for folder, rows in ((train, 32), (validation, 8), (test, 8)):
+            write_pairs(folder / "d.tsv", score_rows(rows, seed=rows))
+    else:
+        for folder, rows in ((train, 32), (validation, 8), (test, 8)):
+            (folder / "d.conll").write_text(conll_sentences(rows, seed=rows))
+    done = run_train_process(job.root)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found: dict[str, list[float]] = {}
+    for line in (done.stdout + done.stderr).splitlines():
+        for definition in METRIC_DEFINITIONS:
+            match = re.search(definition["Regex"], line)
+            if match:
+                found.setdefault(definition["Name"], []).append(float(match.group(1)))
+    metrics = job.metrics
+    evaluated = {k for k, v in metrics.items() if k.startswith(("eval_", "test_")) and isinstance(v, float)}
+    evaluated -= {k for k in evaluated if k.endswith(("_runtime", "_per_second"))}
+    assert evaluated and len(found["eval:loss"]) == 2 and len(found["test:loss"]) == 1  # an evaluation per epoch
+    for key in evaluated:
+        split, name = key.split("_", 1)
+        values = found.get(f"{split}:{name}")
+        assert values, f"no metric definition reads {key}"
+        assert values[-1] == pytest.approx(metrics[key], rel=1e-5, abs=1e-6), key

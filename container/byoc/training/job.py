@@ -244,7 +244,7 @@ def finish(job: Job, trainer: ClassifierTrainer, metrics: dict[str, Any]) -> dic
     if failures.first:
         summary["evaluation_failure"] = failures.first
     report = write_report(paths.output_data_dir, summary, trainer.state.log_history)
-    logger.info(metrics_line({k: v for k, v in summary.items() if isinstance(v, (int, float))}))
+    logger.info(metrics_line({k: v for k, v in summary.items() if isinstance(v, (int, float))}, tag="final"))
     if args.neuron_precompile:  # the weights saw a handful of steps: a cache, not a model
         logger.info(
             "precompiled %d graph(s) into the compile cache; train without neuron_precompile to get a model",

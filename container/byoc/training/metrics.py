@@ -24,24 +24,37 @@ from byoc.training.buckets import IGNORE_LABEL
 logger = logging.getLogger(__name__)
 
 _NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+# Every metric an evaluation can report, by task: one label per text (accuracy..recall; NER reports
+# precision, recall, f1 and accuracy over entities and tokens), several (f1_micro..jaccard), a number
+# (pearson..mae).
+EVALUATED = (
+    "loss",
+    "accuracy",
+    "f1",
+    "f1_weighted",
+    "precision",
+    "recall",
+    "f1_micro",
+    "f1_macro",
+    "f1_samples",
+    "exact_match",
+    "jaccard",
+    "pearson",
+    "spearmanr",
+    "mse",
+    "mae",
+)
 # For `Estimator(metric_definitions=METRIC_DEFINITIONS)`: each regex reads one `[metrics]` log line field.
+# 34 definitions: SageMaker takes at most 40 per job, so every task's metrics fit in one list.
 METRIC_DEFINITIONS: list[dict[str, str]] = [
     {"Name": "train:loss", "Regex": rf"\[metrics\].* loss={_NUMBER}"},
     {"Name": "train:learning_rate", "Regex": rf"\[metrics\].* learning_rate={_NUMBER}"},
     {"Name": "train:samples_per_second", "Regex": rf"\[metrics\].* samples_per_second={_NUMBER}"},
     {"Name": "train:epoch", "Regex": rf"\[metrics\].* epoch={_NUMBER}"},
-    {"Name": "eval:loss", "Regex": rf"\[metrics\].* eval_loss={_NUMBER}"},
-    {"Name": "eval:accuracy", "Regex": rf"\[metrics\].* eval_accuracy={_NUMBER}"},
-    {"Name": "eval:f1", "Regex": rf"\[metrics\].* eval_f1={_NUMBER}"},
-    {"Name": "test:accuracy", "Regex": rf"\[metrics\].* test_accuracy={_NUMBER}"},
-    {"Name": "test:f1", "Regex": rf"\[metrics\].* test_f1={_NUMBER}"},
-    # Multi-label and regression jobs (task=...): their headline metrics.
-    {"Name": "eval:f1_micro", "Regex": rf"\[metrics\].* eval_f1_micro={_NUMBER}"},
-    {"Name": "eval:f1_macro", "Regex": rf"\[metrics\].* eval_f1_macro={_NUMBER}"},
-    {"Name": "test:f1_micro", "Regex": rf"\[metrics\].* test_f1_micro={_NUMBER}"},
-    {"Name": "eval:pearson", "Regex": rf"\[metrics\].* eval_pearson={_NUMBER}"},
-    {"Name": "eval:mse", "Regex": rf"\[metrics\].* eval_mse={_NUMBER}"},
-    {"Name": "test:pearson", "Regex": rf"\[metrics\].* test_pearson={_NUMBER}"},
+] + [
+    {"Name": f"{split}:{name}", "Regex": rf"\[metrics\].* {split}_{name}={_NUMBER}"}
+    for split in ("eval", "test")
+    for name in EVALUATED
 ]
 
 
@@ -214,14 +227,16 @@ def _class_ids(values: np.ndarray, num_labels: int) -> np.ndarray:
     return ids
 
 
-def metrics_line(values: dict[str, Any]) -> str:
-    """`[metrics] step=100 epoch=0.25 loss=0.4321 ...`: one line, stable keys, SageMaker-scrapable."""
+def metrics_line(values: dict[str, Any], tag: str = "metrics") -> str:
+    """`[metrics] step=100 epoch=0.25 loss=0.4321 ...`: one line, stable keys, SageMaker-scrapable.
+    The job's closing summary is tagged `[final]`: it repeats the last evaluation, which the metric
+    definitions (they read `[metrics]` lines) must count once."""
     parts = []
     for key, value in values.items():
         if isinstance(value, float):
             value = f"{value:.6g}" if math.isfinite(value) else str(value)
         parts.append(f"{key}={value}")
-    return "[metrics] " + " ".join(parts)
+    return f"[{tag}] " + " ".join(parts)
 
 
 class ProgressCallback(TrainerCallback):
