@@ -11,7 +11,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla bench-train bench-serve bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla bench-train bench-tasks bench-task-serve bench-serve bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme clean
 
 venv: $(STAMP)
 
@@ -75,6 +75,14 @@ bench-train: venv
 	$(PY) benchmarks/bench_train.py --rounds 3 --steps 40 --recipes tutorial,dynamic,byoc,byoc:freeze_layers=0
 
 # Builds the reference stack (HF inference DLC: toolkit on MMS, Java 17) in .venv-ref on first use.
+# Every task's test score: byoc's defaults against a plain Trainer on the shared data (about 1.5 h on 2 cores).
+bench-tasks: venv
+	$(PY) benchmarks/bench_tasks.py --json benchmarks/results/tasks.json
+
+# Every task's serving speed: byoc serve against single-label's and against the transformers pipeline.
+bench-task-serve: venv
+	$(PY) benchmarks/bench_task_serve.py --json benchmarks/results/task-serve.json
+
 bench-serve: venv
 	$(PY) benchmarks/bench_serve.py --json benchmarks/results/serve.json
 

@@ -83,8 +83,8 @@ def job_tree(root: Path, task: str, hyperparameters: dict) -> Path:
     return root
 
 
-def run_byoc(task: str, epochs: float, workdir: Path) -> dict:
-    root = job_tree(workdir / "byoc", task, {"epochs": epochs})
+def run_byoc(task: str, epochs: float, workdir: Path, seed: int = 42) -> dict:
+    root = job_tree(workdir / "byoc", task, {"epochs": epochs, **({"seed": seed} if seed != 42 else {})})
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(workdir / "cache")}
     start = time.monotonic()
     out = subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, capture_output=True, text=True)
@@ -96,7 +96,7 @@ def run_byoc(task: str, epochs: float, workdir: Path) -> dict:
     return {"scores": scores, "seconds": time.monotonic() - start}
 
 
-def run_reference(task: str, epochs: float, workdir: Path) -> dict:
+def run_reference(task: str, epochs: float, workdir: Path, seed: int = 42) -> dict:
     """The plain Trainer: the model's defaults, learning rate 5e-5, batch 16, dynamic padding."""
     import transformers
     from transformers import (
@@ -134,7 +134,7 @@ def run_reference(task: str, epochs: float, workdir: Path) -> dict:
         encode = tag_encoder(tokenizer, tokenizer.model_max_length, False, data.label_names, False)
     train = data.train.map(encode, batched=True, remove_columns=data.train.column_names)
     test = data.test.map(encode, batched=True, remove_columns=data.test.column_names)
-    transformers.set_seed(42)
+    transformers.set_seed(seed)
     if ner:
         model = AutoModelForTokenClassification.from_pretrained(model_dir, num_labels=len(data.label_names))
     else:
@@ -151,7 +151,7 @@ def run_reference(task: str, epochs: float, workdir: Path) -> dict:
         report_to="none",
         use_cpu=True,
         disable_tqdm=True,
-        seed=42,
+        seed=seed,
     )
     trainer = Trainer(
         model=model,
@@ -170,6 +170,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--epochs", type=float, default=3.0)
+    parser.add_argument("--seed", type=int, default=42, help="both recipes' seed (data order, head, dropout)")
     parser.add_argument("--one", nargs=2, metavar=("RECIPE", "TASK"), help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the results here")
     opts = parser.parse_args()
@@ -177,7 +178,7 @@ def main() -> int:
         recipe, task = opts.one
         with tempfile.TemporaryDirectory() as tmp:
             run = run_byoc if recipe == "byoc" else run_reference
-            print("RESULT " + json.dumps(run(task, opts.epochs, Path(tmp))), flush=True)
+            print("RESULT " + json.dumps(run(task, opts.epochs, Path(tmp), opts.seed)), flush=True)
         return 0
     results: dict[str, dict] = {}
     for task in opts.tasks.split(","):
@@ -186,7 +187,8 @@ def main() -> int:
         results[task] = {}
         for recipe in ("byoc", "reference"):
             out = subprocess.run(
-                [sys.executable, __file__, "--one", recipe, task, "--epochs", str(opts.epochs)],
+                [sys.executable, __file__, "--one", recipe, task, "--epochs", str(opts.epochs)]
+                + ["--seed", str(opts.seed)],
                 capture_output=True,
                 text=True,
             )
