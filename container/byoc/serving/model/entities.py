@@ -167,7 +167,7 @@ def _groups(text: str, tagged: list[dict]) -> list[dict[str, Any]]:
     return [
         {
             "entity_group": _tag(group[0]["entity"])[1],
-            "score": float(np.mean([e["score"] for e in group])),
+            "score": sum(e["score"] for e in group) / len(group),
             "word": text[group[0]["start"] : group[-1]["end"]],
             "start": group[0]["start"],
             "end": group[-1]["end"],
