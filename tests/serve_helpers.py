@@ -156,19 +156,11 @@ def tiny_classifier(tmp_path_factory, tiny_model_dir: Path) -> Path:
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from byoc import onnx_graph
-
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(
         tiny_model_dir, num_labels=2, id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1}
     )
-    shutil.rmtree(target, ignore_errors=True)
-    model.save_pretrained(target, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        if (tiny_model_dir / name).exists():
-            shutil.copy(tiny_model_dir / name, target / name)
-    assert onnx_graph.export(target) is not None
-    return target
+    return _publish(model, tiny_model_dir, target)
 
 
 def task_classifier(tmp_path_factory, tiny_model_dir: Path, task: str) -> Path:
@@ -181,7 +173,6 @@ def task_classifier(tmp_path_factory, tiny_model_dir: Path, task: str) -> Path:
     import torch
     import transformers
 
-    from byoc import onnx_graph
     from byoc.model_folder import model_class
 
     names = {
@@ -199,6 +190,13 @@ def task_classifier(tmp_path_factory, tiny_model_dir: Path, task: str) -> Path:
     )
     if task == "multi_label_classification":
         model.config.byoc_threshold = 0.3
+    return _publish(model, tiny_model_dir, target)
+
+
+def _publish(model, tiny_model_dir: Path, target: Path) -> Path:
+    """The model saved as byoc publishes it: safetensors, the tiny BERT's tokenizer, the serving graph."""
+    from byoc import onnx_graph
+
     shutil.rmtree(target, ignore_errors=True)
     model.save_pretrained(target, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
