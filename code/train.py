@@ -13,13 +13,13 @@ from byoc.logs import configure_logging
 from byoc.training.entry import run_job  # reads the contract, calls main; failures -> output/failure
 
 
-def main(contract, args) -> dict:
+def main(contract, args, settings) -> dict:
     # Imported here: byoc sets the device's environment (XLA or not) first, and transformers reads it as it loads.
     from byoc.launch import distributed
     from byoc.training import job
 
     with job.stop_on_sigterm() as stop:  # SIGTERM: save a checkpoint, exit 143; rerun resumes
-        setup = job.prepare(contract, args)  # device, model source, data, tokens, shards
+        setup = job.prepare(contract, args, settings)  # device, model source, data, tokens, shards
         model = job.load_model(setup)  # change the model here (it gets setup.label_names)
         trainer = job.make_trainer(setup, model)  # transformers.Trainer with byoc's samplers
         metrics = job.train_and_evaluate(setup, trainer, stop)  # resumes from the newest checkpoint

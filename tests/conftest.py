@@ -39,7 +39,7 @@ ONCE = frozenset(
         "serving/model/test_batching.py",
         "serving/http/test_connections.py",
         "serving/test_hostile.py",
-        "serving/test_limits.py",
+        "serving/test_resources.py",
         "serving/test_multi_model.py",
         "serving/test_multi_model_isolation.py",
         "serving/model/test_model_code.py",

@@ -114,7 +114,7 @@ def test_failure_message_works_when_imports_are_broken(monkeypatch):
     """A SIGTERM can cut `import torch` short; the failure path must not import anything heavy."""
     from byoc.launch.launcher import LaunchError
     from byoc.training.entry import failure_message
-    from byoc.training.interruption import Interrupted
+    from byoc.training.stopping import Stopped
 
     for name in (
         "torch",
@@ -125,7 +125,7 @@ def test_failure_message_works_when_imports_are_broken(monkeypatch):
         "byoc.training.data",
     ):
         monkeypatch.setitem(sys.modules, name, None)  # any import of them now raises ImportError
-    assert failure_message(Interrupted(None, phase="starting the job")).startswith("stopped by SIGTERM while starting")
+    assert failure_message(Stopped(None, phase="starting the job")).startswith("stopped by SIGTERM while starting")
     assert failure_message(LaunchError("host algo-2 did not resolve")) == "host algo-2 did not resolve"
     assert failure_message(KeyError("x")).startswith("unexpected error: KeyError")
 

@@ -213,32 +213,77 @@ def test_the_server_reads_what_serving_read_elsewhere():
         ServeSettings.from_env({"BYOC_INFERENCE_PRECISION": "fp8"})
 
 
-def test_settings_set_once_at_start_are_what_the_deep_modules_see(monkeypatch):
-    """The rank's settings reach every training module through byoc.launch.distributed, and the
-    server's reach a user's model_fn through the default handlers: set once, never read again."""
+def test_a_rank_knows_its_place_from_setup_only(monkeypatch):
+    """The rank's settings reach every training module through byoc.launch.distributed, given once by
+    `setup` from what the job read at its entry point; that module never reads the environment."""
     from byoc.launch import distributed
-    from byoc.serving.model import default_handlers
-    from byoc.training import settings as job_settings
 
-    monkeypatch.setattr(distributed, "_rank", None)
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    assert distributed.world_size() == 1 and distributed.backend() is None  # unset: read once, at the first question
+    monkeypatch.setattr(distributed, "_rank", RankSettings())
     monkeypatch.setenv("WORLD_SIZE", "8")
-    assert distributed.world_size() == 1  # and never again
-    distributed.configure(RankSettings(rank=3, world_size=4, local_world_size=2, node_rank=1, backend="gloo"))
+    monkeypatch.setenv("RANK", "5")
+    assert (distributed.world_size(), distributed.rank(), distributed.is_distributed()) == (1, 0, False)
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)  # joined already: setup only records
+    distributed.setup(RankSettings(rank=3, world_size=4, local_world_size=2, node_rank=1, backend="gloo"))
     assert (distributed.rank(), distributed.is_distributed(), distributed.host_ranks()) == (3, True, [2, 3])
-    assert distributed.backend() == "gloo"
+    assert distributed.backend() == "gloo" and distributed.world_size() == 4
 
-    monkeypatch.setattr(default_handlers, "_settings", None)
+
+def test_two_servers_in_one_process_load_with_their_own_settings(
+    tmp_path, tmp_path_factory, tiny_model_dir, monkeypatch
+):
+    """model_fn(model_dir) has no room for settings: each server wraps its load in its own
+    (default_handlers.serving_with), so the default model_fn and inference_threads() called from a
+    user's model_fn see that server's backend and threads, and nothing is left behind for the next."""
+    import sys
+    from dataclasses import replace
+
+    import serve_helpers
+
+    from byoc.serving.model import default_handlers
+    from byoc.serving.model.model_server import ModelServer
+
+    torch = sys.modules.get("torch")
+    threads_before = torch.get_num_threads() if torch is not None else None
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # the servers write it (torch reads it at import); restored after
+    model = serve_helpers.model_with_code(
+        serve_helpers.tiny_classifier(tmp_path_factory, tiny_model_dir),
+        tmp_path,
+        "from byoc import inference\n"
+        "from byoc.handlers import inference_threads\n"
+        "def model_fn(model_dir):\n"
+        "    return {'threads': inference_threads(), 'backend': inference.model_fn(model_dir)['backend']}\n",
+    )
+    loaded = {}
+    try:
+        for backend, threads in (("onnxruntime", "1"), ("torch", "2")):
+            env = {"BYOC_INFERENCE_BACKEND": backend, "OMP_NUM_THREADS": threads}
+            server = ModelServer(replace(ServeSettings.from_env(env), model_dir=model))
+            server.load()
+            assert server.error is None, server.error
+            loaded[backend] = server.model
+    finally:
+        if threads_before is not None:
+            torch.set_num_threads(threads_before)
+    assert loaded == {
+        "onnxruntime": {"threads": 1, "backend": "onnxruntime"},
+        "torch": {"threads": 2, "backend": "torch"},
+    }
     monkeypatch.setenv("OMP_NUM_THREADS", "5")
-    assert default_handlers.inference_threads() == 5  # outside the server: the environment's, when asked
-    default_handlers.configure(InferenceSettings(backend="torch", threads=3))
-    assert default_handlers.inference_threads() == 3 and default_handlers.current_settings().backend == "torch"
+    assert default_handlers.inference_threads() == 5  # outside a server's load: the environment's, read now
 
-    monkeypatch.setattr(job_settings, "_configured", None)
+
+def test_a_job_passes_its_settings_to_main_and_an_older_main_still_runs(job):
+    """run_job reads the job's settings once and hands them to main(contract, args, settings); a
+    code/train.py written before that (main(contract, args)) is called as it always was."""
+    from byoc.training import entry
+
+    job.hyperparameters({"epochs": "1"})
     chosen = TrainingSettings(code_dir=Path("/code"))
-    job_settings.configure(chosen)
-    assert job_settings.current() is chosen
+    seen = []
+    assert entry.run_job(lambda contract, args, settings: seen.append(settings), settings=chosen) == 0
+    assert entry.run_job(lambda contract, args: seen.append(args.epochs), settings=chosen) == 0
+    assert entry.run_job(lambda *given: seen.append(len(given)), settings=chosen) == 0
+    assert seen == [chosen, 1, 3]
 
 
 def test_the_contract_reads_its_variables_from_the_mapping_given(tmp_path):

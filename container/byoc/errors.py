@@ -4,7 +4,7 @@ path must work even when a SIGTERM cut an import of torch or transformers short.
 
 A `UserError` subclass is a mistake in the job's input or settings: `byoc train` writes its
 message to `output/failure` as it is, without a traceback. Anything else is reported as an
-unexpected error, with the traceback in the log. `byoc.training.interruption.Interrupted` (SIGTERM) is the
+unexpected error, with the traceback in the log. `byoc.training.stopping.Stopped` (SIGTERM) is the
 other expected ending.
 """
 
@@ -14,7 +14,7 @@ import sys
 import traceback
 
 EXIT_FAILURE = 1
-EXIT_INTERRUPTED = 128 + 15  # as if killed by SIGTERM, after saving a checkpoint
+EXIT_STOPPED = 128 + 15  # as if killed by SIGTERM, after saving a checkpoint
 
 
 class UserError(Exception):

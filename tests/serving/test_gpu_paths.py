@@ -13,7 +13,7 @@ import onnx
 import pytest
 import torch
 
-from byoc.serving.model import buckets, cuda_provider, default_handlers, onnx_session, runtimes
+from byoc.serving.model import cuda_provider, default_handlers, onnx_session, passes, runtimes
 from byoc.serving.model.backend_choice import Plan
 from helpers import build_classifier_with_graph
 
@@ -112,7 +112,7 @@ def test_torch_in_bf16_gives_fp32s_answers(classifier_dir, monkeypatch):
 
 
 def test_bucket_shapes():
-    gpu = buckets.gpu(max_length=512)
+    gpu = passes.gpu(max_length=512)
     assert [gpu.length(n) for n in (1, 16, 17, 20, 33, 64, 65, 100, 129, 300, 512)] == [
         16,
         16,
@@ -127,12 +127,12 @@ def test_bucket_shapes():
         512,
     ]
     assert [gpu.rows(n) for n in (1, 2, 3, 5, 17, 100, 128)] == [1, 2, 4, 8, 32, 128, 128]
-    assert buckets.gpu(max_length=100).length(99) == 100  # never past the model's limit
-    assert buckets.gpu(max_length=2048).length(700) == 768
-    assert [buckets.CPU.length(n) for n in (1, 17, 100)] == [1, 17, 100]  # the CPU pads exactly
-    assert [buckets.CPU.rows(n) for n in (3, 17)] == [3, 17]
+    assert passes.gpu(max_length=100).length(99) == 100  # never past the model's limit
+    assert passes.gpu(max_length=2048).length(700) == 768
+    assert [passes.CPU.length(n) for n in (1, 17, 100)] == [1, 17, 100]  # the CPU pads exactly
+    assert [passes.CPU.rows(n) for n in (3, 17)] == [3, 17]
     assert len(gpu.all()) <= 80  # few enough to capture each as a graph
-    assert all(r & (r - 1) == 0 and w in buckets.LENGTHS for r, w in gpu.all())
+    assert all(r & (r - 1) == 0 and w in passes.LENGTHS for r, w in gpu.all())
 
 
 def test_bucketed_batches_are_few_shapes_and_pad_rows_that_are_never_fully_masked():
@@ -141,15 +141,15 @@ def test_bucketed_batches_are_few_shapes_and_pad_rows_that_are_never_fully_maske
         {"input_ids": [101] * n, "attention_mask": [1] * n, "token_type_ids": [0] * n} for n in rng.integers(3, 60, 300)
     ]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]["input_ids"]))
-    gpu = buckets.gpu(max_length=512)
+    gpu = passes.gpu(max_length=512)
     seen = set()
-    for chunk in buckets.batches(order, encoded, gpu):
-        batch = buckets.pad(chunk, encoded, 0, gpu)
+    for chunk in passes.batches(order, encoded, gpu):
+        batch = passes.pad(chunk, encoded, 0, gpu)
         seen.add(batch["input_ids"].shape)
         assert batch["attention_mask"].sum(axis=1).min() >= 1
         assert batch["input_ids"].shape[0] * batch["input_ids"].shape[1] <= gpu.token_budget
     assert seen <= set(gpu.all()) and len(seen) <= 3, seen
-    cpu_passes = buckets.batches(order, encoded, buckets.CPU)
+    cpu_passes = passes.batches(order, encoded, passes.CPU)
     assert all(len(c) * max(len(encoded[i]["input_ids"]) for i in c) <= 256 for c in cpu_passes)
 
 
@@ -158,13 +158,13 @@ def test_bucketed_answers_equal_exact_padding(classifier_dir, monkeypatch, backe
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
     monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "fp32")
     model = default_handlers.model_fn(str(classifier_dir))
-    assert model["buckets"] == buckets.CPU
+    assert model["passes"] == passes.CPU
     exact = answers(model, TEXTS)
     padded: list = []
     original = model["logits"]
-    model = {**model, "buckets": buckets.gpu(model["max_length"]), "logits": lambda f: padded.append(f) or original(f)}
+    model = {**model, "passes": passes.gpu(model["max_length"]), "logits": lambda f: padded.append(f) or original(f)}
     assert_same_answers(answers(model, TEXTS), exact, 1e-5)
-    assert padded and all(f["input_ids"].shape in buckets.gpu(model["max_length"]).all() for f in padded)
+    assert padded and all(f["input_ids"].shape in passes.gpu(model["max_length"]).all() for f in padded)
 
 
 @pytest.mark.integration  # compiles (inductor on the CPU: tens of seconds)
@@ -172,6 +172,6 @@ def test_torch_compile_per_shape_gives_the_eager_answers(classifier_dir):
     plan = Plan("torch", "cpu", "fp32", "test")
     eager = runtimes.load_torch(classifier_dir, plan)
     compiled = runtimes.load_torch(classifier_dir, plan, compiled=True)
-    compiled["buckets"] = eager["buckets"] = buckets.gpu(eager["max_length"])
+    compiled["passes"] = eager["passes"] = passes.gpu(eager["max_length"])
     texts = TEXTS[:4]  # one shape
     assert_same_answers(answers(compiled, texts), answers(eager, texts), 1e-4)

@@ -372,15 +372,17 @@ def test_unloading_gives_the_memory_back(minilm_classifier, tmp_path):
 
 
 def test_the_settings_say_multi_model(tmp_path):
-    from byoc.serving.limits import Limits
+    from byoc.serving.resources import Resources
     from byoc.serving.settings import ServeSettings
 
     env = {"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_BASE_DIR": str(tmp_path)}
-    limited = ServeSettings.from_env(env, limits=Limits(cpus=2, memory=2 << 30))
+    limited = ServeSettings.from_env(env, resources=Resources(cpus=2, memory=2 << 30))
     assert limited.multi_model and limited.multi_model_budget == (2 << 30) - (256 << 20)
-    big = ServeSettings.from_env(env, limits=Limits(cpus=2, memory=64 << 30))
+    big = ServeSettings.from_env(env, resources=Resources(cpus=2, memory=64 << 30))
     assert big.multi_model_budget == (64 << 30) - (64 << 30) // 10
-    chosen = ServeSettings.from_env({**env, "BYOC_MULTI_MODEL_MEMORY_MB": "300"}, limits=Limits(cpus=2, memory=None))
+    chosen = ServeSettings.from_env(
+        {**env, "BYOC_MULTI_MODEL_MEMORY_MB": "300"}, resources=Resources(cpus=2, memory=None)
+    )
     assert chosen.multi_model_budget == 300 << 20
     assert not ServeSettings.from_env({"SAGEMAKER_BASE_DIR": str(tmp_path)}).multi_model
 

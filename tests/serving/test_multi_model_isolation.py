@@ -264,12 +264,12 @@ def test_a_load_whose_model_fn_fails_leaves_none_of_its_code(tmp_path):
     (code / "inference.py").write_text("import helper\n\n\ndef model_fn(model_dir):\n    raise ValueError('no')\n")
     script = f"""
 import asyncio, sys
-from byoc.serving.limits import Limits
+from byoc.serving.resources import Resources
 from byoc.serving.model.multi_model import LoadRefused, Registry
 from byoc.serving.settings import ServeSettings
 
 env = {{"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_BASE_DIR": {str(tmp_path)!r}}}
-registry = Registry(ServeSettings.from_env(env, limits=Limits(cpus=1, memory=4 << 30)), 1 << 30, print)
+registry = Registry(ServeSettings.from_env(env, resources=Resources(cpus=1, memory=4 << 30)), 1 << 30, print)
 
 
 async def load_twice():

@@ -10,7 +10,7 @@ import pytest
 
 from byoc.contract import Paths
 from byoc.errors import UserError
-from byoc.serving.limits import read_limits
+from byoc.serving.resources import read_resources
 from byoc.serving.server import ServeSettings
 
 
@@ -40,13 +40,13 @@ def env(monkeypatch):
 
 
 def test_unset_and_empty_variables_give_the_defaults(env):
-    # model_dir and limits come from the host (the /opt/ml contract, the cgroup), not a constant default.
-    host = ("model_dir", "limits")
+    # model_dir and resources come from the host (the /opt/ml contract, the cgroup), not a constant default.
+    host = ("model_dir", "resources")
     defaults = {f.name: f.default for f in dataclasses.fields(ServeSettings) if f.name not in host}
     for values in ({}, {name: "" for name in [*VARIABLES, *ELSEWHERE]}):
         settings = env(values)
         assert {name: getattr(settings, name) for name in defaults} == defaults
-        assert settings.limits == read_limits()
+        assert settings.resources == read_resources()
 
 
 VARIABLES = {

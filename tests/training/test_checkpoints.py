@@ -185,16 +185,16 @@ def test_the_job_record_is_never_half_written(tmp_path):
 def test_a_stop_a_finalizer_swallowed_while_preparing_is_raised_when_training_begins(monkeypatch):
     """StopOnSignal's handler raises before training; if that exception was swallowed (the signal
     landed in a `__del__`), the stop is remembered and raised when training would begin."""
-    from byoc.training import interruption
+    from byoc.training import stopping
     from byoc.training.checkpoints import StopOnSignal
 
-    monkeypatch.setattr(interruption, "_stopped_while", None)
+    monkeypatch.setattr(stopping, "_stopped_while", None)
     stop = StopOnSignal()
     try:
         stop._handle(signal.SIGTERM, None)  # what a finalizer would print and forget
-    except interruption.Interrupted:
+    except stopping.Stopped:
         pass
-    with pytest.raises(interruption.Interrupted, match="while preparing the job"):
+    with pytest.raises(stopping.Stopped, match="while preparing the job"):
         stop.arm("training")
-    with pytest.raises(interruption.Interrupted, match="while preparing the job"):
+    with pytest.raises(stopping.Stopped, match="while preparing the job"):
         StopOnSignal().install()  # and so does a handler installed after it

@@ -103,9 +103,9 @@ SIGTERM_IN_A_FINALIZER = """
 import signal, sys
 from byoc import cli
 from byoc.training import arguments
-from byoc.training import interruption
+from byoc.training import stopping
 
-interruption.RESEND_AFTER_S = float(sys.argv[1])
+stopping.RESEND_AFTER_S = float(sys.argv[1])
 parse = arguments.parse_hyperparameters
 
 class SigtermInAFinalizer:

@@ -4,10 +4,12 @@
 LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (the host's index) and MASTER_ADDR/PORT.
 A process started without them is a world of one, and every helper here is then a no-op.
 
-Every training module asks here where its process stands, so the rank's settings are this module's
-state, set once as the rank starts (`setup(rank)`, from `byoc.training.settings`, or `configure`)
-rather than passed to each call. A process that never sets them (a user's script calling these
-helpers on its own) reads them from the environment once, at its first question.
+Every training module asks here where its process stands. Like torch.distributed's process group,
+which it joins, that is this module's state, given once as the rank starts: `setup(rank)`, with the
+settings the job read at its entry point (`byoc.training.settings.TrainingSettings.rank`). This
+module never reads the environment: until `setup`, a process is alone, a world of one (what
+byoc's own pieces, a benchmark or a test, run outside a job, are); a script launched on several
+ranks calls `setup` (`job.prepare` does) before it asks.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from byoc.launch.settings import RankSettings
 
 logger = logging.getLogger(__name__)
 
-_rank: RankSettings | None = None  # this process's place in the job (configure)
+_rank = RankSettings()  # this process's place in the job, as setup was given it; alone until then
 
 # byoc's own decisions (stop on SIGTERM? which shards?) travel over a CPU group. Under NCCL a
 # collective on a CUDA tensor followed by .item() waits for the GPU, and the stop check runs after
@@ -34,17 +36,8 @@ _rank: RankSettings | None = None  # this process's place in the job (configure)
 _control_group: Any = None
 
 
-def configure(settings: RankSettings) -> None:
-    """Where this process stands in the job, once, as it starts."""
-    global _rank
-    _rank = settings
-
-
 def settings() -> RankSettings:
-    """This process's rank settings (read from the environment at the first call if never configured)."""
-    if _rank is None:
-        configure(RankSettings.from_env())
-    assert _rank is not None
+    """This process's rank settings, as `setup` was given them (a world of one before)."""
     return _rank
 
 
@@ -83,11 +76,11 @@ def is_distributed() -> bool:
     return world_size() > 1
 
 
-def setup(rank_settings: RankSettings | None = None) -> None:
-    """Join the process group (once); accelerate and the Trainer then reuse it. `rank_settings`:
-    this rank's (configured here), else those configured already."""
-    if rank_settings is not None:
-        configure(rank_settings)
+def setup(rank_settings: RankSettings) -> None:
+    """Take this rank's place in the job and join the process group (once); accelerate and the
+    Trainer then reuse it."""
+    global _rank
+    _rank = rank_settings
     if not is_distributed() or dist.is_initialized():
         return
     chosen = settings()

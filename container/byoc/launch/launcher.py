@@ -28,7 +28,7 @@ from pathlib import Path
 
 from byoc import compat
 from byoc.contract import TrainingContract
-from byoc.errors import EXIT_INTERRUPTED
+from byoc.errors import EXIT_STOPPED
 from byoc.launch import efa
 from byoc.launch.devices import device_counts
 from byoc.launch.settings import (
@@ -320,9 +320,9 @@ def launch(
         return code, message
     except SignalException as err:
         records = _records(failure_dir)
-        interrupted = [r for r in records.values() if r["exit_code"] == EXIT_INTERRUPTED]
+        interrupted = [r for r in records.values() if r["exit_code"] == EXIT_STOPPED]
         if interrupted:
-            return EXIT_INTERRUPTED, min(interrupted, key=lambda r: r["rank"])["message"]
+            return EXIT_STOPPED, min(interrupted, key=lambda r: r["rank"])["message"]
         code = 128 + int(err.sigval)
         return code, f"stopped by {signal.Signals(err.sigval).name} before any rank could save a checkpoint"
     except Exception as err:  # rendezvous timeout, a master that never answers...

@@ -177,15 +177,15 @@ def main() -> None:
         settings.port,
         settings.workers,
         settings.threads,
-        settings.limits.cpus,
-        settings.limits.source,
+        settings.resources.cpus,
+        settings.resources.source,
         "; profile async" if settings.profile == "async" else "",
     )
-    if settings.workers > settings.limits.cpus:
+    if settings.workers > settings.resources.cpus:
         logger.warning(
             "SAGEMAKER_MODEL_SERVER_WORKERS=%d is over this container's %d CPUs: the workers will contend for them",
             settings.workers,
-            settings.limits.cpus,
+            settings.resources.cpus,
         )
     try:  # tells `byoc healthcheck` (the image's HEALTHCHECK) that this container serves, and where
         HEALTH_FILE.write_text(str(settings.port))

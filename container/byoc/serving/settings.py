@@ -15,7 +15,6 @@ from pathlib import Path
 from byoc.contract import Paths
 from byoc.environment import Environment, SettingError
 from byoc.logs import log_level
-from byoc.serving.limits import Limits, read_limits
 from byoc.serving.model.backend_choice import (
     BACKENDS,
     INFERENCE_BACKEND_ENV,
@@ -23,6 +22,7 @@ from byoc.serving.model.backend_choice import (
     INFERENCE_PRECISION_ENV,
     PRECISIONS,
 )
+from byoc.serving.resources import Resources, read_resources
 
 JSON = "application/json"
 PROFILES = ("realtime", "async")
@@ -95,12 +95,12 @@ class ServeSettings:
     multi_model_memory_mb: int | None = None  # BYOC_MULTI_MODEL_MEMORY_MB; None: the container's memory less headroom
     # BYOC_MULTI_MODEL_LOAD_TIMEOUT: seconds a load may take (multi-model-server's own default, 120 s)
     multi_model_load_timeout: float = 120.0
-    limits: Limits = Limits(cpus=1, memory=None)  # the container's CPUs and memory (byoc.serving.limits)
+    resources: Resources = Resources(cpus=1, memory=None)  # the container's CPUs and memory (byoc.serving.resources)
     profile: str = "realtime"  # BYOC_PROFILE: async raises the limits an asynchronous endpoint needs (ASYNC_DEFAULTS)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, limits: Limits | None = None) -> ServeSettings:
-        """The settings in `env` (os.environ when None), on a host with `limits` (read from this
+    def from_env(cls, env: Mapping[str, str] | None = None, resources: Resources | None = None) -> ServeSettings:
+        """The settings in `env` (os.environ when None), on a host with `resources` (read from this
         process's cgroup when None)."""
         read = Environment(env, error=ServeSettingsError)
         profile = read.choice("BYOC_PROFILE", "realtime", PROFILES)
@@ -141,7 +141,7 @@ class ServeSettings:
             multi_model=read.flag("SAGEMAKER_MULTI_MODEL"),
             multi_model_memory_mb=read.integer("BYOC_MULTI_MODEL_MEMORY_MB", None, 64),
             multi_model_load_timeout=read.number("BYOC_MULTI_MODEL_LOAD_TIMEOUT", 120.0, positive=True),
-            limits=limits or read_limits(),
+            resources=resources or read_resources(),
             profile=profile,
         )
         connections = read.integer("BYOC_MAX_CONNECTIONS", 4 * settings.max_concurrency, 1)
@@ -173,7 +173,7 @@ class ServeSettings:
     @property
     def threads(self) -> int:
         """The model's threads: OMP_NUM_THREADS where set, else this container's CPUs / workers."""
-        return self.inference.threads or max(1, self.limits.cpus // self.workers)
+        return self.inference.threads or max(1, self.resources.cpus // self.workers)
 
     @property
     def multi_model_budget(self) -> int:
@@ -181,7 +181,7 @@ class ServeSettings:
         the container's memory (its cgroup limit, else the machine's) less the server's headroom."""
         if self.multi_model_memory_mb is not None:
             return self.multi_model_memory_mb << 20
-        usable = self.limits.usable_memory or 4 << 30
+        usable = self.resources.usable_memory or 4 << 30
         return max(64 << 20, usable - max(SERVER_HEADROOM, usable // 10))
 
 

@@ -34,7 +34,7 @@ from transformers import TrainerCallback, TrainerState
 from byoc.errors import UserError, brief
 from byoc.launch import distributed
 from byoc.safe_files import write_atomically
-from byoc.training import interruption  # Interrupted lives where importing it is cheap (see that module)
+from byoc.training import stopping  # Stopped lives where importing it is cheap (see that module)
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class CheckpointMismatch(UserError, ValueError):
 class StopOnSignal(TrainerCallback):
     """What SIGTERM does, by phase.
 
-    Before training starts (data, tokenizing, model loading) it raises `Interrupted` at once:
+    Before training starts (data, tokenizing, model loading) it raises `Stopped` at once:
     there is nothing to save. Once training runs (`arm`) it only sets a flag: at the end of the
     current step, or at the next batch of an evaluation, every rank saves and stops together.
     After training the job arms it again for the final evaluation, which is cut short the same way,
@@ -71,9 +71,9 @@ class StopOnSignal(TrainerCallback):
         self._previous: Any = None
 
     def install(self) -> None:
-        interruption.raise_if_stopped()  # one that came before, and that a finalizer swallowed
+        stopping.raise_if_stopped()  # one that came before, and that a finalizer swallowed
         if threading.current_thread() is threading.main_thread():
-            interruption.guard_finalizers()
+            stopping.guard_finalizers()
             self._previous = signal.signal(signal.SIGTERM, self._handle)
 
     def uninstall(self) -> None:
@@ -82,12 +82,12 @@ class StopOnSignal(TrainerCallback):
             self._previous = None
 
     def arm(self, phase: str = "training") -> None:
-        interruption.raise_if_stopped()  # a SIGTERM a finalizer swallowed while preparing
+        stopping.raise_if_stopped()  # a SIGTERM a finalizer swallowed while preparing
         self._armed, self.phase = True, phase
 
     def _handle(self, signum, frame) -> None:
         if not self._armed:
-            interruption.stop(self.phase)
+            stopping.stop(self.phase)
         first = not self.requested.is_set()
         self.requested.set()
         if first:

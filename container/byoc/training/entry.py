@@ -14,17 +14,18 @@ from __future__ import annotations
 
 # Imported where used: `byoc train` on a host only launches the ranks and must not load torch or
 # transformers, and the failure path must still work when a SIGTERM cut an import short.
+import inspect
 import logging
 import sys
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from byoc import __version__
-from byoc.errors import EXIT_FAILURE, EXIT_INTERRUPTED, UserError, describe
+from byoc.errors import EXIT_FAILURE, EXIT_STOPPED, UserError, describe
 from byoc.logs import mask_hyperparameters
-from byoc.training import interruption
-from byoc.training.interruption import Interrupted
+from byoc.training import stopping
+from byoc.training.stopping import Stopped
 
 if TYPE_CHECKING:  # imported where each entry point runs (see run_job and train)
     from byoc.launch.settings import LaunchSettings
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 def failure_message(err: BaseException) -> str:
     """One line for output/failure: the user-facing message of known errors, where memory ran out
     (the batch-size advice only for a training step), a summary otherwise."""
-    text = str(err) if isinstance(err, Interrupted) else describe(err)
+    text = str(err) if isinstance(err, Stopped) else describe(err)
     return " ".join(text.split())  # write_failure cuts it to what SageMaker keeps
 
 
@@ -45,7 +46,7 @@ def train() -> int:
     from byoc.contract import Paths, read_training_contract  # light imports
 
     paths = Paths.from_env()
-    _stop_on_sigterm()  # before anything slow: from here on SIGTERM ends the job with its failure message
+    _stop_before_training()  # before anything slow: from here on SIGTERM ends the job with its failure message
     try:
         _require_training_packages()
         from byoc.launch.launcher import launch, main_command, plan_launch
@@ -66,7 +67,7 @@ def train() -> int:
         if is_script_mode(contract.hyperparameters):
             RankSettings.from_env()  # what each rank reads: checked before any launch
             command = prepare_script(contract, settings)
-            interruption.raise_if_stopped()  # a SIGTERM a finalizer swallowed: do not launch
+            stopping.raise_if_stopped()  # a SIGTERM a finalizer swallowed: do not launch
             code, message = launch(plan_launch(contract, settings), contract, command, settings)
         else:
             from byoc.training.arguments import parse_hyperparameters
@@ -81,9 +82,9 @@ def train() -> int:
             plan = plan_launch(contract, settings, device=args.device)
             if plan.world_size == 1:  # nothing to launch: train in this process
                 return run_job(settings=job_settings)
-            interruption.raise_if_stopped()
+            stopping.raise_if_stopped()
             code, message = launch(plan, contract, main_command(), settings)
-    except (Exception, Interrupted) as err:  # every failure must reach output/failure, whatever raised it
+    except (Exception, Stopped) as err:  # every failure must reach output/failure, whatever raised it
         return _fail(paths, err)
     return _finish(paths, code, message)
 
@@ -140,14 +141,14 @@ def _run_precompile(command: list[str]) -> tuple[int, str | None]:
     )
 
 
-def _stop_on_sigterm() -> None:
+def _stop_before_training() -> None:
     """Until training takes over the signal (or the launcher forwards it), SIGTERM stops the job cleanly."""
     import signal
 
     def stop(signum, frame):
-        interruption.stop("starting the job")
+        stopping.stop("starting the job")
 
-    interruption.guard_finalizers()
+    stopping.guard_finalizers()
     signal.signal(signal.SIGTERM, stop)
 
 
@@ -170,51 +171,50 @@ def _fail(paths, err: BaseException) -> int:
         logger.error("%s", traceback.format_exc())
     logger.error("training failed: %s", message)
     write_failure(paths, message)
-    return EXIT_INTERRUPTED if isinstance(err, Interrupted) else EXIT_FAILURE
+    return EXIT_STOPPED if isinstance(err, Stopped) else EXIT_FAILURE
 
 
-def run_job(main: Callable[[Any, Any], object] | None = None, settings: TrainingSettings | None = None) -> int:
-    """Run a job's `main(contract, args)` in this process with the failure contract; return the exit
-    code. `main`: `code/train.py`'s own; by default byoc's job (`byoc.training.job.main`).
+def run_job(main: Callable[..., object] | None = None, settings: TrainingSettings | None = None) -> int:
+    """Run a job's `main(contract, args, settings)` in this process with the failure contract; return
+    the exit code. `main`: `code/train.py`'s own; by default byoc's job (`byoc.training.job.main`).
 
     This is how `byoc train` runs a one-process job and each launched rank, and how `code/train.py`
     runs its own steps. The device's environment is set before `main` runs, so `main` must import
     transformers (byoc.training.job) itself, after that: transformers reads it when it loads. A rank
     launched by `byoc train` leaves its failure for the launcher; a job on its own writes output/failure.
     `settings`: the job's (`byoc.training.settings.TrainingSettings`), else read from the environment
-    here, once; they are the job's from then on (`byoc.training.settings.current`).
+    here, once, and passed to `main` (a `main(contract, args)` of an older train.py gets none).
     """
     from byoc.contract import Paths
     from byoc.launch.launcher import write_rank_failure
-    from byoc.training import settings as job_settings
+    from byoc.training.settings import TrainingSettings
 
     paths = Paths.from_env()
     rank = None  # this process's place in the job, once its settings are read
-    _stop_on_sigterm()  # until training takes the signal over
+    _stop_before_training()  # until training takes the signal over
     try:
         from byoc.contract import read_training_contract
         from byoc.training.arguments import parse_hyperparameters
 
-        settings = settings or job_settings.TrainingSettings.from_env()
+        settings = settings or TrainingSettings.from_env()
         rank = settings.rank
-        job_settings.configure(settings)
         contract = read_training_contract()
         paths = contract.paths
         args = parse_hyperparameters(contract.hyperparameters)
         _choose_xla(contract, args, settings)
-        interruption.raise_if_stopped()
+        stopping.raise_if_stopped()
         if main is None:
             from byoc.training import job  # after _choose_xla (above)
 
-            main = job.main
-        main(contract, args)
-    except (Exception, Interrupted) as err:
+            main = cast(Callable[..., object], job.main)
+        main(contract, args, settings) if _takes_settings(main) else main(contract, args)
+    except (Exception, Stopped) as err:
         if rank is None or not rank.launched:
             return _fail(paths, err)
         message = failure_message(err)
         if not _is_user_error(err):
             logger.error("%s", traceback.format_exc())
-        code = EXIT_INTERRUPTED if isinstance(err, Interrupted) else EXIT_FAILURE
+        code = EXIT_STOPPED if isinstance(err, Stopped) else EXIT_FAILURE
         logger.error("rank failed: %s", message)
         write_rank_failure(rank, message, code)
         return code
@@ -223,7 +223,19 @@ def run_job(main: Callable[[Any, Any], object] | None = None, settings: Training
     return 0
 
 
+def _takes_settings(main: Callable[..., object]) -> bool:
+    """Whether `main` has room for a third argument, the settings (code/train.py's before they were
+    passed down take two)."""
+    try:
+        signature = inspect.signature(main)
+    except (TypeError, ValueError):  # a builtin or an odd callable: call it as the contract always did
+        return False
+    kinds = [p.kind for p in signature.parameters.values()]
+    positional = sum(k in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in kinds)
+    return positional >= 3 or inspect.Parameter.VAR_POSITIONAL in kinds
+
+
 # Errors whose message already says what is wrong and how to fix it (no traceback needed).
 def _is_user_error(err: BaseException) -> bool:
     """By class (byoc.errors): a renamed error keeps its user-facing message."""
-    return isinstance(err, (UserError, Interrupted))
+    return isinstance(err, (UserError, Stopped))

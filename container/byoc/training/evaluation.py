@@ -66,7 +66,7 @@ class Failures:
         """Run the block; an exception in it is logged and kept instead of ending the job."""
         try:
             yield
-        except Exception as err:  # SIGTERM (Interrupted) is a BaseException: it still stops the job
+        except Exception as err:  # SIGTERM (Stopped) is a BaseException: it still stops the job
             logger.exception("%s failed; the trained model will be saved all the same", what)
             self.first = self.first or f"{what} failed: {describe(err)}"
 

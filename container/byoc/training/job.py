@@ -1,6 +1,6 @@
 """The training job as named steps, in the order `main` runs them:
 
-    prepare(contract, args)            device, model source, data, tokenizer, tokens, shards, buckets
+    prepare(contract, args, settings)  device, model source, data, tokenizer, tokens, shards, buckets
     load_model(...)                    the classifier with the job's labels (byoc.training.model)
     make_trainer(job, model)           the Trainer for this device and precision (byoc.training.trainer)
     train_and_evaluate(job, trainer)   resume, train, final evaluation; SIGTERM saves a checkpoint
@@ -37,13 +37,13 @@ from byoc.training.checkpoints import StopOnSignal, check_job, common_resume_poi
 from byoc.training.compiled_steps import persistent_cache, wants_buckets
 from byoc.training.data import DataError, DataSpec, TaskData, load_task_data
 from byoc.training.evaluation import Failures, final_evaluation
-from byoc.training.interruption import Interrupted
 from byoc.training.metrics import metrics_line, write_report
 from byoc.training.model import ModelError, ModelSource, load_tokenizer, model_max_length, resolve_model
 from byoc.training.model import load_model as _load_model  # job.load_model is the step
 from byoc.training.precision import Precision
 from byoc.training.samplers import FixedShapeSampler
-from byoc.training.settings import TrainingSettings, current
+from byoc.training.settings import TrainingSettings
+from byoc.training.stopping import Stopped
 from byoc.training.tokenization import tokenize_splits
 from byoc.training.trainer import ClassifierTrainer, build_trainer
 
@@ -72,11 +72,11 @@ class Job:
         return self.data.label_names
 
 
-def main(contract: TrainingContract, args: TrainArguments) -> dict[str, Any]:
+def main(contract: TrainingContract, args: TrainArguments, settings: TrainingSettings) -> dict[str, Any]:
     """byoc's training job (or this rank's part of it), end to end; returns the final metrics.
     `byoc train` runs it under `byoc.training.entry.run_job`, as `code/train.py` runs its own `main`."""
     with stop_on_sigterm() as stop:
-        job = prepare(contract, args)
+        job = prepare(contract, args, settings)
         model = load_model(job)
         trainer = make_trainer(job, model)
         metrics = train_and_evaluate(job, trainer, stop)
@@ -104,8 +104,10 @@ def cache_dir_for(settings: TrainingSettings) -> Path:
 
 
 def prepare(contract: TrainingContract, args: TrainArguments, settings: TrainingSettings | None = None) -> Job:
-    """The device, the model's source, the data and its tokens; the shards and buckets every rank agrees on."""
-    settings = settings or current()  # the job's, as byoc.training.entry.run_job configured them
+    """The device, the model's source, the data and its tokens; the shards and buckets every rank agrees on.
+    `settings`: the job's, as `byoc.training.entry.run_job` read them; else (a `main` of an older
+    code/train.py, which gets none) read from the environment here."""
+    settings = settings or TrainingSettings.from_env()
     use_xla = xla.wants_xla(args.device, settings)
     if use_xla:
         xla.prepare_environment(contract.checkpoint_folder, settings.xla)
@@ -183,7 +185,7 @@ def make_trainer(job: Job, model: PreTrainedModel) -> ClassifierTrainer:
 
 
 def train_and_evaluate(job: Job, trainer: ClassifierTrainer, stop: StopOnSignal) -> dict[str, Any]:
-    """Resume from the newest complete checkpoint, train, evaluate; on SIGTERM save and raise `Interrupted`."""
+    """Resume from the newest complete checkpoint, train, evaluate; on SIGTERM save and raise `Stopped`."""
     args = job.args
     checkpoint_dir = job.contract.checkpoint_folder  # the Trainer's output_dir
     # A precompile run neither resumes nor leaves checkpoints: it shares only the compile cache.
@@ -201,7 +203,7 @@ def train_and_evaluate(job: Job, trainer: ClassifierTrainer, stop: StopOnSignal)
     else:
         train_metrics = trainer.train(resume_from_checkpoint=str(resume) if resume else None).metrics
     if stop.stopped_at is not None:
-        raise Interrupted(
+        raise Stopped(
             stop.stopped_at,
             trainer.state.max_steps,
             checkpoint_dir,
@@ -218,7 +220,7 @@ def train_and_evaluate(job: Job, trainer: ClassifierTrainer, stop: StopOnSignal)
             metrics.update(final_evaluation(trainer, job.tokenized, args))
     if stop.evaluation_stopped:  # training is done: keep it, and evaluate again on the rerun
         trainer.save_final_checkpoint()
-        raise Interrupted(trainer.state.global_step, trainer.state.max_steps, checkpoint_dir, "the final evaluation")
+        raise Stopped(trainer.state.global_step, trainer.state.max_steps, checkpoint_dir, "the final evaluation")
     stop.arm("writing predictions")  # seconds from the end: finish rather than stop
     return metrics
 

@@ -1,9 +1,9 @@
 """The training job's settings: what one process of the job (a launched rank, or the single process)
 reads from the environment, once, as it starts, and passes down.
 
-`byoc.training.entry.run_job` reads them (`TrainingSettings.from_env`) and `configure`s them as the job's; the
-job's steps take them as a parameter and default to the configured ones (`current`), so that a
-`code/train.py` calling the steps as `prepare(contract, args)` gets them too. The rank's own part
+`byoc.training.entry.run_job` reads them (`TrainingSettings.from_env`) and passes them to the job's
+`main(contract, args, settings)`, which passes them to its steps (`prepare`). An older `code/train.py`
+whose `main` takes two parameters still works: `prepare` then reads them itself. The rank's own part
 (its numbers, the process group) is `byoc.launch.settings.RankSettings`, which the launcher's side
 shares. Every variable is in docs/settings.md; a bad value stops the job naming it (byoc.environment).
 """
@@ -70,21 +70,3 @@ class TrainingSettings:
             xla=XlaSettings.from_env(env),
             log_level=log_level(read),
         )
-
-
-_configured: TrainingSettings | None = None
-
-
-def configure(settings: TrainingSettings) -> None:
-    """This process's settings, once, as the job starts (byoc.training.entry.run_job)."""
-    global _configured
-    _configured = settings
-
-
-def current() -> TrainingSettings:
-    """The settings configured at start; where none were (the steps called outside `run_job`),
-    read from the environment now, and kept."""
-    if _configured is None:
-        configure(TrainingSettings.from_env())
-    assert _configured is not None
-    return _configured

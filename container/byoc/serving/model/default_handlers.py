@@ -24,53 +24,61 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
 from byoc.model_folder import DEFAULT_THRESHOLD, MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION
-from byoc.serving import limits
+from byoc.serving import resources
 from byoc.serving.http import negotiation
 from byoc.serving.http.request_errors import InputError, InvalidAnswer, NotAcceptable, UnsupportedMediaType
-from byoc.serving.model import backend_choice, buckets, entities, runtimes
+from byoc.serving.model import backend_choice, entities, passes, runtimes
 from byoc.serving.model.backend_choice import INFERENCE_BACKEND_ENV, INFERENCE_PRECISION_ENV
 from byoc.serving.settings import InferenceSettings
 
 # The variables' names under the ones byoc.inference gave them before they had a module of their own.
 BACKEND_ENV, PRECISION_ENV = INFERENCE_BACKEND_ENV, INFERENCE_PRECISION_ENV
 
-MAX_BATCH = buckets.CPU.max_rows  # texts run through the model at once on the CPU; larger requests are split
-TOKEN_BUDGET = buckets.CPU.token_budget  # padded tokens per CPU forward pass: small batches pad least
+MAX_BATCH = passes.CPU.max_rows  # texts run through the model at once on the CPU; larger requests are split
+TOKEN_BUDGET = passes.CPU.token_budget  # padded tokens per CPU forward pass: small batches pad least
 JSON_LINES = ("application/jsonlines", "application/x-jsonlines", "application/jsonl")
 CONTENT_TYPES = ("application/json", "text/csv", "text/plain", *JSON_LINES)
 ACCEPT_TYPES = ("application/json", "text/csv", *JSON_LINES)
 
 logger = logging.getLogger(__name__)
 
-# Set once by the server as it starts (byoc.serving.model.model_server): model_fn's signature is the
-# handler contract's, and a user's model_fn that calls this one passes nothing either.
-_settings: InferenceSettings | None = None
+# The server's settings, for the handler calls it makes (`serving_with`): model_fn's signature is the
+# handler contract's, and a user's model_fn that calls this one passes nothing either. A context
+# variable, not a module global: two servers in one process (tests, multi-model) each load with their own.
+_settings: ContextVar[InferenceSettings | None] = ContextVar("byoc_inference_settings", default=None)
 
 
-def configure(settings: InferenceSettings) -> None:
-    """The settings `model_fn` loads with, for the whole process (the server's, read at its start,
-    with `threads` its share of the cores)."""
-    global _settings
-    _settings = settings
+@contextmanager
+def serving_with(settings: InferenceSettings) -> Iterator[None]:
+    """`settings` are what `model_fn` (and `inference_threads`) see for the calls inside the block:
+    the server wraps its handlers' import and its `model_fn` call in it."""
+    token = _settings.set(settings)
+    try:
+        yield
+    finally:
+        _settings.reset(token)
 
 
 def current_settings() -> InferenceSettings:
-    """The server's settings; outside `byoc serve` (a notebook, a test), the environment's, read now."""
-    return _settings if _settings is not None else InferenceSettings.from_env()
+    """The calling server's settings; outside `byoc serve` (a notebook, a test), the environment's, read now."""
+    settings = _settings.get()
+    return settings if settings is not None else InferenceSettings.from_env()
 
 
 def inference_threads(settings: InferenceSettings | None = None) -> int:
     """Threads one worker's model may use: OMP_NUM_THREADS, else (in the server) the container's CPUs /
-    workers, else the container's CPUs (byoc.serving.limits). Users' model_fn size their own sessions
+    workers, else the container's CPUs (byoc.serving.resources). Users' model_fn size their own sessions
     with it (byoc.handlers re-exports it)."""
-    return (settings or current_settings()).threads or limits.cpu_count()[0]
+    return (settings or current_settings()).threads or resources.cpu_count()[0]
 
 
 def model_fn(model_dir: str) -> dict[str, Any]:
@@ -288,13 +296,13 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
         raise
     # Shortest first, cut into batches of a bounded padded size: each batch pads only to its own
     # longest text (tweets of 5 and 60 tokens never share one); answers go back in request order.
-    # On a GPU (model["buckets"]) the passes are larger and padded to a few bucket buckets.
-    passes = model.get("buckets", buckets.CPU)
+    # On a GPU (model["passes"]) the passes are larger and padded to a few length buckets.
+    plan = model.get("passes", passes.CPU)
     order = sorted(range(len(inputs)), key=lambda i: len(encoded[i]["input_ids"]))
     scores: list[Any] = [None] * len(inputs)  # each input's probabilities, filled chunk by chunk
     scale = _SCALES[task]
-    for chunk in buckets.batches(order, encoded, passes):
-        probs = scale(model["logits"](buckets.pad(chunk, encoded, model["pad_id"], passes)))
+    for chunk in passes.batches(order, encoded, plan):
+        probs = scale(model["logits"](passes.pad(chunk, encoded, model["pad_id"], plan)))
         for n, i in enumerate(chunk):
             scores[i] = probs[n]
     id2label = model["id2label"]
@@ -323,7 +331,7 @@ def _sigmoid(logits: np.ndarray) -> np.ndarray:
 
 # Scores from logits, by task: a distribution over the labels, each label's own probability, the value.
 _SCALES = {
-    SINGLE_LABEL: buckets.softmax,
+    SINGLE_LABEL: passes.softmax,
     MULTI_LABEL: _sigmoid,
     REGRESSION: lambda logits: np.asarray(logits, dtype=np.float64),
 }

@@ -22,7 +22,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from byoc.serving.http.request_errors import InputError
-from byoc.serving.model import buckets
+from byoc.serving.model import passes
 
 STRATEGIES = ("none", "simple", "first", "average", "max")
 DEFAULT_STRATEGY = "simple"
@@ -46,13 +46,13 @@ def predict(inputs: list[Any], parameters: dict[str, Any], model: dict[str, Any]
     per_text = model["windows"](inputs)
     flat = [(t, w) for t, windows in enumerate(per_text) for w in range(len(windows))]
     feeds = [per_text[t][w]["feeds"] for t, w in flat]
-    passes = model.get("buckets", buckets.CPU)
+    plan = model.get("passes", passes.CPU)
     order = sorted(range(len(feeds)), key=lambda i: len(feeds[i]["input_ids"]))
     scores: list[Any] = [None] * len(feeds)
-    for chunk in buckets.batches(order, feeds, passes):
-        logits = model["logits"](buckets.pad(chunk, feeds, model["pad_id"], passes))
+    for chunk in passes.batches(order, feeds, plan):
+        logits = model["logits"](passes.pad(chunk, feeds, model["pad_id"], plan))
         for n, i in enumerate(chunk):
-            scores[i] = buckets.softmax(logits[n, : len(feeds[i]["input_ids"])])
+            scores[i] = passes.softmax(logits[n, : len(feeds[i]["input_ids"])])
     results: list[list[dict[str, Any]]] = []
     at = 0
     for t, windows in enumerate(per_text):

@@ -124,16 +124,18 @@ class ModelServer:
         # Progress bars are carriage-return noise in CloudWatch (transformers reads this at import).
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         try:
-            _split_cores(self.settings)
+            threads = _split_cores(self.settings)
             isolated = self.code_name if self.name is not None else None
-            self.handlers = load_handlers(self.settings.model_dir, self.settings.program, isolated)
-            accept_types = self.handlers.accept_types
-            if accept_types and self.settings.default_accept not in accept_types:
-                raise HandlerError(
-                    f"SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT={self.settings.default_accept}: the default "
-                    f"output_fn writes {', '.join(accept_types)}"
-                )
-            self.model = call(self.handlers.model_fn, "model_fn", str(self.settings.model_dir))
+            # The default handlers load with this server's settings (its share of the cores among them).
+            with default_handlers.serving_with(replace(self.settings.inference, threads=threads)):
+                self.handlers = load_handlers(self.settings.model_dir, self.settings.program, isolated)
+                accept_types = self.handlers.accept_types
+                if accept_types and self.settings.default_accept not in accept_types:
+                    raise HandlerError(
+                        f"SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT={self.settings.default_accept}: the default "
+                        f"output_fn writes {', '.join(accept_types)}"
+                    )
+                self.model = call(self.handlers.model_fn, "model_fn", str(self.settings.model_dir))
         except BaseException as err:  # SystemExit too (argparse in a model_fn): a failed start, never a hang
             self.error = f"{type(err).__name__}: {err}"
             logger.exception("loading the model from %s failed", self.settings.model_dir)
@@ -288,18 +290,18 @@ def _batch_shaped(data: Any) -> bool:
     )
 
 
-def _split_cores(settings: ServeSettings) -> None:
+def _split_cores(settings: ServeSettings) -> int:
     """Several workers share the cores instead of each taking them all (oversubscribed threads slow
-    everything several-fold): OMP_NUM_THREADS where set, else cores / workers. The default handlers
-    get the number with the rest of their settings (ONNX Runtime's threads), and OMP_NUM_THREADS is
-    written before the handlers load: torch reads it at import."""
+    everything several-fold): OMP_NUM_THREADS where set, else cores / workers; returns the number,
+    which the default handlers get with the rest of their settings (ONNX Runtime's threads).
+    OMP_NUM_THREADS is written before the handlers load: torch reads it at import."""
     threads = settings.threads
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    default_handlers.configure(replace(settings.inference, threads=threads))
     torch = sys.modules.get("torch")  # imported already (a user's code): set it directly too
     if torch is not None:
         torch.set_num_threads(threads)
     logger.info("worker %d: %d inference threads", os.getpid(), threads)
+    return threads
 
 
 _LIBC: Any = None

@@ -5,7 +5,7 @@ Both loaders return the same dict (docs/serving.md): `backend`, `model`, `tokeni
 `encode(inputs)`, `logits(feeds)` (one padded batch of numpy arrays -> fp32 numpy logits),
 `id2label`, `task` and `threshold` (byoc.model_folder: what the logits mean), `max_length`,
 `pad_id`, and `buckets` (how predict_fn cuts and pads a batch:
-byoc.serving.model.buckets), `device`, `precision`.
+byoc.serving.model.passes), `device`, `precision`.
 
 torch and transformers are imported only inside `load_torch`: the ONNX Runtime path never pays
 for them (5-17 s on a GPU host).
@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 from byoc import model_folder
 from byoc.model_folder import TOKEN_CLASSIFICATION
 from byoc.onnx_graph import GRAPH
-from byoc.serving.model import buckets, cuda_provider, entities
+from byoc.serving.model import cuda_provider, entities, passes
 from byoc.serving.model.backend_choice import HALF, BackendError, Host, Plan, torch_dtype_name
 from byoc.serving.model.onnx_session import Session
 
@@ -112,7 +112,7 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int) -> dict[str, Any]:
         "threshold": model_folder.threshold_of(config),
         "max_length": limit,
         "pad_id": pad_id,
-        "buckets": buckets.gpu(limit) if plan.device == "cuda" else buckets.CPU,
+        "passes": passes.gpu(limit) if plan.device == "cuda" else passes.CPU,
         "device": plan.device,
         "precision": plan.precision,
     }
@@ -156,10 +156,10 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False) -> dict[str,
     if task == TOKEN_CLASSIFICATION:
         names = [n for n in tokenizer.model_input_names if n in ("input_ids", "attention_mask", "token_type_ids")]
         windows = entities.window_encoder(tokenizer.backend_tokenizer, limit, names)
-    passes = buckets.gpu(limit) if device.type == "cuda" else buckets.CPU
+    shapes = passes.gpu(limit) if device.type == "cuda" else passes.CPU
     forward: Any = model
     if compiled:
-        forward = _compile(torch, model, device.type, passes)
+        forward = _compile(torch, model, device.type, shapes)
     logger.info(
         "model runs on torch %s (%s, %s%s, %d threads)",
         torch.__version__,
@@ -189,7 +189,7 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False) -> dict[str,
         "threshold": model_folder.threshold_of(model.config.to_dict()),
         "max_length": limit,
         "pad_id": tokenizer.pad_token_id or 0,
-        "buckets": passes,
+        "passes": shapes,
         "device": device.type,
         "precision": str(dtype).removeprefix("torch."),
     }
@@ -205,7 +205,7 @@ def needs_full_image(plan: Plan, missing: str) -> str:
     )
 
 
-def _compile(torch: Any, model: Any, device: str, passes: buckets.Buckets) -> Any:
+def _compile(torch: Any, model: Any, device: str, plan: passes.PassPlan) -> Any:
     """torch.compile with one static graph per bucket shape, captured as a CUDA graph on a GPU
     (mode reduce-overhead). Each shape compiles on its first batch (seconds each): off unless
     BYOC_INFERENCE_COMPILE=1, since it costs the first requests of each shape that time."""
@@ -213,7 +213,7 @@ def _compile(torch: Any, model: Any, device: str, passes: buckets.Buckets) -> An
     import torch._dynamo
 
     config = torch._dynamo.config
-    wanted = len(passes.all()) + 8 if passes.bucketed else 64
+    wanted = len(plan.all()) + 8 if plan.bucketed else 64
     for name in ("recompile_limit", "cache_size_limit"):  # the name differs across torch 2.9-2.13
         if hasattr(config, name):
             setattr(config, name, max(int(getattr(config, name)), wanted))

@@ -1,4 +1,4 @@
-"""The length buckets of the default predict_fn's forward passes: how a merged batch is cut and padded.
+"""A merged batch's forward passes in the default predict_fn: how it is cut, and padded to which shapes.
 
 A batch is sorted by length and cut into forward passes of a bounded padded size. On the CPU each
 pass pads exactly to its longest text, in passes of at most 256 padded tokens: small passes pad
@@ -23,7 +23,7 @@ LENGTHS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
 @dataclass(frozen=True)
-class Buckets:
+class PassPlan:
     """How one merged batch becomes forward passes."""
 
     token_budget: int = 256  # padded tokens per pass (rows x padded length)
@@ -52,14 +52,14 @@ class Buckets:
         return [(r, w) for w in lengths for r in rows if r * w <= max(self.token_budget, w)]
 
 
-CPU = Buckets()
+CPU = PassPlan()
 
 
-def gpu(max_length: int) -> Buckets:
-    return Buckets(token_budget=16384, max_rows=128, bucketed=True, max_length=max_length)
+def gpu(max_length: int) -> PassPlan:
+    return PassPlan(token_budget=16384, max_rows=128, bucketed=True, max_length=max_length)
 
 
-def batches(order: list[int], encoded: list[dict[str, list[int]]], plan: Buckets = CPU) -> list[list[int]]:
+def batches(order: list[int], encoded: list[dict[str, list[int]]], plan: PassPlan = CPU) -> list[list[int]]:
     """Consecutive (length-sorted) rows while rows x padded longest stays within the token budget."""
     out: list[list[int]] = []
     current: list[int] = []
@@ -73,7 +73,7 @@ def batches(order: list[int], encoded: list[dict[str, list[int]]], plan: Buckets
 
 
 def pad(
-    rows: list[int], encoded: list[dict[str, list[int]]], pad_id: int, plan: Buckets = CPU
+    rows: list[int], encoded: list[dict[str, list[int]]], pad_id: int, plan: PassPlan = CPU
 ) -> dict[str, np.ndarray]:
     """One pass's arrays: rows in order, then filler rows, padded to the pass's (bucketed) shape."""
     width = plan.length(max(len(encoded[i]["input_ids"]) for i in rows))

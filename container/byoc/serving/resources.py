@@ -1,4 +1,4 @@
-"""The container's own limits, as its cgroup sets them: CPUs and memory.
+"""The container's own resources, as its cgroup limits them: CPUs and memory.
 
 `os.cpu_count()` is the host's cores: a container limited to 2 CPUs on a 64-core host (`docker run
 --cpus 2`, a shared serverless host) would start 64 ONNX Runtime threads per session and run slower
@@ -22,7 +22,7 @@ _UNLIMITED = 1 << 60  # cgroup v1 writes a huge number (PAGE_COUNTER_MAX pages) 
 
 
 @dataclass(frozen=True)
-class Limits:
+class Resources:
     cpus: int  # CPUs this process may use
     memory: int | None  # bytes, or None when the cgroup sets no limit
     source: str = "the affinity mask"  # what set the CPUs, for the log
@@ -34,10 +34,10 @@ class Limits:
         return self.memory if self.memory is not None else self.physical
 
 
-def read_limits(root: Path = CGROUP_ROOT, proc: Path = PROC_SELF) -> Limits:
+def read_resources(root: Path = CGROUP_ROOT, proc: Path = PROC_SELF) -> Resources:
     """This process's CPUs and memory limit, from its cgroup (v1 or v2) and its affinity."""
     cpus, cpu_source = cpu_count(root, proc)
-    return Limits(cpus, memory_limit(root, proc), cpu_source, physical_memory())
+    return Resources(cpus, memory_limit(root, proc), cpu_source, physical_memory())
 
 
 def physical_memory() -> int | None:

@@ -1,4 +1,4 @@
-"""`Interrupted`: the job stopped on SIGTERM. Its own module, free of heavy imports, so that the
+"""`Stopped`: the job stopped on SIGTERM. Its own module, free of heavy imports, so that the
 SIGTERM handler installed first thing in `byoc train` can raise it at any moment, even while
 torch and transformers are still being imported.
 
@@ -26,7 +26,7 @@ _previous_hook: Any = None
 RESEND_AFTER_S = 0.05
 
 
-class Interrupted(BaseException):
+class Stopped(BaseException):
     """The job stopped on SIGTERM (after saving a checkpoint, once training had started).
 
     A BaseException, like KeyboardInterrupt: raised from the signal handler wherever the job is,
@@ -51,21 +51,21 @@ class Interrupted(BaseException):
 
 
 def stop(phase: str) -> NoReturn:
-    """From a SIGTERM handler before training starts: remember the stop, then raise `Interrupted`."""
+    """From a SIGTERM handler before training starts: remember the stop, then raise `Stopped`."""
     global _stopped_while
     if _stopped_while is None:
         _stopped_while = phase
-    raise Interrupted(None, phase=_stopped_while)
+    raise Stopped(None, phase=_stopped_while)
 
 
 def raise_if_stopped() -> None:
-    """Raise `Interrupted` for a SIGTERM that came earlier but whose exception a finalizer swallowed."""
+    """Raise `Stopped` for a SIGTERM that came earlier but whose exception a finalizer swallowed."""
     if _stopped_while is not None:
-        raise Interrupted(None, phase=_stopped_while)
+        raise Stopped(None, phase=_stopped_while)
 
 
 def guard_finalizers() -> None:
-    """Send SIGTERM again when its `Interrupted` was swallowed by a finalizer (sys.unraisablehook)."""
+    """Send SIGTERM again when its `Stopped` was swallowed by a finalizer (sys.unraisablehook)."""
     global _previous_hook
     if _previous_hook is None:
         _previous_hook = sys.unraisablehook
@@ -73,7 +73,7 @@ def guard_finalizers() -> None:
 
 
 def _unraisable(info: Any) -> None:
-    if not isinstance(info.exc_value, Interrupted):
+    if not isinstance(info.exc_value, Stopped):
         _previous_hook(info)
         return
     # Not from this hook (an exception here would be swallowed too) but a moment later, from a

@@ -1,4 +1,4 @@
-"""byoc.serving.limits on made-up cgroup trees: the CPU quota (v1 and v2) and the affinity mask give
+"""byoc.serving.resources on made-up cgroup trees: the CPU quota (v1 and v2) and the affinity mask give
 the CPUs the server's threads use, the memory limit its multi-model budget."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from byoc.serving import limits
+from byoc.serving import resources
 
 
 def tree(tmp_path: Path, files: dict[str, str], cgroup: str) -> tuple[Path, Path]:
@@ -47,8 +47,8 @@ V1_CPU = "4:cpu,cpuacct:/\n"
 )
 def test_the_cpu_quota_in_each_cgroup_version(tmp_path, files, cgroup, quota):
     root, proc = tree(tmp_path, files, cgroup)
-    assert limits.cpu_quota(root, proc) == quota
-    cpus, source = limits.cpu_count(root, proc)
+    assert resources.cpu_quota(root, proc) == quota
+    cpus, source = resources.cpu_count(root, proc)
     expected = min(AFFINITY, max(1, -(-quota // 1))) if quota else AFFINITY
     assert cpus == expected
     assert ("quota" in source) == (quota is not None and expected < AFFINITY)
@@ -57,9 +57,9 @@ def test_the_cpu_quota_in_each_cgroup_version(tmp_path, files, cgroup, quota):
 def test_docker_run_cpus_2_on_a_big_host_gives_two_threads(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
     root, proc = tree(tmp_path, {"cpu.max": "200000 100000"}, "0::/\n")
-    assert limits.cpu_count(root, proc) == (2, "the cgroup's CPU quota (2 CPUs)")
+    assert resources.cpu_count(root, proc) == (2, "the cgroup's CPU quota (2 CPUs)")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # --cpuset-cpus 0 wins over a larger quota
-    assert limits.cpu_count(root, proc)[0] == 1
+    assert resources.cpu_count(root, proc)[0] == 1
 
 
 @pytest.mark.parametrize(
@@ -75,9 +75,9 @@ def test_docker_run_cpus_2_on_a_big_host_gives_two_threads(tmp_path, monkeypatch
 )
 def test_the_memory_limit_in_each_cgroup_version(tmp_path, files, cgroup, memory):
     root, proc = tree(tmp_path, files, cgroup)
-    assert limits.memory_limit(root, proc) == memory
+    assert resources.memory_limit(root, proc) == memory
 
 
 def test_this_machine_reads_without_error():
-    found = limits.read_limits()
+    found = resources.read_resources()
     assert 1 <= found.cpus <= (os.cpu_count() or 1) and (found.memory is None or found.memory > 0)
