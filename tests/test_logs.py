@@ -39,6 +39,22 @@ def test_a_urls_password_is_masked_whatever_its_name():
     assert logs.mask_hyperparameters({"dbUrl": "s3://k:v@bucket"}) == {"dbUrl": "s3://k:***@bucket"}
 
 
+def test_a_long_run_of_letters_is_searched_once_not_from_every_letter():
+    """A hostile multi-model load's 200 KB model_name reached the log line's mask: the URL pattern's
+    unbounded scheme retried from every letter (quadratic: minutes on the server's event loop, 60 s
+    request timeouts). A megabyte now masks in one pass; the guard only stops a hang."""
+    # In a process of its own: the regex engine holds the GIL, so no thread of this one could time it out.
+    program = (
+        "from byoc import logs\n"
+        "logs.remember_secrets({'dbUrl': 'postgres://me:pa55word@db:5432/app'})\n"
+        "print(logs.mask_text('model ' + 'x' * 1_000_000 + ' at postgres://me:pa55word@db')[-30:])\n"
+    )
+    masked = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)  # a hang guard
+    assert masked.stdout == ("x" * 30 + " at postgres://me:***@db")[-30:] + "\n", masked.stderr
+    assert logs.mask_text("xpostgres://u:p@h") == "xpostgres://u:***@h"  # a scheme glued to a word still counts
+    assert logs.mask_text("a" * 40 + "://u:p@h") == "a" * 40 + "://u:p@h"  # no scheme is 40 letters long
+
+
 def test_the_failure_file_never_holds_a_remembered_secret(tmp_path):
     logs.remember_secrets({"db_password": "Hunter2-SeCrEt"})
     paths = Paths(tmp_path)

@@ -67,7 +67,11 @@ _SECRET_ENDINGS = (
 # camelCase and PascalCase words: awsSecretAccessKey -> aws Secret Access Key; APIKey -> API Key.
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 # A URL's password (postgres://user:PASSWORD@host), whatever the hyperparameter holding it is called.
-_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@]*:)(?P<password>[^\s/@]+)@")
+# The scheme is bounded (32 characters, none before it): unbounded, a long run of letters (a hostile
+# 200 KB model name in a log line) made the search quadratic, minutes on the event loop.
+_URL_PASSWORD = re.compile(
+    r"(?<![a-zA-Z0-9+.-])(?P<head>[a-zA-Z][a-zA-Z0-9+.-]{0,31}://[^\s:/@]*:)(?P<password>[^\s/@]+)@"
+)
 # Values remembered as secret in this process (remember_secrets): masked in every log line and failure.
 _KNOWN: set[str] = set()
 _NOT_SECRET = {"true", "false", "none", "null", ""}
