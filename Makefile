@@ -11,7 +11,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla bench-train bench-tasks bench-task-serve bench-serve bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla bench-train bench-tasks bench-task-serve bench-serve bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
 
 venv: $(STAMP)
 
@@ -98,6 +98,10 @@ bench-serve-image: venv
 # 50 MiniLM-size models on one multi-model endpoint: load times, memory per model, first request after a load.
 bench-mme: venv
 	$(PY) benchmarks/bench_mme.py --json benchmarks/results/mme.json
+
+# What GET /metrics costs: serving with metrics on against off, a scrape with 100 models loaded.
+bench-metrics: venv
+	$(PY) benchmarks/bench_metrics.py --json benchmarks/results/metrics.json
 
 bench-precision: venv
 	$(PY) benchmarks/bench_precision.py --json benchmarks/results/precision.json

@@ -326,6 +326,7 @@ WRITERS = {
     "byoc.training.xla": "torch-xla and the Neuron compiler read theirs as they load",
     "byoc.training.compiled_steps": "inductor reads its cache folder from the environment only",
     "byoc.serving.model.model_server": "OMP_NUM_THREADS, which torch reads at import",
+    "byoc.serving.prometheus": "PROMETHEUS_MULTIPROC_DIR, which prometheus_client reads as each worker imports it",
 }
 _WRITING_METHODS = {"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
 

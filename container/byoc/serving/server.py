@@ -7,6 +7,8 @@
 - `POST /invocations`: handlers from `byoc.serving.model.handler_loader`, run by
   `byoc.serving.model.model_server`; requests batched by `byoc.serving.model.batching`.
 - `GET /execution-parameters`: batch transform settings.
+- `GET /metrics`: Prometheus metrics of the whole container (byoc.serving.prometheus), answered from
+  the event loop; BYOC_METRICS=false turns them off.
 Errors are JSON `{"error": ...}` with honest codes: 400 bad input, 406 bad accept, 408 a body
 too slow, 413 too large, 415 bad content type, 431 headers too large, 503 not ready or at capacity
 (with Retry-After), 504 over the timeout, 500 only for faults of the server or the handler code.
@@ -39,6 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from byoc.logs import configure_logging
+from byoc.serving import prometheus
 from byoc.serving.http import connections
 from byoc.serving.http.invocations import Invocations, error
 from byoc.serving.http.multi_model_routes import multi_model_app
@@ -64,10 +67,15 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
     if not logging.getLogger().handlers:  # a uvicorn worker process (workers > 1) starts unconfigured
         configure_logging()
     settings = settings or ServeSettings.from_env()
-    invocations = Invocations(settings)
+    metrics = (
+        prometheus.ServerMetrics(settings.workers, settings.metrics_dir, settings.multi_model)
+        if settings.metrics
+        else None
+    )
+    invocations = Invocations(settings, metrics.model() if metrics else None)
     if settings.multi_model:
-        return multi_model_app(settings, invocations, _execution_parameters(settings), restart)
-    server = ModelServer(settings)
+        return multi_model_app(settings, invocations, _execution_parameters(settings), restart, metrics)
+    server = ModelServer(settings, metrics=metrics.model() if metrics else None)
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -81,6 +89,8 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
         yield
         await invocations.drain()
         await server.stop()
+        if metrics is not None:
+            metrics.close()
 
     async def ping(request: Request) -> Response:
         problem = server.problem()
@@ -94,7 +104,9 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
             Route("/ping", ping, methods=["GET"]),
             Route("/invocations", invoke, methods=["POST"]),
             Route("/execution-parameters", _execution_parameters(settings), methods=["GET"]),
+            *prometheus.routes(metrics),
         ],
+        middleware=prometheus.middleware(metrics),
         lifespan=lifespan,
     )
 
@@ -203,6 +215,8 @@ def main() -> None:
         http=connection_guard(settings).protocol(),
     )
     if settings.workers > 1:
+        if settings.metrics:  # before the workers start: they read it as they import prometheus_client
+            prometheus.prepare_workers(settings.workers, settings.metrics_dir)
         failure = _failure_file(os.getpid())
         failure.unlink(missing_ok=True)
         uvicorn.run("byoc.serving.server:create_app", factory=True, workers=settings.workers, **options)

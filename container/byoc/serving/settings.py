@@ -97,6 +97,8 @@ class ServeSettings:
     multi_model_load_timeout: float = 120.0
     resources: Resources = Resources(cpus=1, memory=None)  # the container's CPUs and memory (byoc.serving.resources)
     profile: str = "realtime"  # BYOC_PROFILE: async raises the limits an asynchronous endpoint needs (ASYNC_DEFAULTS)
+    metrics: bool = True  # BYOC_METRICS: GET /metrics, Prometheus (byoc.serving.prometheus)
+    metrics_dir: str | None = None  # PROMETHEUS_MULTIPROC_DIR: where several workers share their values
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, resources: Resources | None = None) -> ServeSettings:
@@ -143,6 +145,8 @@ class ServeSettings:
             multi_model_load_timeout=read.number("BYOC_MULTI_MODEL_LOAD_TIMEOUT", 120.0, positive=True),
             resources=resources or read_resources(),
             profile=profile,
+            metrics=read.flag("BYOC_METRICS", default=True),
+            metrics_dir=read.text("PROMETHEUS_MULTIPROC_DIR"),
         )
         connections = read.integer("BYOC_MAX_CONNECTIONS", 4 * settings.max_concurrency, 1)
         if connections < settings.max_concurrency:

@@ -206,3 +206,46 @@ def test_a_dead_batcher_fails_its_requests_at_once_and_says_so():
     answers, alive, after = run(main, model, max_batch=8, max_delay=0, on_death=deaths.append)
     assert [type(a).__name__ for a in answers + [after]] == ["BatcherStopped"] * 3
     assert not alive and deaths == ["the batching task ended"]
+
+
+class Watcher:
+    """An observer (byoc.serving.prometheus.ModelMetrics' side of the batcher), recording what it is told."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+        self.runs: list[int] = []
+        self.depths: list[int] = []
+
+    def waited(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+    def ran(self, inputs: int, seconds: float) -> None:
+        assert seconds >= 0
+        self.runs.append(inputs)
+
+    def queued(self, inputs: int) -> None:
+        self.depths.append(inputs)
+
+
+def test_the_observer_hears_each_wait_each_call_and_the_queue_depth():
+    """One wait per request (its first chunk's), one call per predict with its inputs, and the queue
+    depth as it grows and drains, ending at 0: what /metrics reports."""
+    model, watcher = Model(), Watcher()
+
+    async def main(batcher):
+        blocker = asyncio.ensure_future(batcher.submit(["block"], {}))
+        while not model.calls:
+            await asyncio.sleep(0.001)
+        waiting = [
+            asyncio.ensure_future(batcher.submit(list("abc"), {})),
+            asyncio.ensure_future(batcher.submit(["d"], {})),
+        ]
+        while batcher.queued < 4:
+            await asyncio.sleep(0.001)
+        model.gate.set()
+        return await asyncio.gather(blocker, *waiting)
+
+    assert run(main, model, max_batch=8, observer=watcher) == [["BLOCK"], ["A", "B", "C"], ["D"]]
+    assert len(watcher.waits) == 3 and all(w >= 0 for w in watcher.waits)
+    assert watcher.runs == [1, 4]  # the blocker alone, then the two waiting requests merged
+    assert max(watcher.depths) == 4 and watcher.depths[-1] == 0

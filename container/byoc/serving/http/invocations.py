@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from byoc.serving.http.request_errors import InputError, InvalidAnswer
 from byoc.serving.model.batching import BatcherStopped, QueueFull
 from byoc.serving.model.model_server import ModelServer
+from byoc.serving.prometheus import NO_METRICS, SCOPE_MODEL, ModelMetrics
 from byoc.serving.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
@@ -38,8 +39,9 @@ def unavailable(message: str) -> JSONResponse:
 class Invocations:
     """The invocations of one server process: their slots, and those still open at SIGTERM."""
 
-    def __init__(self, settings: ServeSettings) -> None:
+    def __init__(self, settings: ServeSettings, metrics: ModelMetrics | None = None) -> None:
         self.settings = settings
+        self.metrics = metrics or NO_METRICS  # errors before a model is chosen (byoc.serving.prometheus)
         self.in_flight = 0  # invocations with their body read, being answered; the event loop is one thread
         self.open: set[asyncio.Task] = set()  # invocations being read or answered
 
@@ -60,16 +62,19 @@ class Invocations:
         try:
             body = await self.read_body(request)
             if isinstance(body, Response):
+                self.metrics.error("bad_input")
                 return body
             return await route(body, lambda server: self._answer(request, body, server))
         except ClientDisconnect:
             logger.info("a client disconnected before its request's body was complete")
+            self.metrics.error("bad_input")
             return Response(status_code=400)  # nobody is there to read it
         except asyncio.CancelledError:
             # uvicorn cancels what is still running when BYOC_GRACEFUL_TIMEOUT ends: an honest,
             # retryable answer instead of its plain-text 500.
             if hasattr(task, "uncancel"):
                 task.uncancel()
+            self.metrics.error("unavailable")
             return unavailable(
                 f"the server is shutting down and this request did not finish within the "
                 f"{self.settings.graceful_timeout} s of BYOC_GRACEFUL_TIMEOUT; retry (another instance answers)"
@@ -117,41 +122,60 @@ class Invocations:
                 return False
         return True
 
+    def not_found(self, response: Response) -> Response:
+        """A route's 404 for a model that is not loaded (multi-model), counted as such."""
+        self.metrics.error("not_found")
+        return response
+
     async def _answer(self, request: Request, body: bytes, server: ModelServer) -> Response:
+        metrics = server.metrics
+        request.scope[SCOPE_MODEL] = metrics.name  # the request's series are this model's
         # BYOC_MAX_CONCURRENCY bounds invocations here, not in uvicorn: uvicorn's limit refuses
         # /ping too, and SageMaker replaces an instance whose /ping fails, the worst answer to load.
         if self.in_flight >= self.settings.max_concurrency:
+            metrics.error("overload")
             return unavailable(
                 f"the server is at capacity: {self.in_flight} requests in flight (BYOC_MAX_CONCURRENCY); "
                 "retry in a moment"
             )
         self.in_flight += 1
+        metrics.entered()
         try:
-            return await self._invoke(request, body, server)
+            response, kind = await self._invoke(request, body, server)
         finally:
             self.in_flight -= 1
+            metrics.left()
+        if kind is not None:
+            metrics.error(kind)
+        return response
 
-    async def _invoke(self, request: Request, body: bytes, server: ModelServer) -> Response:
+    async def _invoke(self, request: Request, body: bytes, server: ModelServer) -> tuple[Response, str | None]:
+        """The answer, and the kind of error it is (None for a success): byoc.serving.prometheus.ERROR_KINDS."""
         timeout = self.settings.timeout
         if not server.ready.is_set():
-            return unavailable("the model is still loading; retry when /ping answers 200")
+            return unavailable("the model is still loading; retry when /ping answers 200"), "unavailable"
         problem = server.problem()
         if problem:
-            return unavailable(f"{problem}; retry in a moment")
+            return unavailable(f"{problem}; retry in a moment"), "unavailable"
         content_type = request.headers.get("content-type") or "application/json"
         try:
-            return await asyncio.wait_for(server.invoke(body, content_type, request.headers.get("accept")), timeout)
+            invoking = server.invoke(body, content_type, request.headers.get("accept"))
+            return await asyncio.wait_for(invoking, timeout), None
         except asyncio.TimeoutError:
-            return error(504, f"the prediction took longer than {timeout:g} s (SAGEMAKER_MODEL_SERVER_TIMEOUT)")
+            return error(
+                504, f"the prediction took longer than {timeout:g} s (SAGEMAKER_MODEL_SERVER_TIMEOUT)"
+            ), "timeout"
         except InputError as err:
-            return error(err.status, str(err))
+            return error(err.status, str(err)), "bad_input"
         except InvalidAnswer as err:
             logger.error("cannot send the answer: %s", err)
-            return error(err.status, str(err))
+            return error(err.status, str(err)), "handler_failure"
         except QueueFull as err:
-            return unavailable(f"the server is at capacity: {err} (BYOC_MAX_QUEUED_INPUTS); retry in a moment")
+            message = f"the server is at capacity: {err} (BYOC_MAX_QUEUED_INPUTS); retry in a moment"
+            return unavailable(message), "overload"
         except BatcherStopped as err:
-            return unavailable(f"this worker cannot serve: {err}; retry in a moment")
+            return unavailable(f"this worker cannot serve: {err}; retry in a moment"), "unavailable"
         except Exception as err:  # a fault in the server or the handler code: logged in full, summarised to the client
             logger.exception("invocation failed")
-            return error(500, f"internal error while predicting ({type(err).__name__}); see the endpoint's logs")
+            message = f"internal error while predicting ({type(err).__name__}); see the endpoint's logs"
+            return error(500, message), "handler_failure"

@@ -25,9 +25,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from byoc.serving import prometheus
 from byoc.serving.http.invocations import Invocations, error
 from byoc.serving.model.model_server import ModelServer
 from byoc.serving.model.multi_model import PAGE_SIZE, LoadRefused, Registry, small_int
+from byoc.serving.prometheus import ServerMetrics
 from byoc.serving.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
@@ -41,8 +43,9 @@ def multi_model_app(
     invocations: Invocations,
     execution_parameters: Callable[[Request], Awaitable[Response]],
     on_death: Callable[[str], None],
+    metrics: ServerMetrics | None = None,
 ) -> Starlette:
-    registry = Registry(settings, settings.multi_model_budget, on_death)
+    registry = Registry(settings, settings.multi_model_budget, on_death, metrics)
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -55,6 +58,8 @@ def multi_model_app(
         warming.cancel()
         await invocations.drain()
         await registry.stop()
+        if metrics is not None:
+            metrics.close()
 
     async def ping(request: Request) -> Response:
         problem = registry.problem()
@@ -106,7 +111,7 @@ def multi_model_app(
         async def route(body: bytes, run: Callable[[ModelServer], Awaitable[Response]]) -> Response:
             entry = registry.get(name)  # looked up once the body is read: an unload meanwhile is a 404
             if entry is None:
-                return error(404, registry.absent(name))
+                return invocations.not_found(error(404, registry.absent(name)))
             logger.debug("invoking model %r (target model %s)", name, target or "-")
             entry.in_flight += 1
             try:
@@ -129,6 +134,8 @@ def multi_model_app(
             Route("/models/{name:path}", unload, methods=["DELETE"]),
             Route("/invocations", no_default_model, methods=["POST"]),
             Route("/execution-parameters", execution_parameters, methods=["GET"]),
+            *prometheus.routes(metrics),
         ],
+        middleware=prometheus.middleware(metrics),
         lifespan=lifespan,
     )

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +45,34 @@ class HandlerFailed(RuntimeError):
     batchable predict did not return one answer per input: a fault of the handler code (500)."""
 
 
+class Observer(Protocol):
+    """What the batcher reports as it works (byoc.serving.prometheus.ModelMetrics, or nothing)."""
+
+    def waited(self, seconds: float) -> None: ...  # a request, from its arrival to its first batch
+
+    def ran(self, inputs: int, seconds: float) -> None: ...  # one predict call, in the inference thread
+
+    def queued(self, inputs: int) -> None: ...  # inputs waiting now
+
+
+class Unobserved:
+    def waited(self, seconds: float) -> None:
+        pass
+
+    def ran(self, inputs: int, seconds: float) -> None:
+        pass
+
+    def queued(self, inputs: int) -> None:
+        pass
+
+
 @dataclass(eq=False)
 class _Request:
     inputs: list[Any]
     parameters: dict[str, Any]
     key: object  # requests with equal keys share a predict call
     future: asyncio.Future
+    arrived: float  # time.perf_counter() at submit
     results: list[Any] = field(default_factory=list)
     next: int = 0  # the first input not yet taken into a batch
     pending: int = 0  # chunks taken and not answered yet
@@ -66,6 +88,16 @@ def guarded(fn: Callable[..., Any], *args: Any) -> Any:
         raise
     except BaseException as err:
         raise HandlerFailed(f"the handler raised {type(err).__name__}: {err}") from err
+
+
+def timed(observer: Observer, inputs: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """`guarded(fn, *args)`, its duration reported as one model call of `inputs` inputs. Timed in the
+    inference thread itself: a wait for it (another model's batch) is queueing, not inference."""
+    started = time.perf_counter()
+    try:
+        return guarded(fn, *args)
+    finally:
+        observer.ran(inputs, time.perf_counter() - started)
 
 
 def parameters_key(parameters: dict[str, Any]) -> object:
@@ -86,8 +118,10 @@ class Batcher:
         max_delay: float = 0.002,
         max_queued: int = 1 << 30,
         on_death: Callable[[str], None] | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.predict, self.executor = predict, executor
+        self.observer: Observer = observer or Unobserved()
         self.max_batch, self.max_delay, self.max_queued = max_batch, max_delay, max_queued
         self.on_death = on_death
         self.waiting: deque[_Request] = deque()
@@ -124,9 +158,12 @@ class Batcher:
         if self.queued + len(inputs) > self.max_queued:
             raise QueueFull(f"{self.queued} inputs are waiting for the model, and this request has {len(inputs)}")
         future = asyncio.get_running_loop().create_future()
-        request = _Request(inputs, parameters, parameters_key(parameters), future, [None] * len(inputs))
+        request = _Request(
+            inputs, parameters, parameters_key(parameters), future, time.perf_counter(), [None] * len(inputs)
+        )
         self.waiting.append(request)
         self.queued += len(inputs)
+        self.observer.queued(self.queued)
         self._wake.set()
         try:
             return await future
@@ -140,6 +177,7 @@ class Batcher:
         except ValueError:
             return
         self.queued -= len(request.inputs) - request.next
+        self.observer.queued(self.queued)
 
     async def _run(self) -> None:
         while True:
@@ -164,6 +202,8 @@ class Batcher:
                 if size + take > self.max_batch:
                     break  # it heads the next batch
                 self.waiting.popleft()
+                if request.next == 0:
+                    self.observer.waited(time.perf_counter() - request.arrived)
                 batch.append((request, request.next, request.next + take))
                 request.next += take
                 request.pending += 1
@@ -180,6 +220,7 @@ class Batcher:
                 await asyncio.wait_for(self._wake.wait(), left)
             except asyncio.TimeoutError:
                 break
+        self.observer.queued(self.queued)
         return batch
 
     async def _run_batch(self, batch: list[tuple[_Request, int, int]]) -> None:
@@ -197,7 +238,7 @@ class Batcher:
         inputs = [x for request, start, end in items for x in request.inputs[start:end]]
         try:
             results = await asyncio.get_running_loop().run_in_executor(
-                self.executor, guarded, self.predict, inputs, items[0][0].parameters
+                self.executor, timed, self.observer, len(inputs), self.predict, inputs, items[0][0].parameters
             )
             if not isinstance(results, (list, tuple)) or len(results) != len(inputs):
                 raise HandlerFailed(
@@ -238,6 +279,7 @@ class Batcher:
                 request.future.set_exception(BatcherStopped(self.death))
         self.waiting.clear()
         self.queued = 0
+        self.observer.queued(0)
         if self.on_death is not None:
             self.on_death(self.death)
 

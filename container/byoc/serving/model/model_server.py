@@ -32,7 +32,7 @@ from starlette.responses import Response
 from byoc.serving.http import negotiation
 from byoc.serving.http.request_errors import InvalidAnswer, PayloadTooLarge
 from byoc.serving.model import default_handlers
-from byoc.serving.model.batching import Batcher, guarded
+from byoc.serving.model.batching import Batcher, guarded, timed
 from byoc.serving.model.handler_loader import (
     HandlerError,
     Handlers,
@@ -43,6 +43,7 @@ from byoc.serving.model.handler_loader import (
     load_handlers,
 )
 from byoc.serving.model.threads import DaemonThreads
+from byoc.serving.prometheus import NO_METRICS, ModelMetrics
 from byoc.serving.settings import JSON, ServeSettings
 
 logger = logging.getLogger(__name__)
@@ -64,9 +65,11 @@ class ModelServer:
         executor: DaemonThreads | None = None,
         handler_threads: DaemonThreads | None = None,
         name: str | None = None,
+        metrics: ModelMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.name = name
+        self.metrics = metrics or NO_METRICS  # this model's series (byoc.serving.prometheus)
         self.handlers: Handlers | None = None
         self.model: Any = None
         self.error: str | None = None  # why the model could not load
@@ -91,6 +94,7 @@ class ModelServer:
             self.settings.max_delay_ms / 1000,
             self.settings.max_queued_inputs,
             on_death=lambda reason: self._died(reason, on_death),
+            observer=self.metrics,
         )
         self.batcher.start()
         return loading
@@ -176,12 +180,14 @@ class ModelServer:
 
     async def in_thread(self, fn: Any, *args: Any) -> Any:
         """One unbatched handler call in the inference thread, timed like the batched ones."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, self._timed, fn, args)
+        called = time.perf_counter()
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self._timed, fn, args, called)
 
-    def _timed(self, fn: Any, args: tuple) -> Any:
+    def _timed(self, fn: Any, args: tuple, called: float) -> Any:
         self.busy_since = time.monotonic()
+        self.metrics.waited(time.perf_counter() - called)  # for the inference thread: the queue of unbatched calls
         try:
-            return guarded(fn, *args)
+            return timed(self.metrics, 1, fn, *args)
         finally:
             self.busy_since = None
 

@@ -34,11 +34,14 @@ from typing import Any
 from byoc import model_folder, onnx_graph
 from byoc.serving.model.model_server import ModelServer, release_memory, resident_bytes
 from byoc.serving.model.threads import DaemonThreads
+from byoc.serving.prometheus import ServerMetrics
 from byoc.serving.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
 
 MIB = 1 << 20
+# A load's outcome in the metrics (byoc_model_loads_total), by the status that refused it.
+LOAD_OUTCOMES = {400: "refused", 404: "refused", 409: "refused", 500: "failed", 504: "timeout", 507: "no_memory"}
 PAGE_SIZE = 100  # models per GET /models page when the request names no `limit`
 SESSION_OVERHEAD = 24 * MIB  # a session's own buffers, the handlers' state: beyond the files' bytes
 
@@ -111,8 +114,15 @@ def check_request(name: str, url: str, program: str) -> Path:
 class Registry:
     """The loaded models by name, their memory, and the one thread they all infer on."""
 
-    def __init__(self, settings: ServeSettings, budget: int, on_death: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        settings: ServeSettings,
+        budget: int,
+        on_death: Callable[[str], None],
+        metrics: ServerMetrics | None = None,
+    ) -> None:
         self.settings, self.budget, self.on_death = settings, budget, on_death
+        self.metrics = metrics  # byoc.serving.prometheus: loads, unloads, memory, and each model's series
         self.baseline = resident_bytes()  # the server's own memory, with no model (again after warm_up)
         self.entries: dict[str, Entry] = {}
         self.executor = DaemonThreads(1, "byoc-inference")  # every model's: they take turns
@@ -170,7 +180,20 @@ class Registry:
         return None if entry is None or entry.unloading else entry
 
     async def load(self, name: str, url: str) -> Entry:
-        """Load the model folder `url` as `name`; LoadRefused says why not."""
+        """Load the model folder `url` as `name`; LoadRefused says why not. Each load, whatever its
+        outcome (LOAD_OUTCOMES), is counted and timed in the metrics."""
+        started, outcome = time.monotonic(), "failed"
+        try:
+            entry = await self._checked_load(name, url)
+            outcome = "loaded"
+            return entry
+        except LoadRefused as refused:
+            outcome = LOAD_OUTCOMES.get(refused.status, "failed")
+            raise
+        finally:
+            self._observe_load(name, outcome, time.monotonic() - started)
+
+    async def _checked_load(self, name: str, url: str) -> Entry:
         folder = check_request(name, url, self.settings.program)
         if name in self.hung:  # answered at once: another try would hang as long, and hold the loads queued behind
             raise LoadRefused(504, f"the model {name!r} cannot load now: {self._hung_text(self.hung[name])}")
@@ -189,7 +212,10 @@ class Registry:
         estimate = estimate_bytes(folder, int8=self.settings.inference.precision == "int8")
         self._check_budget(name, estimate, "would take about")
         settings = replace(self.settings, model_dir=folder)
-        server = ModelServer(settings, executor=self.executor, handler_threads=self.handler_threads, name=name)
+        series = self.metrics.model(name) if self.metrics is not None else None
+        server = ModelServer(
+            settings, executor=self.executor, handler_threads=self.handler_threads, name=name, metrics=series
+        )
         before = resident_bytes()
         started = time.monotonic()
         loader = DaemonThreads(1, "byoc-loader")  # one thread per load: a hung one holds no other load's
@@ -271,11 +297,32 @@ class Registry:
         if entry.server.busy_since is not None:  # a call still holds the one inference thread: /ping watches it
             self.orphans.append(entry.server)
         await self._drop(entry)
+        if self.metrics is not None:
+            self.metrics.unloads.inc()
+            self._observe_models()
         logger.info("model %r unloaded (%d MiB in use, %d model(s))", name, self.used // MIB, len(self.entries))
+
+    def _observe_load(self, name: str, outcome: str, seconds: float) -> None:
+        if self.metrics is None:
+            return
+        self.metrics.loads.labels(outcome).inc()
+        self.metrics.load_seconds.labels(outcome).observe(seconds)
+        if outcome != "loaded" and name not in self.entries:
+            self.metrics.forget(name)  # the series a failed load made (none ever answered)
+        self._observe_models()
+
+    def _observe_models(self) -> None:
+        """The gauges of what is loaded, after each load and unload."""
+        assert self.metrics is not None
+        self.metrics.models_loaded.set(len(self.entries))
+        self.metrics.memory_budget.set(self.budget)
+        self.metrics.memory_used.set(self.used)
 
     async def _drop(self, entry: Entry) -> None:
         await entry.server.stop(shared=True)
         entry.server.forget()
+        if self.metrics is not None:
+            self.metrics.forget(entry.name)
         gc.collect()  # the session and the handlers' module hold cycles: free them now, not later
         release_memory()
 
