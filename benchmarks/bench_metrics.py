@@ -58,8 +58,9 @@ def serving_overhead(model: Path, texts: list[str], rounds: int, seconds: float,
             on, off = results[key]["metrics"], results[key]["no-metrics"]
             results[key]["ratio"] = on["requests_per_second"] / off["requests_per_second"]
             print(
-                f"{per_request:2d} tweet(s)/request, concurrency 8: metrics on {on['requests_per_second']:.1f} req/s "
-                f"(p50 {on['p50_ms']:.0f} ms), off {off['requests_per_second']:.1f} req/s (p50 {off['p50_ms']:.0f} ms): "
+                f"{per_request:2d} tweet(s)/request, concurrency 8: "
+                f"metrics on {on['requests_per_second']:.1f} req/s (p50 {on['p50_ms']:.0f} ms), "
+                f"off {off['requests_per_second']:.1f} req/s (p50 {off['p50_ms']:.0f} ms): "
                 f"{results[key]['ratio']:.3f}x",
                 flush=True,
             )
