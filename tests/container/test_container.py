@@ -356,6 +356,44 @@ def test_the_serving_image_refuses_a_model_only_torch_serves_naming_the_full_ima
     assert "this image has no torch" in log and "Dockerfile.gpu" in log, log[-3000:]
 
 
+def test_inference_component_copies_each_serve_within_their_own_cpus_and_memory(serve_image, trained):
+    """An inference component is the single-model container with a share of the instance: SageMaker
+    runs each copy as a container of its own, limited to the component's CPUs and memory. Two copies,
+    one CPU and 512 MiB each: each sizes itself by its own limits (its start-up line), answers, and its
+    /metrics shows it stayed inside its memory."""
+    copies = [
+        Container(
+            "-p",
+            "127.0.0.1::8080",
+            "--cpus",
+            "1",
+            "--memory",
+            "512m",
+            "-v",
+            f"{trained.model_dir}:/opt/ml/model",
+            serve_image,
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    try:
+        for copy in copies:
+            client = copy.client_when_ready()
+            headers = {"X-Amzn-SageMaker-Inference-Component": "classifier-ic"}  # what an invocation carries
+            answer = client.post("/invocations", json={"inputs": ["i love this so much"]}, headers=headers)
+            assert answer.status_code == 200 and answer.json()[0]["label"] == "positive", answer.text
+            assert "1 thread(s) each (1 CPUs: the cgroup's CPU quota" in copy.logs()
+            assert "memory: 512 MiB, the cgroup's limit" in copy.logs()
+            scrape = client.get("/metrics").text
+            resident = next(
+                float(line.split()[1]) for line in scrape.splitlines() if line.startswith("byoc_server_resident")
+            )
+            assert 0 < resident < 512 << 20
+            assert 'byoc_requests_total{code="200",model="",route="/invocations"} 1.0' in scrape
+    finally:
+        for copy in copies:
+            copy.remove()
+
+
 def test_local_mode_deploys_a_model_tar_gz_on_the_serving_image(sdk_python, serve_image, trained, tmp_path):
     """SDK v2: sagemaker.model.Model(image_uri, model_data="file://.../model.tar.gz").deploy(1, "local")."""
     with tarfile.open(tmp_path / "model.tar.gz", "w:gz") as tar:

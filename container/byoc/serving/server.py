@@ -183,14 +183,16 @@ def main() -> None:
         logger.error("cannot serve: %s", err)
         sys.exit(f"cannot serve: {err}")
     what = "a multi-model endpoint (models load on POST /models)" if settings.multi_model else str(settings.model_dir)
+    memory = settings.resources.memory
     logger.info(
-        "serving %s on port %d with %d worker(s), %d thread(s) each (%d CPUs: %s)%s",
+        "serving %s on port %d with %d worker(s), %d thread(s) each (%d CPUs: %s; memory: %s)%s",
         what,
         settings.port,
         settings.workers,
         settings.threads,
         settings.resources.cpus,
         settings.resources.source,
+        f"{memory >> 20} MiB, the cgroup's limit" if memory is not None else "no cgroup limit",
         "; profile async" if settings.profile == "async" else "",
     )
     if settings.workers > settings.resources.cpus:
