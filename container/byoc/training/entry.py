@@ -187,6 +187,7 @@ def run_job(main: Callable[..., object] | None = None, settings: TrainingSetting
     """
     from byoc.contract import Paths
     from byoc.launch.launcher import write_rank_failure
+    from byoc.training import tracking
     from byoc.training.settings import TrainingSettings
 
     paths = Paths.from_env()
@@ -207,8 +208,11 @@ def run_job(main: Callable[..., object] | None = None, settings: TrainingSetting
             from byoc.training import job  # after _choose_xla (above)
 
             main = cast(Callable[..., object], job.main)
-        main(contract, args, settings) if _takes_settings(main) else main(contract, args)
+        tracking.start(settings, contract, args)  # MLflow, where MLFLOW_TRACKING_URI is set (rank 0)
+        result = main(contract, args, settings) if _takes_settings(main) else main(contract, args)
+        tracking.finish(result)
     except (Exception, Stopped) as err:
+        tracking.fail(failure_message(err))
         if rank is None or not rank.launched:
             return _fail(paths, err)
         message = failure_message(err)

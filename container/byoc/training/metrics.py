@@ -256,7 +256,7 @@ class ProgressCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
-        logs = dict(logs)
+        logs_in, logs = logs, dict(logs)
         line: dict[str, Any] = {"step": state.global_step, "epoch": round(state.epoch or 0.0, 4)}
         if "loss" in logs and "train_runtime" not in logs:
             now = time.monotonic()
@@ -264,6 +264,8 @@ class ProgressCallback(TrainerCallback):
             rate = steps * self.samples_per_step / max(now - self._last_time, 1e-9)
             self._last_time, self._last_step = now, state.global_step
             left = (state.max_steps - state.global_step) * self.samples_per_step / max(rate, 1e-9)
+            if isinstance(logs_in, dict):  # the callbacks after this one (TensorBoard, MLflow) report it too
+                logs_in["samples_per_second"] = round(rate, 2)
             line.update(
                 loss=float(logs["loss"]),
                 learning_rate=float(logs.get("learning_rate", 0.0)),

@@ -49,6 +49,24 @@ class XlaSettings:
 
 
 @dataclass(frozen=True)
+class TrackingSettings:
+    """Where the job reports its run (byoc.training.tracking): MLflow, where MLFLOW_TRACKING_URI is set."""
+
+    mlflow_uri: str | None = None  # MLFLOW_TRACKING_URI: a URL, or a SageMaker managed MLflow ARN
+    experiment: str = "byoc"  # MLFLOW_EXPERIMENT_NAME
+    image: str | None = None  # BYOC_IMAGE: the image's URI, which build_and_push.sh builds into it (a tag)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TrackingSettings:
+        read = Environment(env)
+        return cls(
+            mlflow_uri=read.text("MLFLOW_TRACKING_URI"),
+            experiment=read.text("MLFLOW_EXPERIMENT_NAME") or cls.experiment,
+            image=read.text("BYOC_IMAGE"),
+        )
+
+
+@dataclass(frozen=True)
 class TrainingSettings:
     """One process of the training job: its rank, its scratch and code folders, its compile caches."""
 
@@ -57,6 +75,7 @@ class TrainingSettings:
     code_dir: Path | None = None  # the inference code for model/code; None: the image's or the checkout's
     compile_cache: str | None = None  # TORCHINDUCTOR_CACHE_DIR as the user set it; None: with the checkpoints
     xla: XlaSettings = field(default_factory=XlaSettings)
+    tracking: TrackingSettings = field(default_factory=TrackingSettings)
     log_level: str = "INFO"  # BYOC_LOG_LEVEL (byoc.logs sets it up; read here to stop on a bad value)
 
     @classmethod
@@ -68,5 +87,6 @@ class TrainingSettings:
             code_dir=read.path(CODE_DIR_ENV),
             compile_cache=read.text(INDUCTOR_CACHE_ENV),
             xla=XlaSettings.from_env(env),
+            tracking=TrackingSettings.from_env(env),
             log_level=log_level(read),
         )

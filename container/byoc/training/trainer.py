@@ -28,7 +28,7 @@ from byoc import compat
 from byoc.contract import TrainingContract
 from byoc.launch import distributed
 from byoc.model_folder import MULTI_LABEL, SINGLE_LABEL, TOKEN_CLASSIFICATION
-from byoc.training import precision, xla
+from byoc.training import precision, tracking, xla
 from byoc.training.arguments import HyperparameterError, TrainArguments
 from byoc.training.buckets import IGNORE_LABEL, FixedShapeCollator
 from byoc.training.checkpoints import EvaluationStopped, mark_complete, rotate
@@ -361,4 +361,20 @@ def build_trainer(
         from torch.utils.tensorboard import SummaryWriter
 
         trainer.add_callback(TensorBoardCallback(SummaryWriter(log_dir=str(contract.paths.tensorboard_dir))))
+        run = tracking.current()
+        if run is not None:  # MLflow gets what TensorBoard gets
+            trainer.add_callback(TrackedLogs(run))
     return trainer
+
+
+class TrackedLogs(TrainerCallback):
+    """Every `logs` the Trainer reports (a logging step's loss, learning rate and samples/s; an
+    evaluation's metrics) to the job's MLflow run (byoc.training.tracking), at its step: the same
+    dict TensorBoardCallback writes."""
+
+    def __init__(self, run: tracking.Run) -> None:
+        self.run = run
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and state.is_world_process_zero:
+            self.run.log_metrics(logs, step=state.global_step)

@@ -1,0 +1,197 @@
+"""byoc.training.tracking: a job tracked in a real MLflow server (`mlflow server` from .venv-mlflow,
+on loopback, SQLite store), read back through MLflow's REST API: one run per job with its params,
+its steps, its evaluations and the final metrics of metrics.json, ended FINISHED or FAILED with the
+failure; the same step metrics in TensorBoard's events; an unreachable server costing a warning,
+never the job; nothing of MLflow imported without MLFLOW_TRACKING_URI; only rank 0 tracks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from byoc.training import tracking
+from byoc.training.arguments import parse_hyperparameters
+from byoc.training.settings import TrackingSettings, TrainingSettings
+from helpers import REPO, build_job, free_port, run_train_process
+
+MLFLOW = REPO / ".venv-mlflow" / "bin" / "mlflow"
+JOB = {
+    "max_steps": "20",
+    "logging_steps": "5",
+    "eval_strategy": "steps",
+    "eval_steps": "10",
+    "learning_rate": "5e-3",
+    "per_device_train_batch_size": "8",
+}
+
+
+class Mlflow:
+    """A real tracking server, read back through its REST API."""
+
+    def __init__(self, root: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [
+                str(MLFLOW),
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{root / 'mlflow.db'}",
+                "--default-artifact-root",
+                str(root / "artifacts"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                "1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.api = httpx.Client(base_url=self.url + "/api/2.0/mlflow", timeout=60)
+
+    def ready(self) -> bool:
+        assert self.proc.poll() is None, "mlflow server exited"
+        try:
+            return httpx.get(self.url + "/health", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def run(self, experiment: str, name: str) -> dict:
+        found = self.api.get("/experiments/get-by-name", params={"experiment_name": experiment}).json()
+        runs = self.api.post("/runs/search", json={"experiment_ids": [found["experiment"]["experiment_id"]]}).json()
+        [run] = [r for r in runs.get("runs", []) if r["info"]["run_name"] == name]
+        return run
+
+    def history(self, run: dict, key: str) -> dict[int, float]:
+        answer = self.api.get("/metrics/get-history", params={"run_id": run["info"]["run_id"], "metric_key": key})
+        return {m["step"]: m["value"] for m in answer.json().get("metrics", [])}
+
+
+@pytest.fixture(scope="module")
+def mlflow(tmp_path_factory):
+    if not MLFLOW.exists():
+        pytest.fail(f"no MLflow server at {MLFLOW}: `make venv-mlflow` makes it (make test does)")
+    from serve_helpers import wait_for
+
+    server = Mlflow(tmp_path_factory.mktemp("mlflow"))
+    try:
+        wait_for(server.ready, "the MLflow server to answer /health")
+        yield server
+    finally:
+        server.proc.terminate()
+        server.proc.wait(30)
+
+
+def _tracked_env(server: Mlflow, experiment: str, job_name: str) -> dict[str, str]:
+    return {
+        "MLFLOW_TRACKING_URI": server.url,
+        "MLFLOW_EXPERIMENT_NAME": experiment,
+        "TRAINING_JOB_NAME": job_name,
+        "BYOC_IMAGE": "123456789012.dkr.ecr.us-east-1.amazonaws.com/byoc-gpu:test",
+    }
+
+
+@pytest.mark.integration
+def test_a_job_is_one_finished_run_with_its_params_steps_evaluations_and_final_metrics(
+    mlflow, tiny_model_dir, tmp_path
+):
+    job = build_job(tmp_path / "opt-ml", tiny_model_dir, JOB, train=64, validation=16)
+    done = run_train_process(job.root, env=_tracked_env(mlflow, "byoc-tests", "job-finished"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = mlflow.run("byoc-tests", "job-finished")
+    assert run["info"]["status"] == "FINISHED"
+    params = {p["key"]: p["value"] for p in run["data"]["params"]}
+    assert params["learning_rate"] == "0.005" and params["max_steps"] == "20"
+    assert params["per_device_eval_batch_size"]  # a default, resolved: every hyperparameter is there
+    tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+    assert tags["sagemaker.training_job"] == "job-finished" and tags["sagemaker.instance_type"] == "local"
+    assert tags["byoc.image"].endswith("/byoc-gpu:test")
+    # Every logging step, and every evaluation, at its step.
+    assert sorted(mlflow.history(run, "loss")) == [5, 10, 15, 20]
+    assert sorted(mlflow.history(run, "samples_per_second")) == [5, 10, 15, 20]
+    assert sorted(mlflow.history(run, "learning_rate")) == [5, 10, 15, 20]
+    assert sorted(mlflow.history(run, "eval_accuracy")) == [10, 20]
+    # The final metrics are metrics.json's, value for value.
+    final = {m["key"][len("final_") :]: m["value"] for m in run["data"]["metrics"] if m["key"].startswith("final_")}
+    numbers = {k: v for k, v in job.metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    assert numbers and final == pytest.approx(numbers)
+    assert sorted(mlflow.history(run, "final_train_loss")) == [20]  # at the job's last step
+    # TensorBoard got the same step metrics, from the same logs.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(job.root / "output" / "tensorboard"))
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/samples_per_second", "train/learning_rate", "eval/accuracy"} <= scalars
+
+
+@pytest.mark.integration
+def test_a_failed_job_ends_its_run_failed_with_the_failure(mlflow, tiny_model_dir, tmp_path):
+    job = build_job(tmp_path / "opt-ml", tiny_model_dir, {**JOB, "text_column": "sentence"})  # the data has "text"
+    done = run_train_process(job.root, env=_tracked_env(mlflow, "byoc-tests", "job-failed"))
+    assert done.returncode == 1 and "sentence" in job.failure
+    run = mlflow.run("byoc-tests", "job-failed")
+    tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+    assert run["info"]["status"] == "FAILED"
+    assert tags["byoc.failure"] == job.failure.strip()
+
+
+@pytest.mark.integration
+def test_an_unreachable_tracking_server_costs_a_warning_never_the_job(tiny_model_dir, tmp_path):
+    job = build_job(tmp_path / "opt-ml", tiny_model_dir, {**JOB, "max_steps": "5"})
+    nobody = f"http://127.0.0.1:{free_port()}"
+    done = run_train_process(job.root, env={"MLFLOW_TRACKING_URI": nobody, "TRAINING_JOB_NAME": "job-alone"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = done.stdout + done.stderr
+    assert f"MLflow at {nobody} cannot be reached" in log and "this job is not tracked; training goes on" in log
+    assert (job.model_dir / "model.safetensors").exists()
+
+
+@pytest.mark.integration
+def test_without_the_variable_nothing_of_mlflow_is_imported(tiny_model_dir, tmp_path):
+    job = build_job(tmp_path / "opt-ml", tiny_model_dir, {**JOB, "max_steps": "5"})
+    program = (
+        "import sys\n"
+        "from byoc.training import entry\n"
+        "code = entry.run_job()\n"
+        "names = sorted(m for m in sys.modules if m.split('.')[0] in ('mlflow', 'sagemaker_mlflow'))\n"
+        "print('imported mlflow:', names)\n"
+        "sys.exit(code)\n"
+    )
+    done = run_train_process(job.root, sys.executable, "-c", program, env={"MLFLOW_TRACKING_URI": ""})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "imported mlflow: []" in done.stdout
+
+
+def test_only_rank_0_tracks_and_nothing_starts_without_a_uri(monkeypatch):
+    from byoc.launch.settings import RankSettings
+
+    args = parse_hyperparameters({})
+    untracked = TrainingSettings()
+    assert tracking.start(untracked, None, args) is None  # no MLFLOW_TRACKING_URI: not even an import
+    other_rank = TrainingSettings(
+        rank=RankSettings(rank=1, world_size=2), tracking=TrackingSettings(mlflow_uri="http://127.0.0.1:1")
+    )
+    assert tracking.start(other_rank, None, args) is None and tracking.current() is None
+
+
+def test_params_are_the_resolved_hyperparameters_with_secrets_masked():
+    params = tracking.params_of(parse_hyperparameters({"epochs": "2", "model_name_or_path": "s3://key:Pa55word@b/m"}))
+    assert params["epochs"] == 2 and params["model_name_or_path"] == "s3://key:***@b/m"  # a URL's password
+    assert "learning_rate" in params  # a default is a resolved value too
+
+
+def test_the_tracking_settings_are_read_with_the_jobs(monkeypatch):
+    settings = TrainingSettings.from_env(
+        {"MLFLOW_TRACKING_URI": "arn:aws:sagemaker:us-east-1:123:mlflow-tracking-server/t", "BYOC_IMAGE": "img"}
+    )
+    assert settings.tracking == TrackingSettings(
+        "arn:aws:sagemaker:us-east-1:123:mlflow-tracking-server/t", "byoc", "img"
+    )
+    assert TrainingSettings.from_env({}).tracking.mlflow_uri is None
