@@ -127,15 +127,17 @@ def main() -> int:
     parser.add_argument("--models", type=int, default=100)
     parser.add_argument("--scrapes", type=int, default=30)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--parts", nargs="*", default=["serving", "scrape"], choices=("serving", "scrape"))
     opts = parser.parse_args()
     if bench_serve.DATA is None:
         sys.exit(shared_data.missing("emotion"))
     texts = bench_serve.sentences()
     model = bench_serve.train_model()
-    results = {
-        "serving": serving_overhead(model, texts, opts.rounds, opts.seconds, opts.warmup),
-        "scrape": scrape_cost(model, opts.models, opts.scrapes, texts),
-    }
+    results = {}
+    if "serving" in opts.parts:
+        results["serving"] = serving_overhead(model, texts, opts.rounds, opts.seconds, opts.warmup)
+    if "scrape" in opts.parts:
+        results["scrape"] = scrape_cost(model, opts.models, opts.scrapes, texts)
     if opts.json:
         opts.json.write_text(json.dumps(results, indent=2))
     return 0
