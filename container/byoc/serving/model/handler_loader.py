@@ -117,6 +117,7 @@ def forget_isolated(model_dir: Path, name: str) -> None:
 FULL_IMAGE_MODULES = frozenset(
     ("torch", "transformers", "datasets", "accelerate", "safetensors", "sagemaker_training")
     + ("pandas", "pyarrow", "matplotlib", "tensorboard", "onnx")
+    + ("mlflow", "sagemaker_mlflow")  # experiment tracking (byoc.training.tracking)
 )
 
 
