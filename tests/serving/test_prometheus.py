@@ -195,6 +195,7 @@ def test_metrics_are_answered_while_the_model_is_busy(classifier, tmp_path):
 def test_several_workers_scrape_as_one_container(classifier):
     s = serve_helpers.serve(classifier, BYOC_INFERENCE_BACKEND="onnxruntime", SAGEMAKER_MODEL_SERVER_WORKERS="2")
     try:
+        s.wait_for_log("; ready", count=2)  # /ping answered by one worker says nothing of the other's load
         for _ in range(12):  # a connection each: uvicorn's workers share the socket, so both answer some
             assert httpx.post(f"{s.url}/invocations", json={"inputs": TEXTS[0]}).status_code == 200
         for _ in range(4):  # whichever worker answers the scrape counts the whole container
