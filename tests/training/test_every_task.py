@@ -163,6 +163,8 @@ def test_regression_with_whole_number_scores_on_request(job, tiny_model_dir):
         ({"task": "regression"}, "text,label\na,pos\nb,neg\n", ["task=regression", "'pos'"]),
         ({}, '{"text": "a", "label": 1}\n{"text": "b", "label": "neg"}\n', ["mixes label kinds", "row 2"]),
         ({}, '{"text": "a", "label": 1.5}\n{"text": "b", "label": Infinity}\n', ["finite", "row 2"]),
+        ({}, '{"text": "a", "label": 1.5}\n{"text": "b", "label": 1e39}\n', ["float32", "row 2", "1e+39"]),
+        ({"task": "regression"}, "text,label\na,1\nb," + "9" * 400 + "\n", ["float32", "row 2"]),
         ({"task": "single_label"}, '{"text": "a", "labels": ["x"]}\n', ["multi_label"]),
         (
             {"label_smoothing": "0.1"},

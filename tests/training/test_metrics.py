@@ -1,12 +1,13 @@
 """Offline metrics and the log lines SageMaker's metric_definitions read."""
 
+import json
 import re
 import tracemalloc
 
 import numpy as np
 import pytest
 
-from byoc.training.metrics import METRIC_DEFINITIONS, classification_metrics, metrics_line, plot_history
+from byoc.training.metrics import METRIC_DEFINITIONS, classification_metrics, metrics_line, plot_history, write_report
 
 
 def test_accuracy_and_macro_f1_by_hand():
@@ -177,3 +178,19 @@ def test_token_metrics_by_hand():
     assert metrics["precision"] == pytest.approx(2 / 3) and metrics["recall"] == pytest.approx(2 / 3)
     assert metrics["f1"] == pytest.approx(2 / 3) and metrics["accuracy"] == pytest.approx(4 / 6)
     assert per_type == {"LOC": pytest.approx(2 / 3, abs=1e-6), "PER": pytest.approx(2 / 3, abs=1e-6)}
+
+
+def test_metrics_json_is_strict_json_whatever_the_metrics(tmp_path):
+    """NaN and infinity (Pearson of constant predictions, a loss that overflowed) are not JSON: strict parsers
+    refuse a metrics.json holding them. They are written as null."""
+    summary = {"eval_loss": float("inf"), "eval_pearson": float("nan"), "test_f1": np.float32("nan"), "ok": 0.5}
+    history = [{"step": 1, "loss": float("-inf")}, {"step": 2, "eval_loss": np.float64(1.5)}]
+    path = write_report(tmp_path, summary, history)
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    report = json.loads(path.read_text(), parse_constant=refuse)
+    assert report["eval_loss"] is None and report["eval_pearson"] is None and report["test_f1"] is None
+    assert report["ok"] == 0.5
+    assert report["history"] == [{"step": 1, "loss": None}, {"step": 2, "eval_loss": 1.5}]

@@ -287,12 +287,25 @@ def write_report(output_data_dir: Path, summary: dict[str, Any], history: list[d
     """Write `metrics.json` (final metrics + per-step history) and `metrics.png` (loss and eval curves)."""
     output_data_dir.mkdir(parents=True, exist_ok=True)
     path = output_data_dir / "metrics.json"
-    path.write_text(json.dumps({**summary, "history": history}, indent=2, default=_jsonable) + "\n")
+    report = strict({**summary, "history": history})
+    path.write_text(json.dumps(report, indent=2, default=_jsonable, allow_nan=False) + "\n")
     try:
         plot_history(history, output_data_dir / "metrics.png")
     except Exception as err:  # a plot must never fail a finished job
         logger.warning("could not draw metrics.png: %s", err)
     return path
+
+
+def strict(value: Any) -> Any:
+    """`value` with every NaN or infinity as null: metrics.json is strict JSON (RFC 8259 has neither), which
+    every parser reads; a metric that is not a number (Pearson of constant predictions) is null there."""
+    if isinstance(value, dict):
+        return {key: strict(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(item) for item in value]
+    if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+        return None
+    return value
 
 
 def _jsonable(value: Any) -> Any:

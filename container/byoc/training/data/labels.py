@@ -4,6 +4,7 @@ numbers, ClassLabel ids) into ids, and the seeded, stratified eval hold-out (val
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,13 +92,30 @@ def as_numbers(values: pd.Series) -> pd.Series | None:
             or (isinstance(v, str) and bool(NUMBER.fullmatch(v)))
         )
     )
-    return pd.to_numeric(stripped) if is_number.all() else None
+    if not is_number.all():
+        return None
+    try:
+        return pd.to_numeric(stripped)
+    except OverflowError:  # an integer past float64's range (hundreds of digits): infinite, refused by row later
+        return stripped.map(to_float).astype(np.float64)
+
+
+def to_float(value: object) -> float:
+    """A number as a float; one too large for float64 is infinite (the callers refuse it, naming its row)."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        return math.inf if not str(value).lstrip().startswith("-") else -math.inf
 
 
 def integral(numbers: pd.Series, role: str, where: str) -> np.ndarray:
     """The labels as int64 ids or values; a fractional label means regression, which a classifier cannot learn."""
-    array = numbers.to_numpy(dtype=np.float64)
-    fractional = array != np.round(array)
+    array = (
+        np.array([to_float(v) for v in numbers], dtype=np.float64)
+        if numbers.dtype == object
+        else numbers.to_numpy(dtype=np.float64)
+    )
+    fractional = (array != np.round(array)) | ~np.isfinite(array) | (np.abs(array) >= 2.0**63)
     if fractional.any():
         first = int(np.flatnonzero(fractional)[0]) + 1
         raise DataError(

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from byoc.model_folder import MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION
-from byoc.training.data.labels import as_numbers, row_count
+from byoc.training.data.labels import as_numbers, row_count, to_float
 from byoc.training.data.types import DataError, Part
 
 AUTO = "auto"
@@ -165,15 +165,35 @@ class RegressionCodec:
                 f"The {role} data ({where}) has label {value!r} at row {row}, not a number, but the train "
                 "labels are numbers (regression). Fix that label."
             )
-        values = numbers.to_numpy(dtype=np.float64)
-        bad = ~np.isfinite(values)
+        values = _floats(numbers)
+        # The model trains in float32: a label past its range (about 3.4e38) would become infinity there
+        # and surface as a diverged training, blamed on the learning rate.
+        bad = ~np.isfinite(values) | (np.abs(values) > FLOAT32_MAX)
         if bad.any():
             first = int(np.flatnonzero(bad)[0])
             raise DataError(
-                f"The {role} data ({part.where}) has regression label {values[first]} "
-                f"({row_count(int(bad.sum()))}, first at row {first + 1}); regression labels must be finite numbers."
+                f"The {role} data ({part.where}) has regression label {_shown(numbers.iloc[first])} "
+                f"({row_count(int(bad.sum()))}, first at row {first + 1}); regression labels must be finite "
+                f"numbers within float32's range (±{FLOAT32_MAX:.1e}): fix or rescale them."
             )
         return values.astype(np.float32)
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _floats(numbers: pd.Series) -> np.ndarray:
+    """The labels as float64; an integer too large even for float64 (400 digits) becomes infinity."""
+    try:
+        return numbers.to_numpy(dtype=np.float64)
+    except OverflowError:
+        return np.array([to_float(v) for v in numbers], dtype=np.float64)
+
+
+def _shown(value: object) -> str:
+    """A label in a message: a huge integer by its size, not its 400 digits."""
+    text = repr(value.item() if isinstance(value, np.generic) else value)
+    return text if len(text) <= 40 else f"{text[:12]}... (a number of {len(text)} digits)"
 
 
 def binary_columns(frame: pd.DataFrame | datasets.Dataset, columns: list[str]) -> bool:
