@@ -96,7 +96,7 @@ def test_a_token_classifier_answers_the_pipelines_entities_and_covers_long_texts
 
     texts = ["John Smith lives in Paris", "word " * 300 + "and the end"]  # the second: several windows
     reference = pipeline("token-classification", model=str(ner), device="cpu")
-    s = serve(ner, tmp_path)
+    s = serve(ner, tmp_path, BYOC_MAX_TEXT_CHARS_PER_REQUEST="3000")
     try:
         answer = s.invoke({"inputs": texts[:1], "parameters": {"aggregation_strategy": "none"}})
         assert answer.status_code == 200
@@ -118,6 +118,13 @@ def test_a_token_classifier_answers_the_pipelines_entities_and_covers_long_texts
         assert empty.status_code == 400 and "empty" in empty.text
         pair = s.invoke({"inputs": [{"text": "a", "text_pair": "b"}]})
         assert pair.status_code == 400 and "pair" in pair.text
+        # Every window of a text runs: the work one request causes is bounded by its characters, all texts
+        # together (a 5.8 MB text held the endpoint for 40 s), refused before it queues.
+        for too_long in ({"inputs": "a" * 3001}, {"inputs": ["b " * 800, "c " * 800]}):
+            refused = s.invoke(too_long)
+            assert refused.status_code == 413, refused.text
+            assert "BYOC_MAX_TEXT_CHARS_PER_REQUEST" in refused.text and "3000" in refused.text
+        assert s.invoke({"inputs": ["b " * 700, "c " * 800]}).status_code == 200  # 3000 exactly
     finally:
         s.stop()
 

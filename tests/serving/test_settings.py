@@ -60,6 +60,7 @@ VARIABLES = {
     "BYOC_GRACEFUL_TIMEOUT": "graceful_timeout",
     "BYOC_MAX_INPUTS_PER_REQUEST": "max_inputs",
     "BYOC_MAX_QUEUED_INPUTS": "max_queued_inputs",
+    "BYOC_MAX_TEXT_CHARS_PER_REQUEST": "max_text_chars",
     "BYOC_MAX_CONCURRENCY": "max_concurrency",
     "BYOC_MAX_CONNECTIONS": "max_connections",
     "BYOC_KEEP_ALIVE_TIMEOUT": "keep_alive_timeout",
@@ -166,6 +167,7 @@ def test_the_new_limits_are_documented_with_their_defaults():
     for variable in (
         "BYOC_MAX_INPUTS_PER_REQUEST",
         "BYOC_MAX_QUEUED_INPUTS",
+        "BYOC_MAX_TEXT_CHARS_PER_REQUEST",
         "BYOC_MAX_CONCURRENCY",
         "BYOC_MAX_CONNECTIONS",
         "BYOC_KEEP_ALIVE_TIMEOUT",

@@ -33,6 +33,7 @@ ASYNC_DEFAULTS: dict[str, int] = {
     "SAGEMAKER_MODEL_SERVER_TIMEOUT": 3600,
     "BYOC_MAX_INPUTS_PER_REQUEST": 1_000_000,
     "BYOC_MAX_QUEUED_INPUTS": 2_000_000,
+    "BYOC_MAX_TEXT_CHARS_PER_REQUEST": 5_000_000,
     "BYOC_BODY_TIMEOUT": 900,
 }
 SERVER_HEADROOM = 256 << 20  # the server's own memory (Python, ONNX Runtime, uvicorn) and a margin
@@ -79,6 +80,10 @@ class ServeSettings:
     max_delay_ms: float = 0.0
     graceful_timeout: int = 25
     max_inputs: int = 4096  # per request (413 above): about 15 s of a MiniLM on 2 cores, inside the 60 s timeout
+    # Characters of text one request may give a model that reads every text whole (a token classifier covers
+    # a long text in windows; a classifier cuts it at its max_length): 413 above. About 3 s of MiniLM-L6 and
+    # 25 s of BERT-base on 2 cores: one request's work stays well inside the 60 s timeout.
+    max_text_chars: int = 50_000
     max_queued_inputs: int = 16384  # waiting for the model, all requests together (503 + Retry-After above)
     max_concurrency: int = 256  # invocations one worker answers at once (503 + Retry-After above; /ping never)
     max_connections: int = (
@@ -131,6 +136,9 @@ class ServeSettings:
             max_delay_ms=read.number("BYOC_MAX_BATCH_DELAY_MS", 0.0),
             graceful_timeout=read.integer("BYOC_GRACEFUL_TIMEOUT", 25, 0),
             max_inputs=read.integer("BYOC_MAX_INPUTS_PER_REQUEST", default("BYOC_MAX_INPUTS_PER_REQUEST", 4096), 1),
+            max_text_chars=read.integer(
+                "BYOC_MAX_TEXT_CHARS_PER_REQUEST", default("BYOC_MAX_TEXT_CHARS_PER_REQUEST", 50_000), 1
+            ),
             max_queued_inputs=read.integer("BYOC_MAX_QUEUED_INPUTS", default("BYOC_MAX_QUEUED_INPUTS", 16384), 1),
             max_concurrency=read.integer("BYOC_MAX_CONCURRENCY", 256, 1),
             keep_alive_timeout=read.number("BYOC_KEEP_ALIVE_TIMEOUT", 75.0, positive=True),

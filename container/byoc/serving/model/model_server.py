@@ -221,6 +221,8 @@ class ModelServer:
         finally:
             if len(body) >= INLINE_LIMIT:
                 release_memory()  # a large body parsed (or refused): its memory goes back to the system
+        if handlers.is_default("predict_fn"):
+            self._check_text(default_handlers.whole_text_chars(self.model, data))
         if handlers.batchable and _batch_shaped(data):
             inputs = data["inputs"]
             self._check_count(len(inputs))
@@ -251,6 +253,16 @@ class ModelServer:
             raise PayloadTooLarge(
                 f"the request has {how_many} inputs, over the limit of {self.settings.max_inputs} "
                 "(BYOC_MAX_INPUTS_PER_REQUEST): send them in several requests"
+            )
+
+    def _check_text(self, chars: int) -> None:
+        """413 past BYOC_MAX_TEXT_CHARS_PER_REQUEST: the work of a model that reads each text whole grows with it."""
+        if chars > self.settings.max_text_chars:
+            raise PayloadTooLarge(
+                f"the request's texts hold {chars} characters, over the limit of {self.settings.max_text_chars} "
+                "a token classifier reads in one request (BYOC_MAX_TEXT_CHARS_PER_REQUEST, sized to answer "
+                "within the invocation timeout): send the text in parts, or raise the limit together with "
+                "SAGEMAKER_MODEL_SERVER_TIMEOUT (an asynchronous endpoint: BYOC_PROFILE=async)"
             )
 
     async def _handler(self, fn: Any, name: str, builtin: bool, size: int, *args: Any) -> Any:
