@@ -241,6 +241,25 @@ def test_token_classification_from_conll_files(job, tiny_model_dir, monkeypatch)
                 ask(inference, model, bad)
 
 
+def test_a_conll_file_without_blank_lines_is_trained_whole_and_said_so(job, tiny_model_dir, caplog):
+    """Without blank lines 60 sentences read as one of 360 words, far past the tiny model's 128 positions:
+    training covers it in windows (every word trained on), evaluation says how many words it cuts."""
+    job.hyperparameters({**QUICK, "max_steps": "2"})
+    job.model_channel(tiny_model_dir)
+    joined = "\n".join(line for line in conll_sentences(60).splitlines()[2:] if line) + "\n"
+    (job.channel("train") / "train.conll").write_text(joined)
+    (job.channel("test") / "test.conll").write_text(joined)
+    with caplog.at_level("WARNING"):
+        assert entry.train() == 0, job.failure
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    windowed = next(w for w in warnings if w.startswith("train: sentences longer than max_length=128"))
+    rows = int(windowed.split("(")[1].split()[0])
+    assert rows >= 360 // 126 and "from 1 sentences" in windowed and "blank lines" in windowed
+    cut = next(w for w in warnings if w.startswith("test: 1 sentences are longer than max_length=128"))
+    assert "words past it are not evaluated" in cut
+    assert int(cut.split("; ")[1].split()[0]) >= 360 - 126
+
+
 def test_token_records_with_class_label_ids(job, tiny_model_dir):
     import datasets
 

@@ -42,13 +42,17 @@ def tokenize_splits(
     for name, ds in splits.items():
         key = hashlib.sha256(
             f"{ds._fingerprint}:{tokenizer_id}:{type(tokenizer).__name__}:{max_length}:{padding}:"
-            f"{args.label_all_tokens}".encode()
+            f"{args.label_all_tokens}:windows".encode()
         ).hexdigest()[:16]
         cache_file = cache_dir / "tokenized" / f"{name}-{key}.arrow"
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         pair = "text_pair" in ds.column_names
         if data.task == TOKEN_CLASSIFICATION:
-            encode = tag_encoder(tokenizer, max_length, padding, data.label_names, args.label_all_tokens)
+            # Training covers a long sentence in windows (no word goes unlearned); evaluation cuts it, as the
+            # predictions are one row per sentence, and says how much was cut.
+            encode = tag_encoder(
+                tokenizer, max_length, padding, data.label_names, args.label_all_tokens, windows=name == "train"
+            )
         else:
             encode = text_encoder(tokenizer, max_length, padding, pair)
         out[name] = ds.map(
@@ -59,6 +63,8 @@ def tokenize_splits(
             cache_file_name=str(cache_file),
             desc=f"tokenizing {name}",
         )
+        if data.task == TOKEN_CLASSIFICATION:
+            out[name] = _report_long_sentences(out[name], name, len(ds), max_length)
     lengths = np.asarray(out["train"]["length"])
     logger.info(
         "tokenized: train %d %s, %.1f tokens on average (max %d, truncated at %d)",
@@ -90,36 +96,85 @@ def text_encoder(tokenizer: PreTrainedTokenizerBase, max_length: int, padding: A
 
 
 def tag_encoder(
-    tokenizer: PreTrainedTokenizerBase, max_length: int, padding: Any, names: list[str], all_tokens: bool
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    padding: Any,
+    names: list[str],
+    all_tokens: bool,
+    windows: bool = False,
 ) -> Any:
     """Sentences of words -> token ids, and each word's tag on its first sub-token (`all_tokens`: on
     every sub-token, B- becoming I- after the first); special tokens and the other sub-tokens get
-    IGNORE_LABEL, which the loss and the metrics skip (as run_ner.py does)."""
+    IGNORE_LABEL, which the loss and the metrics skip (as run_ner.py does). A sentence longer than
+    `max_length` is cut there, or (`windows`) covered by consecutive windows, each word tagged once.
+    Each row's `cut`: the words past its end that no row covers (removed by tokenize_splits)."""
     inside = [
         names.index("I-" + n[2:]) if n.startswith("B-") and "I-" + n[2:] in names else i for i, n in enumerate(names)
     ]
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
         enc = tokenizer(
-            batch["tokens"], is_split_into_words=True, truncation=True, max_length=max_length, padding=padding
+            batch["tokens"],
+            is_split_into_words=True,
+            truncation=True,
+            max_length=max_length,
+            padding=padding,
+            return_overflowing_tokens=True,
         )
-        labels = []
-        for row, tags in enumerate(batch["tags"]):
+        sources = enc.pop("overflow_to_sample_mapping")
+        keep = [i for i, source in enumerate(sources) if windows or i == 0 or sources[i - 1] != source]
+        labels, cut, seen = [], [], -1
+        tagged: set[int] = set()  # the words of this sentence tagged in an earlier window
+        for row in keep:
+            source, tags = sources[row], batch["tags"][sources[row]]
+            if source != seen:
+                seen, tagged = source, set()
             previous, aligned = None, []
             for word in enc.word_ids(row):
                 if word is None:
                     aligned.append(IGNORE_LABEL)
-                elif word != previous:
+                elif word != previous and word not in tagged:
                     aligned.append(tags[word])
+                    tagged.add(word)
                 else:
                     aligned.append(inside[tags[word]] if all_tokens else IGNORE_LABEL)
                 previous = word
             labels.append(aligned)
-        enc["labels"] = labels
-        enc["length"] = [sum(mask) for mask in enc["attention_mask"]]
-        return enc
+            last = max((w for w in enc.word_ids(row) if w is not None), default=-1)
+            cut.append(0 if windows else len(tags) - 1 - last)
+        out = {key: [values[i] for i in keep] for key, values in enc.items()}
+        out["labels"] = labels
+        out["length"] = [sum(mask) for mask in out["attention_mask"]]
+        out["cut"] = cut
+        return out
 
     return encode
+
+
+def _report_long_sentences(ds: datasets.Dataset, split: str, sentences: int, max_length: int) -> datasets.Dataset:
+    """A WARNING where sentences run past max_length (often a CoNLL file without blank lines between its
+    sentences, read as one sentence): how they were windowed (train) or how many words were cut (eval, test)."""
+    if len(ds) > sentences:
+        logger.warning(
+            "%s: sentences longer than max_length=%d tokens were covered by windows of it (%d rows from %d "
+            "sentences), every word trained on. Sentences that long often mean a CoNLL file without blank lines "
+            "between its sentences.",
+            split,
+            max_length,
+            len(ds),
+            sentences,
+        )
+    cut = np.asarray(ds["cut"])
+    if cut.any():
+        logger.warning(
+            "%s: %d sentences are longer than max_length=%d tokens; %d of their words past it are not evaluated "
+            "or predicted. Raise max_length, or split the sentences (a CoNLL file separates them by blank lines).",
+            split,
+            int((cut > 0).sum()),
+            max_length,
+            int(cut.sum()),
+        )
+    return ds.remove_columns("cut")
 
 
 def with_length(ds: datasets.Dataset) -> datasets.Dataset:
