@@ -1,5 +1,6 @@
 """A multi-model endpoint under one bad or busy neighbour (issue 28), through a real server: models
-whose code shares module names keep their own whatever idiom imports them, load/unload churn gives
+whose code shares module names keep their own whatever idiom imports them, and lend no library a
+helper file named like the module it imports (nor leave it one after the unload), load/unload churn gives
 back all it took (resident memory flat over hundreds of cycles), a load that hangs times out and
 costs no other load or model anything, a call that hangs after its model's unload keeps /ping at
 503, and hostile load and list requests are clear 4xx answers."""
@@ -7,6 +8,7 @@ costs no other load or model anything, a call that hangs after its model's unloa
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import subprocess
 import sys
 
@@ -288,3 +290,81 @@ print(asyncio.run(load_twice()), [name for name in sys.modules if name.startswit
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines()[-1] == "[500, 500] []", done.stdout[-3000:]
+
+
+# Helper files named like standard-library modules, and a model whose code is on the stack while
+# libraries import them for the first time: at the model's import (unittest.case imports difflib and
+# pprint) and in its model_fn (multiprocessing.spawn imports runpy; shutil imports tarfile when it
+# first packs a tar). The libraries got the model's files, and held them after its unload.
+SHADOWS = ("difflib", "pprint", "runpy", "tarfile")
+SHADOWING = """
+import os, sys
+sys.path.insert(0, os.path.dirname(__file__))
+import pprint  # the model's own pprint.py: its own file imports it
+import unittest.case
+from byoc.inference import model_fn as default_model_fn
+
+OWN_PPRINT = pprint
+
+
+def model_fn(model_dir):
+    import multiprocessing.spawn
+    import shutil
+    shutil.make_archive(os.path.join(os.path.dirname(model_dir), "packed"), "tar", os.path.dirname(__file__))
+    model = default_model_fn(model_dir)
+"""
+SHADOW_SCRIPT = """
+import asyncio, json, sys, types
+from byoc.serving.resources import Resources
+from byoc.serving.model.multi_model import LoadRefused, Registry
+from byoc.serving.settings import ServeSettings
+
+FOLDER, URL, SHADOWS = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+env = {"SAGEMAKER_MULTI_MODEL": "true", "BYOC_INFERENCE_BACKEND": "onnxruntime"}
+registry = Registry(ServeSettings.from_env(env, resources=Resources(cpus=1, memory=4 << 30)), 1 << 30, print)
+
+
+def of_model(value):
+    return isinstance(value, types.ModuleType) and (getattr(value, "__file__", None) or "").startswith(FOLDER + "/")
+
+
+first = [name for name in SHADOWS + ["unittest", "multiprocessing.spawn"] if name in sys.modules]
+
+
+async def load_and_unload():
+    try:
+        entry = await registry.load("m", URL)
+    except LoadRefused as refused:
+        return refused.status, None
+    own = of_model(sys.modules[entry.server.code_name].OWN_PPRINT)
+    await registry.unload("m", wait=1)
+    return 200, own
+
+
+status, own = asyncio.run(load_and_unload())
+held = [f"{name}.{attr}" for name, module in list(sys.modules.items())
+        for attr, value in list(getattr(module, "__dict__", {}).items()) if of_model(value)]
+real = {name: name in sys.modules and not of_model(sys.modules[name]) for name in SHADOWS}
+libraries = [sys.modules["unittest.case"].pprint, sys.modules["unittest.case"].difflib,
+             sys.modules["multiprocessing.spawn"].runpy]
+print(json.dumps({"first": first, "status": status, "own": own, "held": sorted(held), "real": real,
+                  "libraries_real": [sys.modules.get(m.__name__) is m for m in libraries]}))
+"""
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["unloaded", "failed"])
+def test_a_models_helper_files_are_never_a_librarys_and_leave_with_it(classifier, tmp_path, fails):  # noqa: F811
+    """In a process of its own: the libraries' first imports of these modules happen there."""
+    ending = "    raise ValueError('no')\n" if fails else "    return model\n"
+    code = {"inference.py": SHADOWING + ending} | {f"{name}.py": "FROM_THE_MODEL = True\n" for name in SHADOWS}
+    url = model_copy(classifier, tmp_path, "m", code)
+    args = [str(url / "code"), str(url), ",".join(SHADOWS)]
+    done = subprocess.run(
+        [sys.executable, "-c", SHADOW_SCRIPT, *args], capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got["first"] == [], got  # else the libraries imported them before the model's code ran
+    assert (got["status"], got["own"]) == ((500, None) if fails else (200, True)), done.stdout[-3000:]
+    assert got["held"] == [], got  # references to the model's private modules, from library modules
+    assert got["real"] == dict.fromkeys(SHADOWS, True) and got["libraries_real"] == [True] * 3, got

@@ -1,6 +1,7 @@
 """`GET /metrics` (byoc.serving.prometheus): the route templates and the registry in process, then real
 servers scraped over HTTP: one worker, several workers (a scrape adds them all up), a multi-model
-endpoint (per-model series that go with their model), a scrape answered while the model is busy,
+endpoint (per-model series that go with their model, and only with it: never with a refused load of
+its name, nor with an unload of an earlier model of that name), a scrape answered while the model is busy,
 BYOC_METRICS=false, and a real Prometheus server scraping `byoc serve` and queried back."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import urllib.parse
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import httpx
 import pytest
 import serve_helpers
 from prometheus_client.parser import text_string_to_metric_families
-from serve_helpers import GATE_CODE, PING_S, TEXTS, Gates, Server, free_port, wait_for
+from serve_helpers import GATE_CODE, HANG_GUARD_S, PING_S, TEXTS, Gates, Server, free_port, wait_for
 
 from byoc.serving import prometheus
 from byoc.serving.prometheus import ServerMetrics, route_of
@@ -256,6 +258,92 @@ def test_a_multi_model_endpoint_reports_each_model_and_forgets_the_unloaded(clas
         assert value(after, "byoc_requests_total", route=route, code="200", model="alpha") == 3
     finally:
         s.stop()
+
+
+SLOW_LOAD = (
+    GATE_CODE
+    + """
+from byoc.inference import model_fn as default_model_fn
+
+
+def model_fn(model_dir):
+    gate("load")
+    return default_model_fn(model_dir)
+"""
+)
+
+
+@integration
+def test_a_refused_load_never_touches_the_series_of_the_model_of_its_name(classifier, tmp_path):
+    """A second POST /models of a name that was loading (409) removed the loading model's series: once
+    it had loaded, its invocations showed under no `model` label. A 404 or 400 did the same."""
+    gates = Gates(tmp_path / "gates")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "empty").mkdir()
+    env = {"SAGEMAKER_MULTI_MODEL": "true", "BYOC_INFERENCE_BACKEND": "onnxruntime", **gates.env()}
+    s = Server(tmp_path / "model", env=env)
+    url = _mme_model(classifier, tmp_path, "slow")
+    (url / "code").mkdir()
+    (url / "code" / "inference.py").write_text(SLOW_LOAD)
+    load = lambda folder: s.client.post("/models", json={"model_name": "slow", "url": str(folder)})
+    bad = [tmp_path / "nowhere", url / "config.json", tmp_path / "empty"]  # 404; 400 a file; 400 no model in it
+    refused = lambda: [load(folder).status_code for folder in [url, *bad]]
+    try:
+        s.wait_ready()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(load, url)
+            gates.entered("load")
+            while_loading = refused()
+            gates.open("load")
+            assert first.result().status_code == 200
+        once_loaded = refused()
+        for _ in range(5):
+            assert s.client.post("/models/slow/invoke", json={"inputs": TEXTS}).status_code == 200
+        got = scrape(s)
+    finally:
+        gates.open("load")
+        s.stop()
+    assert while_loading == once_loaded == [409, 404, 400, 400]
+    assert value(got, "byoc_requests_total", route="/models/{model_name}/invoke", code="200", model="slow") == 5
+    assert value(got, "byoc_batch_size_sum", model="slow") == 5 * len(TEXTS)
+    assert value(got, "byoc_model_loads_total", outcome="loaded") == 1
+    assert value(got, "byoc_model_loads_total", outcome="refused") == 8
+
+
+RELOAD_SCRIPT = """
+import asyncio, sys
+from byoc.serving.resources import Resources
+from byoc.serving.model.multi_model import Registry
+from byoc.serving.prometheus import ServerMetrics
+from byoc.serving.settings import ServeSettings
+
+env = {"SAGEMAKER_MULTI_MODEL": "true", "BYOC_INFERENCE_BACKEND": "onnxruntime"}
+metrics = ServerMetrics(multi_model=True)
+registry = Registry(ServeSettings.from_env(env, resources=Resources(cpus=1, memory=4 << 30)), 1 << 30, print, metrics)
+
+
+async def reload():
+    await registry.load("m", sys.argv[1])
+    await asyncio.gather(registry.unload("m", 1), registry.load("m", sys.argv[1]))  # loads as the unload waits
+    scraped = metrics.exposition(None)[0].decode()
+    await registry.stop()
+    return 'byoc_queue_depth{model="m"}' in scraped  # the loaded model's series
+
+
+print(asyncio.run(reload()))
+"""
+
+
+@integration
+def test_an_unload_leaves_the_series_of_a_load_of_its_name_begun_meanwhile(classifier):
+    """The unload forgot the name's series after waiting for its batcher to stop: a load of that name
+    begun meanwhile had taken them, and its invocations showed under no `model` label. In a process
+    of its own, as a load sets process-wide state."""
+    done = subprocess.run(
+        [sys.executable, "-c", RELOAD_SCRIPT, str(classifier)], capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "True", done.stdout[-3000:]
 
 
 # ---------------------------------------------------------------------------------------------

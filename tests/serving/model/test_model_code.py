@@ -132,3 +132,29 @@ def test_a_module_that_fails_after_importing_a_sibling_package_leaves_nothing(tm
     with pytest.raises(RuntimeError, match="broken"):
         model_code.import_isolated(path, "byoc_model_m")
     assert [name for name in sys.modules if name.startswith("byoc_model_m") or name == "tools"] == []
+
+
+def test_a_librarys_imports_never_find_the_models_files(tmp_path, imported, monkeypatch):
+    """A library's first import of a module the model also has a file of, made while the model's code
+    runs (the finder answered it), or with the model's folder on sys.path (the idiom), got the model's."""
+    library = tmp_path / "site"
+    library.mkdir()
+    (library / "somelib.py").write_text(
+        "import importlib.util\n\n\ndef load():\n    import shadowed_by_model\n    return shadowed_by_model\n\n\n"
+        "def probe():\n    return importlib.util.find_spec('only_in_model')\n"
+    )
+    (library / "shadowed_by_model.py").write_text("FROM = 'library'\n")
+    monkeypatch.syspath_prepend(str(library))
+    calls = "\n\ndef through_library():\n    import shadowed_by_model as mine\n    import somelib\n"
+    calls += "    return mine, somelib.load(), somelib.probe()\n"
+    files = {"inference.py": INFERENCE + calls, "helper.py": "LABEL = 'm'\n", "late.py": "LABEL = 'm'\n"}
+    files |= {"shadowed_by_model.py": "FROM = 'model'\n", "only_in_model.py": ""}
+    m = imported(model(tmp_path, "m", files), "byoc_model_m")
+    try:
+        mine, got, probed = m.through_library()  # the model's code on the stack, its folder first on sys.path
+        assert mine.FROM == "model" and mine is sys.modules["byoc_model_m.shadowed_by_model"]  # its own file
+        assert got.FROM == "library" and sys.modules["shadowed_by_model"] is got
+        assert probed is None  # a name only the model's folder has: no library finds it
+    finally:
+        for name in ("somelib", "shadowed_by_model"):
+            sys.modules.pop(name, None)

@@ -34,7 +34,7 @@ from typing import Any
 from byoc import model_folder, onnx_graph
 from byoc.serving.model.model_server import ModelServer, release_memory, resident_bytes
 from byoc.serving.model.threads import DaemonThreads
-from byoc.serving.prometheus import ServerMetrics
+from byoc.serving.prometheus import ModelMetrics, ServerMetrics
 from byoc.serving.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ class Registry:
             outcome = LOAD_OUTCOMES.get(refused.status, "failed")
             raise
         finally:
-            self._observe_load(name, outcome, time.monotonic() - started)
+            self._observe_load(outcome, time.monotonic() - started)
 
     async def _checked_load(self, name: str, url: str) -> Entry:
         folder = check_request(name, url, self.settings.program)
@@ -211,8 +211,18 @@ class Registry:
     async def _load(self, name: str, url: str, folder: Path) -> Entry:
         estimate = estimate_bytes(folder, int8=self.settings.inference.precision == "int8")
         self._check_budget(name, estimate, "would take about")
-        settings = replace(self.settings, model_dir=folder)
         series = self.metrics.model(name) if self.metrics is not None else None
+        try:
+            return await self._start(name, url, folder, estimate, series)
+        except BaseException:
+            # Only this load, which holds the name, forgets its series: a request refused for a name
+            # loading or loaded (409, or a bad url: 400, 404) never touches that model's.
+            if self.metrics is not None:
+                self.metrics.forget(name)  # the series a failed load made (none ever answered)
+            raise
+
+    async def _start(self, name: str, url: str, folder: Path, estimate: int, series: ModelMetrics | None) -> Entry:
+        settings = replace(self.settings, model_dir=folder)
         server = ModelServer(
             settings, executor=self.executor, handler_threads=self.handler_threads, name=name, metrics=series
         )
@@ -302,13 +312,11 @@ class Registry:
             self._observe_models()
         logger.info("model %r unloaded (%d MiB in use, %d model(s))", name, self.used // MIB, len(self.entries))
 
-    def _observe_load(self, name: str, outcome: str, seconds: float) -> None:
+    def _observe_load(self, outcome: str, seconds: float) -> None:
         if self.metrics is None:
             return
         self.metrics.loads.labels(outcome).inc()
         self.metrics.load_seconds.labels(outcome).observe(seconds)
-        if outcome != "loaded" and name not in self.entries:
-            self.metrics.forget(name)  # the series a failed load made (none ever answered)
         self._observe_models()
 
     def _observe_models(self) -> None:
@@ -319,10 +327,10 @@ class Registry:
         self.metrics.memory_used.set(self.used)
 
     async def _drop(self, entry: Entry) -> None:
+        if self.metrics is not None:  # before waiting: a load of the name begun meanwhile makes series of its own
+            self.metrics.forget(entry.name)
         await entry.server.stop(shared=True)
         entry.server.forget()
-        if self.metrics is not None:
-            self.metrics.forget(entry.name)
         gc.collect()  # the session and the handlers' module hold cycles: free them now, not later
         release_memory()
 
