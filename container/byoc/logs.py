@@ -109,6 +109,20 @@ def mask_text(text: str) -> str:
     return text
 
 
+def cut_secret_start(text: str) -> int:
+    """Where a remembered secret may begin at the end of `text`, cut off by it (`len(text)`: nowhere).
+    A stream masked piece by piece holds `text` from there until the next piece (byoc.launch.script_rank)."""
+    start = len(text)
+    for secret in _KNOWN:
+        at = max(0, len(text) - len(secret) + 1)  # a secret's proper prefix, not a whole one (mask_text's)
+        while (at := text.find(secret[0], at, start)) != -1:  # only before `start`: the longest cut wins
+            if secret.startswith(text[at:]):
+                start = at
+                break
+            at += 1
+    return start
+
+
 class _MaskingFormatter(logging.Formatter):
     """Every line byoc's process logs (a traceback included) with the secrets masked (mask_text)."""
 

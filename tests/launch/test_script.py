@@ -171,8 +171,43 @@ def test_a_secret_that_an_argparse_error_quotes_stays_out_of_the_failure_file(tm
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
     assert "unrecognized arguments: " in job.failure and "--db_password ***" in job.failure, job.failure
     assert "postgres://me:***@db:5432/app" in job.failure and "SeCrEt" not in job.failure, job.failure
-    assert "SeCrEt" not in result.stdout  # byoc's own log lines (the script's stderr is the user's own)
-    assert "Hunter2-SeCrEt" in result.stderr  # which passes through as the script wrote it
+    assert "SeCrEt" not in result.stdout + result.stderr  # byoc's log lines and the script's output
+
+
+# Issue 39: the script's own output quoted the secret arguments unmasked (its stderr passed through as written).
+LOUD_SCRIPT = """
+import argparse, sys
+print("my arguments:", " ".join(sys.argv[1:]))  # stdout, a write per piece (python -u)
+for step in range(3):
+    sys.stdout.write(f"\\r{step + 1}/3 [{'#' * (step + 1):<3}]")  # a progress bar: \\r updates, no newline
+    sys.stdout.flush()
+print()
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs")
+parser.parse_args()
+"""
+
+
+@pytest.mark.integration  # a real job in processes
+def test_a_script_that_quotes_the_secret_arguments_has_them_masked_in_its_output(tmp_path):
+    """argparse's `unrecognized arguments: --db_password VALUE` on the script's stderr, its own print
+    of them on stdout: both reach the job's log masked, the rest of each line and the progress bar's
+    carriage returns intact, the exit code the script's."""
+    job = script_job(tmp_path, script=LOUD_SCRIPT)
+    hps = json.loads((job.root / "input/config/hyperparameters.json").read_text())
+    secrets = {"db_password": "hunter2-SeCrEt", "SECRETKEY": "Sk-SeCrEt-9", "dbUrl": "postgres://me:Url-SeCrEt@db/app"}
+    job.hyperparameters({**hps, **{name: json.dumps(value) for name, value in secrets.items()}})
+    result = run_train_process(job.root)
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "SeCrEt" not in result.stdout + result.stderr
+    error = next(line for line in result.stderr.splitlines() if "unrecognized arguments:" in line)
+    assert error.startswith("train.py: error: unrecognized arguments: "), error
+    assert "--SECRETKEY *** " in error and "--db_password *** " in error, error
+    assert "--dbUrl postgres://me:***@db/app" in error and "--name my run" in error, error
+    said = next(line for line in result.stdout.splitlines() if line.startswith("my arguments:"))
+    assert "--db_password *** " in said and "--SECRETKEY *** " in said, said
+    # The bar's \r updates read as \n here (text=True); test_script_rank sees them intact.
+    assert "\n1/3 [#  ]\n2/3 [## ]\n3/3 [###]\n" in result.stdout
 
 
 def test_hyperparameters_of_the_built_in_job_are_logged_masked(job, caplog):

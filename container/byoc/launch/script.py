@@ -105,4 +105,4 @@ def prepare_script(contract: TrainingContract, settings: LaunchSettings) -> list
         command = [shutil.which("bash") or "/bin/sh", str(script), *args]
     else:
         command = [str(script), *args]
-    return [sys.executable, "-m", "byoc.launch.script_rank", *command]  # passes stderr through, quotes its last error
+    return [sys.executable, "-m", "byoc.launch.script_rank", *command]  # masks its output, quotes its last error
