@@ -5,7 +5,9 @@ side with a single-label model in one multi-model endpoint."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +127,35 @@ def test_a_token_classifier_answers_the_pipelines_entities_and_covers_long_texts
             assert refused.status_code == 413, refused.text
             assert "BYOC_MAX_TEXT_CHARS_PER_REQUEST" in refused.text and "3000" in refused.text
         assert s.invoke({"inputs": ["b " * 700, "c " * 800]}).status_code == 200  # 3000 exactly
+    finally:
+        s.stop()
+
+
+def model_calls(s: Server) -> float:
+    """Calls to the model so far (each step of a long text is one), from /metrics."""
+    scrape = s.client.get("/metrics").text
+    return sum(float(n) for n in re.findall(r"^byoc_inference_seconds_count\{[^}]*\} (\S+)$", scrape, re.M))
+
+
+def test_a_long_text_shares_the_model_with_small_requests(ner, tmp_path):
+    """One long text held the endpoint: a 5.8 MB text took 40 s and a small request sent a second later
+    waited as long. Its windows run a few at a time, other requests between them."""
+    text = " ".join(["John Smith lives in Paris"] * 24_000)  # 600k characters: hundreds of steps
+    s = serve(ner, tmp_path, BYOC_MAX_TEXT_CHARS_PER_REQUEST="1000000")
+    try:
+        before = model_calls(s)
+        long: dict = {}
+        thread = threading.Thread(target=lambda: long.update(answer=s.invoke({"inputs": text})))
+        thread.start()
+        serve_helpers.wait_for(lambda: model_calls(s) >= before + 3, "the long text's first steps", every=0.005)
+        small = s.invoke({"inputs": ["John lives in Paris"]})
+        answered_first = thread.is_alive()
+        assert s.client.get("/ping").status_code == 200
+        thread.join(serve_helpers.HANG_GUARD_S)
+        assert small.status_code == 200 and long["answer"].status_code == 200
+        assert answered_first, "the small request waited for the whole long text"
+        entities = long["answer"].json()[0]
+        assert entities and entities[-1]["end"] <= len(text)
     finally:
         s.stop()
 

@@ -279,16 +279,6 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def whole_text_chars(model: Any, data: Any) -> int:
-    """The characters of text the default predict_fn reads whole in this request: a token classifier's texts
-    (every window of a long text runs), 0 for a model that cuts each text at its max_length."""
-    if not isinstance(model, dict) or model.get("task") != TOKEN_CLASSIFICATION or not isinstance(data, dict):
-        return 0
-    inputs = data.get("inputs")
-    texts = inputs if isinstance(inputs, list) else [inputs]
-    return sum(len(text) for text in texts if isinstance(text, str))
-
-
 def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     """Classify; returns, per input, the best {"label", "score"} or the top_k of them; for a multi-label
     model the labels at or above the threshold; for a regression model {"score": value}."""

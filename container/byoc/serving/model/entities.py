@@ -36,6 +36,13 @@ def check_strategy(strategy: Any) -> None:
 def predict(inputs: list[Any], parameters: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     """The default predict_fn of a token classifier: each input's entities. Every window of every text
     runs in length-sorted, bounded passes, as a classifier's inputs do."""
+    strategy = checked(inputs, parameters)
+    per_text = tokens_of(inputs, model)
+    return [answer(text, tokens, model["id2label"], strategy) for text, tokens in zip(inputs, per_text)]
+
+
+def checked(inputs: list[Any], parameters: dict[str, Any]) -> str:
+    """The request's aggregation strategy, once its texts are known to be texts."""
     strategy = parameters.get("aggregation_strategy") or DEFAULT_STRATEGY
     check_strategy(strategy)
     for index, text in enumerate(inputs):
@@ -43,9 +50,17 @@ def predict(inputs: list[Any], parameters: dict[str, Any], model: dict[str, Any]
             raise InputError(f"input {index}: a token classifier takes one text per input, not a pair")
         if not text.strip():
             raise InputError(f"input {index} is empty: a token classifier needs a text to find entities in")
-    per_text = model["windows"](inputs)
-    flat = [(t, w) for t, windows in enumerate(per_text) for w in range(len(windows))]
-    feeds = [per_text[t][w]["feeds"] for t, w in flat]
+    return strategy
+
+
+def tokens_of(texts: list[str], model: dict[str, Any]) -> list[list[dict]]:
+    """Each text's tokens with their tag scores (`merge`), every window of every text run."""
+    per_text = model["windows"](texts)
+    return merged(per_text, scores_of([w["feeds"] for windows in per_text for w in windows], model))
+
+
+def scores_of(feeds: list[dict], model: dict[str, Any]) -> list[np.ndarray]:
+    """Each window's token scores, the windows run in length-sorted, bounded passes."""
     plan = model.get("passes", passes.CPU)
     order = sorted(range(len(feeds)), key=lambda i: len(feeds[i]["input_ids"]))
     scores: list[Any] = [None] * len(feeds)
@@ -53,12 +68,16 @@ def predict(inputs: list[Any], parameters: dict[str, Any], model: dict[str, Any]
         logits = model["logits"](passes.pad(chunk, feeds, model["pad_id"], plan))
         for n, i in enumerate(chunk):
             scores[i] = passes.softmax(logits[n, : len(feeds[i]["input_ids"])])
-    results: list[list[dict[str, Any]]] = []
+    return scores
+
+
+def merged(per_text: list[list[dict]], scores: list[np.ndarray]) -> list[list[dict]]:
+    """Each text's tokens (`merge`), from the scores of all texts' windows in order."""
+    results: list[list[dict]] = []
     at = 0
-    for t, windows in enumerate(per_text):
-        tokens = merge(windows, scores[at : at + len(windows)])
+    for windows in per_text:
+        results.append(merge(windows, scores[at : at + len(windows)]))
         at += len(windows)
-        results.append(answer(inputs[t], tokens, model["id2label"], strategy))
     return results
 
 

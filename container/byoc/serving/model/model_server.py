@@ -31,7 +31,7 @@ from starlette.responses import Response
 
 from byoc.serving.http import negotiation
 from byoc.serving.http.request_errors import InvalidAnswer, PayloadTooLarge
-from byoc.serving.model import default_handlers
+from byoc.serving.model import default_handlers, long_texts
 from byoc.serving.model.batching import Batcher, guarded, timed
 from byoc.serving.model.handler_loader import (
     HandlerError,
@@ -222,8 +222,12 @@ class ModelServer:
             if len(body) >= INLINE_LIMIT:
                 release_memory()  # a large body parsed (or refused): its memory goes back to the system
         if handlers.is_default("predict_fn"):
-            self._check_text(default_handlers.whole_text_chars(self.model, data))
-        if handlers.batchable and _batch_shaped(data):
+            self._check_text(long_texts.whole_text_chars(self.model, data))
+        stepwise = long_texts.stepwise(self.model, data) if handlers.is_default("predict_fn") else None
+        if stepwise is not None:
+            self._check_count(len(stepwise.texts))
+            prediction = await self._in_steps(stepwise)
+        elif handlers.batchable and _batch_shaped(data):
             inputs = data["inputs"]
             self._check_count(len(inputs))
             prediction = await batcher.submit(inputs, data.get("parameters") or {})
@@ -233,6 +237,13 @@ class ModelServer:
             handlers.output_fn, "output_fn", handlers.is_default("output_fn"), len(body), prediction, accept
         )
         return self._response(result, accept)
+
+    async def _in_steps(self, work: long_texts.Stepwise) -> list[Any]:
+        """Long texts a few windows at a time in the inference thread: the batches of other requests, queued
+        on the same thread meanwhile, run between the steps instead of waiting for the whole request."""
+        for step in work.steps():
+            await self.in_thread(step)
+        return await self.in_thread(work.answers)
 
     async def _parse(self, handlers: Handlers, body: bytes, content_type: str) -> Any:
         if not handlers.is_default("input_fn"):
