@@ -161,3 +161,29 @@ def test_token_labels_pad_to_the_bucket_with_the_ignore_label():
     batch = collate([{"input_ids": [1, 2, 3], "attention_mask": [1, 1, 1], "labels": [IGNORE_LABEL, 3, IGNORE_LABEL]}])
     assert batch["input_ids"].shape == batch["labels"].shape == (2, 4)
     assert batch["labels"].tolist() == [[IGNORE_LABEL, 3, IGNORE_LABEL, IGNORE_LABEL], [IGNORE_LABEL] * 4]
+
+
+def test_multi_label_ids_become_0_1_rows_batch_by_batch():
+    """The data holds each row's label ids (memory as the positive labels, not rows x labels); a batch's
+    rows become 0/1 vectors here, filler rows of a fixed-shape batch IGNORE_LABEL, under either collator."""
+    from transformers import AutoTokenizer, DataCollatorWithPadding
+
+    from byoc.training.buckets import IGNORE_LABEL, FixedShapeCollator, MultiHot
+
+    rows = [
+        {"input_ids": [1, 2, 3], "attention_mask": [1, 1, 1], "labels": [0, 4]},
+        {"input_ids": [1, 2], "attention_mask": [1, 1], "labels": []},
+    ]
+    fixed = MultiHot(FixedShapeCollator(0, [8], batch_rows=3), num_labels=5)(rows)
+    assert fixed["input_ids"].shape == (3, 8)
+    assert fixed["labels"].tolist() == [[1, 0, 0, 0, 1], [0] * 5, [IGNORE_LABEL] * 5]
+    assert rows[0]["labels"] == [0, 4]  # the dataset's rows are left as they were
+    tokenizer = AutoTokenizer.from_pretrained(str(shared_tokenizer()))
+    padded = MultiHot(DataCollatorWithPadding(tokenizer), num_labels=5)(rows)
+    assert padded["input_ids"].shape == (2, 3) and padded["labels"].tolist() == [[1, 0, 0, 0, 1], [0] * 5]
+
+
+def shared_tokenizer():
+    from byoc.training.model import bundled_model_dir
+
+    return bundled_model_dir()

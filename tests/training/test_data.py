@@ -623,7 +623,27 @@ def test_label_lists_mean_multi_label_and_an_empty_list_means_no_label(tmp_path)
     write(tmp_path / "test" / "t.jsonl", json.dumps({"text": "d", "labels": ["love"]}) + "\n")
     data = load(tmp_path, train=tmp_path / "train", test=tmp_path / "test")
     assert data.task == "multi_label_classification" and data.label_names == ["anger", "joy", "love"]
-    assert data.train["label"] == [[0, 1, 1], [0, 0, 0], [1, 0, 0]] and data.test["label"] == [[0, 0, 1]]
+    assert data.train["label"] == [[1, 2], [], [0]] and data.test["label"] == [[2]]  # each row's label ids
+
+
+def test_multi_label_data_is_held_as_each_rows_labels_not_rows_times_labels(tmp_path):
+    """500 rows of 20,000 labels were a 40 MB float32 matrix before a step ran (50,000 rows: 4 GB, and an
+    extreme multi-label job was killed for memory); the data holds each row's label ids instead."""
+    import tracemalloc
+
+    rows = [{"text": f"t{i}", "labels": [f"l{(i * 7 + k) % 20_000}" for k in range(3)]} for i in range(500)]
+    rows.append({"text": "every label once", "labels": [f"l{n}" for n in range(20_000)]})
+    write(tmp_path / "train" / "d.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    tracemalloc.start()
+    try:
+        data = load(tmp_path, train=tmp_path / "train")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(data.label_names) == 20_000 and data.task == "multi_label_classification"
+    assert peak < 24 * 2**20, peak
+    first = data.train["label"][0]
+    assert [data.label_names[i] for i in first] == sorted(rows[0]["labels"], key=data.label_names.index)
 
 
 def test_a_saved_dataset_with_a_sequence_of_class_labels(tmp_path):
@@ -635,7 +655,7 @@ def test_a_saved_dataset_with_a_sequence_of_class_labels(tmp_path):
     ds.save_to_disk(str(tmp_path / "train"))
     data = load(tmp_path, train=tmp_path / "train")
     assert data.task == "multi_label_classification" and data.label_names == names  # unused labels kept
-    assert data.train["label"] == [[0, 1, 1, 0], [1, 0, 0, 0]]
+    assert data.train["label"] == [[1, 2], [0]]
 
 
 def test_label_ids_in_lists_and_parquet_arrays(tmp_path):
@@ -643,13 +663,13 @@ def test_label_ids_in_lists_and_parquet_arrays(tmp_path):
     (tmp_path / "train").mkdir()
     frame.to_parquet(tmp_path / "train" / "d.parquet")  # lists come back as numpy arrays
     data = load(tmp_path, train=tmp_path / "train")
-    assert data.label_names == ["1", "3"] and data.train["label"] == [[1, 1], [1, 0], [0, 0]]
+    assert data.label_names == ["1", "3"] and data.train["label"] == [[0, 1], [0], []]
 
 
 def test_text_labels_split_on_the_delimiter_when_asked(tmp_path):
     write(tmp_path / "train" / "d.csv", 'text,label\na,"joy, love"\nb,joy\n')
     data = load(tmp_path, DataSpec(task="multi_label_classification"), train=tmp_path / "train")
-    assert data.label_names == ["joy", "love"] and data.train["label"] == [[1, 1], [1, 0]]
+    assert data.label_names == ["joy", "love"] and data.train["label"] == [[0, 1], [0]]
     piped = load(tmp_path, DataSpec(task="multi_label_classification", label_delimiter="|"), train=tmp_path / "train")
     assert piped.label_names == ["joy", "joy, love"]  # no "|": each text is one label
     assert load(tmp_path, train=tmp_path / "train").task == "single_label_classification"  # auto: one class
@@ -659,9 +679,9 @@ def test_binary_label_columns_are_found_beside_an_id_column(tmp_path):
     write(tmp_path / "train" / "d.csv", "id,comment_text,toxic,insult\n7,you are bad,1,1\n8,hello,0,0\n9,meh,1,0\n")
     data = load(tmp_path, train=tmp_path / "train")
     assert data.task == "multi_label_classification" and data.label_names == ["toxic", "insult"]
-    assert data.train["text"] == ["you are bad", "hello", "meh"] and data.train["label"][0] == [1, 1]
+    assert data.train["text"] == ["you are bad", "hello", "meh"] and data.train["label"][0] == [0, 1]
     chosen = load(tmp_path, DataSpec(label_columns=["insult"]), train=tmp_path / "train")
-    assert chosen.label_names == ["insult"] and chosen.train["label"] == [[1], [0], [0]]
+    assert chosen.label_names == ["insult"] and chosen.train["label"] == [[0], [], []]
 
 
 def test_a_label_column_that_is_not_zero_or_one(tmp_path):

@@ -480,8 +480,8 @@ def test_tutorial_layout_torch_formatted_padded_datasets(job, tiny_model_dir):
 
 
 def test_shards_labels_move_into_the_shared_label_map():
-    """Hosts training on their own shards agree on the union of labels: each host's class ids, 0/1
-    vectors (multi-label) and tag ids per token (NER, -100 kept) are renumbered into it."""
+    """Hosts training on their own shards agree on the union of labels: each host's class ids, label ids
+    and 0/1 vectors (multi-label) and tag ids per token (NER, -100 kept) are renumbered into it."""
     import numpy as np
 
     from byoc.training.job import _remapped
@@ -490,3 +490,4 @@ def test_shards_labels_move_into_the_shared_label_map():
     assert _remapped([1, 0], remap, 3) == [2, 0]
     assert _remapped([[1.0, 1.0], [0.0, 1.0]], remap, 3) == [[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]]
     assert _remapped([[-100, 1, 0, -100]], remap, 3) == [[-100, 2, 0, -100]]
+    assert _remapped([[0, 1], [], [1]], remap, 3) == [[0, 2], [], [2]]  # multi-label: each row's label ids

@@ -361,9 +361,10 @@ def _agree_on_shards(contract: TrainingContract, data: TaskData, tokenized: dict
 
 
 def _remapped(labels: list, remap: np.ndarray, count: int) -> list:
-    """A batch's labels in the shared label map: class ids renumbered, or 0/1 vectors (multi-label) widened."""
+    """A batch's labels in the shared label map: class ids renumbered, each row's ids renumbered (multi-label's
+    label ids, a tag id per token), or 0/1 vectors widened."""
     if labels and isinstance(labels[0], list) and (not labels[0] or isinstance(labels[0][0], int)):
-        return [[int(remap[t]) if t >= 0 else t for t in tags] for tags in labels]  # tag ids per token
+        return [[int(remap[t]) if t >= 0 else t for t in tags] for tags in labels]  # label or tag ids
     values = np.asarray(labels)
     if values.ndim == 1:
         return remap[values].tolist()

@@ -84,8 +84,8 @@ def classification_metrics(predictions: np.ndarray, labels: np.ndarray, num_labe
 def multilabel_metrics(
     scores: np.ndarray, labels: np.ndarray, threshold: float, names: list[str]
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """(metrics, per-label F1) of multi-label predictions: sigmoid `scores` at or above `threshold`
-    against 0/1 `labels`, both (rows, labels).
+    """(metrics, per-label F1) of multi-label predictions: `scores` at or above `threshold` (sigmoid scores,
+    or logits against the threshold's logit) against 0/1 `labels`, both (rows, labels).
 
     f1_micro pools every label's counts; f1_macro averages the labels that occur in the data or the
     predictions (as for one label per text); f1_samples averages each row's F1, a row with no labels
@@ -210,9 +210,14 @@ class TaskMetrics:
         # Score against the label ids returned with the predictions, never the dataset's column:
         # the evaluation order need not be the dataset's. Filler rows (fixed-shape batches) are dropped.
         keep = labels.reshape(len(labels), -1)[:, 0] != IGNORE_LABEL
-        logits, labels = logits[keep], labels[keep]
+        if not keep.all():  # (a copy only where there are filler rows: multi-label logits can be GBs)
+            logits, labels = logits[keep], labels[keep]
         if self.task == MULTI_LABEL:
-            metrics, per_label = multilabel_metrics(sigmoid(logits), labels, self.threshold, self.names)
+            # sigmoid(x) >= t exactly where x >= logit(t): the logits are compared as they are, with no
+            # float64 copy of a (rows, labels) matrix.
+            with np.errstate(divide="ignore"):
+                cut = float(np.log(self.threshold) - np.log1p(-self.threshold))
+            metrics, per_label = multilabel_metrics(logits, labels, cut, self.names)
             self.details = {"f1_per_label": per_label}
             return metrics
         if self.task == REGRESSION:

@@ -30,7 +30,7 @@ from byoc.launch import distributed
 from byoc.model_folder import MULTI_LABEL, SINGLE_LABEL, TOKEN_CLASSIFICATION
 from byoc.training import precision, tracking, xla
 from byoc.training.arguments import HyperparameterError, TrainArguments
-from byoc.training.buckets import IGNORE_LABEL, FixedShapeCollator
+from byoc.training.buckets import IGNORE_LABEL, FixedShapeCollator, MultiHot
 from byoc.training.checkpoints import EvaluationStopped, mark_complete, rotate
 from byoc.training.compiled_steps import CompileReport, compile_arguments, static_graphs_per_bucket
 from byoc.training.divergence import DivergenceGuard
@@ -329,7 +329,7 @@ def build_trainer(
     )
 
     compute_metrics = TaskMetrics(task, label_names, args.threshold)
-    collator: FixedShapeCollator | DataCollatorWithPadding | DataCollatorForTokenClassification
+    collator: FixedShapeCollator | DataCollatorWithPadding | DataCollatorForTokenClassification | MultiHot
     if buckets is not None:
         collator = FixedShapeCollator(tokenizer.pad_token_id or 0, buckets, args.per_device_eval_batch_size)
     else:
@@ -337,6 +337,8 @@ def build_trainer(
         # and fewer distinct shapes for the kernel and allocator caches. (On CPU, padding is pure cost.)
         padder = DataCollatorForTokenClassification if task == TOKEN_CLASSIFICATION else DataCollatorWithPadding
         collator = padder(tokenizer, pad_to_multiple_of=8 if cuda else None)  # token labels padded with -100
+    if task == MULTI_LABEL:
+        collator = MultiHot(collator, len(label_names))
     trainer = ClassifierTrainer(
         model=model,
         args=training_args,

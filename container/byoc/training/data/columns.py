@@ -60,7 +60,7 @@ def build_text(
             features["text_pair"] = datasets.Value("string")
             columns["text_pair"] = frame["text_pair"].tolist()
         features["label"] = feature
-        columns["label"] = labels
+        columns["label"] = [row.tolist() for row in labels] if labels.dtype == object else labels
         splits[role] = datasets.Dataset.from_dict(columns, features=datasets.Features(features))
         if role == "train":
             train_labels = labels
@@ -76,9 +76,10 @@ def build_text(
 
 
 def _label_summary(labels: np.ndarray, task: str) -> str:
-    if task == MULTI_LABEL:
-        per_row = labels.sum(axis=1)
-        return f"multi-label, {int((labels.sum(axis=0) > 0).sum())} labels used, {per_row.mean():.2f} per row"
+    if task == MULTI_LABEL:  # each row's label ids
+        per_row = np.array([len(row) for row in labels])
+        used = len(np.unique(np.concatenate([*labels, np.array([], dtype=np.int32)])))
+        return f"multi-label, {used} labels used, {per_row.mean() if len(per_row) else 0:.2f} per row"
     if task == REGRESSION:
         return f"regression targets {labels.min():g}..{labels.max():g} (mean {labels.mean():.4g})"
     return f"{len(np.unique(labels))} labels"

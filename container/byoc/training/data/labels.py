@@ -156,7 +156,9 @@ def holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray,
 
 def _strata(labels: np.ndarray) -> np.ndarray:
     """What the hold-out stratifies by: class ids as they are, a regression target's decile, and a
-    multi-label row's set of labels (its 0/1 vector as one id)."""
+    multi-label row's set of labels (its label ids, or its 0/1 vector, as one id)."""
+    if labels.dtype == object:
+        return pd.factorize(pd.Series([tuple(row) for row in labels], dtype=object))[0]
     if labels.ndim == 2:
         return np.unique(labels, axis=0, return_inverse=True)[1].reshape(-1)
     if np.issubdtype(labels.dtype, np.floating):

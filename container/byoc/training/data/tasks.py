@@ -96,12 +96,14 @@ def _first_non_number(parts: list[Part]) -> tuple[str, object, int]:
 
 @dataclass
 class MultiLabelCodec:
-    """The train label set of a multi-label task, and how to turn each split's labels into 0/1 vectors."""
+    """The train label set of a multi-label task, and how to turn each split's labels into each row's label
+    ids. Held so (not as 0/1 vectors) until a batch is built (byoc.training.buckets.MultiHot): memory grows
+    with the labels rows have, not rows x labels (50,000 rows of 20,000 labels are 4 GB as float32 vectors)."""
 
     names: list[str]
     delimiter: str
 
-    feature = datasets.Sequence(datasets.Value("float32"))
+    feature = datasets.Sequence(datasets.Value("int32"))
 
     @classmethod
     def from_train(cls, parts: list[Part], delimiter: str) -> MultiLabelCodec:
@@ -119,9 +121,11 @@ class MultiLabelCodec:
         return cls([str(v) for v in ordered], delimiter)
 
     def encode(self, part: Part, role: str) -> np.ndarray:
+        """Each row's label ids, sorted and unique (an object array of int32 arrays)."""
         index = {name: i for i, name in enumerate(self.names)}
-        out = np.zeros((len(part.labels), len(self.names)), dtype=np.float32)
+        out = np.empty(len(part.labels), dtype=object)
         for row, value in enumerate(part.labels):
+            ids = set()
             for item in _items(value, self.delimiter, part.class_names):
                 column = index.get(str(item))
                 if column is None:
@@ -130,7 +134,8 @@ class MultiLabelCodec:
                         f"The {role} data ({part.where}) has label '{item}' at row {row + 1} that the train data "
                         f"does not have; known labels: {known}. Fix that label or add examples of it to the train data."
                     )
-                out[row, column] = 1.0
+                ids.add(column)
+            out[row] = np.array(sorted(ids), dtype=np.int32)
         return out
 
 
