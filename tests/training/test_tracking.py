@@ -1,24 +1,35 @@
 """byoc.training.tracking: a job tracked in a real MLflow server (`mlflow server` from .venv-mlflow,
 on loopback, SQLite store), read back through MLflow's REST API: one run per job with its params,
 its steps, its evaluations and the final metrics of metrics.json, ended FINISHED or FAILED with the
-failure; the same step metrics in TensorBoard's events; an unreachable server costing a warning,
-never the job; nothing of MLflow imported without MLFLOW_TRACKING_URI; only rank 0 tracks."""
+failure; the same step metrics in TensorBoard's events; an unreachable server, or one that trickles,
+costing a warning, never the job; the URI's password in nothing the job prints or writes; nothing of
+MLflow imported without MLFLOW_TRACKING_URI; only rank 0 tracks."""
 
 from __future__ import annotations
 
+import itertools
+import logging
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
+from byoc.environment import SettingError
 from byoc.training import tracking
 from byoc.training.arguments import parse_hyperparameters
-from byoc.training.settings import TrackingSettings, TrainingSettings
+from byoc.training.settings import TRACKING_TIMEOUT_ENV, TrackingSettings, TrainingSettings
 from helpers import REPO, build_job, free_port, run_train_process
 
 MLFLOW = REPO / ".venv-mlflow" / "bin" / "mlflow"
+# Every tracked job here reaches the server through a URI with a password, which the server ignores
+# (it has no auth) and MLflow's client sends as basic auth: none of it may reach the job's output.
+PASSWORD = "Tr4ckPa55w0rd"
 JOB = {
     "max_steps": "20",
     "logging_steps": "5",
@@ -35,6 +46,7 @@ class Mlflow:
     def __init__(self, root: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.secret_url = f"http://byoc:{PASSWORD}@127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [
                 str(MLFLOW),
@@ -90,11 +102,21 @@ def mlflow(tmp_path_factory):
 
 def _tracked_env(server: Mlflow, experiment: str, job_name: str) -> dict[str, str]:
     return {
-        "MLFLOW_TRACKING_URI": server.url,
+        "MLFLOW_TRACKING_URI": server.secret_url,
         "MLFLOW_EXPERIMENT_NAME": experiment,
         "TRAINING_JOB_NAME": job_name,
         "BYOC_IMAGE": "123456789012.dkr.ecr.us-east-1.amazonaws.com/byoc-gpu:test",
     }
+
+
+def _assert_the_password_stays_secret(done: subprocess.CompletedProcess, tree: Path) -> None:
+    """Not in the job's stdout or stderr (CloudWatch's), nor in any file it left under `tree` (its
+    /opt/ml: output/, model/, checkpoints/, tensorboard, the failure file; and its cache)."""
+    assert "byoc:***@127.0.0.1" in done.stdout  # byoc's own line named the server, masked
+    for name, text in (("stdout", done.stdout), ("stderr", done.stderr)):
+        assert PASSWORD not in text, f"{name}: " + "\n".join(line for line in text.splitlines() if PASSWORD in line)
+    files = [path for path in tree.rglob("*") if path.is_file()]
+    assert files and not [path for path in files if PASSWORD.encode() in path.read_bytes()]
 
 
 @pytest.mark.integration
@@ -104,6 +126,9 @@ def test_a_job_is_one_finished_run_with_its_params_steps_evaluations_and_final_m
     job = build_job(tmp_path / "opt-ml", tiny_model_dir, JOB, train=64, validation=16)
     done = run_train_process(job.root, env=_tracked_env(mlflow, "byoc-tests", "job-finished"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _assert_the_password_stays_secret(done, tmp_path)
+    # sagemaker-mlflow's header provider, an ARN's, warned at each request to a URL: not any more.
+    assert "request_header" not in done.stdout + done.stderr
     run = mlflow.run("byoc-tests", "job-finished")
     assert run["info"]["status"] == "FINISHED"
     params = {p["key"]: p["value"] for p in run["data"]["params"]}
@@ -136,6 +161,7 @@ def test_a_failed_job_ends_its_run_failed_with_the_failure(mlflow, tiny_model_di
     job = build_job(tmp_path / "opt-ml", tiny_model_dir, {**JOB, "text_column": "sentence"})  # the data has "text"
     done = run_train_process(job.root, env=_tracked_env(mlflow, "byoc-tests", "job-failed"))
     assert done.returncode == 1 and "sentence" in job.failure
+    _assert_the_password_stays_secret(done, tmp_path)
     run = mlflow.run("byoc-tests", "job-failed")
     tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
     assert run["info"]["status"] == "FAILED"
@@ -151,6 +177,114 @@ def test_an_unreachable_tracking_server_costs_a_warning_never_the_job(tiny_model
     log = done.stdout + done.stderr
     assert f"MLflow at {nobody} cannot be reached" in log and "this job is not tracked; training goes on" in log
     assert (job.model_dir / "model.safetensors").exists()
+
+
+class Trickle:
+    """A tracking server that accepts and answers one byte a second, forever: each byte restarts
+    MLflow's per-read timeout. Stops itself after `limit` seconds (a bound, should a job wait it out)."""
+
+    def __init__(self, limit: float = 240) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(1)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.connections = 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._serve, args=(time.monotonic() + limit,), daemon=True)
+        self.thread.start()
+
+    def _serve(self, until: float) -> None:
+        answers: list[tuple[socket.socket, itertools.chain[int]]] = []
+        while not self.stopped.is_set() and time.monotonic() < until:
+            try:
+                conn, _ = self.listener.accept()
+                answers.append((conn, itertools.chain(b"HTTP/1.1 200 OK\r\nX-Slow: ", itertools.repeat(ord("a")))))
+                self.connections += 1
+            except TimeoutError:
+                pass
+            for conn, answer in answers:
+                try:
+                    conn.send(bytes([next(answer)]))
+                except OSError:  # the client left
+                    pass
+        for conn, _ in answers:
+            conn.close()
+        self.listener.close()
+        self.stopped.set()
+
+    def __enter__(self) -> Trickle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+
+@pytest.mark.integration
+def test_a_trickling_tracking_server_costs_a_warning_never_the_job(tiny_model_dir, tmp_path):
+    job = build_job(tmp_path / "opt-ml", tiny_model_dir, {**JOB, "max_steps": "5"})
+    with Trickle() as server:
+        env = {"MLFLOW_TRACKING_URI": server.url, "TRAINING_JOB_NAME": "job-trickled", TRACKING_TIMEOUT_ENV: "2"}
+        done = run_train_process(job.root, env=env)
+        trickling = not server.stopped.is_set()  # the job did not wait the server out
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert trickling and server.connections >= 1
+    log = done.stdout + done.stderr
+    assert (
+        f"MLflow at {server.url} cannot be reached (NoAnswer: no answer within 2 s, BYOC_TRACKING_TIMEOUT): "
+        "this job is not tracked; training goes on" in log
+    )
+    assert "[metrics] step=5 " in log and (job.model_dir / "model.safetensors").exists()
+
+
+class _Hanging:
+    """An MLflow client whose every call hangs until released."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.release = threading.Event()
+
+    def __getattr__(self, method: str):
+        def call(*args, **kwargs) -> None:
+            self.calls.append(method)
+            self.release.wait(60)
+
+        return call
+
+
+def test_a_call_that_hangs_at_the_end_turns_tracking_off_and_the_job_ends(monkeypatch, caplog):
+    """SIGTERM's path: after the checkpoint the job ends its run FAILED; a server that never answers
+    holds it one deadline, then tracking is off and the end's other calls are not sent."""
+    client = _Hanging()
+    run = tracking.Run(client, "run-1", f"http://byoc:{PASSWORD}@127.0.0.1:1", timeout=0.5)
+    monkeypatch.setattr(tracking, "_run", run)
+    try:
+        tracking.fail("stopped: SIGTERM")
+    finally:
+        client.release.set()
+    assert client.calls == ["set_tag"]
+    assert (
+        "failed to record the failure (no answer within 0.5 s, BYOC_TRACKING_TIMEOUT): "
+        "tracking is off for the rest of this job; training goes on" in caplog.text
+    )
+    assert "byoc:***@127.0.0.1" in caplog.text and PASSWORD not in caplog.text
+
+
+@pytest.mark.integration
+def test_mlflows_own_log_lines_and_prints_are_masked(mlflow, monkeypatch, capsys):
+    """MLflow's loggers write through a handler of their own: an error of MLflow's quoting the URI
+    reaches stderr masked, and the run ends without MLflow's "View run at <URI>" line."""
+    for name, value in {**tracking.QUICK_FAILURE, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "false"}.items():
+        monkeypatch.setenv(name, value)  # what `start` sets for its process, restored after the test
+    settings = TrainingSettings(tracking=TrackingSettings(mlflow_uri=mlflow.secret_url, experiment="byoc-tests"))
+    contract = SimpleNamespace(job_name="job-in-process", instance_type="local", hosts=["algo-1"])
+    assert tracking.start(settings, contract, parse_hyperparameters({})) is not None
+    try:
+        logging.getLogger("mlflow.tracking").warning("API request to %s/api failed", mlflow.secret_url)
+    finally:
+        tracking.finish({"accuracy": 1.0})
+    out, err = capsys.readouterr()
+    assert "API request to http://byoc:***@127.0.0.1" in err
+    assert PASSWORD not in out + err and mlflow.run("byoc-tests", "job-in-process")["info"]["status"] == "FINISHED"
 
 
 @pytest.mark.integration
@@ -195,3 +329,6 @@ def test_the_tracking_settings_are_read_with_the_jobs(monkeypatch):
         "arn:aws:sagemaker:us-east-1:123:mlflow-tracking-server/t", "byoc", "img"
     )
     assert TrainingSettings.from_env({}).tracking.mlflow_uri is None
+    assert TrainingSettings.from_env({TRACKING_TIMEOUT_ENV: "2.5"}).tracking.timeout == 2.5
+    with pytest.raises(SettingError, match="BYOC_TRACKING_TIMEOUT='0'"):
+        TrainingSettings.from_env({TRACKING_TIMEOUT_ENV: "0"})

@@ -22,6 +22,7 @@ from byoc.logs import log_level
 CACHE_DIR_ENV = "BYOC_CACHE_DIR"
 CODE_DIR_ENV = "BYOC_CODE_DIR"
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # torch.compile's cache (byoc.training.compiled_steps)
+TRACKING_TIMEOUT_ENV = "BYOC_TRACKING_TIMEOUT"  # seconds one MLflow call may take (byoc.training.tracking)
 # Cast the weights and optimizer state to bf16 too (torch-xla's): byoc warns, since small updates get lost.
 BF16_CAST_VARIABLES = ("XLA_USE_BF16", "XLA_DOWNCAST_BF16")
 
@@ -55,6 +56,7 @@ class TrackingSettings:
     mlflow_uri: str | None = None  # MLFLOW_TRACKING_URI: a URL, or a SageMaker managed MLflow ARN
     experiment: str = "byoc"  # MLFLOW_EXPERIMENT_NAME
     image: str | None = None  # BYOC_IMAGE: the image's URI, which build_and_push.sh builds into it (a tag)
+    timeout: float = 10.0  # BYOC_TRACKING_TIMEOUT: seconds one call may take before tracking turns off
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> TrackingSettings:
@@ -63,6 +65,7 @@ class TrackingSettings:
             mlflow_uri=read.text("MLFLOW_TRACKING_URI"),
             experiment=read.text("MLFLOW_EXPERIMENT_NAME") or cls.experiment,
             image=read.text("BYOC_IMAGE"),
+            timeout=read.number(TRACKING_TIMEOUT_ENV, cls.timeout, positive=True),
         )
 
 

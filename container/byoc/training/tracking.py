@@ -11,9 +11,13 @@ in the `byoc.failure` tag. `byoc.training.entry.run_job` starts and ends it; the
 `run_job` starts the run before the device's environment lets them load.
 
 A tracking server that cannot be reached costs a warning, never the job: the first failed call
-ends the tracking (MLflow's retries are shortened to seconds unless the user set theirs). Without
-MLFLOW_TRACKING_URI nothing of MLflow is imported. The run is this process's, like its process
-group (byoc.launch.distributed): module state, set by `start`, ended by `finish` or `fail`.
+ends the tracking (MLflow's retries are shortened to seconds unless the user set theirs). Each call
+(the start, a step's metrics, the end) runs on a daemon thread that the job waits on for
+BYOC_TRACKING_TIMEOUT seconds at most: a server that answers a byte at a time restarts MLflow's
+per-read timeout forever, and would otherwise hold training, and a SIGTERM's exit, with it. MLflow's
+own output goes without the URI's password (`_quiet_mlflow`). Without MLFLOW_TRACKING_URI nothing of
+MLflow is imported. The run is this process's, like its process group (byoc.launch.distributed):
+module state, set by `start`, ended by `finish` or `fail`.
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 from byoc import __version__
-from byoc.logs import mask_hyperparameters
+from byoc.logs import mask_hyperparameters, mask_text
 
 logger = logging.getLogger(__name__)
 
@@ -40,26 +46,58 @@ QUICK_FAILURE = {
 MAX_PARAM = 500  # characters of a param's value that every MLflow version keeps
 BATCH = 100  # params per log_batch call (MLflow's limit)
 
+T = TypeVar("T")
 _run: Run | None = None
+
+
+class NoAnswer(Exception):
+    """A tracking call that overran its deadline (left behind on its daemon thread)."""
+
+
+def _within(seconds: float, call: Callable[[], T]) -> T:
+    """`call()` on a daemon thread, waited for `seconds` at most (NoAnswer after). MLflow's timeout is
+    per read, so a server that trickles bytes never trips it; a daemon left waiting on one cannot
+    hold the process's exit either (a ThreadPoolExecutor's threads would: they are joined at exit)."""
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as err:  # handed to the waiting thread
+            outcome["error"] = err
+
+    thread = threading.Thread(target=work, name="byoc-mlflow", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise NoAnswer(f"no answer within {seconds:g} s, BYOC_TRACKING_TIMEOUT")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 class Run:
     """One MLflow run through MLflow's client; the first failed call ends the tracking, with a warning."""
 
-    def __init__(self, client: Any, run_id: str, uri: str) -> None:
-        self.client, self.run_id, self.uri = client, run_id, uri
+    def __init__(self, client: Any, run_id: str, uri: str, timeout: float) -> None:
+        self.client, self.run_id, self.uri, self.timeout = client, run_id, uri, timeout
         self.broken = False
         self.step = 0  # the last step logged: the final metrics go there
 
     def call(self, what: str, method: str, *args: Any, **kwargs: Any) -> None:
+        """`client.method(run_id, ...)` within the deadline; the first failure turns tracking off."""
         if self.broken:
             return
+        send = getattr(self.client, method)
         try:
-            getattr(self.client, method)(self.run_id, *args, **kwargs)
+            _within(self.timeout, lambda: send(self.run_id, *args, **kwargs))
         except Exception as err:
             self.broken = True
             logger.warning(
-                "MLflow at %s failed %s (%s): the run stops being tracked; training goes on", self.uri, what, err
+                "MLflow at %s failed %s (%s): tracking is off for the rest of this job; training goes on",
+                mask_text(self.uri),
+                what,
+                mask_text(str(err)),
             )
 
     def log_metrics(self, values: dict[str, Any], step: int) -> None:
@@ -82,13 +120,14 @@ def start(settings: Any, contract: Any, args: Any) -> Run | None:
     for name, value in QUICK_FAILURE.items():
         os.environ.setdefault(name, value)  # MLflow reads them as it sends
     try:
-        _run = _create(tracking, contract, args)
+        _quiet_mlflow(tracking.mlflow_uri)  # here, not on the clock: importing MLflow takes seconds
+        _run = _within(tracking.timeout, lambda: _create(tracking, contract, args))
     except Exception as err:
         logger.warning(
             "MLflow at %s cannot be reached (%s: %s): this job is not tracked; training goes on",
-            tracking.mlflow_uri,
+            mask_text(tracking.mlflow_uri),
             type(err).__name__,
-            err,
+            mask_text(str(err)),
         )
         return None
     logger.info(
@@ -130,7 +169,46 @@ def _create(tracking: Any, contract: Any, args: Any) -> Run:
     params = [Param(key, str(value)[:MAX_PARAM]) for key, value in sorted(params_of(args).items())]
     for i in range(0, len(params), BATCH):
         client.log_batch(run.info.run_id, params=params[i : i + BATCH])
-    return Run(client, run.info.run_id, tracking.mlflow_uri)
+    return Run(client, run.info.run_id, tracking.mlflow_uri, tracking.timeout)
+
+
+def _quiet_mlflow(uri: str) -> None:
+    """MLflow's own output without the URI's password (http://user:PASSWORD@host), and without a
+    plugin's warning at every request."""
+    import mlflow  # noqa: F401  (its import sets up the loggers changed below)
+
+    # As a run ends MLflow prints "View run ... at: <URI>" to stdout, the password and all, past
+    # byoc's masking. byoc's own line at the start names the run and the server, masked.
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    # MLflow's loggers write to stderr through a handler of their own, not byoc's: mask it too.
+    for handler in logging.getLogger("mlflow").handlers:
+        if not isinstance(handler.formatter, _Masking):
+            handler.setFormatter(_Masking(handler.formatter))
+    if not uri.startswith("arn:"):
+        _drop_arn_headers()
+
+
+class _Masking(logging.Formatter):
+    """Another formatter's lines, secrets masked (byoc.logs.mask_text)."""
+
+    def __init__(self, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask_text(self.inner.format(record))
+
+
+def _drop_arn_headers() -> None:
+    """sagemaker-mlflow's request header provider is for a managed server's ARN, yet says it applies
+    to every URI: with a URL it fails to parse it as an ARN at every request, and MLflow logs "WARNING
+    mlflow.tracking.request_header.registry: ... list index out of range" each time. It has no header
+    for a URL, so it leaves MLflow's registry; the other providers, and their warnings, stay."""
+    from mlflow.tracking.request_header import registry  # only with a run: MLflow is loaded by now
+
+    providers = getattr(registry._request_header_provider_registry, "_registry", None)
+    if isinstance(providers, list):  # MLflow's private list: left alone if that changes
+        providers[:] = [p for p in providers if not type(p).__module__.startswith("sagemaker_mlflow")]
 
 
 def params_of(args: Any) -> dict[str, Any]:
