@@ -176,6 +176,9 @@ def test_regression_with_whole_number_scores_on_request(job, tiny_model_dir):
         ({}, "a B-X\nb\n", ["line 2", "token without its tag"]),
         ({}, "a B-X x\nb O\n", ["line 2", "the lines before have 3"]),
         ({"task": "clustering"}, "text,label\na,pos\n", ["task must be"]),
+        ({}, "text,toxic,insult\na,0,0\nb,0,0\n", ["no labels at all", "toxic, insult"]),
+        ({"label_columns": "toxic,insult,text"}, "text,toxic,insult\na,1,0\n", ["label_columns names 'text'"]),
+        ({"task": "multi_label", "label_delimiter": ""}, 'text,label\na,"x,y"\n', ["label_delimiter is empty"]),
     ],
 )
 def test_bad_task_data_fails_clearly(job, tiny_model_dir, hyperparameters, content, words):
@@ -258,6 +261,21 @@ def test_a_conll_file_without_blank_lines_is_trained_whole_and_said_so(job, tiny
     cut = next(w for w in warnings if w.startswith("test: 1 sentences are longer than max_length=128"))
     assert "words past it are not evaluated" in cut
     assert int(cut.split("; ")[1].split()[0]) >= 360 - 126
+
+
+def test_words_that_tokenize_to_nothing_are_counted_and_an_eval_set_of_only_them_fails(job, tiny_model_dir, caplog):
+    """Zero-width and control characters are words in CoNLL yet no token: their tags were skipped silently,
+    and an eval set of only such words evaluated to eval_loss NaN and F1 0.0 without a word."""
+    job.hyperparameters({**QUICK, "max_steps": "2"})
+    job.model_channel(tiny_model_dir)
+    empty = "\u200b\tB-PER\n\x07\tO\n"
+    (job.channel("train") / "train.conll").write_text(conll_sentences(8) + empty + "\n" + empty)
+    (job.channel("validation") / "v.conll").write_text(empty + "\n" + empty)
+    with caplog.at_level("WARNING"):
+        assert entry.train() != 0
+    warned = [r.getMessage() for r in caplog.records if "tokenize to nothing" in r.getMessage()]
+    assert warned and warned[0].startswith("train: 4 words in 2 sentences tokenize to nothing"), warned
+    assert "The eval data has no word the tokenizer keeps" in job.failure
 
 
 def test_token_records_with_class_label_ids(job, tiny_model_dir):

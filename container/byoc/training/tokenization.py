@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerBase
 from byoc.model_folder import TOKEN_CLASSIFICATION
 from byoc.training.arguments import TrainArguments
 from byoc.training.buckets import IGNORE_LABEL
-from byoc.training.data import TaskData
+from byoc.training.data import DataError, TaskData
 from byoc.training.model import ModelError, model_max_length
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def tokenize_splits(
             desc=f"tokenizing {name}",
         )
         if data.task == TOKEN_CLASSIFICATION:
-            out[name] = _report_long_sentences(out[name], name, len(ds), max_length)
+            out[name] = _report_words(out[name], name, len(ds), max_length)
     lengths = np.asarray(out["train"]["length"])
     logger.info(
         "tokenized: train %d %s, %.1f tokens on average (max %d, truncated at %d)",
@@ -107,7 +107,8 @@ def tag_encoder(
     every sub-token, B- becoming I- after the first); special tokens and the other sub-tokens get
     IGNORE_LABEL, which the loss and the metrics skip (as run_ner.py does). A sentence longer than
     `max_length` is cut there, or (`windows`) covered by consecutive windows, each word tagged once.
-    Each row's `cut`: the words past its end that no row covers (removed by tokenize_splits)."""
+    A sentence's last row counts its words that no row holds: `cut` past max_length, `lost` empty after
+    tokenization (both reported, then removed, by tokenize_splits)."""
     inside = [
         names.index("I-" + n[2:]) if n.startswith("B-") and "I-" + n[2:] in names else i for i, n in enumerate(names)
     ]
@@ -123,12 +124,13 @@ def tag_encoder(
         )
         sources = enc.pop("overflow_to_sample_mapping")
         keep = [i for i, source in enumerate(sources) if windows or i == 0 or sources[i - 1] != source]
-        labels, cut, seen = [], [], -1
-        tagged: set[int] = set()  # the words of this sentence tagged in an earlier window
-        for row in keep:
+        overflowed = {source for i, source in enumerate(sources) if i > 0 and sources[i - 1] == source}
+        labels, cut, lost = [], [], []
+        tagged: set[int] = set()  # the words of this sentence tagged so far (in earlier windows too)
+        for n, row in enumerate(keep):
             source, tags = sources[row], batch["tags"][sources[row]]
-            if source != seen:
-                seen, tagged = source, set()
+            if n == 0 or sources[keep[n - 1]] != source:
+                tagged = set()
             previous, aligned = None, []
             for word in enc.word_ids(row):
                 if word is None:
@@ -140,20 +142,29 @@ def tag_encoder(
                     aligned.append(inside[tags[word]] if all_tokens else IGNORE_LABEL)
                 previous = word
             labels.append(aligned)
-            last = max((w for w in enc.word_ids(row) if w is not None), default=-1)
-            cut.append(0 if windows else len(tags) - 1 - last)
+            if n + 1 < len(keep) and sources[keep[n + 1]] == source:
+                cut.append(0)  # the sentence's counts go on its last row
+                lost.append(0)
+                continue
+            # Words no token holds: past max_length (cut), or tokenized to nothing (lost: a zero-width
+            # character, a control character, a lone byte-order mark).
+            trailing = len(tags) - len(tagged) - (max(tagged, default=-1) + 1 - len(tagged))
+            truncated = not windows and source in overflowed
+            cut.append(trailing if truncated else 0)
+            lost.append(len(tags) - len(tagged) - (trailing if truncated else 0))
         out = {key: [values[i] for i in keep] for key, values in enc.items()}
         out["labels"] = labels
         out["length"] = [sum(mask) for mask in out["attention_mask"]]
-        out["cut"] = cut
+        out["cut"], out["lost"] = cut, lost
         return out
 
     return encode
 
 
-def _report_long_sentences(ds: datasets.Dataset, split: str, sentences: int, max_length: int) -> datasets.Dataset:
+def _report_words(ds: datasets.Dataset, split: str, sentences: int, max_length: int) -> datasets.Dataset:
     """A WARNING where sentences run past max_length (often a CoNLL file without blank lines between its
-    sentences, read as one sentence): how they were windowed (train) or how many words were cut (eval, test)."""
+    sentences, read as one sentence): how they were windowed (train) or how many words were cut (eval,
+    test); one where words tokenize to nothing; a DataError where no word is left to learn or evaluate."""
     if len(ds) > sentences:
         logger.warning(
             "%s: sentences longer than max_length=%d tokens were covered by windows of it (%d rows from %d "
@@ -174,7 +185,21 @@ def _report_long_sentences(ds: datasets.Dataset, split: str, sentences: int, max
             max_length,
             int(cut.sum()),
         )
-    return ds.remove_columns("cut")
+    lost = np.asarray(ds["lost"])
+    if lost.any():
+        logger.warning(
+            "%s: %d words in %d sentences tokenize to nothing (zero-width or control characters, a lone byte-order "
+            "mark): their tags are neither learned nor evaluated.",
+            split,
+            int(lost.sum()),
+            int((lost > 0).sum()),
+        )
+    if len(ds) and all(label == IGNORE_LABEL for row in ds["labels"] for label in row):
+        raise DataError(
+            f"The {split} data has no word the tokenizer keeps: every word is empty after tokenization "
+            "(zero-width or control characters), so there is nothing to learn or evaluate. Fix that data."
+        )
+    return ds.remove_columns(["cut", "lost"])
 
 
 def with_length(ds: datasets.Dataset) -> datasets.Dataset:

@@ -159,6 +159,12 @@ def _pick_columns(src: Source, spec: DataSpec, role: str) -> tuple[str, str | No
             textual = [c for c in columns if c not in label_columns and _looks_textual(_column(src.data, c))]
             text = textual[0] if len(textual) == 1 else None
         if text is None:
+            named = _first_known(TEXT_COLUMNS, lookup, exclude={pair})
+            if named in label_columns:  # label_columns=anger,joy,text
+                raise DataError(
+                    f"label_columns names '{named}', the {role} data's text column ({src.where}): label columns "
+                    f"hold 0 or 1 per label. Leave '{named}' out of label_columns (or set text_column)."
+                )
             raise DataError(
                 f"Could not find the text column in the {role} data ({src.where}); columns: {', '.join(columns)}. "
                 "Set the text_column hyperparameter."

@@ -109,7 +109,13 @@ class MultiLabelCodec:
     def from_train(cls, parts: list[Part], delimiter: str) -> MultiLabelCodec:
         with_names = [p.class_names for p in parts if p.class_names is not None]
         if with_names:  # label columns, or a Sequence(ClassLabel) feature: their order, even unused ones
-            return cls(list(with_names[0]), delimiter)
+            codec = cls(list(with_names[0]), delimiter)
+            if not any(_items(value, delimiter, p.class_names) for p in parts for value in p.labels):
+                raise DataError(
+                    f"The train data ({parts[0].where}) has no labels at all: every row's labels "
+                    f"({', '.join(codec.names[:10])}) are 0 or empty. A multi-label classifier needs rows with labels."
+                )
+            return codec
         values = {v for p in parts for row in p.labels for v in _items(row, delimiter, None)}
         numeric = all(isinstance(v, (int, np.integer)) for v in values)
         ordered = sorted(values) if numeric else sorted(str(v) for v in values)
