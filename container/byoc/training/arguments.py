@@ -266,11 +266,6 @@ def _validate(args: TrainArguments) -> None:
         raise HyperparameterError(f"hyperparameter task must be auto or one of {', '.join(TASKS)}, got {args.task!r}")
     args.task = task
     _check_precision(args)
-    if not args.label_delimiter:
-        raise HyperparameterError(
-            "hyperparameter label_delimiter is empty: set what separates a row's labels in text (default ','), "
-            "or a character the labels never hold to keep each text one label"
-        )
     if args.serving_int8 and not args.serving_graph:
         raise HyperparameterError(
             "hyperparameter serving_int8=true needs serving_graph=true (the int8 graph is made "

@@ -33,6 +33,13 @@ class DataSpec:
     max_train_samples: int | None = None  # keep the first N train rows, for quick runs
     max_eval_samples: int | None = None  # applies to eval and test
 
+    def __post_init__(self) -> None:
+        if not self.label_delimiter:  # "" would make "joy,love" one label, silently
+            raise DataError(
+                "hyperparameter label_delimiter is empty: set what separates a row's labels in text (default "
+                "','), or a character the labels never hold to keep each text one label"
+            )
+
 
 @dataclass
 class TaskData:
