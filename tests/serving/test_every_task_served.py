@@ -89,6 +89,8 @@ def test_a_regression_model_answers_its_value(regression, tmp_path):
         assert [float(line.split(",")[1]) for line in csv] == pytest.approx(values.tolist(), abs=1e-5)
         pair = s.invoke({"inputs": [{"text": "a dog runs", "text_pair": "a dog is running"}]})
         assert pair.status_code == 200 and set(pair.json()[0]) == {"label", "score"}
+        top_k = s.invoke({"inputs": TEXTS, "parameters": {"top_k": 2}})  # was ignored: one value each
+        assert top_k.status_code == 400 and '"top_k" does not apply to a regression model' in top_k.json()["error"]
     finally:
         s.stop()
 
@@ -120,6 +122,16 @@ def test_a_token_classifier_answers_the_pipelines_entities_and_covers_long_texts
         assert empty.status_code == 400 and "empty" in empty.text
         pair = s.invoke({"inputs": [{"text": "a", "text_pair": "b"}]})
         assert pair.status_code == 400 and "pair" in pair.text
+        # top_k and threshold were ignored; refused in one call and in a long text's steps (over 2,048 characters).
+        for parameters in ({"top_k": 2}, {"threshold": 0.5}):
+            for text in (texts[0], "word " * 500):
+                wrong = s.invoke({"inputs": text, "parameters": parameters})
+                assert wrong.status_code == 400 and "its parameters are aggregation_strategy" in wrong.text
+        # A CSV row of several unquoted fields is one text (it was a 400 "not a pair"); a quoted field is CSV's.
+        line = "John Smith, of Paris"
+        csv = s.invoke(f'{line}\n"Smith, John"\n', "text/csv")
+        assert csv.status_code == 200, csv.text
+        assert csv.json() == s.invoke({"inputs": [line, "Smith, John"]}).json()  # offsets into the line as sent
         # Every window of a text runs: the work one request causes is bounded by its characters, all texts
         # together (a 5.8 MB text held the endpoint for 40 s), refused before it queues.
         for too_long in ({"inputs": "a" * 3001}, {"inputs": ["b " * 800, "c " * 800]}):
@@ -165,7 +177,8 @@ def test_int8_serves_every_task(multi_label, regression, tmp_path):
     for model_dir in (multi_label, regression):
         s = serve(model_dir, tmp_path, BYOC_INFERENCE_PRECISION="int8")
         try:
-            answer = s.invoke({"inputs": TEXTS, "parameters": {"threshold": 0.0}}).json()
+            parameters = {} if model_dir == regression else {"threshold": 0.0}  # a regression takes none
+            answer = s.invoke({"inputs": TEXTS, "parameters": parameters}).json()
         finally:
             s.stop()
         logits = direct_logits(model_dir, TEXTS)

@@ -14,7 +14,7 @@ import serve_helpers
 from accept_cases import ACCEPT_CASES
 
 from byoc.serving.http.request_errors import InputError, InvalidAnswer, NotAcceptable
-from byoc.serving.model import default_handlers, runtimes
+from byoc.serving.model import bodies, default_handlers, long_texts, runtimes
 from byoc.serving.model.handler_loader import HandlerError, call, load_handlers
 
 
@@ -54,7 +54,10 @@ def test_handlers_get_context_only_when_they_take_it():
         (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "application/json", "nested too deeply"),
         (b"[" * 100_000 + b"\n", "application/jsonlines", "nested too deeply"),
         # What json and csv raise that is not their usual error class.
-        (b"1" * 5000, "application/json", "not valid JSON"),
+        # A number past Python's 4300 digits: said in the client's terms, never as Python's advice.
+        (b"1" * 5000, "application/json", "a number in the body has more than 4300 digits"),
+        (b'{"inputs": "x", "parameters": {"top_k": ' + b"9" * 5000 + b"}}", "application/json", "4300 digits"),
+        (b'"fine"\n' + b"1" * 5000 + b"\n", "application/jsonlines", "a number in a JSON Lines record has more"),
         (b'"' + b"x" * 200_000 + b'"\n', "text/csv", "not valid CSV"),
         (b"fine\n\xff\xfe\n", "text/csv", "not UTF-8 text (byte 5, line 2)"),
         # top_k is checked before the request joins a batch, not in the batch.
@@ -66,6 +69,19 @@ def test_input_fn_refuses_what_the_model_cannot_take(body, content_type, words):
     with pytest.raises(InputError) as caught:
         default_handlers.input_fn(body, content_type)
     assert caught.value.status == 400 and words in str(caught.value)
+    assert "sys." not in str(caught.value)  # Python's internals mean nothing to an HTTP client
+
+
+# A token classifier's CSV: unquoted commas are the text's; quoted fields still read as CSV.
+NER_CSV = b'John Smith, of Paris\n"Smith, John"\r\na,"b,c"\n"two\nlines, one text",x\n\nplain\n'
+
+
+def test_a_csv_row_is_one_text_where_each_input_is_one_text():
+    """A token classifier's text with a comma was a 400 "not a pair": CSV split it into two fields."""
+    texts = ["John Smith, of Paris", "Smith, John", 'a,"b,c"', '"two\nlines, one text",x', "plain"]
+    assert default_handlers.input_fn(NER_CSV, "text/csv", one_text=True)["inputs"] == texts
+    pairs = [("John Smith", " of Paris"), "Smith, John", ("a", "b,c"), ("two\nlines, one text", "x"), "plain"]
+    assert default_handlers.input_fn(NER_CSV, "text/csv")["inputs"] == pairs  # a classifier's: pairs, as before
 
 
 def test_input_fn_keeps_every_valid_text():
@@ -184,17 +200,17 @@ def test_a_program_named_like_a_module_in_use_is_refused(tmp_path):
 def test_inputs_are_counted_without_building_them(body, content_type, count):
     """Counted up to the limit + 1: the server refuses a body of a million tiny inputs after reading
     a few thousand, not after building them all."""
-    assert default_handlers.too_many_inputs(body, content_type, count - 1)
-    assert not default_handlers.too_many_inputs(body, content_type, count)
+    assert bodies.too_many_inputs(body, content_type, count - 1)
+    assert not bodies.too_many_inputs(body, content_type, count)
     if count < 5:  # the count is input_fn's own
         assert len(default_handlers.input_fn(body, content_type)["inputs"]) == count
 
 
 def test_counting_a_huge_body_stops_at_the_limit():
     body = json.dumps({"inputs": ["x"] * 1_200_000}).encode()
-    assert default_handlers.too_many_inputs(body, "application/json", 4096)
-    assert not default_handlers.too_many_inputs(body, "application/json", 1_200_000)
-    assert default_handlers.too_many_inputs(b"x\n" * 1_000_000, "text/plain", 10)
+    assert bodies.too_many_inputs(body, "application/json", 4096)
+    assert not bodies.too_many_inputs(body, "application/json", 1_200_000)
+    assert bodies.too_many_inputs(b"x\n" * 1_000_000, "text/plain", 10)
 
 
 def test_long_texts_are_cut_on_the_side_truncation_keeps():
@@ -249,6 +265,33 @@ def test_multi_label_answers_every_label_at_or_above_the_threshold_best_first():
     assert [e["label"] for e in saved[0]] == ["joy"]  # the model's own threshold (config.json)
     body, kind = default_handlers.output_fn(answer, "text/csv")
     assert kind == "text/csv" and body.splitlines()[1] == '""' and body.splitlines()[0].startswith("joy,0.88")
+
+
+@pytest.mark.parametrize(
+    "task,parameters,words",
+    [
+        ("token_classification", {"top_k": 2}, '"top_k" does not apply to a token classifier: its parameters are '),
+        ("token_classification", {"threshold": 0.5}, '"threshold" does not apply to a token classifier'),
+        ("regression", {"top_k": 2}, '"top_k" does not apply to a regression model: it takes no parameters'),
+        ("regression", {"threshold": 0.5}, '"threshold" does not apply to a regression model'),
+        ("single_label_classification", {"threshold": 0.5}, "a single-label classifier: its parameters are top_k"),
+        ("single_label_classification", {"aggregation_strategy": "none"}, '"aggregation_strategy" does not apply'),
+        ("multi_label_classification", {"aggregation_strategy": "max"}, "its parameters are threshold, top_k"),
+    ],
+)
+def test_a_parameter_the_task_does_not_use_is_a_bad_request(task, parameters, words):
+    """A token classifier ignored top_k and threshold, a regression model top_k: answered as if applied."""
+    model = fake_model(task, [[0.0, 0.0]], {0: "O", 1: "B-PER"})
+    with pytest.raises(InputError) as caught:
+        default_handlers.predict_fn({"inputs": ["a text"], "parameters": parameters}, model)
+    assert caught.value.status == 400 and words in str(caught.value)
+    nulls = {name: None for name in parameters}  # null is not sent
+    if task == "token_classification":  # a long text's steps check as one call does
+        with pytest.raises(InputError, match="does not apply to a token classifier"):
+            long_texts.Stepwise(["a text"], parameters, model)
+        assert long_texts.Stepwise(["a text"], nulls, model).strategy == "simple"
+    else:
+        assert len(default_handlers.predict_fn({"inputs": ["a text"], "parameters": nulls}, model)) == 1
 
 
 @pytest.mark.parametrize("threshold", [-0.1, 1.5, "0.5", True])

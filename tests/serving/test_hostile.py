@@ -181,7 +181,8 @@ def test_406_only_when_nothing_acceptable_exists_and_before_the_model_runs(train
         (b"[" * 100_000 + b"]" * 100_000, "application/json", "nested too deeply"),
         (b'{"inputs": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", "application/json", "nested too deeply"),
         (b'"' + b"x" * 200_000 + b'"\n', "text/csv", "not valid CSV"),
-        (b"1" * 5000, "application/json", "not valid JSON"),
+        (b"1" * 5000, "application/json", "a number in the body has more than 4300 digits"),  # no Python advice
+        (b'"fine"\n' + b"1" * 5000 + b"\n", "application/jsonlines", "a number in a JSON Lines record has more"),
         (b'{"inputs": "x", "parameters": {"top_k": 0}}', "application/json", "top_k"),
     ],
 )

@@ -66,6 +66,8 @@ def test_the_contract_load_list_get_invoke_unload(classifier, tmp_path):
         assert load(s, "m2", urls["m2"]).status_code == 200 and load(s, "m3", urls["m3"]).status_code == 200
         assert load(s, "nope", tmp_path / "missing").status_code == 404
         assert s.client.post("/models", content=b'{"model_name": 3}').status_code == 400
+        digits = s.client.post("/models", content=b'{"model_name": ' + b"1" * 5000 + b"}")
+        assert digits.status_code == 400 and "sys." not in digits.text  # what to send, never Python's advice
         # Pagination: next_page_token in, nextPageToken out, until the last page.
         first = s.client.get("/models", params={"limit": 2}).json()
         second = s.client.get("/models", params={"limit": 2, "next_page_token": first["nextPageToken"]}).json()

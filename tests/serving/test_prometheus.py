@@ -18,11 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 import serve_helpers
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from serve_helpers import GATE_CODE, HANG_GUARD_S, PING_S, TEXTS, Gates, Server, free_port, wait_for
 
 from byoc.serving import prometheus
 from byoc.serving.prometheus import ServerMetrics, route_of
+from byoc.serving.server_processes import ServerProcesses
 
 
 def samples(text: str) -> dict[tuple[str, frozenset], float]:
@@ -77,6 +79,28 @@ def test_a_registry_counts_and_forgets_a_model():
     assert value(after, "byoc_requests_total", route="/models/{model_name}/invoke", code="200", model="two") == 1
     openmetrics, kind = metrics.exposition("application/openmetrics-text; version=1.0.0")
     assert kind.startswith("application/openmetrics-text") and openmetrics.endswith(b"# EOF\n")
+
+
+def test_the_process_count_is_the_supervisor_and_its_workers_never_a_helper():
+    """Multiprocessing's resource tracker, beside uvicorn's workers, was counted: 4 processes for 2
+    workers. Helpers (it, a handler's subprocesses) count in memory and CPU, not as processes."""
+    child = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+    helper = subprocess.Popen(child, stdin=subprocess.PIPE)
+    worker = subprocess.Popen([*child, "--multiprocessing-fork"], stdin=subprocess.PIPE)  # as spawn starts one
+    try:
+        alone = samples_of(ServerProcesses(os.getpid()))
+        supervisor = samples_of(ServerProcesses(os.getpid(), supervisor=True))
+    finally:
+        for process in (helper, worker):
+            process.communicate(b"")
+    assert value(alone, "byoc_server_processes") == 1  # one worker: the process itself
+    assert value(supervisor, "byoc_server_processes") == 2  # the supervisor and its worker, not the helper
+
+
+def samples_of(collector: ServerProcesses) -> dict:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return samples(generate_latest(registry).decode())
 
 
 def test_two_servers_keep_their_own_counts():
@@ -203,7 +227,8 @@ def test_several_workers_scrape_as_one_container(classifier):
         for _ in range(4):  # whichever worker answers the scrape counts the whole container
             got = scrape(s)
             assert value(got, "byoc_requests_total", route="/invocations", code="200", model="") == 12
-            assert value(got, "byoc_server_processes") >= 3  # the supervisor and its two workers
+            # The supervisor and its two workers: never multiprocessing's resource tracker beside them (it was 4).
+            assert value(got, "byoc_server_processes") == 3
     finally:
         s.stop()
 

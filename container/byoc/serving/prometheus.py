@@ -18,8 +18,8 @@ label is bounded by what is loaded.
     byoc_model_loads_total{outcome}, byoc_model_load_seconds{outcome}   loaded, failed, timeout, refused, no_memory
     byoc_model_unloads_total,
     byoc_models_loaded, byoc_model_memory_budget_bytes, byoc_model_memory_used_bytes   (multi-model)
-    byoc_server_resident_memory_bytes, byoc_server_cpu_seconds_total, byoc_server_processes
-                                                    the server's processes together (supervisor and workers)
+    byoc_server_resident_memory_bytes, byoc_server_cpu_seconds_total   every process of the server
+    byoc_server_processes                           its supervisor and workers (byoc.serving.server_processes)
 
 With several workers (SAGEMAKER_MODEL_SERVER_WORKERS > 1) each is a process of its own: they write
 their values to files in PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess mode; `byoc
@@ -34,7 +34,7 @@ import asyncio
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,8 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from byoc.serving.server_processes import ServerProcesses
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 ERROR_KINDS = ("timeout", "overload", "bad_input", "handler_failure", "unavailable", "not_found")
@@ -231,7 +233,8 @@ class ServerMetrics:
             from prometheus_client import multiprocess
 
             multiprocess.MultiProcessCollector(self.registry, path=multiprocess_dir)
-        self.registry.register(ServerProcesses(os.getppid() if workers > 1 else os.getpid()))
+        supervisor = workers > 1  # this process is one of uvicorn's workers, the supervisor its parent
+        self.registry.register(ServerProcesses(os.getppid() if supervisor else os.getpid(), supervisor))
 
     def close(self) -> None:
         """This worker stops: its live gauges (in flight, queue depth) stop counting (several workers)."""
@@ -324,57 +327,6 @@ def route_of(path: str) -> str:
     if path.startswith("/models/"):
         return "/models/{model_name}/invoke" if path.endswith("/invoke") else "/models/{model_name}"
     return "other"
-
-
-class ServerProcesses:
-    """A collector for the server's processes together: `root` (the one process, or uvicorn's
-    supervisor) and every process under it. Read from /proc at each scrape (Linux; nothing elsewhere)."""
-
-    def __init__(self, root: int) -> None:
-        self.root = root
-        self.page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-        self.ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-    def collect(self) -> Iterator[Any]:
-        # Only here, as every prometheus_client import: BYOC_METRICS=false never loads it.
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        pids = list(_tree(self.root))
-        memory = cpu = 0.0
-        counted = 0
-        for pid in pids:
-            try:
-                memory += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * self.page
-                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-                cpu += (int(fields[11]) + int(fields[12])) / self.ticks  # utime, stime
-                counted += 1
-            except (OSError, ValueError, IndexError):
-                continue  # it ended meanwhile
-        if not counted:
-            return
-        yield GaugeMetricFamily(
-            "byoc_server_resident_memory_bytes", "Resident memory of the server's processes", memory
-        )
-        yield CounterMetricFamily(
-            "byoc_server_cpu_seconds", "CPU time of the server's processes (user and system)", cpu
-        )
-        yield GaugeMetricFamily("byoc_server_processes", "The server's processes (supervisor and workers)", counted)
-
-
-def _tree(root: int) -> Iterator[int]:
-    """`root` and every process under it (/proc's children lists)."""
-    seen, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        yield pid
-        for task in Path(f"/proc/{pid}/task").glob("*/children"):
-            try:
-                todo.extend(int(child) for child in task.read_text().split())
-            except (OSError, ValueError):
-                continue
 
 
 def _forget_dead_workers(folder: str) -> None:

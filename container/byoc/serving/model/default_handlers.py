@@ -13,7 +13,8 @@ A multi-label model answers, per input, the list of labels scored at or above it
 scores, best first, possibly empty; "threshold" and "top_k" parameters override); a regression
 model {"score": value} (with "label", the target's name, when the model names it); a token classifier
 its entities, [{"entity_group", "score", "word", "start", "end"}] ("aggregation_strategy" as the
-pipeline's: byoc.serving.model.entities).
+pipeline's: byoc.serving.model.entities). A parameter the model's task does not use is a 400
+(byoc.serving.model.task_parameters); bodies are parsed by byoc.serving.model.bodies.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ import io
 import json
 import logging
 import math
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -36,8 +36,9 @@ from byoc.model_folder import DEFAULT_THRESHOLD, MULTI_LABEL, REGRESSION, SINGLE
 from byoc.serving import resources
 from byoc.serving.http import negotiation
 from byoc.serving.http.request_errors import InputError, InvalidAnswer, NotAcceptable, UnsupportedMediaType
-from byoc.serving.model import backend_choice, entities, passes, runtimes
+from byoc.serving.model import backend_choice, bodies, entities, passes, runtimes, task_parameters
 from byoc.serving.model.backend_choice import INFERENCE_BACKEND_ENV, INFERENCE_PRECISION_ENV
+from byoc.serving.model.bodies import CONTENT_TYPES, JSON_LINES
 from byoc.serving.settings import InferenceSettings
 
 # The variables' names under the ones byoc.inference gave them before they had a module of their own.
@@ -45,8 +46,6 @@ BACKEND_ENV, PRECISION_ENV = INFERENCE_BACKEND_ENV, INFERENCE_PRECISION_ENV
 
 MAX_BATCH = passes.CPU.max_rows  # texts run through the model at once on the CPU; larger requests are split
 TOKEN_BUDGET = passes.CPU.token_budget  # padded tokens per CPU forward pass: small batches pad least
-JSON_LINES = ("application/jsonlines", "application/x-jsonlines", "application/jsonl")
-CONTENT_TYPES = ("application/json", "text/csv", "text/plain", *JSON_LINES)
 ACCEPT_TYPES = ("application/json", "text/csv", *JSON_LINES)
 
 logger = logging.getLogger(__name__)
@@ -120,11 +119,12 @@ def choose_backend(model_dir: Path, int8: bool = False, gpu: bool | None = None)
     return backend_choice.choose(settings.backend, "int8" if int8 else settings.precision, host).backend
 
 
-def input_fn(body: bytes | str, content_type: str = "application/json") -> dict[str, Any]:
+def input_fn(body: bytes | str, content_type: str = "application/json", *, one_text: bool = False) -> dict[str, Any]:
     """Parse a request into {"inputs": [text or (text, text_pair)], "parameters": {...}}.
 
     Everything a model could choke on is refused here, with a 4xx naming the input, before the
-    request can join a batch with other clients' requests."""
+    request can join a batch with other clients' requests. `one_text`: each input is one text (a token
+    classifier's; the server says so), so a CSV row of several fields is one text (byoc.serving.model.bodies)."""
     kind = (content_type or "application/json").split(";")[0].strip().lower()
     if kind not in CONTENT_TYPES:
         raise UnsupportedMediaType(f"unsupported content type {content_type!r}: send one of {', '.join(CONTENT_TYPES)}")
@@ -136,112 +136,14 @@ def input_fn(body: bytes | str, content_type: str = "application/json") -> dict[
     if not text.strip():
         raise InputError('the body is empty: send {"inputs": "a text"} or a list of texts')
     try:
-        inputs, parameters = _parse(text, kind)
+        inputs, parameters = bodies.parse(text, kind, one_text)
     except RecursionError:
         raise InputError("the body is nested too deeply") from None
     if not isinstance(parameters, dict):
         raise InputError('"parameters" must be a JSON object')
-    _check_top_k(parameters.get("top_k"))
-    _check_threshold(parameters.get("threshold"))
+    task_parameters.check_values(parameters)
     entities.check_strategy(parameters.get("aggregation_strategy"))
     return {"inputs": _normalise(inputs), "parameters": parameters}
-
-
-def too_many_inputs(body: bytes | str, content_type: str, limit: int) -> bool:
-    """Whether `input_fn` would find more than `limit` inputs in the body, decided without building
-    them: a 6 MB body of a million tiny inputs is refused after reading `limit + 1` of them, in
-    bounded memory, instead of after a full parse. A malformed body is not (input_fn says why)."""
-    kind = (content_type or "application/json").split(";")[0].strip().lower()
-    # A list of n JSON values holds n - 1 commas; n lines, n - 1 newlines: a bound counted in C.
-    separator = "," if kind == "application/json" else "\n"
-    bound = (body.count(separator.encode()) if isinstance(body, bytes) else body.count(separator)) + 1
-    if bound <= limit or kind not in CONTENT_TYPES:
-        return False
-    try:
-        text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else body
-        if kind == "application/json":
-            return _count_json(text, limit) > limit
-        if kind == "text/csv":
-            return _count_up_to((row for row in csv.reader(io.StringIO(text)) if row), limit) > limit
-        return _count_up_to(re.finditer(r"^[^\S\n]*\S", text, re.MULTILINE), limit) > limit  # non-blank lines
-    except (ValueError, IndexError, RecursionError, csv.Error):  # malformed: input_fn's message says how
-        return False
-
-
-def _count_up_to(items: Iterable[Any], limit: int) -> int:
-    count = 0
-    for _ in items:
-        count += 1
-        if count > limit:
-            break
-    return count
-
-
-def _count_json(text: str, limit: int) -> int:
-    """The elements of the body's list of inputs (the top-level list, or "inputs" of the top-level
-    object), each decoded alone and dropped, up to limit + 1."""
-    decoder, skip = json.JSONDecoder(), re.compile(r"[ \t\n\r]*")
-    at = skip.match(text, 0).end()  # type: ignore[union-attr]
-    if text.startswith("{", at):
-        at = skip.match(text, at + 1).end()  # type: ignore[union-attr]
-        while text.startswith('"', at):
-            key, at = json.decoder.scanstring(text, at + 1)  # type: ignore[attr-defined]
-            at = skip.match(text, at).end()  # type: ignore[union-attr]
-            at = skip.match(text, at + 1).end() if text.startswith(":", at) else len(text)  # type: ignore[union-attr]
-            if key == "inputs":
-                break
-            _, at = decoder.raw_decode(text, at)
-            at = skip.match(text, at).end()  # type: ignore[union-attr]
-            at = skip.match(text, at + 1).end() if text.startswith(",", at) else len(text)  # type: ignore[union-attr]
-    if not text.startswith("[", at):
-        return 1
-    at, count = skip.match(text, at + 1).end(), 0  # type: ignore[union-attr]
-    while count <= limit and not text.startswith("]", at) and at < len(text):
-        _, at = decoder.raw_decode(text, at)
-        count += 1
-        at = skip.match(text, at).end()  # type: ignore[union-attr]
-        if text.startswith(",", at):
-            at = skip.match(text, at + 1).end()  # type: ignore[union-attr]
-    return count
-
-
-def _parse(text: str, kind: str) -> tuple[Any, Any]:
-    if kind == "application/json":
-        try:
-            payload = json.loads(text)
-        except ValueError as err:  # JSONDecodeError, and integers too long to convert
-            raise InputError(f"the body is not valid JSON: {err}") from None
-        if isinstance(payload, dict) and "inputs" in payload:
-            return payload["inputs"], payload.get("parameters") or {}
-        return payload, {}
-    if kind in JSON_LINES:
-        return [_jsonline(line) for line in text.split("\n") if line.strip()], {}
-    if kind == "text/csv":
-        try:
-            return [row if len(row) > 1 else row[0] for row in csv.reader(io.StringIO(text)) if row], {}
-        except csv.Error as err:  # a field over csv's size limit, a quote left open
-            raise InputError(f"the body is not valid CSV: {err}") from None
-    return [line for line in text.split("\n") if line.strip()], {}  # text/plain: one text per line
-
-
-def _jsonline(line: str) -> Any:
-    try:
-        value = json.loads(line)
-    except ValueError as err:
-        raise InputError(f"a JSON Lines record is not valid JSON: {err}") from None
-    return value.get("inputs", value) if isinstance(value, dict) and "inputs" in value else value
-
-
-def _check_top_k(top_k: Any) -> None:
-    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
-        raise InputError('"top_k" must be a positive integer')
-
-
-def _check_threshold(threshold: Any) -> None:
-    if threshold is not None and (
-        not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0 <= threshold <= 1
-    ):
-        raise InputError('"threshold" must be a number from 0 to 1 (a multi-label score at or above it is a label)')
 
 
 def _normalise(inputs: Any) -> list[str | tuple[str, str]]:
@@ -284,9 +186,9 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     model the labels at or above the threshold; for a regression model {"score": value}."""
     inputs, parameters = data["inputs"], data.get("parameters", {})
     top_k, threshold = parameters.get("top_k"), parameters.get("threshold")
-    _check_top_k(top_k)
-    _check_threshold(threshold)
     task = model.get("task", SINGLE_LABEL)
+    task_parameters.check_values(parameters)
+    task_parameters.check_task(task, parameters)  # a 400 for one the task does not use, never ignored
     if task == TOKEN_CLASSIFICATION:
         return entities.predict(inputs, parameters, model)
     try:

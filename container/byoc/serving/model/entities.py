@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from byoc.model_folder import TOKEN_CLASSIFICATION
 from byoc.serving.http.request_errors import InputError
-from byoc.serving.model import passes
+from byoc.serving.model import passes, task_parameters
 
 STRATEGIES = ("none", "simple", "first", "average", "max")
 DEFAULT_STRATEGY = "simple"
@@ -42,12 +43,17 @@ def predict(inputs: list[Any], parameters: dict[str, Any], model: dict[str, Any]
 
 
 def checked(inputs: list[Any], parameters: dict[str, Any]) -> str:
-    """The request's aggregation strategy, once its texts are known to be texts."""
+    """The request's aggregation strategy, once its texts are known to be texts and its parameters a
+    token classifier's (every path to the entities passes here: one call, or a long text's steps)."""
+    task_parameters.check_task(TOKEN_CLASSIFICATION, parameters)
     strategy = parameters.get("aggregation_strategy") or DEFAULT_STRATEGY
     check_strategy(strategy)
     for index, text in enumerate(inputs):
         if not isinstance(text, str):
-            raise InputError(f"input {index}: a token classifier takes one text per input, not a pair")
+            raise InputError(
+                f"input {index}: a token classifier takes one text per input, not a pair: send a text with "
+                'commas as one JSON string, a line of text/plain, or a quoted CSV field ("a, b")'
+            )
         if not text.strip():
             raise InputError(f"input {index} is empty: a token classifier needs a text to find entities in")
     return strategy

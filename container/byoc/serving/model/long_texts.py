@@ -25,10 +25,15 @@ STEPWISE_CHARS = 2048
 STEP_TOKENS = 1024  # the windows of one step: a fraction of a second of MiniLM, about 2 s of BERT-base on 2 cores
 
 
+def token_classifier(model: Any) -> bool:
+    """Whether the model (as the default model_fn loads it) is a token classifier: one whole text an input."""
+    return isinstance(model, dict) and model.get("task") == TOKEN_CLASSIFICATION
+
+
 def whole_text_chars(model: Any, data: Any) -> int:
     """The characters of text the default predict_fn reads whole in this request: a token classifier's texts
     (every window of a long text runs), 0 for a model that cuts each text at its max_length."""
-    if not isinstance(model, dict) or model.get("task") != TOKEN_CLASSIFICATION or not isinstance(data, dict):
+    if not token_classifier(model) or not isinstance(data, dict):
         return 0
     inputs = data.get("inputs")
     texts = inputs if isinstance(inputs, list) else [inputs]

@@ -31,7 +31,7 @@ from starlette.responses import Response
 
 from byoc.serving.http import negotiation
 from byoc.serving.http.request_errors import InvalidAnswer, PayloadTooLarge
-from byoc.serving.model import default_handlers, long_texts
+from byoc.serving.model import bodies, default_handlers, long_texts
 from byoc.serving.model.batching import Batcher, guarded, timed
 from byoc.serving.model.handler_loader import (
     HandlerError,
@@ -253,9 +253,9 @@ class ModelServer:
     def _default_input(self, body: bytes, content_type: str) -> Any:
         """byoc's input_fn, after counting the inputs without building them: a body of a million tiny
         inputs is refused as soon as the count passes the limit, not after a full parse."""
-        if default_handlers.too_many_inputs(body, content_type, self.settings.max_inputs):
+        if bodies.too_many_inputs(body, content_type, self.settings.max_inputs):
             self._check_count(self.settings.max_inputs + 1, counted=False)
-        return default_handlers.input_fn(body, content_type)
+        return default_handlers.input_fn(body, content_type, one_text=long_texts.token_classifier(self.model))
 
     def _check_count(self, count: int, counted: bool = True) -> None:
         """413 past BYOC_MAX_INPUTS_PER_REQUEST (`counted`: the exact count is known, not just that it is over)."""

@@ -1,0 +1,139 @@
+"""A request body's inputs in each content type the default input_fn reads: parsed, and counted
+without building them.
+
+- application/json: `{"inputs": ..., "parameters": {...}}`, or the inputs alone;
+- JSON Lines: one JSON value per line, a text or `{"inputs": ...}`;
+- text/csv: a row per input, its one field a text and two fields a text and its pair; where each
+  input is one text (a token classifier's), a row of several fields is the row as sent;
+- text/plain: a text per non-blank line.
+
+A body that does not parse is a 400 saying what is wrong in the client's terms.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import sys
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from byoc.serving.http.request_errors import InputError
+
+JSON_LINES = ("application/jsonlines", "application/x-jsonlines", "application/jsonl")
+CONTENT_TYPES = ("application/json", "text/csv", "text/plain", *JSON_LINES)
+
+
+def too_many_inputs(body: bytes | str, content_type: str, limit: int) -> bool:
+    """Whether `input_fn` would find more than `limit` inputs in the body, decided without building
+    them: a 6 MB body of a million tiny inputs is refused after reading `limit + 1` of them, in
+    bounded memory, instead of after a full parse. A malformed body is not (input_fn says why)."""
+    kind = (content_type or "application/json").split(";")[0].strip().lower()
+    # A list of n JSON values holds n - 1 commas; n lines, n - 1 newlines: a bound counted in C.
+    separator = "," if kind == "application/json" else "\n"
+    bound = (body.count(separator.encode()) if isinstance(body, bytes) else body.count(separator)) + 1
+    if bound <= limit or kind not in CONTENT_TYPES:
+        return False
+    try:
+        text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else body
+        if kind == "application/json":
+            return _count_json(text, limit) > limit
+        if kind == "text/csv":
+            return _count_up_to((row for row in csv.reader(io.StringIO(text)) if row), limit) > limit
+        return _count_up_to(re.finditer(r"^[^\S\n]*\S", text, re.MULTILINE), limit) > limit  # non-blank lines
+    except (ValueError, IndexError, RecursionError, csv.Error):  # malformed: input_fn's message says how
+        return False
+
+
+def _count_up_to(items: Iterable[Any], limit: int) -> int:
+    count = 0
+    for _ in items:
+        count += 1
+        if count > limit:
+            break
+    return count
+
+
+def _count_json(text: str, limit: int) -> int:
+    """The elements of the body's list of inputs (the top-level list, or "inputs" of the top-level
+    object), each decoded alone and dropped, up to limit + 1."""
+    decoder, skip = json.JSONDecoder(), re.compile(r"[ \t\n\r]*")
+    at = skip.match(text, 0).end()  # type: ignore[union-attr]
+    if text.startswith("{", at):
+        at = skip.match(text, at + 1).end()  # type: ignore[union-attr]
+        while text.startswith('"', at):
+            key, at = json.decoder.scanstring(text, at + 1)  # type: ignore[attr-defined]
+            at = skip.match(text, at).end()  # type: ignore[union-attr]
+            at = skip.match(text, at + 1).end() if text.startswith(":", at) else len(text)  # type: ignore[union-attr]
+            if key == "inputs":
+                break
+            _, at = decoder.raw_decode(text, at)
+            at = skip.match(text, at).end()  # type: ignore[union-attr]
+            at = skip.match(text, at + 1).end() if text.startswith(",", at) else len(text)  # type: ignore[union-attr]
+    if not text.startswith("[", at):
+        return 1
+    at, count = skip.match(text, at + 1).end(), 0  # type: ignore[union-attr]
+    while count <= limit and not text.startswith("]", at) and at < len(text):
+        _, at = decoder.raw_decode(text, at)
+        count += 1
+        at = skip.match(text, at).end()  # type: ignore[union-attr]
+        if text.startswith(",", at):
+            at = skip.match(text, at + 1).end()  # type: ignore[union-attr]
+    return count
+
+
+def parse(text: str, kind: str, one_text: bool) -> tuple[Any, Any]:
+    """The body's inputs and parameters, unchecked (input_fn checks them); `one_text`: see `_csv_inputs`."""
+    if kind == "application/json":
+        payload = _json(text, "the body")
+        if isinstance(payload, dict) and "inputs" in payload:
+            return payload["inputs"], payload.get("parameters") or {}
+        return payload, {}
+    if kind in JSON_LINES:
+        return [_jsonline(line) for line in text.split("\n") if line.strip()], {}
+    if kind == "text/csv":
+        try:
+            return _csv_inputs(text, one_text), {}
+        except csv.Error as err:  # a field over csv's size limit, a quote left open
+            raise InputError(f"the body is not valid CSV: {err}") from None
+    return [line for line in text.split("\n") if line.strip()], {}  # text/plain: one text per line
+
+
+def _csv_inputs(text: str, one_text: bool) -> list[Any]:
+    """Each CSV row: its one field, or its fields (two: a text and its pair). Where each input is one
+    text, a row of several fields is the row as sent, quotes and all: unquoted commas are the text's
+    (batch transform sends a file's lines as they are), where a pair would be refused."""
+    lines: list[str] = []  # what the reader took for the row it reads: a quoted field may span lines
+
+    def reading() -> Iterator[str]:
+        for line in io.StringIO(text):
+            lines.append(line)
+            yield line
+
+    inputs: list[Any] = []
+    for row in csv.reader(reading()):
+        if len(row) > 1 and one_text:
+            inputs.append("".join(lines).rstrip("\r\n"))
+        elif row:  # a blank line is no row
+            inputs.append(row if len(row) > 1 else row[0])
+        lines.clear()
+    return inputs
+
+
+def _json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{what} is not valid JSON: {err}") from None
+    except ValueError:  # an integer over Python's limit of digits, whose message advises a Python call
+        raise InputError(
+            f"a number in {what} has more than {sys.get_int_max_str_digits()} digits, more than the server "
+            "reads: send such a value as a string"
+        ) from None
+
+
+def _jsonline(line: str) -> Any:
+    value = _json(line, "a JSON Lines record")
+    return value.get("inputs", value) if isinstance(value, dict) and "inputs" in value else value
