@@ -16,7 +16,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-long-text bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
 
 venv: $(STAMP)
 
@@ -97,6 +97,10 @@ bench-task-serve: venv
 
 bench-serve: venv
 	$(PY) benchmarks/bench_serve.py --json benchmarks/results/serve.json
+
+# One long text beside small requests on a token classifier (docs/benchmarks.md); --container for a before-and-after.
+bench-long-text: venv
+	$(PY) benchmarks/bench_long_text.py --json benchmarks/results/long-text.json
 
 # Ordinary traffic at concurrency 32 with 10% hostile requests mixed in, 60 s a phase (docs/benchmarks.md).
 bench-soak: venv
