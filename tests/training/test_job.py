@@ -192,6 +192,7 @@ def test_trained_model_serves_through_the_default_handlers(job, tiny_model_dir, 
         assert kind == "text/csv" and csv_body.split(",")[0] == answer[0][0]["label"]
     finally:
         sys.path.remove(str(job.model_dir / "code"))
+        sys.modules.pop("inference", None)  # a later test's server imports its own inference.py
 
 
 # --- failures: non-zero exit, a one-line failure file that says how to fix it, no model ---------
