@@ -8,8 +8,10 @@ inference handlers, `code/inference.py`, and their requirements.txt).
 
 config.json's `problem_type` names the task (transformers' names, which pick the loss in training
 and the scores in serving): one label per text (softmax), several (sigmoid, with the decision
-`byoc_threshold` saved beside it), or a number (regression, one output); a token classifier (a tag
-per token: NER) is named by its architecture (`...ForTokenClassification`).
+`byoc_threshold` saved beside it, and `byoc_thresholds` for labels with their own), or a number
+(regression, one output); a token classifier (a tag per token: NER) is named by its architecture
+(`...ForTokenClassification`), with `byoc_word_tags` saved beside it: how training tagged a word's
+sub-tokens, which picks serving's default entities.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ TASK_ALIASES = {
 }
 THRESHOLD_KEY = "byoc_threshold"  # config.json: a multi-label model's decision threshold
 DEFAULT_THRESHOLD = 0.5
+THRESHOLDS_KEY = "byoc_thresholds"  # config.json: {label: threshold} for labels with their own (training.thresholds)
+# config.json: where a token classifier was trained on each word's tag: "first" (its first sub-token)
+# or "all" (every sub-token: label_all_tokens). Absent in models byoc did not train.
+WORD_TAGS_KEY = "byoc_word_tags"
+WORD_TAGS = ("first", "all")
 
 DEFAULT_MAX_LENGTH = 512  # when neither the tokenizer nor the model says
 _UNKNOWN = 100_000  # tokenizers that do not know their limit report a huge number (1e30)
@@ -81,3 +88,25 @@ def threshold_of(config: dict[str, Any]) -> float:
     """A multi-label model's decision threshold (config.json's byoc_threshold, else 0.5)."""
     value = config.get(THRESHOLD_KEY, DEFAULT_THRESHOLD)
     return float(value) if isinstance(value, (int, float)) and 0 <= value <= 1 else DEFAULT_THRESHOLD
+
+
+def thresholds_of(config: dict[str, Any]) -> list[float] | None:
+    """A multi-label model's per-label thresholds in label-id order (config.json's byoc_thresholds), NaN
+    for a label without its own (it takes byoc_threshold); None where no label has one."""
+    own, id2label = config.get(THRESHOLDS_KEY), config.get("id2label") or {}
+    if not isinstance(own, dict) or not own:
+        return None
+    names = [id2label[key] for key in sorted(id2label, key=int)]
+    return [_probability(own.get(name)) for name in names]
+
+
+def _probability(value: Any) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1
+    return float(value) if ok else float("nan")
+
+
+def word_tags_of(config: dict[str, Any]) -> str | None:
+    """How a token classifier was trained on a word's sub-tokens (config.json's byoc_word_tags), or None
+    where the model does not say (trained before byoc saved it, or by another tool)."""
+    value = config.get(WORD_TAGS_KEY)
+    return value if value in WORD_TAGS else None

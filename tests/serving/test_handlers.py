@@ -267,6 +267,55 @@ def test_multi_label_answers_every_label_at_or_above_the_threshold_best_first():
     assert kind == "text/csv" and body.splitlines()[1] == '""' and body.splitlines()[0].startswith("joy,0.88")
 
 
+def test_multi_label_labels_with_their_own_thresholds_are_answered_at_them():
+    """Tuned thresholds (config.json's byoc_thresholds): joy and love score under the global 0.5 but over
+    their own, so both are answered; anger, with none of its own (NaN), keeps the global one; a request's
+    threshold is every label's."""
+    id2label = {0: "anger", 1: "joy", 2: "love"}
+    logits = [[0.0, -1.0, -1.5]]  # sigmoid: .5 .27 .18
+    model = {**fake_model("multi_label_classification", logits * 3, id2label), "thresholds": [np.nan, 0.25, 0.15]}
+    ask = lambda parameters: [  # noqa: E731
+        [e["label"] for e in row]
+        for row in default_handlers.predict_fn({"inputs": ["a"], "parameters": parameters}, model)
+    ]
+    assert ask({}) == [["anger", "joy", "love"]]
+    assert ask({"threshold": 0.2}) == [["anger", "joy"]]
+    model["threshold"] = 0.6  # the model's global threshold, set by a model_fn of the user's
+    assert ask({}) == [["joy", "love"]]
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
+def test_a_model_folder_with_tuned_thresholds_serves_two_labels_under_half(
+    tmp_path, tiny_model_dir, monkeypatch, backend
+):
+    """A multi-label model whose scores are all under 0.5, saved with the thresholds training chose for
+    it: an input whose joy and love scores pass their own thresholds gets both labels, on either backend."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    names = ["anger", "joy", "love"]
+    model = AutoModelForSequenceClassification.from_pretrained(
+        tiny_model_dir,
+        num_labels=3,
+        id2label=dict(enumerate(names)),
+        label2id={n: i for i, n in enumerate(names)},
+        problem_type="multi_label_classification",
+    )
+    with torch.no_grad():  # every text scores sigmoid(bias): .12 .27 .18
+        model.classifier.weight.zero_()
+        model.classifier.bias.copy_(torch.tensor([-2.0, -1.0, -1.5]))
+    model.config.byoc_threshold = 0.5
+    model.config.byoc_thresholds = {"joy": 0.25, "love": 0.15}
+    folder = serve_helpers._publish(model, tiny_model_dir, tmp_path / "model")
+    monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
+    monkeypatch.setattr("byoc.serving.model.default_handlers.nvidia_gpu", lambda: False)
+    loaded = default_handlers.model_fn(str(folder))
+    assert loaded["backend"] == backend
+    answer = default_handlers.predict_fn({"inputs": ["so happy and in love"], "parameters": {}}, loaded)
+    assert [e["label"] for e in answer[0]] == ["joy", "love"]
+    assert [e["score"] for e in answer[0]] == pytest.approx([0.2689, 0.1824], abs=1e-3)
+
+
 @pytest.mark.parametrize(
     "task,parameters,words",
     [

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import sys
 
 import numpy as np
@@ -56,6 +57,7 @@ def test_multi_label_from_label_lists(job, tiny_model_dir, monkeypatch):
     assert set(metrics["eval_f1_per_label"]) == {"anger", "fear", "joy"}
     config = json.loads((job.model_dir / "config.json").read_text())
     assert config["problem_type"] == MULTI_LABEL and config["byoc_threshold"] == 0.4
+    assert "byoc_thresholds" not in config and "decision_thresholds" not in metrics  # given: not chosen
     predictions = [
         json.loads(line) for line in (job.root / "output/data/test_predictions.jsonl").read_text().splitlines()
     ]
@@ -92,6 +94,33 @@ def test_multi_label_from_label_lists(job, tiny_model_dir, monkeypatch):
     assert torch_model["backend"] == "torch"
     again = json.loads(ask(torch_inference, torch_model, {"inputs": texts})[0])
     assert [[e["label"] for e in row] for row in again] == [[e["label"] for e in row] for row in answer]
+
+
+def test_multi_label_thresholds_are_chosen_on_the_validation_data(job, tiny_model_dir):
+    """No threshold given and a validation channel: the job chooses the thresholds there, saves them in
+    config.json for serving, scores eval and test at them too, and predicts the test rows with them."""
+    from byoc.training.thresholds import GRID
+
+    job.hyperparameters({**QUICK, "do_predict": "true"})
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", emotion_rows(96))
+    write_jsonl(job.channel("validation") / "validation.jsonl", emotion_rows(48, seed=2))
+    write_jsonl(job.channel("test") / "test.jsonl", emotion_rows(20, seed=1))
+    assert entry.train() == 0, job.failure
+
+    metrics = job.metrics
+    chosen = metrics["decision_thresholds"]
+    config = json.loads((job.model_dir / "config.json").read_text())
+    assert config["byoc_threshold"] == chosen["threshold"] and chosen["threshold"] in GRID
+    assert config["byoc_thresholds"] == chosen["thresholds"] and set(chosen["thresholds"]) <= {"anger", "fear", "joy"}
+    for split in ("eval", "test"):  # at 0.5 (as before) and at the chosen thresholds
+        for key in ("f1_micro", "f1_macro", "f1_micro_tuned", "f1_macro_tuned"):
+            assert 0 <= metrics[f"{split}_{key}"] <= 1, (split, key)
+        assert set(metrics[f"{split}_tuned"]) == {"f1_samples", "exact_match", "jaccard", "f1_per_label"}
+    own = {name: chosen["thresholds"].get(name, chosen["threshold"]) for name in ("anger", "fear", "joy")}
+    for line in (job.root / "output/data/test_predictions.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        assert set(row["predicted"]) == {name for name, score in row["scores"].items() if score >= own[name]}
 
 
 def test_multi_label_from_binary_columns_with_an_id_column(job, tiny_model_dir):
@@ -211,6 +240,7 @@ def test_token_classification_from_conll_files(job, tiny_model_dir, monkeypatch)
     assert set(metrics["eval_f1_per_type"]) <= {"LOC", "PER"}
     config = json.loads((job.model_dir / "config.json").read_text())
     assert config["architectures"] == ["BertForTokenClassification"] and (job.model_dir / "model.onnx").exists()
+    assert config["byoc_word_tags"] == "first"  # each word's tag on its first sub-token: serving's default words
     written = (job.root / "output/data/test_predictions.jsonl").read_text().splitlines()
     first = json.loads(written[0])
     assert first["index"] == 0 and first["tags"] == ["B-PER", "I-PER", "O", "O", "B-LOC", "O"]
@@ -233,6 +263,14 @@ def test_token_classification_from_conll_files(job, tiny_model_dir, monkeypatch)
                 assert [(e[key], e["start"], e["end"]) for e in got] == [(e[key], e["start"], e["end"]) for e in want]
                 assert [e["score"] for e in got] == pytest.approx([float(e["score"]) for e in want], abs=1e-4)
                 assert all(e["word"] == text[e["start"] : e["end"]] for e in got)  # the text as sent
+        # No strategy: the words and tags the job trained on, each whitespace-separated word (whole, with the
+        # punctuation in it) tagged by its first sub-token.
+        raw = [*texts, "John Smith-Jones lives in U.S.-Paris, now", "mary o'smith lives in st.oslo now"]
+        answer = json.loads(ask(inference, model, {"inputs": raw})[0])
+        for got, text in zip(answer, raw):
+            want = trained_words(reference, text)
+            assert [(e["entity_group"], e["start"], e["end"]) for e in got] == [w[:3] for w in want], text
+            assert [e["score"] for e in got] == pytest.approx([w[3] for w in want], abs=1e-4)
         with pytest.raises(Exception, match="CSV"):
             ask(inference, model, {"inputs": texts}, accept="text/csv")
         for bad in (
@@ -242,6 +280,25 @@ def test_token_classification_from_conll_files(job, tiny_model_dir, monkeypatch)
         ):
             with pytest.raises(Exception, match="empty|pair|aggregation_strategy"):
                 ask(inference, model, bad)
+
+
+def trained_words(reference, text: str) -> list[tuple[str, int, int, float]]:
+    """The entities of `text` with each whitespace-separated word tagged by its first sub-token (from the
+    pipeline's tags of every token), grouped as the pipeline groups: (type, start, end, mean score)."""
+    tokens = reference(text, aggregation_strategy="none", ignore_labels=[])
+    groups: list[list] = []
+    for word in re.finditer(r"\S+", text):
+        first = next((t for t in tokens if word.start() <= t["start"] < word.end()), None)
+        if first is None:
+            continue
+        prefix, kind = (
+            (first["entity"][0], first["entity"][2:]) if first["entity"][1:2] == "-" else ("I", first["entity"])
+        )
+        if groups and prefix != "B" and groups[-1][0] == kind:
+            groups[-1][2], groups[-1][3] = word.end(), groups[-1][3] + [float(first["score"])]
+        else:
+            groups.append([kind, word.start(), word.end(), [float(first["score"])]])
+    return [(kind, start, end, sum(scores) / len(scores)) for kind, start, end, scores in groups if kind != "O"]
 
 
 def test_a_conll_file_without_blank_lines_is_trained_whole_and_said_so(job, tiny_model_dir, caplog):

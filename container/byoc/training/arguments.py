@@ -128,8 +128,8 @@ class TrainArguments:
         None, "Multi-label, one 0/1 column per label: the columns (a,b). Default: found when all but the text are 0/1."
     )
     label_delimiter: str = _hp(",", "Multi-label labels written as text (joy,love): what separates them.")
-    threshold: float = _hp(
-        0.5, "Multi-label: a label is predicted at this sigmoid score or above (saved for serving).", bound=Bound(0, 1)
+    threshold: float | None = _hp(
+        None, "Multi-label: predict labels at or above this. Default: tuned on eval data, else 0.5.", bound=Bound(0, 1)
     )
     label_all_tokens: bool = _hp(False, "Token classification: tag every sub-token of a word, not only its first.")
     validation_split: float = _hp(

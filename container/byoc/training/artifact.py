@@ -99,11 +99,11 @@ def write_predictions(
     label_names: list[str],
     output_data_dir: Path,
     task: str = SINGLE_LABEL,
-    threshold: float = DEFAULT_THRESHOLD,
+    threshold: float | list[float] = DEFAULT_THRESHOLD,
 ) -> None:
     """output/data/test_predictions.jsonl: each test row's label(s) and prediction, in the data's order:
-    the best label and its score; the labels at or above `threshold` with every label's score
-    (multi-label); or the predicted value (regression)."""
+    the best label and its score; the labels at or above `threshold` (one, or one per label) with every
+    label's score (multi-label); or the predicted value (regression)."""
     logits = output.predictions[0] if isinstance(output.predictions, tuple) else output.predictions
     labels = np.asarray(output.label_ids)
     if task == TOKEN_CLASSIFICATION:
@@ -121,7 +121,7 @@ def write_predictions(
     path = output_data_dir / "test_predictions.jsonl"
     with path.open("w", encoding="utf-8") as f:
         for index, at in rows:
-            answer = _prediction(scores[at], labels[keep][at], label_names, task, threshold)
+            answer = _prediction(scores[at], labels[keep][at], label_names, task, np.asarray(threshold))
             f.write(json.dumps({"index": index, **answer}) + "\n")
     logger.info("test predictions written to %s", path)
 
@@ -136,13 +136,14 @@ def _write_tags(logits: np.ndarray, labels: np.ndarray, ds: datasets.Dataset, na
     logger.info("test predictions written to %s", path)
 
 
-def _prediction(row: np.ndarray, label: np.ndarray, names: list[str], task: str, threshold: float) -> dict:
+def _prediction(row: np.ndarray, label: np.ndarray, names: list[str], task: str, threshold: np.ndarray) -> dict:
     if task == REGRESSION:
         return {"label": round(float(label.reshape(-1)[0]), 6), "predicted": round(float(row.reshape(-1)[0]), 6)}
     if task == MULTI_LABEL:
+        cuts = np.broadcast_to(threshold, row.shape)  # one threshold, or each label's own
         return {
             "labels": [names[j] for j in np.flatnonzero(label >= 0.5)],
-            "predicted": [names[j] for j in np.argsort(-row, kind="stable") if row[j] >= threshold],
+            "predicted": [names[j] for j in np.argsort(-row, kind="stable") if row[j] >= cuts[j]],
             "scores": {name: round(float(v), 6) for name, v in zip(names, row)},
         }
     best = int(row.argmax())

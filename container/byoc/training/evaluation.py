@@ -10,16 +10,19 @@ says that the model was saved and why the evaluation failed.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from transformers import Trainer
+from transformers import PreTrainedModel, Trainer
 
+from byoc import model_folder
 from byoc.errors import UserError, describe
 from byoc.launch import distributed
 from byoc.training.arguments import TrainArguments
+from byoc.training.metrics import TaskMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +33,8 @@ class EvaluationFailed(UserError):
 
 def final_evaluation(trainer: Trainer, tokenized: dict[str, Any], args: TrainArguments) -> dict[str, Any]:
     """Eval metrics on the eval split (else test), and test metrics when test is a separate split;
-    with them the per-label figures of a multi-label task (`eval_f1_per_label`), for metrics.json."""
+    with them the per-label figures of a multi-label task (`eval_f1_per_label`), for metrics.json.
+    A multi-label model gets the thresholds chosen on the eval split, if any (`decision_thresholds`)."""
     metrics: dict[str, Any] = {}
     if not args.do_eval:
         return metrics
@@ -39,14 +43,40 @@ def final_evaluation(trainer: Trainer, tokenized: dict[str, Any], args: TrainArg
         last = [h for h in trainer.state.log_history if "eval_loss" in h and h.get("step") == trainer.state.global_step]
         metrics.update(
             {k: v for k, v in last[-1].items() if k.startswith("eval_")}
-            if last
+            if last and not _must_choose(trainer)
             else trainer.evaluate(eval_ds, metric_key_prefix="eval")
         )
         metrics.update(_details(trainer, "eval"))
+        metrics.update(_keep_thresholds(trainer))
     if "eval" in tokenized and "test" in tokenized:
         metrics.update(trainer.evaluate(tokenized["test"], metric_key_prefix="test"))
         metrics.update(_details(trainer, "test"))
     return metrics
+
+
+def _must_choose(trainer: Trainer) -> bool:
+    """Whether thresholds are still to be chosen: the last evaluation was another process's (a rerun)."""
+    scoring = trainer.compute_metrics
+    return isinstance(scoring, TaskMetrics) and scoring.choosing and scoring.tuned is None
+
+
+def _keep_thresholds(trainer: Trainer) -> dict[str, Any]:
+    """The thresholds the final evaluation chose, into the model's config (on every rank: each chose the
+    same from the same gathered predictions); later evaluations (test) are scored at them, not choosing."""
+    scoring = trainer.compute_metrics
+    if not isinstance(scoring, TaskMetrics) or scoring.tuned is None:
+        return {}
+    scoring.choosing = False
+    scoring.tuned.save(cast(PreTrainedModel, trainer.model).config)
+    logger.info("decision thresholds chosen on the eval data: %s", scoring.tuned.report())
+    return {"decision_thresholds": scoring.tuned.report()}
+
+
+def decision_thresholds(trainer: Trainer) -> float | list[float]:
+    """The multi-label thresholds the model is saved with: one, or one per label (byoc.model_folder)."""
+    config = cast(PreTrainedModel, trainer.model).config.to_dict()
+    overall, own = model_folder.threshold_of(config), model_folder.thresholds_of(config)
+    return overall if own is None else [overall if math.isnan(t) else t for t in own]
 
 
 def _details(trainer: Trainer, prefix: str) -> dict[str, Any]:

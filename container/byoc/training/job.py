@@ -36,7 +36,7 @@ from byoc.training.buckets import choose_buckets, padding_efficiency
 from byoc.training.checkpoints import StopOnSignal, check_job, common_resume_point, drop_after
 from byoc.training.compiled_steps import persistent_cache, wants_buckets
 from byoc.training.data import DataError, DataSpec, TaskData, load_task_data
-from byoc.training.evaluation import Failures, final_evaluation
+from byoc.training.evaluation import Failures, decision_thresholds, final_evaluation
 from byoc.training.metrics import metrics_line, write_report
 from byoc.training.model import ModelError, ModelSource, load_tokenizer, model_max_length, resolve_model
 from byoc.training.model import load_model as _load_model  # job.load_model is the step
@@ -238,9 +238,10 @@ def finish(job: Job, trainer: ClassifierTrainer, metrics: dict[str, Any]) -> dic
         return metrics
     paths = job.contract.paths
     if predictions is not None:
-        with failures.kept("writing the test predictions"):
+        with failures.kept("writing the test predictions"):  # at the thresholds the model is saved with
+            cuts = decision_thresholds(trainer)
             write_predictions(
-                predictions, tokenized["test"], job.label_names, paths.output_data_dir, job.data.task, args.threshold
+                predictions, tokenized["test"], job.label_names, paths.output_data_dir, job.data.task, cuts
             )
     summary = {**metrics, **_job_summary(job, trainer)}
     if failures.first:
@@ -271,12 +272,11 @@ def finish(job: Job, trainer: ClassifierTrainer, metrics: dict[str, Any]) -> dic
 
 def _job_summary(job: Job, trainer: ClassifierTrainer) -> dict[str, Any]:
     """What metrics.json says of the job besides its metrics: labels, sizes, where and how it ran."""
-    buckets = job.buckets
     xla_figures: dict[str, Any] = {}
-    if buckets:
+    if job.buckets:
         xla_figures = {
-            "buckets": buckets,
-            "padding_efficiency": round(padding_efficiency(job.tokenized["train"]["length"], buckets), 4),
+            "buckets": job.buckets,
+            "padding_efficiency": round(padding_efficiency(job.tokenized["train"]["length"], job.buckets), 4),
             **(trainer.compile_report.summary() if trainer.compile_report else {}),
         }
     return {

@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 from transformers import TrainerCallback
 
-from byoc.model_folder import MULTI_LABEL, REGRESSION, TOKEN_CLASSIFICATION
+from byoc.model_folder import DEFAULT_THRESHOLD, MULTI_LABEL, REGRESSION, TOKEN_CLASSIFICATION
+from byoc.training import thresholds
 from byoc.training.buckets import IGNORE_LABEL
 
 logger = logging.getLogger(__name__)
@@ -44,8 +45,11 @@ EVALUATED = (
     "mse",
     "mae",
 )
+# Multi-label metrics also reported at the thresholds chosen on the eval data (byoc.training.thresholds),
+# as `eval_f1_micro_tuned`...; the others at those thresholds go to metrics.json only.
+TUNED = ("f1_micro", "f1_macro")
 # For `Estimator(metric_definitions=METRIC_DEFINITIONS)`: each regex reads one `[metrics]` log line field.
-# 34 definitions: SageMaker takes at most 40 per job, so every task's metrics fit in one list.
+# 38 definitions: SageMaker takes at most 40 per job, so every task's metrics fit in one list.
 METRIC_DEFINITIONS: list[dict[str, str]] = [
     {"Name": "train:loss", "Regex": rf"\[metrics\].* loss={_NUMBER}"},
     {"Name": "train:learning_rate", "Regex": rf"\[metrics\].* learning_rate={_NUMBER}"},
@@ -54,7 +58,7 @@ METRIC_DEFINITIONS: list[dict[str, str]] = [
 ] + [
     {"Name": f"{split}:{name}", "Regex": rf"\[metrics\].* {split}_{name}={_NUMBER}"}
     for split in ("eval", "test")
-    for name in EVALUATED
+    for name in (*EVALUATED, *(f"{name}_tuned" for name in TUNED))
 ]
 
 
@@ -82,10 +86,11 @@ def classification_metrics(predictions: np.ndarray, labels: np.ndarray, num_labe
 
 
 def multilabel_metrics(
-    scores: np.ndarray, labels: np.ndarray, threshold: float, names: list[str]
+    scores: np.ndarray, labels: np.ndarray, threshold: float | np.ndarray, names: list[str]
 ) -> tuple[dict[str, float], dict[str, float]]:
     """(metrics, per-label F1) of multi-label predictions: `scores` at or above `threshold` (sigmoid scores,
-    or logits against the threshold's logit) against 0/1 `labels`, both (rows, labels).
+    or logits against the threshold's logit; one for every label or one per label) against 0/1 `labels`,
+    both (rows, labels).
 
     f1_micro pools every label's counts; f1_macro averages the labels that occur in the data or the
     predictions (as for one label per text); f1_samples averages each row's F1, a row with no labels
@@ -190,10 +195,17 @@ def sigmoid(logits: np.ndarray) -> np.ndarray:
 
 class TaskMetrics:
     """The Trainer's `compute_metrics` for a task; `details` keeps the last evaluation's per-label
-    figures (per-label F1), which go to metrics.json rather than into every log line."""
+    figures (per-label F1), which go to metrics.json rather than into every log line.
 
-    def __init__(self, task: str, names: list[str], threshold: float = 0.5) -> None:
-        self.task, self.names, self.threshold = task, names, threshold
+    A multi-label task with `threshold` None is scored at 0.5 and, with `choosing`, each evaluation
+    also chooses thresholds on what it scores (`tuned`: the eval data's, byoc.training.thresholds);
+    once chosen, every evaluation also reports its metrics at them (`..._tuned`)."""
+
+    def __init__(self, task: str, names: list[str], threshold: float | None = 0.5, choosing: bool = False) -> None:
+        self.task, self.names = task, names
+        self.threshold = DEFAULT_THRESHOLD if threshold is None else threshold
+        self.choosing = choosing and task == MULTI_LABEL and threshold is None
+        self.tuned: thresholds.Thresholds | None = None
         self.details: dict[str, Any] = {}
 
     def __call__(self, prediction: Any) -> dict[str, float]:
@@ -215,14 +227,23 @@ class TaskMetrics:
         if self.task == MULTI_LABEL:
             # sigmoid(x) >= t exactly where x >= logit(t): the logits are compared as they are, with no
             # float64 copy of a (rows, labels) matrix.
-            with np.errstate(divide="ignore"):
-                cut = float(np.log(self.threshold) - np.log1p(-self.threshold))
-            metrics, per_label = multilabel_metrics(logits, labels, cut, self.names)
+            metrics, per_label = multilabel_metrics(logits, labels, float(thresholds.logit(self.threshold)), self.names)
             self.details = {"f1_per_label": per_label}
-            return metrics
+            if self.choosing:
+                self.tuned = thresholds.choose(logits, labels, self.names)
+            return {**metrics, **self._tuned(logits, labels)}
         if self.task == REGRESSION:
             return regression_metrics(logits, labels)
         return classification_metrics(np.argmax(logits, axis=-1), labels, len(self.names))
+
+    def _tuned(self, logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+        """The metrics at the chosen thresholds: TUNED for the log line, the rest in `details`."""
+        if self.tuned is None:
+            return {}
+        metrics, per_label = multilabel_metrics(logits, labels, self.tuned.cuts(self.names), self.names)
+        rest = {key: value for key, value in metrics.items() if key not in TUNED}
+        self.details["tuned"] = {**rest, "f1_per_label": per_label}
+        return {f"{key}_tuned": metrics[key] for key in TUNED}
 
 
 def _class_ids(values: np.ndarray, num_labels: int) -> np.ndarray:

@@ -24,7 +24,7 @@ from transformers import (
 from byoc import model_folder
 from byoc.contract import TrainingContract
 from byoc.errors import UserError, brief
-from byoc.model_folder import MULTI_LABEL, REGRESSION, SINGLE_LABEL, THRESHOLD_KEY, TOKEN_CLASSIFICATION
+from byoc.model_folder import MULTI_LABEL, REGRESSION, SINGLE_LABEL, THRESHOLD_KEY, TOKEN_CLASSIFICATION, WORD_TAGS_KEY
 from byoc.safe_files import UnsafeArchive, extract_archive
 from byoc.training.arguments import TrainArguments
 
@@ -178,8 +178,13 @@ def load_model(
         )
     except Exception as err:
         raise ModelError(f"cannot load the model from {source.path} ({source.origin}): {brief(err)}") from None
-    if task == MULTI_LABEL:  # saved in config.json with the model: serving's default threshold
-        setattr(model.config, THRESHOLD_KEY, args.threshold)
+    if task == MULTI_LABEL:  # saved in config.json with the model: serving's (unset: 0.5 until chosen on eval data)
+        setattr(
+            model.config, THRESHOLD_KEY, model_folder.DEFAULT_THRESHOLD if args.threshold is None else args.threshold
+        )
+        vars(model.config).pop(model_folder.THRESHOLDS_KEY, None)  # a byoc model trained again: not its old labels'
+    if task == TOKEN_CLASSIFICATION:  # which sub-tokens learn a word's tag: serving groups words the same way
+        setattr(model.config, WORD_TAGS_KEY, "all" if args.label_all_tokens else "first")
     freeze_bottom(model, args.freeze_embeddings, args.freeze_layers)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())

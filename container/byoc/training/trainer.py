@@ -328,7 +328,7 @@ def build_trainer(
         **device_arguments(args, use_xla, cuda),
     )
 
-    compute_metrics = TaskMetrics(task, label_names, args.threshold)
+    compute_metrics = TaskMetrics(task, label_names, args.threshold, choosing="eval" in tokenized)
     collator: FixedShapeCollator | DataCollatorWithPadding | DataCollatorForTokenClassification | MultiHot
     if buckets is not None:
         collator = FixedShapeCollator(tokenizer.pad_token_id or 0, buckets, args.per_device_eval_batch_size)

@@ -41,11 +41,13 @@ def run(work: long_texts.Stepwise) -> int:
     return steps
 
 
-@pytest.mark.parametrize("strategy", entities.STRATEGIES)
+@pytest.mark.parametrize("strategy", [*entities.STRATEGIES, "trained first", "trained all"])
 def test_steps_answer_what_one_call_answers(model, strategy):
     rng = random.Random(0)
     texts = [" ".join(rng.choice(WORDS) for _ in range(2000)), "John Smith lives in Paris", "Müller " * 300]
     parameters = {"aggregation_strategy": strategy}
+    if strategy.startswith("trained"):  # no strategy asked: the default of a model byoc trained (its words)
+        parameters, model = {}, {**model, "aggregation": entities.default_strategy(strategy.split()[1])}
     work = long_texts.Stepwise(texts, parameters, model)
     steps = run(work)
     assert steps > 3  # the tokenizer, then the windows (128 tokens in the tiny model) STEP_TOKENS at a time

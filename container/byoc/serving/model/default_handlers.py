@@ -9,8 +9,9 @@ model carries the template `code/inference.py`, which imports them from here and
 Request and response follow the Hugging Face inference DLC, so existing clients keep working:
     {"inputs": "text" | ["t1", ...] | [{"text": ..., "text_pair": ...}], "parameters": {"top_k": 2}}
     -> [{"label": "joy", "score": 0.98}]  (one entry per input; a list per input with top_k)
-A multi-label model answers, per input, the list of labels scored at or above its threshold (sigmoid
-scores, best first, possibly empty; "threshold" and "top_k" parameters override); a regression
+A multi-label model answers, per input, the list of labels scored at or above its threshold (a label's
+own where training chose one; sigmoid scores, best first, possibly empty; "threshold" and "top_k"
+parameters override); a regression
 model {"score": value} (with "label", the target's name, when the model names it); a token classifier
 its entities, [{"entity_group", "score", "word", "start", "end"}] ("aggregation_strategy" as the
 pipeline's: byoc.serving.model.entities). A parameter the model's task does not use is a 400
@@ -213,18 +214,26 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
         named = {"label": name} if name and name != "LABEL_0" else {}
         return [{**named, "score": float(row.reshape(-1)[0])} for row in scores]
     results: list[Any] = []
+    cuts = _label_cuts(model, threshold)  # (multi-label)
     for row in scores:
         best = np.argsort(-row, kind="stable")
         if task == MULTI_LABEL:
             if threshold is not None or not top_k:  # top_k alone: the k best, whatever their scores
-                cut = model.get("threshold", DEFAULT_THRESHOLD) if threshold is None else threshold
-                best = best[row[best] >= cut]
+                best = best[row[best] >= np.broadcast_to(cuts, row.shape)[best]]
             entries = [{"label": id2label[int(j)], "score": float(row[j])} for j in best[:top_k]]
             results.append(entries)
             continue
         entries = [{"label": id2label[int(j)], "score": float(row[j])} for j in best[: top_k or 1]]
         results.append(entries if top_k else entries[0])
     return results
+
+
+def _label_cuts(model: dict[str, Any], threshold: float | None) -> float | np.ndarray:
+    """The score each label needs: the request's threshold; else the label's own, where training chose one
+    (`thresholds`, NaN for the others: byoc.model_folder.thresholds_of); else the model's `threshold`."""
+    overall = model.get("threshold", DEFAULT_THRESHOLD) if threshold is None else threshold
+    own = model.get("thresholds") if threshold is None else None
+    return overall if own is None else np.where(np.isnan(np.asarray(own, dtype=np.float64)), overall, own)
 
 
 def _sigmoid(logits: np.ndarray) -> np.ndarray:

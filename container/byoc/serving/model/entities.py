@@ -5,9 +5,15 @@ in its shapes and with its `aggregation_strategy` values:
 
 - none: every token not tagged O, `{"entity", "score", "index", "word", "start", "end"}`;
 - simple: consecutive tokens of one type (a B- starts a new one) as `{"entity_group", "score" (their
-  mean), "word", "start", "end"}` (the default);
+  mean), "word", "start", "end"}`;
 - first, average, max: each word tagged first (by its first sub-token's tag, by its sub-tokens'
   averaged scores, by its highest-scoring sub-token), then grouped as in simple.
+
+A request that names no strategy gets its model's default: where config.json says how the model was
+trained on a word's sub-tokens (byoc_word_tags), the words training saw, each whitespace-separated word
+of the text as sent (the pipeline's words split `U.S.` and `Lloyd-Webber` at their punctuation, where
+training never tagged), tagged by its first sub-token ("first") or its sub-tokens' averaged scores
+("all": every sub-token trained), then grouped as in simple; else simple, the pipeline's default.
 
 `start` and `end` are character offsets into the text as sent, and `word` is the text between them
 (the pipeline joins the sub-tokens instead, which loses case and spacing in uncased models).
@@ -15,6 +21,8 @@ in its shapes and with its `aggregation_strategy` values:
 
 from __future__ import annotations
 
+import bisect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +34,17 @@ from byoc.serving.http.request_errors import InputError
 from byoc.serving.model import passes, task_parameters
 
 STRATEGIES = ("none", "simple", "first", "average", "max")
-DEFAULT_STRATEGY = "simple"
+DEFAULT_STRATEGY = "simple"  # a model that does not say how it was trained: the pipeline's default
+# The default of a model trained on whitespace-separated words (by byoc_word_tags): the same words
+# here, each tagged as it was trained. Not a request's value: a request's strategy is the pipeline's.
+WHITESPACE = "whitespace-words:"
+TRAINED = {"first": WHITESPACE + "first", "all": WHITESPACE + "average"}
+
+
+def default_strategy(word_tags: str | None) -> str:
+    """A token classifier's strategy for requests that name none (module docstring), from how its
+    words were trained (byoc.model_folder.word_tags_of)."""
+    return DEFAULT_STRATEGY if word_tags is None else TRAINED[word_tags]
 
 
 def check_strategy(strategy: Any) -> None:
@@ -37,17 +55,19 @@ def check_strategy(strategy: Any) -> None:
 def predict(inputs: list[Any], parameters: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     """The default predict_fn of a token classifier: each input's entities. Every window of every text
     runs in length-sorted, bounded passes, as a classifier's inputs do."""
-    strategy = checked(inputs, parameters)
+    strategy = checked(inputs, parameters, model.get("aggregation", DEFAULT_STRATEGY))
     per_text = tokens_of(inputs, model)
     return [answer(text, tokens, model["id2label"], strategy) for text, tokens in zip(inputs, per_text)]
 
 
-def checked(inputs: list[Any], parameters: dict[str, Any]) -> str:
-    """The request's aggregation strategy, once its texts are known to be texts and its parameters a
-    token classifier's (every path to the entities passes here: one call, or a long text's steps)."""
+def checked(inputs: list[Any], parameters: dict[str, Any], default: str = DEFAULT_STRATEGY) -> str:
+    """The request's aggregation strategy (the model's `default` where it names none), once its texts are
+    known to be texts and its parameters a token classifier's (every path to the entities passes here:
+    one call, or a long text's steps)."""
     task_parameters.check_task(TOKEN_CLASSIFICATION, parameters)
-    strategy = parameters.get("aggregation_strategy") or DEFAULT_STRATEGY
-    check_strategy(strategy)
+    asked = parameters.get("aggregation_strategy") or None  # null (or "") counts as not sent
+    check_strategy(asked)
+    strategy = asked or default
     for index, text in enumerate(inputs):
         if not isinstance(text, str):
             raise InputError(
@@ -153,6 +173,8 @@ def answer(text: str, tokens: list[dict], id2label: dict[int, str], strategy: st
             )
         if strategy == "none":
             return [t for t in tagged if t["entity"] != "O"]
+    elif strategy.startswith(WHITESPACE):
+        tagged = [_word(text, group, id2label, strategy.removeprefix(WHITESPACE)) for group in _spaced(text, tokens)]
     else:
         tagged = [_word(text, group, id2label, strategy) for group in _words(tokens)]
     return [g for g in _groups(text, tagged) if g["entity_group"] != "O"]
@@ -165,6 +187,23 @@ def _words(tokens: list[dict]) -> list[list[dict]]:
             groups[-1].append(token)
         else:
             groups.append([token])
+    return groups
+
+
+def _spaced(text: str, tokens: list[dict]) -> list[list[dict]]:
+    """The tokens grouped by the whitespace-separated word that holds each one: the words of training's
+    data (a CoNLL line's token), which punctuation inside a word does not split."""
+    starts = [match.start() for match in re.finditer(r"\S+", text)]
+    groups: list[list[dict]] = []
+    last = -1
+    for token in tokens:
+        # its last character: its start's word, but for a byte-level BPE token that holds the space before it
+        word = bisect.bisect_right(starts, max(token["start"], token["end"] - 1))
+        if groups and word == last:
+            groups[-1].append(token)
+        else:
+            groups.append([token])
+        last = word
     return groups
 
 

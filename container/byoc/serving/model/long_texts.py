@@ -54,7 +54,7 @@ class Stepwise:
     gives each text's entities, as `entities.predict` would."""
 
     def __init__(self, inputs: list[Any], parameters: dict[str, Any], model: dict[str, Any]) -> None:
-        self.strategy = entities.checked(inputs, parameters)
+        self.strategy = entities.checked(inputs, parameters, model.get("aggregation", entities.DEFAULT_STRATEGY))
         self.texts: list[str] = inputs
         self.model = model
         self.windows: list[list[dict]] = []

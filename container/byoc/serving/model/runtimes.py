@@ -3,7 +3,8 @@ Runtime (CPU or CUDA execution provider) or torch (CPU or CUDA, fp32 or half pre
 
 Both loaders return the same dict (docs/serving.md): `backend`, `model`, `tokenizer`,
 `encode(inputs)`, `logits(feeds)` (one padded batch of numpy arrays -> fp32 numpy logits),
-`id2label`, `task` and `threshold` (byoc.model_folder: what the logits mean), `max_length`,
+`id2label`, `task`, `threshold` and `thresholds` (byoc.model_folder: what the logits mean), `aggregation` (a
+token classifier's strategy where a request names none: byoc.serving.model.entities), `max_length`,
 `pad_id`, and `buckets` (how predict_fn cuts and pads a batch:
 byoc.serving.model.passes), `device`, `precision`.
 
@@ -110,6 +111,8 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int) -> dict[str, Any]:
         "id2label": labels_of(config),
         "task": task,
         "threshold": model_folder.threshold_of(config),
+        "thresholds": model_folder.thresholds_of(config),
+        "aggregation": entities.default_strategy(model_folder.word_tags_of(config)),
         "max_length": limit,
         "pad_id": pad_id,
         "passes": passes.gpu(limit) if plan.device == "cuda" else passes.CPU,
@@ -187,6 +190,8 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False) -> dict[str,
         "id2label": dict(model.config.id2label),
         "task": task,
         "threshold": model_folder.threshold_of(model.config.to_dict()),
+        "thresholds": model_folder.thresholds_of(model.config.to_dict()),
+        "aggregation": entities.default_strategy(model_folder.word_tags_of(model.config.to_dict())),
         "max_length": limit,
         "pad_id": tokenizer.pad_token_id or 0,
         "passes": shapes,
