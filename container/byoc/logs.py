@@ -110,16 +110,26 @@ def mask_text(text: str) -> str:
 
 
 def cut_secret_start(text: str) -> int:
-    """Where a remembered secret may begin at the end of `text`, cut off by it (`len(text)`: nowhere).
-    A stream masked piece by piece holds `text` from there until the next piece (byoc.launch.script_rank)."""
+    """Where a remembered secret may begin at the end of `text`, cut off by it (`len(text)`: nowhere), in
+    `text` as written (unmasked). A stream masked piece by piece masks `text` up to there and holds the rest
+    until the next piece (byoc.launch.script_rank); the cut never falls inside a whole secret either."""
     start = len(text)
     for secret in _KNOWN:
-        at = max(0, len(text) - len(secret) + 1)  # a secret's proper prefix, not a whole one (mask_text's)
+        # A proper prefix of a secret (a whole one that is the start of a longer one, "hf_X" of "hf_X123",
+        # included: masked now, the longer one's end would pass unmasked).
+        at = max(0, len(text) - len(secret) + 1)
         while (at := text.find(secret[0], at, start)) != -1:  # only before `start`: the longest cut wins
             if secret.startswith(text[at:]):
                 start = at
                 break
             at += 1
+    moved = True
+    while moved:  # a whole secret across the cut moves it to the secret's start: masked once it is passed on
+        moved = False
+        for secret in _KNOWN:
+            at = text.find(secret, max(0, start - len(secret) + 1), start + len(secret) - 1)
+            if at != -1 and at < start:
+                start, moved = at, True
     return start
 
 

@@ -21,8 +21,10 @@ from byoc.launch.script_rank import MaskedStream, last_error_line
 
 @pytest.fixture(autouse=True)
 def forget_secrets():
-    """What a test remembers stays in it (the set is the process's)."""
+    """Each test starts from no secret and leaves none (the set is the process's: a job run in process by
+    an earlier test remembered its own)."""
     known = set(logs._KNOWN)
+    logs._KNOWN.clear()
     yield
     logs._KNOWN.clear()
     logs._KNOWN.update(known)
@@ -115,3 +117,15 @@ def test_a_process_the_script_leaves_behind_does_not_hold_the_rank(tmp_path):
     with script_rank(tmp_path, script) as rank:
         out, _ = rank.communicate(timeout=60)  # a hang guard: the leftover sleeps 600 s
     assert (rank.returncode, out) == (3, b"\r1/2\r2/2 bye ***")
+
+
+def test_a_secret_that_begins_another_never_lets_the_longer_ones_end_through():
+    """With hf_SeCrEt and hf_SeCrEt123 both secret, a read ending after the first masked it at once and
+    the next read passed '123' on: a piece of the longer secret in the log."""
+    logs.remember_secrets({"hf_token": '"hf_SeCrEt123"', "old_token": '"hf_SeCrEt"', "key": '"abcdef"'})
+    data = b"a hf_SeCrEt123 b hf_SeCrEt c abcdef d\n"
+    for first in range(len(data)):
+        for second in range(first, len(data)):
+            stream = MaskedStream()
+            pieces = [stream.feed(part) for part in (data[:first], data[first:second], data[second:])]
+            assert b"".join(pieces) + stream.feed(b"", final=True) == b"a *** b *** c *** d\n", (first, second)

@@ -51,10 +51,10 @@ class MaskedStream:
 
     def feed(self, chunk: bytes, final: bool = False) -> bytes:
         """What of `chunk` (after what was held) may be written now, masked; `final`: all of it."""
-        text = mask_text(self._held + self._decoder.decode(chunk, final))
-        cut = len(text) if final else cut_secret_start(text)
+        text = self._held + self._decoder.decode(chunk, final)
+        cut = len(text) if final else cut_secret_start(text)  # on the text as written: masking comes after
         self._held = text[cut:]
-        return text[:cut].encode("utf-8", errors="surrogateescape")
+        return mask_text(text[:cut]).encode("utf-8", errors="surrogateescape")
 
 
 class _Relay:
