@@ -189,10 +189,6 @@ def tag_sequences(logits: np.ndarray, labels: np.ndarray, names: list[str]) -> t
     return true, predicted
 
 
-def sigmoid(logits: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64)))
-
-
 class TaskMetrics:
     """The Trainer's `compute_metrics` for a task; `details` keeps the last evaluation's per-label
     figures (per-label F1), which go to metrics.json rather than into every log line.

@@ -221,9 +221,10 @@ class ModelServer:
         finally:
             if len(body) >= INLINE_LIMIT:
                 release_memory()  # a large body parsed (or refused): its memory goes back to the system
-        if handlers.is_default("predict_fn"):
+        stepwise = None
+        if handlers.is_default("predict_fn"):  # (the limit and the steps know the default predict_fn's work)
             self._check_text(long_texts.whole_text_chars(self.model, data))
-        stepwise = long_texts.stepwise(self.model, data) if handlers.is_default("predict_fn") else None
+            stepwise = long_texts.stepwise(self.model, data)
         if stepwise is not None:
             self._check_count(len(stepwise.texts))
             prediction = await self._in_steps(stepwise)

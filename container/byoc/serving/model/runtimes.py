@@ -180,6 +180,7 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False) -> dict[str,
             out = forward(**{k: torch.from_numpy(v).to(device) for k, v in feeds.items()}).logits
             return out.float().cpu().numpy()  # half precision inside, fp32 answers
 
+    config = model.config.to_dict()
     return {
         "backend": "torch",
         "model": model,
@@ -189,9 +190,9 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False) -> dict[str,
         "windows": windows,
         "id2label": dict(model.config.id2label),
         "task": task,
-        "threshold": model_folder.threshold_of(model.config.to_dict()),
-        "thresholds": model_folder.thresholds_of(model.config.to_dict()),
-        "aggregation": entities.default_strategy(model_folder.word_tags_of(model.config.to_dict())),
+        "threshold": model_folder.threshold_of(config),
+        "thresholds": model_folder.thresholds_of(config),
+        "aggregation": entities.default_strategy(model_folder.word_tags_of(config)),
         "max_length": limit,
         "pad_id": tokenizer.pad_token_id or 0,
         "passes": shapes,
