@@ -30,7 +30,7 @@ really served (the server's "serving with" log line), and each against the issue
 
 On a GPU machine without network: the project tree, a CUDA PyTorch, and these wheels besides it
 (pip download --no-deps --only-binary=:all: --python-version 3.12 -d wheels/ ...): datasets and
-its dependencies (dill, multiprocess, xxhash, pyarrow if missing), starlette, uvicorn, h11,
+its dependencies (dill, multiprocess, xxhash, pyarrow if missing), starlette, uvicorn, httptools, h11,
 anyio, sniffio, tokenizers and transformers if missing, onnx and ml_dtypes, and for the ONNX
 Runtime CUDA rows onnxruntime-gpu (1.31.1 is built for CUDA 13; with it, uninstall onnxruntime:
 both are the `onnxruntime` module) with flatbuffers, protobuf and packaging; then

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from byoc import compat
-from helpers import CPU_ONLY, REPO, Job
+from helpers import CPU_ONLY, REPO, Job, build_tiny_bert
 
 
 def test_this_tier_runs_inside_the_supported_range():
@@ -93,6 +93,22 @@ def test_the_trainer_still_has_the_private_methods_byoc_overrides():
         r"_get_train_sampler\(train_dataset\)",
     ):
         compat.check_trainer_hooks(Renamed)
+
+
+def test_a_half_precision_checkpoint_is_fine_tuned_in_float32(tmp_path):
+    """transformers 5 loads a checkpoint in its saved type: a Hub model saved in fp16 trained with fp16
+    weights (AdamW's small updates rounded away) until byoc asked for float32."""
+    import torch
+    from transformers import AutoModel
+
+    from byoc.training.arguments import TrainArguments
+    from byoc.training.model import ModelSource, load_model
+
+    half = tmp_path / "half"
+    AutoModel.from_pretrained(build_tiny_bert(tmp_path / "full")).half().save_pretrained(half)
+    assert AutoModel.from_pretrained(half, **compat.fp32_weights()).dtype == torch.float32
+    model = load_model(ModelSource(str(half), "test"), TrainArguments(), ["a", "b"])
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
 def test_checkpoints_load_onto_an_indexed_cpu_device(tmp_path):

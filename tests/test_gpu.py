@@ -149,7 +149,7 @@ def test_serving_on_cuda_every_backend_answers_as_torch_fp32(tmp_path, tiny_mode
     """auto (ONNX Runtime's CUDA provider with onnxruntime-gpu, else torch in half precision), ONNX
     Runtime fp32 and fp16, torch half: the same labels as torch fp32 on the GPU, scores close."""
     import onnxruntime
-    from test_serve import Server
+    from serve_helpers import Server
 
     job = build_job(tmp_path / "opt-ml", tiny_model_dir, HP, test=32)
     done = run_train_process(job.root)

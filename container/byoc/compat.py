@@ -15,6 +15,10 @@ What differs, and where it is used:
 - The `Trainer` private methods byoc overrides or calls (`TRAINER_HOOKS`, `check_trainer_hooks`): the same
   names and parameters in 4.55 and 5.x today; checked at start so that a transformers release that
   renames one fails loudly instead of silently skipping byoc's sampler or sealed checkpoints.
+- `from_pretrained`'s weight type (`fp32_weights`): transformers 5 loads a checkpoint in the type it
+  was saved in (`dtype="auto"`), 4.55 in float32. A half-precision checkpoint (common on the Hub)
+  would then train with fp16 weights (AdamW's updates lost, or the grad scaler's refusal) and serve
+  slowly on a CPU; byoc always asks for float32 and casts later where a plan says so.
 """
 
 from __future__ import annotations
@@ -160,6 +164,15 @@ def check_trainer_hooks(trainer_class: type | None = None) -> None:
                 f"{'(' + ', '.join(have) + ')' if have is not None else ' is missing'}; byoc overrides "
                 f"{name}({', '.join(wanted)}). Use transformers 4.55 to 5.x, or update byoc.compat"
             )
+
+
+def fp32_weights() -> dict[str, Any]:
+    """The `from_pretrained` keyword that loads the weights in float32, in this transformers' name."""
+    import torch
+    from transformers import PretrainedConfig
+
+    name = "dtype" if "dtype" in _parameters(PretrainedConfig.__init__) else "torch_dtype"  # 5.x renamed it
+    return {name: torch.float32}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from byoc.compat import fp32_weights
 from byoc.model_folder import CONFIG, TOKEN_CLASSIFICATION, WEIGHTS, model_class, task_of
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,9 @@ def _export(model_dir: Path) -> Path:
     task = task_of(json.loads((model_dir / CONFIG).read_text(encoding="utf-8")))
     model = (
         getattr(transformers, model_class(task))
-        .from_pretrained(model_dir, attn_implementation="eager", use_safetensors=True, trust_remote_code=False)
+        .from_pretrained(
+            model_dir, attn_implementation="eager", use_safetensors=True, trust_remote_code=False, **fp32_weights()
+        )
         .eval()
     )
     accepted = inspect.signature(model.forward).parameters

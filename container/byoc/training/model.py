@@ -21,7 +21,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from byoc import model_folder
+from byoc import compat, model_folder
 from byoc.contract import TrainingContract
 from byoc.errors import UserError, brief
 from byoc.model_folder import MULTI_LABEL, REGRESSION, SINGLE_LABEL, THRESHOLD_KEY, TOKEN_CLASSIFICATION, WORD_TAGS_KEY
@@ -173,6 +173,7 @@ def load_model(
             # A classifier fine-tuned earlier on other labels gets a fresh head instead of an error.
             ignore_mismatched_sizes=True,
             trust_remote_code=args.trust_remote_code,
+            **compat.fp32_weights(),
             **overrides,
             **kwargs,
         )

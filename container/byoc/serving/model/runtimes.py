@@ -23,7 +23,7 @@ from typing import Any, cast
 import numpy as np
 from tokenizers import Tokenizer
 
-from byoc import model_folder
+from byoc import compat, model_folder
 from byoc.model_folder import TOKEN_CLASSIFICATION
 from byoc.onnx_graph import GRAPH
 from byoc.serving.model import cuda_provider, entities, passes
@@ -143,7 +143,7 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False) -> dict[str,
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     task = model_folder.task_of(config)
     auto = getattr(transformers, model_folder.model_class(task))
-    model = auto.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False)
+    model = auto.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False, **compat.fp32_weights())
     if task == TOKEN_CLASSIFICATION and not getattr(tokenizer, "is_fast", False):
         raise BackendError(f"a token classifier needs a fast tokenizer (tokenizer.json) to find words: {model_dir}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
