@@ -3,6 +3,15 @@ a plain Hugging Face Trainer (learning rate 5e-5, batch 16, the same model and e
 
 Both read the same splits (byoc's own data loading, so both see identical rows and labels), fine-tune
 the bundled all-MiniLM-L6-v2 on the CPU, and are scored by the same metric code on the same split.
+Each task also gets a validation channel (wnut17's dev set; for semeval2018-ec every tenth train
+row, taken out of both recipes' training data): byoc evaluates on it (and chooses a multi-label
+model's thresholds there), the plain Trainer ignores it, and both are scored on the held-out split.
+
+Three figures per task: the job's own score of the held-out split (metrics.json's test_*), the
+*served* score (`byoc serve` started on the job's model, the held-out split sent as raw text in its
+default request shape: a NER sentence as its words joined by spaces, and scored from the answers:
+entities mapped back to words, a multi-label model's answered labels, a regression score), and the
+plain Trainer's.
 
   multi-label   semeval2018-ec   11 emotions per tweet (0/1 columns); scored on dev (no labelled test)
   regression    sick             relatedness 1-5 of a sentence pair; scored on the test split
@@ -13,7 +22,7 @@ the bundled all-MiniLM-L6-v2 on the CPU, and are scored by the same metric code 
 
 Each run is a fresh process, byoc's a real `byoc train` job on a temporary /opt/ml tree.
 
-    .venv/bin/python benchmarks/bench_tasks.py [--tasks multi-label,regression] [--epochs 3]
+    .venv/bin/python benchmarks/bench_tasks.py [--tasks multi-label,regression] [--epochs 1,3]
 """
 
 from __future__ import annotations
@@ -25,9 +34,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import shared_data  # benchmarks/, beside this script
+from bench_serve import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH, LR = 16, 5e-5
@@ -54,6 +65,8 @@ TASKS = {
     "emotion": ("emotion", "train.txt", "test.txt", {}, "accuracy"),
     "ner": ("wnut17", "wnut17train.conll", "emerging.test.annotated", {}, "f1"),
 }
+# task -> its validation file in the dataset, or "every tenth" train row (semeval2018-ec has no third split)
+VALIDATION = {"multi-label": 10, "ner": "emerging.dev.conll"}
 # Columns a task's files hold but do not learn from (SICK has two label columns: each task keeps its own).
 SICK_COLUMNS = ["pair_ID", "sentence_A", "sentence_B", "relatedness_score", "entailment_judgment"]
 DROP = {"regression": ["entailment_judgment"], "entailment": ["relatedness_score"]}
@@ -63,11 +76,21 @@ def job_tree(root: Path, task: str, hyperparameters: dict) -> Path:
     """A SageMaker training tree: hyperparameters, and the train and test channels (copies of the files)."""
     name, train, test, needed, _ = TASKS[task]
     data = shared_data.folder(name)
-    for channel, file in (("train", train), ("test", test)):
+    files = [("train", train), ("test", test)]
+    if isinstance(VALIDATION.get(task), str):
+        files.append(("validation", VALIDATION[task]))
+    for channel, file in files:
         folder = root / "input" / "data" / channel
         folder.mkdir(parents=True)
         target = folder / file
-        if task in DROP:  # the other task's label column out: one label column per table
+        if isinstance(VALIDATION.get(task), int) and channel == "train":  # every n-th row to validation
+            every = VALIDATION[task]
+            header, *rows = (data / file).read_text(encoding="utf-8").splitlines(keepends=True)
+            target.write_text(header + "".join(r for i, r in enumerate(rows) if i % every), encoding="utf-8")
+            held = root / "input" / "data" / "validation"
+            held.mkdir(parents=True)
+            (held / file).write_text(header + "".join(r for i, r in enumerate(rows) if not i % every), encoding="utf-8")
+        elif task in DROP:  # the other task's label column out: one label column per table
             import pandas as pd
 
             headed = (data / file).read_text(encoding="utf-8").startswith("pair_ID")  # SICK's test file has no header
@@ -83,17 +106,104 @@ def job_tree(root: Path, task: str, hyperparameters: dict) -> Path:
     return root
 
 
-def run_byoc(task: str, epochs: float, workdir: Path, seed: int = 42) -> dict:
-    root = job_tree(workdir / "byoc", task, {"epochs": epochs, **({"seed": seed} if seed != 42 else {})})
+def run_byoc(task: str, epochs: float, workdir: Path, seed: int = 42, extra: dict | None = None) -> dict:
+    """`byoc train` with only `epochs` (and `extra`: --byoc-hp, to try other settings) given."""
+    hyperparameters = {"epochs": epochs, **({"seed": seed} if seed != 42 else {}), **(extra or {})}
+    root = job_tree(workdir / "byoc", task, hyperparameters)
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(workdir / "cache")}
     start = time.monotonic()
     out = subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(f"byoc train failed: {out.stdout[-3000:]}")
     metrics = json.loads((root / "output" / "data" / "metrics.json").read_text())
-    # Only a test split is given: byoc scores it as its evaluation split (eval_*).
-    scores = {k[5:]: v for k, v in metrics.items() if k.startswith("eval_")}
-    return {"scores": scores, "seconds": time.monotonic() - start}
+    # The held-out split is the test channel: test_* where a validation channel was given, else eval_*.
+    prefix = "test_" if any(k.startswith("test_") for k in metrics) else "eval_"
+    scores = {k[len(prefix) :]: v for k, v in metrics.items() if k.startswith(prefix)}
+    for name in [n for n in scores if n.endswith("_tuned")]:  # what serving answers: the chosen thresholds'
+        scores[name[: -len("_tuned")] + "_at_0.5"] = scores[name[: -len("_tuned")]]
+        scores[name[: -len("_tuned")]] = scores[name]
+    seconds = time.monotonic() - start
+    return {"scores": scores, "served": served_scores(task, root, workdir), "seconds": seconds}
+
+
+def served_scores(task: str, root: Path, workdir: Path) -> dict:
+    """`byoc serve` on the job's model: the held-out split sent as raw text, scored from the answers."""
+    import numpy as np
+
+    from byoc.training.data import DataSpec, load_task_data
+    from byoc.training.metrics import multilabel_metrics, regression_metrics, token_metrics
+
+    channels = {c: root / "input" / "data" / c for c in ("train", "test")}
+    data = load_task_data(channels, DataSpec(label_column=TASKS[task][3].get("label_column")), workdir / "cache-served")
+    rows, names = data.test, data.label_names
+    if data.task == "token_classification":
+        inputs: list = [" ".join(words) for words in rows["tokens"]]
+    elif "text_pair" in rows.column_names:
+        inputs = [{"text": a, "text_pair": b} for a, b in zip(rows["text"], rows["text_pair"])]
+    else:
+        inputs = list(rows["text"])
+    answers = serve_and_ask(root, inputs)
+    if data.task == "token_classification":
+        truth = [[names[t] for t in tags] for tags in rows["tags"]]
+        guess = [word_tags(words, answer) for words, answer in zip(rows["tokens"], answers)]
+        return token_metrics(truth, guess)[0]
+    if data.task == "multi_label_classification":
+        truth = np.zeros((len(rows), len(names)), dtype=np.float32)
+        guess = np.zeros_like(truth)
+        for i, (ids, answer) in enumerate(zip(rows["label"], answers)):
+            truth[i, ids] = 1
+            guess[i, [names.index(a["label"]) for a in answer]] = 1
+        return multilabel_metrics(guess, truth, 0.5, names)[0]
+    if data.task == "regression":
+        return regression_metrics(np.array([a["score"] for a in answers]), np.array(rows["label"]))
+    best = [a[0] if isinstance(a, list) else a for a in answers]
+    return {"accuracy": float(np.mean([a["label"] == names[y] for a, y in zip(best, rows["label"])]))}
+
+
+def word_tags(words: list[str], entities: list[dict]) -> list[str]:
+    """IOB tags of the words joined by spaces, from the served entities' character spans."""
+    tags, starts, at = ["O"] * len(words), [], 0
+    for word in words:
+        starts.append(at)
+        at += len(word) + 1
+    for entity in entities:
+        kind = entity.get("entity_group") or entity["entity"].split("-", 1)[-1]
+        inside = [i for i, s in enumerate(starts) if s < entity["end"] and s + len(words[i]) > entity["start"]]
+        for n, i in enumerate(inside):
+            tags[i] = ("B-" if n == 0 else "I-") + kind
+    return tags
+
+
+def serve_and_ask(root: Path, inputs: list, chunk: int = 32) -> list:
+    """Start `byoc serve` on root/model, send the inputs in chunks, return one answer per input."""
+    port = free_port()
+    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "SAGEMAKER_BIND_TO_PORT": str(port)}
+    env.pop("SM_MODEL_DIR", None)
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "byoc"), "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"byoc serve exited: {server.stderr.read().decode()[-3000:]}")  # type: ignore[union-attr]
+            try:
+                if urllib.request.urlopen(url + "/ping", timeout=5).status == 200:
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        answers: list = []
+        for i in range(0, len(inputs), chunk):
+            body = json.dumps({"inputs": inputs[i : i + chunk]}).encode()
+            request = urllib.request.Request(url + "/invocations", body, {"Content-Type": "application/json"})
+            answers.extend(json.loads(urllib.request.urlopen(request, timeout=120).read()))
+        return answers
+    finally:
+        server.terminate()
+        server.wait(60)
 
 
 def run_reference(task: str, epochs: float, workdir: Path, seed: int = 42) -> dict:
@@ -118,7 +228,7 @@ def run_reference(task: str, epochs: float, workdir: Path, seed: int = 42) -> di
     transformers.utils.logging.disable_progress_bar()
     root = job_tree(workdir / "reference", task, {})
     needed = TASKS[task][3]
-    channels = {c: root / "input" / "data" / c for c in ("train", "test")}
+    channels = {c: root / "input" / "data" / c for c in ("train", "test")}  # validation: byoc's alone
     data = load_task_data(channels, DataSpec(label_column=needed.get("label_column")), workdir / "cache")
     model_dir = str(bundled_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -127,6 +237,8 @@ def run_reference(task: str, epochs: float, workdir: Path, seed: int = 42) -> di
         pair = batch["text_pair"] if "text_pair" in batch else None
         encoded = tokenizer(batch["text"], pair, truncation=True)
         encoded["labels"] = batch["label"]
+        if data.task == "multi_label_classification":  # byoc holds each row's label ids: 0/1 rows here
+            encoded["labels"] = [[float(j in ids) for j in range(len(data.label_names))] for ids in batch["label"]]
         return encoded
 
     ner = data.task == "token_classification"
@@ -166,56 +278,73 @@ def run_reference(task: str, epochs: float, workdir: Path, seed: int = 42) -> di
     return {"scores": {k[5:]: v for k, v in scores.items()}, "seconds": time.monotonic() - start}
 
 
+ALSO = {"multi-label": ("f1_macro",)}  # reported beside the headline metric
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", default=",".join(TASKS))
-    parser.add_argument("--epochs", type=float, default=3.0)
+    parser.add_argument("--epochs", default="1,3", help="one run per value, comma-separated")
     parser.add_argument("--seed", type=int, default=42, help="both recipes' seed (data order, head, dropout)")
     parser.add_argument("--one", nargs=2, metavar=("RECIPE", "TASK"), help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--byoc-hp", default="", help="more byoc hyperparameters, k=v,k=v (trying other defaults)")
+    parser.add_argument("--recipes", default="byoc,reference")
     opts = parser.parse_args()
+    extra = dict(kv.split("=", 1) for kv in opts.byoc_hp.split(",") if kv)
     if opts.one:
         recipe, task = opts.one
         with tempfile.TemporaryDirectory() as tmp:
-            run = run_byoc if recipe == "byoc" else run_reference
-            print("RESULT " + json.dumps(run(task, opts.epochs, Path(tmp), opts.seed)), flush=True)
+            if recipe == "byoc":
+                result = run_byoc(task, float(opts.epochs), Path(tmp), opts.seed, extra)
+            else:
+                result = run_reference(task, float(opts.epochs), Path(tmp), opts.seed)
+            print("RESULT " + json.dumps(result), flush=True)
         return 0
     results: dict[str, dict] = {}
-    for task in opts.tasks.split(","):
-        if shared_data.find(TASKS[task][0]) is None:
-            sys.exit(shared_data.missing(TASKS[task][0]))
-        results[task] = {}
-        for recipe in ("byoc", "reference"):
-            out = subprocess.run(
-                [sys.executable, __file__, "--one", recipe, task, "--epochs", str(opts.epochs)]
-                + ["--seed", str(opts.seed)],
-                capture_output=True,
-                text=True,
-            )
-            line = [row for row in out.stdout.splitlines() if row.startswith("RESULT ")]
-            if out.returncode or not line:
-                print(out.stdout[-2000:], out.stderr[-3000:])
-                return 1
-            results[task][recipe] = json.loads(line[0][7:])
-            headline = TASKS[task][4]
-            print(
-                f"{task:12s} {recipe:9s} {headline}={results[task][recipe]['scores'][headline]:.4f} "
-                f"({results[task][recipe]['seconds']:.0f} s)",
-                flush=True,
-            )
-    print(f"\n| task | data | metric | byoc defaults | plain Trainer (lr 5e-5, batch 16) | epochs {opts.epochs:g} |")
-    print("|---|---|---|---|---|---|")
-    for task, runs in results.items():
-        headline = TASKS[task][4]
-        ours, theirs = runs["byoc"], runs["reference"]
-        print(
-            f"| {task} | {TASKS[task][0]} | {headline} | {ours['scores'][headline]:.4f} ({ours['seconds']:.0f} s) "
-            f"| {theirs['scores'][headline]:.4f} ({theirs['seconds']:.0f} s) | "
-            f"{ours['scores'][headline] - theirs['scores'][headline]:+.4f} |"
-        )
-    if opts.json:
-        opts.json.write_text(json.dumps({"epochs": opts.epochs, "results": results}, indent=2))
+    for epochs in opts.epochs.split(","):
+        for task in opts.tasks.split(","):
+            if shared_data.find(TASKS[task][0]) is None:
+                sys.exit(shared_data.missing(TASKS[task][0]))
+            runs = results.setdefault(epochs, {}).setdefault(task, {})
+            for recipe in opts.recipes.split(","):
+                out = subprocess.run(
+                    [sys.executable, __file__, "--one", recipe, task, "--epochs", epochs, "--seed", str(opts.seed)]
+                    + ["--byoc-hp", opts.byoc_hp],
+                    capture_output=True,
+                    text=True,
+                )
+                line = [row for row in out.stdout.splitlines() if row.startswith("RESULT ")]
+                if out.returncode or not line:
+                    print(out.stdout[-2000:], out.stderr[-3000:])
+                    return 1
+                runs[recipe] = json.loads(line[0][7:])
+                print(f"epochs {epochs} {task:12s} {recipe:9s} {summary(task, runs[recipe])}", flush=True)
+            if opts.json:  # after every task: a long run keeps what it measured
+                opts.json.write_text(json.dumps({"seed": opts.seed, "results": results}, indent=2) + "\n")
+    print("\n| epochs | task | data | metric | job's own test score | served | plain Trainer | served - plain |")
+    print("|---|---|---|---|---|---|---|---|")
+    for epochs, tasks in results.items():
+        for task, runs in tasks.items():
+            if len(runs) < 2:
+                continue
+            for metric in (TASKS[task][4], *ALSO.get(task, ())):
+                job, served = runs["byoc"]["scores"][metric], runs["byoc"]["served"][metric]
+                plain = runs["reference"]["scores"][metric]
+                print(
+                    f"| {epochs} | {task} | {TASKS[task][0]} | {metric} | {job:.4f} | {served:.4f} | {plain:.4f} "
+                    f"| {served - plain:+.4f} |"
+                )
     return 0
+
+
+def summary(task: str, run: dict) -> str:
+    names = (TASKS[task][4], *ALSO.get(task, ()))
+    served = run.get("served", {})
+    return (
+        " ".join(f"{n}={run['scores'][n]:.4f}" + (f" (served {served[n]:.4f})" if n in served else "") for n in names)
+        + f" ({run['seconds']:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -193,3 +193,12 @@ def test_table_lists_every_field_and_alias():
     table = hyperparameter_table()
     for name in ("learning_rate", "`lr`", "max_steps", "`max_train_steps`", "text_column", "freeze_embeddings"):
         assert name in table
+
+
+def test_the_batch_size_defaults_by_task_once_the_data_says_which():
+    """16 for token classification (wnut17 learned nothing in one epoch at 32), 32 for the rest; a given size stays."""
+    args = TrainArguments()
+    assert args.per_device_train_batch_size is None and args.train_batch_size == 32
+    assert args.for_task("token_classification").per_device_train_batch_size == 16
+    assert args.for_task("multi_label_classification").per_device_train_batch_size == 32
+    assert parse_hyperparameters({"batch_size": "8"}).for_task("token_classification").train_batch_size == 8

@@ -134,6 +134,9 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
             max_eval_samples=args.max_eval_samples,
         )
         data = load_task_data(contract.channel_dirs, spec, cache_dir)
+        if args.per_device_train_batch_size is None:  # the task's default, now that the task is known
+            args = args.for_task(data.task)
+            logger.info("per_device_train_batch_size: %d (the default for %s)", args.train_batch_size, data.task)
         tokenizer = load_tokenizer(source, args)
         tokenized = tokenize_splits(data, tokenizer, args, cache_dir)
     shard_consumers = _agree_on_shards(contract, data, tokenized)
@@ -153,7 +156,7 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
                 "neuron_precompile=true compiles the XLA path's graphs: run on NeuronCores or set device=xla"
             )
         shapes = FixedShapeSampler(
-            tokenized["train"]["length"], buckets, args.per_device_train_batch_size, args.seed, distributed.world_size()
+            tokenized["train"]["length"], buckets, args.train_batch_size, args.seed, distributed.world_size()
         ).shapes()
         logger.info(
             "precompiling: one training batch of each shape %s, then one evaluation; no model is written", shapes

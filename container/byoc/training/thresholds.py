@@ -6,9 +6,11 @@ epoch on 28 labels only the most frequent label scores above it. So where the jo
 chooses:
 
 - a global threshold: the one of `GRID` with the best micro F1 on the eval data;
-- a label's own threshold, for a label with at least `MIN_POSITIVES` positive eval rows: the one of
-  `GRID` with that label's best F1, kept only where it beats the global threshold on that label
-  (fewer positives make a label's best threshold noise).
+- a label's own threshold, for a label with at least `MIN_POSITIVES` positive eval rows (fewer make
+  its best threshold noise): moved from the global one only where that raises the eval micro F1,
+  label by label, twice over. Choosing each label's threshold by its own F1 instead lowered it to
+  0.05-0.2 for every weakly learned label, and on semeval2018-ec's held-out rows (MiniLM, 1 epoch)
+  took micro F1 from 0.613 (the global threshold) to 0.501, under 0.5's 0.567.
 
 They are saved in config.json (`byoc_threshold`, `byoc_thresholds`: {label: threshold}), where serving
 reads them. Scores are compared as logits against the thresholds' logits: sigmoid(x) >= t exactly
@@ -63,12 +65,20 @@ def choose(logits: np.ndarray, labels: np.ndarray, names: list[str]) -> Threshol
     with np.errstate(divide="ignore", invalid="ignore"):
         pooled = predicted.sum(axis=1) + positives.sum()
         micro = np.where(pooled > 0, 2 * true_pos.sum(axis=1) / pooled, 0.0)
-        per_label = np.where(predicted + positives > 0, 2 * true_pos / (predicted + positives), 0.0)
     best = _middle_best(micro)
-    own = {}
-    for j in np.flatnonzero((positives >= MIN_POSITIVES) & (per_label.max(axis=0) > per_label[best])):
-        own[names[j]] = GRID[_middle_best(per_label[:, j])]
-    return Thresholds(GRID[best], own)
+    at = np.full(len(names), best)  # each label's GRID index
+    own_allowed = np.flatnonzero(positives >= MIN_POSITIVES)
+    tp_sum, pred_sum, total = true_pos[best].sum(), predicted[best].sum(), positives.sum()
+    for _ in range(2):  # coordinate ascent: one label's threshold at a time, the others held
+        for j in own_allowed:
+            tp_rest, pred_rest = tp_sum - true_pos[at[j], j], pred_sum - predicted[at[j], j]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                pooled = pred_rest + predicted[:, j] + total
+                candidates = np.where(pooled > 0, 2 * (tp_rest + true_pos[:, j]) / pooled, 0.0)
+            if candidates.max() > candidates[at[j]] + 1e-12:  # only a strictly better micro F1 moves it
+                at[j] = _middle_best(candidates)
+                tp_sum, pred_sum = tp_rest + true_pos[at[j], j], pred_rest + predicted[at[j], j]
+    return Thresholds(GRID[best], {names[j]: GRID[at[j]] for j in own_allowed if at[j] != best})
 
 
 def _counts(logits: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

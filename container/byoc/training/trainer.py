@@ -287,7 +287,7 @@ def build_trainer(
         num_train_epochs=args.epochs,
         max_steps=args.max_steps,
         learning_rate=args.learning_rate,
-        per_device_train_batch_size=args.per_device_train_batch_size,
+        per_device_train_batch_size=args.train_batch_size,
         per_device_eval_batch_size=args.per_device_eval_batch_size,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         weight_decay=args.weight_decay,
@@ -356,7 +356,7 @@ def build_trainer(
     )
     for callback in (PrinterCallback, TqdmCallback):
         trainer.remove_callback(callback)
-    samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * training_args.world_size
+    samples_per_step = args.train_batch_size * args.gradient_accumulation_steps * training_args.world_size
     trainer.add_callback(ProgressCallback(samples_per_step))
     if trainer.is_world_process_zero():
         # Only on rank 0, which alone writes TensorBoard events (the import loads tensorboard).
