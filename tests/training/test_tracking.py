@@ -256,9 +256,8 @@ def test_a_call_that_hangs_at_the_end_turns_tracking_off_and_the_job_ends(monkey
     holds it one deadline, then tracking is off and the end's other calls are not sent."""
     client = _Hanging()
     run = tracking.Run(client, "run-1", f"http://byoc:{PASSWORD}@127.0.0.1:1", timeout=0.5)
-    monkeypatch.setattr(tracking, "_run", run)
     try:
-        tracking.fail("stopped: SIGTERM")
+        tracking.fail(run, "stopped: SIGTERM")
     finally:
         client.release.set()
     assert client.calls == ["set_tag"]
@@ -277,11 +276,12 @@ def test_mlflows_own_log_lines_and_prints_are_masked(mlflow, monkeypatch, capsys
         monkeypatch.setenv(name, value)  # what `start` sets for its process, restored after the test
     settings = TrainingSettings(tracking=TrackingSettings(mlflow_uri=mlflow.secret_url, experiment="byoc-tests"))
     contract = SimpleNamespace(job_name="job-in-process", instance_type="local", hosts=["algo-1"])
-    assert tracking.start(settings, contract, parse_hyperparameters({})) is not None
+    run = tracking.start(settings, contract, parse_hyperparameters({}))
+    assert run is not None
     try:
         logging.getLogger("mlflow.tracking").warning("API request to %s/api failed", mlflow.secret_url)
     finally:
-        tracking.finish({"accuracy": 1.0})
+        tracking.finish(run, {"accuracy": 1.0})
     out, err = capsys.readouterr()
     assert "API request to http://byoc:***@127.0.0.1" in err
     assert PASSWORD not in out + err and mlflow.run("byoc-tests", "job-in-process")["info"]["status"] == "FINISHED"
@@ -312,7 +312,7 @@ def test_only_rank_0_tracks_and_nothing_starts_without_a_uri(monkeypatch):
     other_rank = TrainingSettings(
         rank=RankSettings(rank=1, world_size=2), tracking=TrackingSettings(mlflow_uri="http://127.0.0.1:1")
     )
-    assert tracking.start(other_rank, None, args) is None and tracking.current() is None
+    assert tracking.start(other_rank, None, args) is None
 
 
 def test_params_are_the_resolved_hyperparameters_with_secrets_masked():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 # Imported where used: `byoc train` on a host only launches the ranks and must not load torch or
 # transformers, and the failure path must still work when a SIGTERM cut an import short.
+import dataclasses
 import inspect
 import logging
 import sys
@@ -192,6 +193,7 @@ def run_job(main: Callable[..., object] | None = None, settings: TrainingSetting
 
     paths = Paths.from_env()
     rank = None  # this process's place in the job, once its settings are read
+    run = None  # the MLflow run, once started
     _stop_before_training()  # until training takes the signal over
     try:
         from byoc.contract import read_training_contract
@@ -208,11 +210,12 @@ def run_job(main: Callable[..., object] | None = None, settings: TrainingSetting
             from byoc.training import job  # after _choose_xla (above)
 
             main = cast(Callable[..., object], job.main)
-        tracking.start(settings, contract, args)  # MLflow, where MLFLOW_TRACKING_URI is set (rank 0)
+        run = tracking.start(settings, contract, args)  # MLflow, where MLFLOW_TRACKING_URI is set (rank 0)
+        settings = dataclasses.replace(settings, run=run)  # down to the Trainer's logging callback
         result = main(contract, args, settings) if _takes_settings(main) else main(contract, args)
-        tracking.finish(result)
+        tracking.finish(run, result)
     except (Exception, Stopped) as err:
-        tracking.fail(failure_message(err))
+        tracking.fail(run, failure_message(err))
         if rank is None or not rank.launched:
             return _fail(paths, err)
         message = failure_message(err)

@@ -66,6 +66,7 @@ class Job:
     buckets: list[int] | None  # fixed-shape length buckets (XLA, or torch_compile)
     precision: Precision  # what the step computes in, and whether it compiles
     failures: Failures = field(default_factory=Failures)  # after training: kept until the model is saved
+    run: Any = None  # the MLflow run (TrainingSettings.run), where the job is tracked
 
     @property
     def label_names(self) -> list[str]:
@@ -162,7 +163,20 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
             "precompiling: one training batch of each shape %s, then one evaluation; no model is written", shapes
         )
         args = dataclasses.replace(args, max_steps=len(shapes), eval_strategy="no", save_strategy="no")
-    return Job(contract, args, use_xla, code_dir, source, data, tokenizer, tokenized, shard_consumers, buckets, chosen)
+    return Job(
+        contract,
+        args,
+        use_xla,
+        code_dir,
+        source,
+        data,
+        tokenizer,
+        tokenized,
+        shard_consumers,
+        buckets,
+        chosen,
+        run=settings.run,
+    )
 
 
 def load_model(job: Job) -> PreTrainedModel:
@@ -184,6 +198,7 @@ def make_trainer(job: Job, model: PreTrainedModel) -> ClassifierTrainer:
         job.precision,
         job.shard_consumers,
         task=job.data.task,
+        run=job.run,
     )
 
 

@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from byoc.environment import Environment
 from byoc.launch.settings import RankSettings, neuron_cores
@@ -80,6 +81,9 @@ class TrainingSettings:
     xla: XlaSettings = field(default_factory=XlaSettings)
     tracking: TrackingSettings = field(default_factory=TrackingSettings)
     log_level: str = "INFO"  # BYOC_LOG_LEVEL (byoc.logs sets it up; read here to stop on a bad value)
+    # The MLflow run this process reports to (byoc.training.tracking.start, in the entry), not from the
+    # environment: handed down with the settings to the Trainer's logging callback. None: not tracked.
+    run: Any = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> TrainingSettings:

@@ -47,7 +47,6 @@ MAX_PARAM = 500  # characters of a param's value that every MLflow version keeps
 BATCH = 100  # params per log_batch call (MLflow's limit)
 
 T = TypeVar("T")
-_run: Run | None = None
 
 
 class NoAnswer(Exception):
@@ -113,7 +112,6 @@ class Run:
 def start(settings: Any, contract: Any, args: Any) -> Run | None:
     """Start this job's run (rank 0, with MLFLOW_TRACKING_URI set); None where there is none or it
     cannot be reached (a warning says why)."""
-    global _run
     tracking = settings.tracking
     if tracking.mlflow_uri is None or settings.rank.rank != 0:
         return None
@@ -121,7 +119,7 @@ def start(settings: Any, contract: Any, args: Any) -> Run | None:
         os.environ.setdefault(name, value)  # MLflow reads them as it sends
     try:
         _quiet_mlflow(tracking.mlflow_uri)  # here, not on the clock: importing MLflow takes seconds
-        _run = _within(tracking.timeout, lambda: _create(tracking, contract, args))
+        run = _within(tracking.timeout, lambda: _create(tracking, contract, args))
     except Exception as err:
         logger.warning(
             "MLflow at %s cannot be reached (%s: %s): this job is not tracked; training goes on",
@@ -133,11 +131,11 @@ def start(settings: Any, contract: Any, args: Any) -> Run | None:
     logger.info(
         "MLflow: run %s (%s) in experiment %r at %s",
         contract.job_name,
-        _run.run_id,
+        run.run_id,
         tracking.experiment,
         tracking.mlflow_uri,
     )
-    return _run
+    return run
 
 
 def _create(tracking: Any, contract: Any, args: Any) -> Run:
@@ -216,15 +214,8 @@ def params_of(args: Any) -> dict[str, Any]:
     return mask_hyperparameters({key: value for key, value in asdict(args).items() if value is not None})
 
 
-def current() -> Run | None:
-    """This job's run, where one was started (rank 0 with MLFLOW_TRACKING_URI set)."""
-    return _run
-
-
-def finish(metrics: Any) -> None:
+def finish(run: Run | None, metrics: Any) -> None:
     """The final metrics (those of metrics.json), and the run FINISHED."""
-    global _run
-    run, _run = _run, None
     if run is None:
         return
     if isinstance(metrics, dict):
@@ -232,10 +223,8 @@ def finish(metrics: Any) -> None:
     run.call("to end the run", "set_terminated", status="FINISHED")
 
 
-def fail(message: str) -> None:
+def fail(run: Run | None, message: str) -> None:
     """The run FAILED, with the failure's message (what output/failure holds)."""
-    global _run
-    run, _run = _run, None
     if run is None:
         return
     run.call("to record the failure", "set_tag", "byoc.failure", message[:5000])

@@ -261,11 +261,13 @@ def build_trainer(
     chosen: Precision | None = None,
     shard_consumers: list[int] | None = None,
     task: str = SINGLE_LABEL,
+    run: tracking.Run | None = None,
 ) -> ClassifierTrainer:
     """The Trainer for this job; `buckets` (XLA, or torch_compile) switches to fixed-shape batches;
     `chosen`: the job's precision (default: chosen here, from `args` and this machine);
     `shard_consumers`: the ranks reading each host's shard, when each host trains on its own;
-    `task`: what the labels are (byoc.model_folder's tasks), which picks the loss and the metrics."""
+    `task`: what the labels are (byoc.model_folder's tasks), which picks the loss and the metrics;
+    `run`: the job's MLflow run, which then gets every log the Trainer reports."""
     if task != SINGLE_LABEL and args.label_smoothing:
         raise HyperparameterError(
             f"hyperparameter label_smoothing smooths one class per text; task {task} has no classes to smooth: "
@@ -363,7 +365,6 @@ def build_trainer(
         from torch.utils.tensorboard import SummaryWriter
 
         trainer.add_callback(TensorBoardCallback(SummaryWriter(log_dir=str(contract.paths.tensorboard_dir))))
-        run = tracking.current()
         if run is not None:  # MLflow gets what TensorBoard gets
             trainer.add_callback(TrackedLogs(run))
     return trainer
