@@ -9,7 +9,7 @@ from pathlib import Path
 
 from readme_example import served_example, shape
 
-from byoc.training.arguments import hyperparameter_table
+from byoc.training.argument_table import hyperparameter_table
 from byoc.training.metrics import METRIC_DEFINITIONS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def table_rows(text: str) -> list[list[str]]:
 
 
 def test_hyperparameter_table_is_current():
-    # Regenerate with: .venv/bin/python -c "from byoc.training.arguments import hyperparameter_table as t; print(t())"
+    # Regenerate: .venv/bin/python -c "from byoc.training.argument_table import hyperparameter_table as t; print(t())"
     # and paste the output over the table in docs/hyperparameters.md.
     assert hyperparameter_table() in doc("hyperparameters.md")
 

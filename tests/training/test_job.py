@@ -485,7 +485,7 @@ def test_shards_labels_move_into_the_shared_label_map():
     and 0/1 vectors (multi-label) and tag ids per token (NER, -100 kept) are renumbered into it."""
     import numpy as np
 
-    from byoc.training.job import _remapped
+    from byoc.training.shards import _remapped
 
     remap = np.array([0, 2])  # this shard's labels a, c in the shared map a, b, c
     assert _remapped([1, 0], remap, 3) == [2, 0]

@@ -258,12 +258,10 @@ class TrainArguments:
         return self.per_device_train_batch_size or DEFAULT_BATCH_SIZE
 
     def for_task(self, task: str) -> TrainArguments:
-        """These arguments with the task's own defaults where the user gave none (the task is known once
-        the data is read). Measured with MiniLM, 1 epoch, every other setting the default: wnut17's
-        held-out entity F1 0.014 at batch 32, 0.271 at 16 (a plain Trainer at lr 5e-5, batch 16: 0.126)."""
-        if self.per_device_train_batch_size is not None:
-            return self
-        return dataclasses.replace(self, per_device_train_batch_size=TASK_BATCH_SIZES.get(task, DEFAULT_BATCH_SIZE))
+        """With the task's own defaults where the user gave none (the task is known once the data is read).
+        wnut17, MiniLM, 1 epoch: held-out entity F1 0.014 at batch 32, 0.271 at 16 (docs/training.md)."""
+        size = self.per_device_train_batch_size or TASK_BATCH_SIZES.get(task, DEFAULT_BATCH_SIZE)
+        return dataclasses.replace(self, per_device_train_batch_size=size)
 
 
 def _validate(args: TrainArguments) -> None:
@@ -400,17 +398,3 @@ def _decode(key: str, value: Any, f: dataclasses.Field) -> Any:
     if choices and decoded not in choices:
         raise HyperparameterError(f"hyperparameter {key} must be one of {', '.join(choices)}, got {decoded!r}")
     return decoded
-
-
-def hyperparameter_table() -> str:
-    """A Markdown table of every hyperparameter: aliases, default, values allowed, meaning (docs/hyperparameters.md)."""
-    rows = ["| name | aliases | default | allowed | meaning |", "|---|---|---|---|---|"]
-    hints = typing.get_type_hints(TrainArguments)
-    for f in dataclasses.fields(TrainArguments):
-        aliases = ", ".join(f"`{a}`" for a in f.metadata["aliases"])
-        default = "" if f.default is None else f"`{f.default}`"
-        bound, choices = f.metadata["bound"], f.metadata["choices"]
-        allowed = bound.describe() if bound else ", ".join(f"`{c}`" for c in choices)
-        allowed = allowed or ("`true`, `false`" if base_type(hints[f.name])[0] is bool else "")
-        rows.append(f"| `{f.name}` | {aliases} | {default} | {allowed} | {f.metadata['help']} |")
-    return "\n".join(rows)

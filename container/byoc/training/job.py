@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import transformers
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -35,7 +34,7 @@ from byoc.training.artifact import default_code_dir, publish_model, write_predic
 from byoc.training.buckets import choose_buckets, padding_efficiency
 from byoc.training.checkpoints import StopOnSignal, check_job, common_resume_point, drop_after
 from byoc.training.compiled_steps import persistent_cache, wants_buckets
-from byoc.training.data import DataError, DataSpec, TaskData, load_task_data
+from byoc.training.data import DataSpec, TaskData, load_task_data
 from byoc.training.evaluation import Failures, decision_thresholds, final_evaluation
 from byoc.training.metrics import metrics_line, write_report
 from byoc.training.model import ModelError, ModelSource, load_tokenizer, model_max_length, resolve_model
@@ -43,6 +42,7 @@ from byoc.training.model import load_model as _load_model  # job.load_model is t
 from byoc.training.precision import Precision
 from byoc.training.samplers import FixedShapeSampler
 from byoc.training.settings import TrainingSettings
+from byoc.training.shards import agree_on_shards
 from byoc.training.stopping import Stopped
 from byoc.training.tokenization import tokenize_splits
 from byoc.training.trainer import ClassifierTrainer, build_trainer
@@ -140,7 +140,7 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
             logger.info("per_device_train_batch_size: %d (the default for %s)", args.train_batch_size, data.task)
         tokenizer = load_tokenizer(source, args)
         tokenized = tokenize_splits(data, tokenizer, args, cache_dir)
-    shard_consumers = _agree_on_shards(contract, data, tokenized)
+    shard_consumers = agree_on_shards(contract, data, tokenized)
     chosen = precision.choose(args, precision.detect(use_xla, distributed.world_size()))
     logger.info("precision: %s (%s)%s", chosen.name, chosen.reason, "; step compiled" if chosen.compile else "")
     args = dataclasses.replace(args, torch_compile=chosen.compile)  # later steps see the decision
@@ -340,59 +340,6 @@ def choose_job_buckets(
 def _finished(checkpoint: Path) -> bool:
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     return state.get("max_steps", 0) > 0 and state.get("global_step", 0) >= state["max_steps"]
-
-
-def _agree_on_shards(contract: TrainingContract, data: TaskData, tokenized: dict[str, Any]) -> list[int] | None:
-    """With a ShardedByS3Key train channel and several hosts, each host trains on its own files.
-
-    The hosts agree on one label map (the union of what each shard holds) and on a common number
-    of rows (the smallest shard's), so every rank runs the same number of steps. Returns the
-    ranks that read this host's shard, or None when every host holds the same data.
-    """
-    channel = contract.channels.get("train") or contract.channels.get("training")
-    if channel is None or channel.distribution != "ShardedByS3Key" or len(contract.hosts) == 1:
-        return None
-    for name in ("eval", "test", "validation", "testing"):
-        other = contract.channels.get(name)
-        if other is not None and other.distribution == "ShardedByS3Key":
-            raise DataError(
-                f"channel {name!r} is ShardedByS3Key, but evaluation needs the whole set on every host: "
-                f"use FullyReplicated for the {name!r} channel (only 'train' may be sharded)"
-            )
-    per_rank = distributed.all_gather((data.label_names, len(tokenized["train"])))
-    labels = sorted({name for names, _ in per_rank for name in names}, key=_label_sort_key)
-    if labels != data.label_names:
-        remap = np.asarray([labels.index(name) for name in data.label_names])
-        for split, ds in tokenized.items():
-            tokenized[split] = ds.map(lambda b: {"labels": _remapped(b["labels"], remap, len(labels))}, batched=True)
-        data.label_names[:] = labels
-    rows = min(n for _, n in per_rank)
-    if rows < len(tokenized["train"]):
-        tokenized["train"] = tokenized["train"].select(range(rows))
-    logger.info(
-        "train channel is ShardedByS3Key: host %s trains on its own shard (%d rows used; shards hold %s)",
-        contract.current_host,
-        rows,
-        sorted({n for _, n in per_rank}),
-    )
-    return distributed.host_ranks()
-
-
-def _remapped(labels: list, remap: np.ndarray, count: int) -> list:
-    """A batch's labels in the shared label map: class ids renumbered, each row's ids renumbered (multi-label's
-    label ids, a tag id per token), or 0/1 vectors widened."""
-    if labels and isinstance(labels[0], list) and (not labels[0] or isinstance(labels[0][0], int)):
-        return [[int(remap[t]) if t >= 0 else t for t in tags] for tags in labels]  # label or tag ids
-    values = np.asarray(labels)
-    if values.ndim == 1:
-        return remap[values].tolist()
-    out = np.zeros((len(values), count), dtype=np.float32)
-    out[:, remap] = values
-    return out.tolist()
-
-
-def _label_sort_key(name: str) -> tuple:
-    return (0, int(name), "") if name.lstrip("-").isdigit() else (1, 0, name)
 
 
 # Settings that change what is trained; the others (logging, evaluation, saving) may change on resume.

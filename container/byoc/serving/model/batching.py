@@ -29,8 +29,6 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from byoc.serving.prometheus import NO_METRICS
-
 logger = logging.getLogger(__name__)
 
 
@@ -55,6 +53,19 @@ class Observer(Protocol):
     def ran(self, inputs: int, seconds: float) -> None: ...  # one predict call, in the inference thread
 
     def queued(self, inputs: int) -> None: ...  # inputs waiting now
+
+
+class Unobserved:
+    """An observer that reports nowhere (a batcher outside a server: tests, tools)."""
+
+    def waited(self, seconds: float) -> None:
+        pass
+
+    def ran(self, inputs: int, seconds: float) -> None:
+        pass
+
+    def queued(self, inputs: int) -> None:
+        pass
 
 
 @dataclass(eq=False)
@@ -112,7 +123,7 @@ class Batcher:
         observer: Observer | None = None,
     ) -> None:
         self.predict, self.executor = predict, executor
-        self.observer: Observer = observer or NO_METRICS  # reports nowhere
+        self.observer: Observer = observer or Unobserved()
         self.max_batch, self.max_delay, self.max_queued = max_batch, max_delay, max_queued
         self.on_death = on_death
         self.waiting: deque[_Request] = deque()
