@@ -16,6 +16,7 @@ from byoc.contract import Paths
 from byoc.environment import Environment, SettingError
 from byoc.logs import log_level
 from byoc.serving.model.backend_choice import (
+    ALLOW_UNTRAINED_HEAD_ENV,
     BACKENDS,
     INFERENCE_BACKEND_ENV,
     INFERENCE_COMPILE_ENV,
@@ -52,6 +53,8 @@ class InferenceSettings:
     precision: str = "auto"  # BYOC_INFERENCE_PRECISION: auto, fp32, fp16, bf16 or int8
     compile: bool = False  # BYOC_INFERENCE_COMPILE: torch compiles per bucket shape
     threads: int | None = None  # OMP_NUM_THREADS: the model's threads; None: the server's share of the cores
+    # BYOC_ALLOW_UNTRAINED_HEAD: serve a folder whose classification head is missing (random answers)
+    allow_untrained_head: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> InferenceSettings:
@@ -61,6 +64,7 @@ class InferenceSettings:
             precision=read.choice(INFERENCE_PRECISION_ENV, "auto", PRECISIONS),
             compile=read.flag(INFERENCE_COMPILE_ENV),
             threads=read.integer("OMP_NUM_THREADS", None, 1),
+            allow_untrained_head=read.flag(ALLOW_UNTRAINED_HEAD_ENV),
         )
 
 

@@ -26,6 +26,7 @@ from byoc.serving.model.cuda_provider import CUDA_EP
 
 INFERENCE_BACKEND_ENV = "BYOC_INFERENCE_BACKEND"  # auto (default), onnxruntime or torch
 INFERENCE_PRECISION_ENV = "BYOC_INFERENCE_PRECISION"  # auto (default), fp32, fp16, bf16 or int8
+ALLOW_UNTRAINED_HEAD_ENV = "BYOC_ALLOW_UNTRAINED_HEAD"  # serve a folder whose classifier head is missing
 INFERENCE_COMPILE_ENV = "BYOC_INFERENCE_COMPILE"  # torch on CUDA: 1 captures each bucket shape as a CUDA graph
 BACKENDS = ("auto", "onnxruntime", "torch")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16", "int8")

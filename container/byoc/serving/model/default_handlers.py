@@ -105,7 +105,7 @@ def model_fn(model_dir: str) -> dict[str, Any]:
                 raise
             plan = backend_choice.fallback(plan, precision, str(err))
             logger.warning("serving with torch instead of ONNX Runtime: %s", err)
-    return runtimes.load_torch(folder, plan, compiled=settings.compile)
+    return runtimes.load_torch(folder, plan, settings.compile, settings.allow_untrained_head)
 
 
 def nvidia_gpu() -> bool:

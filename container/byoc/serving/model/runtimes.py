@@ -27,7 +27,7 @@ from byoc import compat, model_folder
 from byoc.model_folder import TOKEN_CLASSIFICATION
 from byoc.onnx_graph import GRAPH
 from byoc.serving.model import cuda_provider, entities, passes
-from byoc.serving.model.backend_choice import HALF, BackendError, Host, Plan, torch_dtype_name
+from byoc.serving.model.backend_choice import ALLOW_UNTRAINED_HEAD_ENV, HALF, BackendError, Host, Plan, torch_dtype_name
 from byoc.serving.model.onnx_session import Session
 
 logger = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ def labels_of(config: dict[str, Any]) -> dict[int, str]:
     return {i: f"LABEL_{i}" for i in range(int(config.get("num_labels") or 2))}
 
 
-def load_torch(model_dir: Path, plan: Plan, compiled: bool = False) -> dict[str, Any]:
+def load_torch(model_dir: Path, plan: Plan, compiled: bool = False, untrained_head: bool = False) -> dict[str, Any]:
     # Imported only here: the ONNX Runtime path starts in about a second because it never imports them.
     try:
         import torch
@@ -143,7 +143,11 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False) -> dict[str,
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     task = model_folder.task_of(config)
     auto = getattr(transformers, model_folder.model_class(task))
-    model = auto.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False, **compat.fp32_weights())
+    model, loading = auto.from_pretrained(
+        model_dir, use_safetensors=True, trust_remote_code=False, output_loading_info=True, **compat.fp32_weights()
+    )
+    if loading["missing_keys"] and not untrained_head:
+        raise BackendError(untrained_head_message(model_dir, sorted(loading["missing_keys"])))
     if task == TOKEN_CLASSIFICATION and not getattr(tokenizer, "is_fast", False):
         raise BackendError(f"a token classifier needs a fast tokenizer (tokenizer.json) to find words: {model_dir}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -199,6 +203,21 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False) -> dict[str,
         "device": device.type,
         "precision": str(dtype).removeprefix("torch."),
     }
+
+
+def untrained_head_message(model_dir: Path, missing: list[str]) -> str:
+    """What to say of a folder whose weights lack part of the model (a classification head, mostly)."""
+    kind = (
+        "a sentence-transformers embedding model (modules.json), not a classifier"
+        if (model_dir / "modules.json").exists()
+        else "a base model without the classifier's weights"
+    )
+    shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+    return (
+        f"{model_dir} has no trained classification head: its weights lack {shown}, which would be initialised "
+        f"at random, so every answer would be noise. It looks like {kind}. Fine-tune it with `byoc train` "
+        f"(the job writes a model with its head), or set {ALLOW_UNTRAINED_HEAD_ENV}=true to serve it anyway."
+    )
 
 
 def needs_full_image(plan: Plan, missing: str) -> str:
