@@ -43,7 +43,7 @@ ONCE = frozenset(
         "serving/test_multi_model.py",
         "serving/test_multi_model_isolation.py",
         "serving/model/test_model_code.py",
-        "serving/http/test_negotiation.py",
+        "serving/model/test_negotiation.py",
         "serving/test_prometheus.py",
         "serving/test_properties.py",
         "serving/test_serving_venv.py",

@@ -171,3 +171,12 @@ def test_the_trainer_is_used_through_its_public_surface():
                 if node.attr.startswith("_") or isinstance(node.ctx, ast.Store):
                     offences.append(f"{name}:{node.lineno} trainer.{node.attr}")
     assert offences == []
+
+
+def test_the_model_side_of_the_server_knows_nothing_of_http():
+    """serving/model answers with an Answer or raises a request error; serving/http makes the response."""
+    edges = import_graph.graph()
+    model_side = {m: t for m, t in edges.items() if m.startswith("byoc.serving.model")}
+    assert model_side and not {(m, t) for m, ts in model_side.items() for t in ts if t.startswith("byoc.serving.http")}
+    source = "\n".join(p.read_text() for p in (REPO / "container/byoc/serving/model").glob("*.py"))
+    assert "starlette" not in source

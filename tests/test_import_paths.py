@@ -128,8 +128,7 @@ def test_the_old_paths_are_the_same_objects_not_copies():
     """The server tells a user's override from a re-exported default by identity."""
     import byoc.handlers
     import byoc.inference
-    from byoc.serving.http import request_errors
-    from byoc.serving.model import default_handlers
+    from byoc.serving.model import default_handlers, request_errors
 
     assert byoc.inference.predict_fn is default_handlers.predict_fn
     assert byoc.handlers.InputError is request_errors.InputError

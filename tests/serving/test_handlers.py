@@ -13,9 +13,9 @@ import pytest
 import serve_helpers
 from accept_cases import ACCEPT_CASES
 
-from byoc.serving.http.request_errors import InputError, InvalidAnswer, NotAcceptable
 from byoc.serving.model import bodies, default_handlers, long_texts, runtimes
 from byoc.serving.model.handler_loader import HandlerError, call, load_handlers
+from byoc.serving.model.request_errors import InputError, InvalidAnswer, NotAcceptable
 
 
 @pytest.fixture(scope="module")

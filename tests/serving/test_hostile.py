@@ -29,8 +29,7 @@ from serve_helpers import (
     wait_for,
 )
 
-from byoc.serving.http import negotiation
-from byoc.serving.model import default_handlers
+from byoc.serving.model import default_handlers, negotiation
 
 pytestmark = pytest.mark.integration  # servers in processes: not in make test-fast
 

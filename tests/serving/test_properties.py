@@ -14,10 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from request_strategies import requests
 
-from byoc.serving.http import negotiation
-from byoc.serving.http.request_errors import InputError, NotAcceptable
-from byoc.serving.model import default_handlers
+from byoc.serving.model import default_handlers, negotiation
 from byoc.serving.model.batching import Batcher
+from byoc.serving.model.request_errors import InputError, NotAcceptable
 
 HANDLER_EXAMPLES = 1200  # generated requests through the default handlers
 

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from byoc.serving.http.request_errors import InputError
 from byoc.serving.model.batching import Batcher
+from byoc.serving.model.request_errors import InputError
 
 WAIT = 120  # seconds, a hang guard: a request the batcher lost would wait forever; these tests fail instead
 

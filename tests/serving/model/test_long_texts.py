@@ -7,8 +7,8 @@ import random
 import pytest
 import serve_helpers
 
-from byoc.serving.http.request_errors import InputError
 from byoc.serving.model import default_handlers, entities, long_texts
+from byoc.serving.model.request_errors import InputError
 from byoc.serving.settings import InferenceSettings
 
 WORDS = [

@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from byoc.serving.http.request_errors import InputError, InvalidAnswer
 from byoc.serving.model.batching import BatcherStopped, QueueFull
-from byoc.serving.model.model_server import ModelServer
+from byoc.serving.model.model_server import Answer, ModelServer
+from byoc.serving.model.request_errors import InputError, InvalidAnswer
 from byoc.serving.prometheus import NO_METRICS, SCOPE_MODEL, ModelMetrics
 from byoc.serving.settings import ServeSettings
 
@@ -160,7 +160,10 @@ class Invocations:
         content_type = request.headers.get("content-type") or "application/json"
         try:
             invoking = server.invoke(body, content_type, request.headers.get("accept"))
-            return await asyncio.wait_for(invoking, timeout), None
+            answer = await asyncio.wait_for(invoking, timeout)
+            return (
+                Response(answer.body, media_type=answer.content_type) if isinstance(answer, Answer) else answer
+            ), None
         except asyncio.TimeoutError:
             return error(
                 504, f"the prediction took longer than {timeout:g} s (SAGEMAKER_MODEL_SERVER_TIMEOUT)"

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from byoc.serving.http.request_errors import InputError
+from byoc.serving.model.request_errors import InputError
 
 JSON_LINES = ("application/jsonlines", "application/x-jsonlines", "application/jsonl")
 CONTENT_TYPES = ("application/json", "text/csv", "text/plain", *JSON_LINES)

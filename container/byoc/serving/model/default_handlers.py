@@ -35,11 +35,10 @@ import numpy as np
 
 from byoc.model_folder import DEFAULT_THRESHOLD, MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION
 from byoc.serving import resources
-from byoc.serving.http import negotiation
-from byoc.serving.http.request_errors import InputError, InvalidAnswer, NotAcceptable, UnsupportedMediaType
-from byoc.serving.model import backend_choice, bodies, entities, passes, runtimes, task_parameters
+from byoc.serving.model import backend_choice, bodies, entities, negotiation, passes, runtimes, task_parameters
 from byoc.serving.model.backend_choice import INFERENCE_BACKEND_ENV, INFERENCE_PRECISION_ENV
 from byoc.serving.model.bodies import CONTENT_TYPES, JSON_LINES
+from byoc.serving.model.request_errors import InputError, InvalidAnswer, NotAcceptable, UnsupportedMediaType
 from byoc.serving.settings import InferenceSettings
 
 # The variables' names under the ones byoc.inference gave them before they had a module of their own.
@@ -257,7 +256,7 @@ predict_fn.batchable = True  # type: ignore[attr-defined]
 def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[str, str]:
     """Serialise as JSON (default), JSON Lines or CSV: one line per input, `label,score` (a list of
     labels: each label and score in turn on the line, an empty list an empty field; a regression
-    value alone: `score`). `accept` is the type the server chose (byoc.serving.http.negotiation); a
+    value alone: `score`). `accept` is the type the server chose (byoc.serving.model.negotiation); a
     full Accept header (lists, weights, wildcards) works too."""
     kind = accept if accept in ACCEPT_TYPES else negotiation.choose(accept, ACCEPT_TYPES, "application/json")
     try:

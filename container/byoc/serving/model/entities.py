@@ -30,8 +30,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from byoc.model_folder import TOKEN_CLASSIFICATION
-from byoc.serving.http.request_errors import InputError
 from byoc.serving.model import passes, task_parameters
+from byoc.serving.model.request_errors import InputError
 
 STRATEGIES = ("none", "simple", "first", "average", "max")
 DEFAULT_STRATEGY = "simple"  # a model that does not say how it was trained: the pipeline's default

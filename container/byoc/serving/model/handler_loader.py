@@ -22,9 +22,9 @@ from typing import Any
 
 from byoc.errors import UserError
 from byoc.requirements import RequirementsError, install_requirements
-from byoc.serving.http.request_errors import InputError, NotAcceptable, UnsupportedMediaType  # noqa: F401
 from byoc.serving.model import default_handlers, model_code
 from byoc.serving.model.default_handlers import inference_threads  # noqa: F401  (re-exported, as are the request errors)
+from byoc.serving.model.request_errors import InputError, NotAcceptable, UnsupportedMediaType  # noqa: F401
 
 # Users' handlers raise byoc.serving.model.handler_loader.InputError and its kin, and models trained
 # before the defaults moved into the package carry a copy of them whose code imports those errors and

@@ -24,14 +24,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from starlette.responses import Response
-
-from byoc.serving.http import negotiation
-from byoc.serving.http.request_errors import InvalidAnswer, PayloadTooLarge
-from byoc.serving.model import bodies, default_handlers, long_texts
+from byoc.serving.model import bodies, default_handlers, long_texts, negotiation
 from byoc.serving.model.batching import Batcher, guarded, timed
 from byoc.serving.model.handler_loader import (
     HandlerError,
@@ -42,6 +38,7 @@ from byoc.serving.model.handler_loader import (
     forget_isolated,
     load_handlers,
 )
+from byoc.serving.model.request_errors import InvalidAnswer, PayloadTooLarge
 from byoc.serving.model.threads import DaemonThreads
 from byoc.serving.prometheus import NO_METRICS, ModelMetrics
 from byoc.serving.settings import JSON, ServeSettings
@@ -202,7 +199,9 @@ class ModelServer:
             raise NotAcceptable(f"unsupported accept type {_quote(header)}: ask for one of {', '.join(offered)}")
         return chosen
 
-    async def invoke(self, body: bytes, content_type: str, accept_header: str | None) -> Response:
+    async def invoke(self, body: bytes, content_type: str, accept_header: str | None) -> Answer | Any:
+        """The handlers' answer to one request: an `Answer`, or a response object a handler made itself
+        (an output_fn returning a Starlette Response), which the HTTP side sends as it is."""
         handlers, batcher = self.handlers, self.batcher
         assert handlers is not None and batcher is not None  # the routes call this only once the model is ready
         accept = self.negotiate(accept_header)
@@ -284,9 +283,9 @@ class ModelServer:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.handler_threads, guarded, call, fn, name, *args)
 
-    def _response(self, result: Any, accept: str) -> Response:
-        """Handlers return (body, content_type) or just a body."""
-        if isinstance(result, Response):
+    def _response(self, result: Any, accept: str) -> Answer | Any:
+        """Handlers return (body, content_type) or just a body (or their own response object)."""
+        if _is_response(result):
             return result
         if isinstance(result, tuple) and len(result) == 2:
             body, content_type = result
@@ -295,7 +294,20 @@ class ModelServer:
             content_type = accept if negotiation.is_concrete(accept) else self.settings.default_accept
         if not isinstance(body, (str, bytes)):
             body, content_type = to_json(body), JSON
-        return Response(body, media_type=content_type)
+        return Answer(body, content_type)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One request's answer, as the handlers made it: the HTTP side sends it with status 200."""
+
+    body: str | bytes
+    content_type: str
+
+
+def _is_response(result: Any) -> bool:
+    """A response object an output_fn built itself (Starlette's, or one shaped like it): passed through."""
+    return all(hasattr(result, name) for name in ("body", "status_code", "media_type", "headers"))
 
 
 def to_json(value: Any) -> str:

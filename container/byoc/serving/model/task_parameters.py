@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from byoc.model_folder import MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION
-from byoc.serving.http.request_errors import InputError
+from byoc.serving.model.request_errors import InputError
 
 KNOWN = ("top_k", "threshold", "aggregation_strategy")
 # Each task: how the answer names it, and the parameters it takes.

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 from accept_cases import ACCEPT_CASES, CSV, JSON
 
-from byoc.serving.http import negotiation
-from byoc.serving.model import default_handlers
+from byoc.serving.model import default_handlers, negotiation
 
 OFFERED = default_handlers.ACCEPT_TYPES  # application/json, text/csv, the JSON Lines types
 
