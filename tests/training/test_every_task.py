@@ -52,6 +52,7 @@ def test_multi_label_from_label_lists(job, tiny_model_dir, monkeypatch):
 
     metrics = job.metrics
     assert metrics["task"] == MULTI_LABEL and metrics["labels"] == ["anger", "fear", "joy"]
+    assert "SemEval" in metrics["metric_notes"]["f1_samples"]  # the convention, said where the figure is
     for key in ("f1_micro", "f1_macro", "f1_samples", "exact_match", "jaccard"):
         assert 0 <= metrics[f"eval_{key}"] <= 1, key
     assert set(metrics["eval_f1_per_label"]) == {"anger", "fear", "joy"}

@@ -7,8 +7,10 @@
 - `POST /invocations`: handlers from `byoc.serving.model.handler_loader`, run by
   `byoc.serving.model.model_server`; requests batched by `byoc.serving.model.batching`.
 - `GET /execution-parameters`: batch transform settings.
-- `GET /metrics`: Prometheus metrics of the whole container (byoc.serving.prometheus), answered from
-  the event loop; BYOC_METRICS=false turns them off.
+- `GET /metrics`: Prometheus metrics of the whole container (byoc.serving.prometheus), rendered on a
+  thread beside the event loop, never behind inference; BYOC_METRICS=false turns them off.
+- A multi-model endpoint (byoc.serving.http.multi_model_routes) has the /models routes instead of
+  /invocations; both are `Endpoint`s of the one app `create_app` builds.
 Errors are JSON `{"error": ...}` with honest codes: 400 bad input, 406 bad accept, 408 a body
 too slow, 413 too large, 415 bad content type, 431 headers too large, 503 not ready or at capacity
 (with Retry-After), 504 over the timeout, 500 only for faults of the server or the handler code.
@@ -33,7 +35,7 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -44,7 +46,7 @@ from byoc.logs import configure_logging
 from byoc.serving import prometheus
 from byoc.serving.http import connections
 from byoc.serving.http.invocations import Invocations, error
-from byoc.serving.http.multi_model_routes import multi_model_app
+from byoc.serving.http.multi_model_routes import MultiModel
 from byoc.serving.model.model_server import ModelServer, tune_malloc
 from byoc.serving.settings import ServeSettings, ServeSettingsError
 
@@ -63,7 +65,49 @@ def connection_guard(settings: ServeSettings) -> connections.ConnectionGuard:
     )
 
 
+class Endpoint(Protocol):
+    """What the app serves: one model (`OneModel`) or many (byoc.serving.http.multi_model_routes.MultiModel)."""
+
+    async def start(self) -> None: ...  # begins loading in the background; /ping answers meanwhile
+
+    async def stop(self) -> None: ...  # after the in-flight invocations drained
+
+    def problem(self) -> str | None: ...  # why this worker cannot serve now (503 on /ping), or None
+
+    def routes(self) -> list[Route]: ...  # its own routes beside /ping, /execution-parameters, /metrics
+
+
+class OneModel:
+    """The single-model endpoint: the model in /opt/ml/model, loaded eagerly at start, behind /invocations."""
+
+    def __init__(self, settings: ServeSettings, invocations: Invocations, metrics: Any = None) -> None:
+        self.settings, self.invocations = settings, invocations
+        self.server = ModelServer(settings, metrics=metrics)
+
+    async def start(self) -> None:
+        loading = self.server.start(on_death=restart)
+
+        def failed(_: asyncio.Future) -> None:
+            if self.server.error:
+                _fail_start(self.server.error, self.settings.workers)
+
+        loading.add_done_callback(failed)
+
+    async def stop(self) -> None:
+        await self.server.stop()
+
+    def problem(self) -> str | None:
+        return self.server.problem()
+
+    def routes(self) -> list[Route]:
+        async def invoke(request: Request) -> Response:
+            return await self.invocations.handle(request, self.server)
+
+        return [Route("/invocations", invoke, methods=["POST"])]
+
+
 def create_app(settings: ServeSettings | None = None) -> Starlette:
+    """The one app, over one model or many (BYOC_MULTI_MODEL / SAGEMAKER_MULTI_MODEL)."""
     if not logging.getLogger().handlers:  # a uvicorn worker process (workers > 1) starts unconfigured
         configure_logging()
     settings = settings or ServeSettings.from_env()
@@ -73,36 +117,29 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
         else None
     )
     invocations = Invocations(settings, metrics.model() if metrics else None)
-    if settings.multi_model:
-        return multi_model_app(settings, invocations, _execution_parameters(settings), restart, metrics)
-    server = ModelServer(settings, metrics=metrics.model() if metrics else None)
+    endpoint: Endpoint = (
+        MultiModel(settings, invocations, restart, metrics)
+        if settings.multi_model
+        else OneModel(settings, invocations, metrics.model() if metrics else None)
+    )
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
-        loading = server.start(on_death=restart)
-
-        def failed(_: asyncio.Future) -> None:
-            if server.error:
-                _fail_start(server.error, settings.workers)
-
-        loading.add_done_callback(failed)
+        await endpoint.start()
         yield
         await invocations.drain()
-        await server.stop()
+        await endpoint.stop()
         if metrics is not None:
             metrics.close()
 
     async def ping(request: Request) -> Response:
-        problem = server.problem()
+        problem = endpoint.problem()
         return JSONResponse({"status": "healthy"}) if problem is None else error(503, problem)
-
-    async def invoke(request: Request) -> Response:
-        return await invocations.handle(request, server)
 
     return Starlette(
         routes=[
             Route("/ping", ping, methods=["GET"]),
-            Route("/invocations", invoke, methods=["POST"]),
+            *endpoint.routes(),
             Route("/execution-parameters", _execution_parameters(settings), methods=["GET"]),
             *prometheus.routes(metrics),
         ],

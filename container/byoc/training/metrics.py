@@ -85,6 +85,16 @@ def classification_metrics(predictions: np.ndarray, labels: np.ndarray, num_labe
     }
 
 
+# What metrics.json says of the metrics whose convention differs between libraries (`metric_notes`).
+METRIC_NOTES = {
+    MULTI_LABEL: {
+        "f1_samples": "each row's F1, averaged; a row with no true label predicted none counts 1 (SemEval's "
+        "convention; scikit-learn's f1_score(average='samples') counts it 0)",
+        "f1_macro": "averaged over the labels present in the data or the predictions",
+    },
+}
+
+
 def multilabel_metrics(
     scores: np.ndarray, labels: np.ndarray, threshold: float | np.ndarray, names: list[str]
 ) -> tuple[dict[str, float], dict[str, float]]:

@@ -18,14 +18,11 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from contextlib import asynccontextmanager
 
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from byoc.serving import prometheus
 from byoc.serving.http.invocations import Invocations, error
 from byoc.serving.model.model_server import ModelServer
 from byoc.serving.model.multi_model import PAGE_SIZE, LoadRefused, Registry, small_int
@@ -38,32 +35,41 @@ TARGET_HEADER = "x-amzn-sagemaker-target-model"  # the invoker's TargetModel: fo
 MAX_PAGE = 1000
 
 
-def multi_model_app(
-    settings: ServeSettings,
-    invocations: Invocations,
-    execution_parameters: Callable[[Request], Awaitable[Response]],
-    on_death: Callable[[str], None],
-    metrics: ServerMetrics | None = None,
-) -> Starlette:
-    registry = Registry(settings, settings.multi_model_budget, on_death, metrics)
+class MultiModel:
+    """A multi-model endpoint behind the one app (byoc.serving.server.create_app): models load on
+    POST /models within the memory budget; /ping is this endpoint's `problem()`."""
 
-    @asynccontextmanager
-    async def lifespan(app: Starlette):
-        warming = asyncio.ensure_future(registry.warm_up())  # loads wait for it; /ping does not
+    def __init__(
+        self,
+        settings: ServeSettings,
+        invocations: Invocations,
+        on_death: Callable[[str], None],
+        metrics: ServerMetrics | None = None,
+    ) -> None:
+        self.settings, self.invocations = settings, invocations
+        self.registry = Registry(settings, settings.multi_model_budget, on_death, metrics)
+        self.warming: asyncio.Future | None = None
+
+    async def start(self) -> None:
+        self.warming = asyncio.ensure_future(self.registry.warm_up())  # loads wait for it; /ping does not
         logger.info(
             "multi-model endpoint: models load on POST /models, within %d MiB (BYOC_MULTI_MODEL_MEMORY_MB)",
-            registry.budget >> 20,
+            self.registry.budget >> 20,
         )
-        yield
-        warming.cancel()
-        await invocations.drain()
-        await registry.stop()
-        if metrics is not None:
-            metrics.close()
 
-    async def ping(request: Request) -> Response:
-        problem = registry.problem()
-        return JSONResponse({"status": "healthy"}) if problem is None else error(503, problem)
+    async def stop(self) -> None:
+        if self.warming is not None:
+            self.warming.cancel()
+        await self.registry.stop()
+
+    def problem(self) -> str | None:
+        return self.registry.problem()
+
+    def routes(self) -> list[Route]:
+        return _routes(self.settings, self.invocations, self.registry)
+
+
+def _routes(settings: ServeSettings, invocations: Invocations, registry: Registry) -> list[Route]:
 
     async def load(request: Request) -> Response:
         body = await invocations.read_body(request)
@@ -124,18 +130,11 @@ def multi_model_app(
     async def no_default_model(request: Request) -> Response:
         return error(404, "this is a multi-model endpoint: invoke a model at /models/{model_name}/invoke")
 
-    return Starlette(
-        routes=[
-            Route("/ping", ping, methods=["GET"]),
-            Route("/models", load, methods=["POST"]),
-            Route("/models", listing, methods=["GET"]),
-            Route("/models/{name:path}/invoke", invoke, methods=["POST"]),
-            Route("/models/{name:path}", describe, methods=["GET"]),
-            Route("/models/{name:path}", unload, methods=["DELETE"]),
-            Route("/invocations", no_default_model, methods=["POST"]),
-            Route("/execution-parameters", execution_parameters, methods=["GET"]),
-            *prometheus.routes(metrics),
-        ],
-        middleware=prometheus.middleware(metrics),
-        lifespan=lifespan,
-    )
+    return [
+        Route("/models", load, methods=["POST"]),
+        Route("/models", listing, methods=["GET"]),
+        Route("/models/{name:path}/invoke", invoke, methods=["POST"]),
+        Route("/models/{name:path}", describe, methods=["GET"]),
+        Route("/models/{name:path}", unload, methods=["DELETE"]),
+        Route("/invocations", no_default_model, methods=["POST"]),
+    ]

@@ -26,9 +26,8 @@ from byoc.serving.model import default_handlers, model_code
 from byoc.serving.model.default_handlers import inference_threads  # noqa: F401  (re-exported, as are the request errors)
 from byoc.serving.model.request_errors import InputError, NotAcceptable, UnsupportedMediaType  # noqa: F401
 
-# Users' handlers raise byoc.serving.model.handler_loader.InputError and its kin, and models trained
-# before the defaults moved into the package carry a copy of them whose code imports those errors and
-# inference_threads from here.
+# Users' handlers and the code older models carry import these errors and inference_threads from
+# byoc.handlers (the public path, which re-exports them); they stay importable here too, the same objects.
 
 logger = logging.getLogger(__name__)
 
