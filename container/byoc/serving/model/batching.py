@@ -116,7 +116,7 @@ class Batcher:
         self,
         predict: Callable[[list[Any], dict[str, Any]], list[Any]],
         executor: Executor,
-        max_batch: int = 32,
+        max_batch: int,  # the server passes ServeSettings.max_batch (BYOC_MAX_BATCH_SIZE): one default, there
         max_delay: float = 0.002,
         max_queued: int = 1 << 30,
         on_death: Callable[[str], None] | None = None,

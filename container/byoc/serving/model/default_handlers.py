@@ -36,16 +36,10 @@ import numpy as np
 from byoc.model_folder import DEFAULT_THRESHOLD, MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION
 from byoc.serving import resources
 from byoc.serving.model import backend_choice, bodies, entities, negotiation, passes, runtimes, task_parameters
-from byoc.serving.model.backend_choice import INFERENCE_BACKEND_ENV, INFERENCE_PRECISION_ENV
 from byoc.serving.model.bodies import CONTENT_TYPES, JSON_LINES
 from byoc.serving.model.request_errors import InputError, InvalidAnswer, NotAcceptable, UnsupportedMediaType
 from byoc.serving.settings import InferenceSettings
 
-# The variables' names under the ones byoc.inference gave them before they had a module of their own.
-BACKEND_ENV, PRECISION_ENV = INFERENCE_BACKEND_ENV, INFERENCE_PRECISION_ENV
-
-MAX_BATCH = passes.CPU.max_rows  # texts run through the model at once on the CPU; larger requests are split
-TOKEN_BUDGET = passes.CPU.token_budget  # padded tokens per CPU forward pass: small batches pad least
 ACCEPT_TYPES = ("application/json", "text/csv", *JSON_LINES)
 
 logger = logging.getLogger(__name__)
