@@ -153,15 +153,18 @@ def _stop_before_training() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
-def _choose_xla(contract, args, settings: TrainingSettings) -> None:
-    """Before transformers loads (it imports torch-xla where installed): the XLA path's environment,
-    or, off that path, the word that keeps transformers from moving the job to XLA."""
+def _choose_xla(contract, args, settings: TrainingSettings) -> bool:
+    """Whether the job runs on XLA, decided once, before transformers loads (it imports torch-xla where
+    installed): the XLA path's environment, or, off that path, the word that keeps transformers from
+    moving the job to XLA. The settings carry the decision on (`use_xla`)."""
     from byoc.training import xla
 
-    if xla.wants_xla(args.device, settings):
+    chosen = xla.wants_xla(args.device, settings)
+    if chosen:
         xla.prepare_environment(contract.checkpoint_folder, settings.xla)
     else:
         xla.keep_off_xla()
+    return chosen
 
 
 def _fail(paths, err: BaseException) -> int:
@@ -204,14 +207,14 @@ def run_job(main: Callable[..., object] | None = None, settings: TrainingSetting
         contract = read_training_contract()
         paths = contract.paths
         args = parse_hyperparameters(contract.hyperparameters)
-        _choose_xla(contract, args, settings)
+        use_xla = _choose_xla(contract, args, settings)
         stopping.raise_if_stopped()
         if main is None:
             from byoc.training import job  # after _choose_xla (above)
 
             main = cast(Callable[..., object], job.main)
         run = tracking.start(settings, contract, args)  # MLflow, where MLFLOW_TRACKING_URI is set (rank 0)
-        settings = dataclasses.replace(settings, run=run)  # down to the Trainer's logging callback
+        settings = dataclasses.replace(settings, use_xla=use_xla, run=run)  # down to the job's steps
         result = main(contract, args, settings) if _takes_settings(main) else main(contract, args)
         tracking.finish(run, result)
     except (Exception, Stopped) as err:

@@ -109,10 +109,12 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
     `settings`: the job's, as `byoc.training.entry.run_job` read them; else (a `main` of an older
     code/train.py, which gets none) read from the environment here."""
     settings = settings or TrainingSettings.from_env()
-    use_xla = xla.wants_xla(args.device, settings)
-    if use_xla:
-        xla.prepare_environment(contract.checkpoint_folder, settings.xla)
-    elif args.device == "cuda" and not torch.cuda.is_available():
+    use_xla = settings.use_xla
+    if use_xla is None:  # not through the entry (which decides once, before transformers loads)
+        use_xla = xla.wants_xla(args.device, settings)
+        if use_xla:
+            xla.prepare_environment(contract.checkpoint_folder, settings.xla)
+    if not use_xla and args.device == "cuda" and not torch.cuda.is_available():
         raise ModelError("device=cuda but no CUDA GPU is visible: use a GPU instance (ml.g5, ml.p4d...) or device=auto")
     distributed.setup(settings.rank)
     transformers.set_seed(args.seed)

@@ -84,6 +84,9 @@ class TrainingSettings:
     # The MLflow run this process reports to (byoc.training.tracking.start, in the entry), not from the
     # environment: handed down with the settings to the Trainer's logging callback. None: not tracked.
     run: Any = None
+    # Whether the job runs on XLA, as the entry decided it before transformers loaded; None: not decided
+    # yet (a `main` of an older code/train.py gets no settings, and `prepare` decides).
+    use_xla: bool | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> TrainingSettings:
