@@ -272,12 +272,12 @@ def test_pipe_mode(job, tiny_model_dir):
 
 def test_out_of_memory_is_reported_as_such(job, tiny_model_dir, monkeypatch):
     """A real torch.OutOfMemoryError raised inside the training step (CUDA cannot run here)."""
-    from byoc.training.trainer import ClassifierTrainer
+    from byoc.training.trainer import TaskTrainer
 
     def exhausted(self, *args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(ClassifierTrainer, "training_step", exhausted)
+    monkeypatch.setattr(TaskTrainer, "training_step", exhausted)
     job.hyperparameters(QUICK)
     job.model_channel(tiny_model_dir)
     write_csv(job.channel("train") / "t.csv", sentiment_rows(16))

@@ -45,7 +45,7 @@ from byoc.training.settings import TrainingSettings
 from byoc.training.shards import agree_on_shards
 from byoc.training.stopping import Stopped
 from byoc.training.tokenization import tokenize_splits
-from byoc.training.trainer import ClassifierTrainer, build_trainer
+from byoc.training.trainer import TaskTrainer, build_trainer
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +186,7 @@ def load_model(job: Job) -> PreTrainedModel:
     return _load_model(job.source, job.args, job.label_names, job.use_xla, job.data.task)
 
 
-def make_trainer(job: Job, model: PreTrainedModel) -> ClassifierTrainer:
+def make_trainer(job: Job, model: PreTrainedModel) -> TaskTrainer:
     """The Trainer for this job's device and precision, with its shards and precompile mode."""
     return build_trainer(
         model,
@@ -204,7 +204,7 @@ def make_trainer(job: Job, model: PreTrainedModel) -> ClassifierTrainer:
     )
 
 
-def train_and_evaluate(job: Job, trainer: ClassifierTrainer, stop: StopOnSignal) -> dict[str, Any]:
+def train_and_evaluate(job: Job, trainer: TaskTrainer, stop: StopOnSignal) -> dict[str, Any]:
     """Resume from the newest complete checkpoint, train, evaluate; on SIGTERM save and raise `Stopped`."""
     args = job.args
     checkpoint_dir = job.contract.checkpoint_folder  # the Trainer's output_dir
@@ -245,7 +245,7 @@ def train_and_evaluate(job: Job, trainer: ClassifierTrainer, stop: StopOnSignal)
     return metrics
 
 
-def finish(job: Job, trainer: ClassifierTrainer, metrics: dict[str, Any]) -> dict[str, Any]:
+def finish(job: Job, trainer: TaskTrainer, metrics: dict[str, Any]) -> dict[str, Any]:
     """Test predictions (every rank takes part), then on rank 0 metrics.json and the model folder.
 
     A failure of the final evaluation or of the predictions fails the job only once the model is saved."""
@@ -290,7 +290,7 @@ def finish(job: Job, trainer: ClassifierTrainer, metrics: dict[str, Any]) -> dic
     return summary
 
 
-def _job_summary(job: Job, trainer: ClassifierTrainer) -> dict[str, Any]:
+def _job_summary(job: Job, trainer: TaskTrainer) -> dict[str, Any]:
     """What metrics.json says of the job besides its metrics: labels, sizes, where and how it ran."""
     xla_figures: dict[str, Any] = {}
     if job.buckets:

@@ -41,7 +41,7 @@ from byoc.training.samplers import FixedShapeSampler, LengthBucketSampler, lengt
 logger = logging.getLogger(__name__)
 
 
-class ClassifierTrainer(Trainer):
+class TaskTrainer(Trainer):
     """`Trainer` with byoc's samplers, sealed checkpoints, and evaluations SIGTERM can cut short.
 
     The private methods overridden here are listed in `byoc.compat.TRAINER_HOOKS` and checked
@@ -187,7 +187,7 @@ class _SamplerEpoch(TrainerCallback):
     `set_epoch` no longer reaches it: a resumed job would replay epoch 0's order.)
     """
 
-    def __init__(self, trainer: ClassifierTrainer) -> None:
+    def __init__(self, trainer: TaskTrainer) -> None:
         self.trainer = trainer
 
     def on_epoch_begin(self, args, state, control, **kwargs):
@@ -262,7 +262,7 @@ def build_trainer(
     shard_consumers: list[int] | None = None,
     task: str = SINGLE_LABEL,
     run: tracking.Run | None = None,
-) -> ClassifierTrainer:
+) -> TaskTrainer:
     """The Trainer for this job; `buckets` (XLA, or torch_compile) switches to fixed-shape batches;
     `chosen`: the job's precision (default: chosen here, from `args` and this machine);
     `shard_consumers`: the ranks reading each host's shard, when each host trains on its own;
@@ -273,7 +273,7 @@ def build_trainer(
             f"hyperparameter label_smoothing smooths one class per text; task {task} has no classes to smooth: "
             "remove label_smoothing"
         )
-    compat.check_trainer_hooks(ClassifierTrainer.__mro__[1])  # the private methods overridden below
+    compat.check_trainer_hooks(TaskTrainer.__mro__[1])  # the private methods overridden below
     cuda = on_cuda(args, use_xla)
     if chosen is None:
         chosen = precision.choose(args, precision.detect(use_xla, distributed.world_size()))
@@ -341,7 +341,7 @@ def build_trainer(
         collator = padder(tokenizer, pad_to_multiple_of=8 if cuda else None)  # token labels padded with -100
     if task == MULTI_LABEL:
         collator = MultiHot(collator, len(label_names))
-    trainer = ClassifierTrainer(
+    trainer = TaskTrainer(
         model=model,
         args=training_args,
         train_dataset=tokenized["train"],
