@@ -141,6 +141,8 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
             args = args.for_task(data.task)
             logger.info("per_device_train_batch_size: %d (the default for %s)", args.train_batch_size, data.task)
         tokenizer = load_tokenizer(source, args)
+        # The one input length every later step uses (tokens, buckets, the saved model): at most the model's.
+        args = dataclasses.replace(args, max_length=min(args.max_length, model_max_length(tokenizer)))
         tokenized = tokenize_splits(data, tokenizer, args, cache_dir)
     shard_consumers = agree_on_shards(contract, data, tokenized)
     chosen = precision.choose(args, precision.detect(use_xla, distributed.world_size()))
@@ -152,7 +154,7 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
     if use_xla:
         xla.initialize(contract.checkpoint_folder, settings.xla)
     if wants_buckets(chosen.compile, use_xla):
-        buckets = choose_job_buckets(tokenized, args, tokenizer, use_xla)
+        buckets = choose_job_buckets(tokenized, args, use_xla)
     if args.neuron_precompile:
         if buckets is None:
             raise ModelError(
@@ -283,7 +285,7 @@ def finish(job: Job, trainer: TaskTrainer, metrics: dict[str, Any]) -> dict[str,
         paths.model_dir,
         serving_graph=args.serving_graph,
         serving_int8=args.serving_int8,
-        max_length=min(args.max_length, model_max_length(job.tokenizer)),
+        max_length=args.max_length,
     )
     logger.info("model saved to %s; metrics in %s", paths.model_dir, report)
     failures.raise_after_saving(paths.model_dir)
@@ -321,21 +323,18 @@ def _job_summary(job: Job, trainer: TaskTrainer) -> dict[str, Any]:
     }
 
 
-def choose_job_buckets(
-    tokenized: dict[str, Any], args: TrainArguments, tokenizer: PreTrainedTokenizerBase, use_xla: bool
-) -> list[int]:
+def choose_job_buckets(tokenized: dict[str, Any], args: TrainArguments, use_xla: bool) -> list[int]:
     """The compiled path's sequence-length buckets: as given, or chosen from the training data's lengths."""
     lengths = tokenized["train"]["length"]
-    max_length = min(args.max_length, model_max_length(tokenizer))
-    buckets = bucket_sizes(args) or choose_buckets(lengths, args.max_buckets, max_length)
+    buckets = bucket_sizes(args) or choose_buckets(lengths, args.max_buckets, args.max_length)
     logger.info(
         "%s: sequence buckets %s (padding efficiency %.3f: real tokens / padded tokens; one length of %d "
         "would give %.3f)",
         "XLA" if use_xla else "torch.compile",
         buckets,
         padding_efficiency(lengths, buckets),
-        max_length,
-        padding_efficiency(lengths, [max_length]),
+        args.max_length,
+        padding_efficiency(lengths, [args.max_length]),
     )
     return buckets
 

@@ -16,7 +16,7 @@ from byoc.model_folder import TOKEN_CLASSIFICATION
 from byoc.training.arguments import TrainArguments
 from byoc.training.buckets import IGNORE_LABEL
 from byoc.training.data import DataError, TaskData
-from byoc.training.model import ModelError, model_max_length
+from byoc.training.model import ModelError
 
 logger = logging.getLogger(__name__)
 
@@ -24,8 +24,9 @@ logger = logging.getLogger(__name__)
 def tokenize_splits(
     data: TaskData, tokenizer: PreTrainedTokenizerBase, args: TrainArguments, cache_dir: Path
 ) -> dict[str, Any]:
-    """Tokenize each split once; results are cached on disk by content, so a rerun reuses them."""
-    max_length = min(args.max_length, model_max_length(tokenizer))
+    """Tokenize each split once; results are cached on disk by content, so a rerun reuses them.
+    `args.max_length`: already at most the model's (`byoc.training.job.prepare` settles it once)."""
+    max_length = args.max_length
     splits = {
         name: ds for name, ds in (("train", data.train), ("eval", data.eval), ("test", data.test)) if ds is not None
     }
