@@ -87,7 +87,7 @@ bench-train: venv
 	$(PY) benchmarks/bench_train.py --rounds 3 --steps 40 --recipes tutorial,dynamic,byoc,byoc:freeze_layers=0
 
 # Builds the reference stack (HF inference DLC: toolkit on MMS, Java 17) in .venv-ref on first use.
-# Every task's test score: byoc's defaults against a plain Trainer on the shared data (about 1.5 h on 2 cores).
+# Every task at 1 and 3 epochs: the job's own test score, `byoc serve`'s on raw text, and a plain Trainer's (about 3 h on 2 cores).
 bench-tasks: venv
 	$(PY) benchmarks/bench_tasks.py --json benchmarks/results/tasks.json
 

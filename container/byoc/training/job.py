@@ -138,8 +138,13 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
         )
         data = load_task_data(contract.channel_dirs, spec, cache_dir)
         if args.per_device_train_batch_size is None:  # the task's default, now that the task is known
-            args = args.for_task(data.task)
-            logger.info("per_device_train_batch_size: %d (the default for %s)", args.train_batch_size, data.task)
+            args = args.for_task(data.task, len(data.train))
+            logger.info(
+                "per_device_train_batch_size: %d (the default for %s on %d rows)",
+                args.train_batch_size,
+                data.task,
+                len(data.train),
+            )
         tokenizer = load_tokenizer(source, args)
         # The one input length every later step uses (tokens, buckets, the saved model): at most the model's.
         args = dataclasses.replace(args, max_length=min(args.max_length, model_max_length(tokenizer)))
