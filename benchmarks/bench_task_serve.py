@@ -44,7 +44,7 @@ def build_model(task: str) -> Path:
     import transformers
 
     from byoc import onnx_graph
-    from byoc.model_folder import model_class
+    from byoc.tasks import get as task_named
     from byoc.training.model import bundled_model_dir
 
     target = WORK / task / "model"
@@ -53,7 +53,7 @@ def build_model(task: str) -> Path:
     names = TASKS[task]
     torch.manual_seed(0)
     kwargs = {} if task == "token_classification" else {"problem_type": task}
-    model = getattr(transformers, model_class(task)).from_pretrained(
+    model = getattr(transformers, task_named(task).auto_class).from_pretrained(
         bundled_model_dir(),
         num_labels=len(names),
         id2label=dict(enumerate(names)),

@@ -130,8 +130,10 @@ def served_scores(task: str, root: Path, workdir: Path) -> dict:
     """`byoc serve` on the job's model: the held-out split sent as raw text, scored from the answers."""
     import numpy as np
 
+    from byoc.tasks.multi_label import multilabel_metrics
+    from byoc.tasks.regression import regression_metrics
+    from byoc.tasks.token_classification import token_metrics
     from byoc.training.data import DataSpec, load_task_data
-    from byoc.training.metrics import multilabel_metrics, regression_metrics, token_metrics
 
     channels = {c: root / "input" / "data" / c for c in ("train", "test")}
     data = load_task_data(channels, DataSpec(label_column=TASKS[task][3].get("label_column")), workdir / "cache-served")

@@ -35,7 +35,7 @@ def main() -> int:
     import shared_data
     from seqeval.metrics import f1_score, precision_score, recall_score
 
-    from byoc.training.metrics import token_metrics
+    from byoc.tasks.token_classification import token_metrics
 
     gold = read_conll(shared_data.folder("wnut17") / "emerging.test.annotated")
     names = sorted({t for s in gold for t in s})

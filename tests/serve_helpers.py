@@ -173,7 +173,7 @@ def task_classifier(tmp_path_factory, tiny_model_dir: Path, task: str) -> Path:
     import torch
     import transformers
 
-    from byoc.model_folder import model_class
+    from byoc.tasks import get as task_named
 
     names = {
         "multi_label_classification": ["anger", "joy", "love"],
@@ -181,7 +181,7 @@ def task_classifier(tmp_path_factory, tiny_model_dir: Path, task: str) -> Path:
         "token_classification": ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"],
     }[task]
     torch.manual_seed(0)
-    model = getattr(transformers, model_class(task)).from_pretrained(
+    model = getattr(transformers, task_named(task).auto_class).from_pretrained(
         tiny_model_dir,
         num_labels=len(names),
         id2label=dict(enumerate(names)),

@@ -180,3 +180,43 @@ def test_the_model_side_of_the_server_knows_nothing_of_http():
     assert model_side and not {(m, t) for m, ts in model_side.items() for t in ts if t.startswith("byoc.serving.http")}
     source = "\n".join(p.read_text() for p in (REPO / "container/byoc/serving/model").glob("*.py"))
     assert "starlette" not in source
+
+
+# The two places a task is decided: training, from the data; serving, from config.json (byoc.tasks.of_config).
+TASK_DECISIONS = ("tasks/", "training/data/task_choice.py")
+
+
+def task_name_comparisons(root) -> list[str]:
+    """ "path:line" of each comparison (==, !=, in) with a task's name, outside the task package and the two
+    decisions: a constant (SINGLE_LABEL...) or the name itself as a string."""
+    from byoc import tasks
+
+    constants = {"SINGLE_LABEL", "MULTI_LABEL", "REGRESSION", "TOKEN_CLASSIFICATION"}
+
+    def names_a_task(node) -> bool:
+        if (
+            isinstance(node, ast.Name)
+            and node.id in constants
+            or isinstance(node, ast.Attribute)
+            and node.attr in constants
+        ):
+            return True
+        if isinstance(node, ast.Constant):
+            return node.value in tasks.NAMES
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(names_a_task(e) for e in node.elts)
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if relative.startswith(TASK_DECISIONS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(names_a_task(n) for n in (node.left, *node.comparators)):
+                found.append(f"{relative}:{node.lineno}")
+    return sorted(set(found))
+
+
+def test_no_module_outside_the_task_package_compares_a_task_name(tmp_path):
+    assert task_name_comparisons(import_graph.PACKAGE) == []
+    (tmp_path / "handler.py").write_text('def f(task):\n    return task == "regression" or task in (MULTI_LABEL,)\n')
+    assert task_name_comparisons(tmp_path) == ["handler.py:2"]  # the check finds one

@@ -6,12 +6,11 @@ id2label, model.safetensors), its tokenizer (tokenizer.json, tokenizer_config.js
 serving graphs (byoc.onnx_graph: model.onnx, optionally model.int8.onnx) and code/ (the
 inference handlers, `code/inference.py`, and their requirements.txt).
 
-config.json's `problem_type` names the task (transformers' names, which pick the loss in training
-and the scores in serving): one label per text (softmax), several (sigmoid, with the decision
-`byoc_threshold` saved beside it, and `byoc_thresholds` for labels with their own), or a number
-(regression, one output); a token classifier (a tag per token: NER) is named by its architecture
-(`...ForTokenClassification`), with `byoc_word_tags` saved beside it: how training tagged a word's
-sub-tokens, which picks serving's default entities.
+config.json's `problem_type` names the task (transformers' names; a token classifier is named by its
+architecture, `...ForTokenClassification`): byoc.tasks reads it. Beside it, what a task saved for
+serving: a multi-label model's decision `byoc_threshold` (and `byoc_thresholds` for labels with their
+own), a token classifier's `byoc_word_tags` (how training tagged a word's sub-tokens, which picks
+serving's default entities).
 """
 
 from __future__ import annotations
@@ -24,26 +23,9 @@ TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 CODE_DIR = "code"
 
-SINGLE_LABEL = "single_label_classification"
-MULTI_LABEL = "multi_label_classification"
-REGRESSION = "regression"
-TOKEN_CLASSIFICATION = "token_classification"
-TASKS = (SINGLE_LABEL, MULTI_LABEL, REGRESSION, TOKEN_CLASSIFICATION)
-# Short names users write for the tasks (the `task` hyperparameter).
-TASK_ALIASES = {
-    "single_label": SINGLE_LABEL,
-    "single": SINGLE_LABEL,
-    "classification": SINGLE_LABEL,
-    "multi_label": MULTI_LABEL,
-    "multilabel": MULTI_LABEL,
-    "multi": MULTI_LABEL,
-    "regress": REGRESSION,
-    "token": TOKEN_CLASSIFICATION,
-    "ner": TOKEN_CLASSIFICATION,
-}
 THRESHOLD_KEY = "byoc_threshold"  # config.json: a multi-label model's decision threshold
 DEFAULT_THRESHOLD = 0.5
-THRESHOLDS_KEY = "byoc_thresholds"  # config.json: {label: threshold} for labels with their own (training.thresholds)
+THRESHOLDS_KEY = "byoc_thresholds"  # config.json: {label: threshold} for labels with their own (byoc.tasks.thresholds)
 # config.json: where a token classifier was trained on each word's tag: "first" (its first sub-token)
 # or "all" (every sub-token: label_all_tokens). Absent in models byoc did not train.
 WORD_TAGS_KEY = "byoc_word_tags"
@@ -59,29 +41,6 @@ def max_length(*limits: Any) -> int:
     missing and the 'unknown' ones."""
     known = [int(n) for n in limits if isinstance(n, (int, float)) and not isinstance(n, bool) and 0 < n < _UNKNOWN]
     return min(known, default=DEFAULT_MAX_LENGTH)
-
-
-def task_name(value: str) -> str | None:
-    """The canonical task for a name or alias (case and '-' insensitive), or None if it names none."""
-    key = value.strip().lower().replace("-", "_")
-    return key if key in TASKS else TASK_ALIASES.get(key)
-
-
-def task_of(config: dict[str, Any]) -> str:
-    """The task a saved config.json was trained for. A token classifier says so by its architecture
-    (transformers' problem_type names only sequence tasks); transformers leaves `problem_type` unset
-    until the first forward pass with labels; then one output means regression, more a single-label classifier."""
-    if any(str(a).endswith("ForTokenClassification") for a in config.get("architectures") or ()):
-        return TOKEN_CLASSIFICATION
-    stated = config.get("problem_type")
-    if stated in TASKS:
-        return str(stated)
-    return REGRESSION if int(config.get("num_labels") or len(config.get("id2label") or {}) or 2) == 1 else SINGLE_LABEL
-
-
-def model_class(task: str) -> str:
-    """The transformers Auto class that loads a model of `task`."""
-    return "AutoModelForTokenClassification" if task == TOKEN_CLASSIFICATION else "AutoModelForSequenceClassification"
 
 
 def threshold_of(config: dict[str, Any]) -> float:

@@ -31,8 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from byoc import tasks
 from byoc.compat import fp32_weights
-from byoc.model_folder import CONFIG, TOKEN_CLASSIFICATION, WEIGHTS, model_class, task_of
+from byoc.model_folder import CONFIG, WEIGHTS
 
 logger = logging.getLogger(__name__)
 
@@ -94,9 +95,9 @@ def _export(model_dir: Path) -> Path:
 
     # Eager attention traces to plain ops with dynamic batch and length; loading from the saved
     # folder exports exactly what was published, whatever device or state the trainer left.
-    task = task_of(json.loads((model_dir / CONFIG).read_text(encoding="utf-8")))
+    task = tasks.of_config(json.loads((model_dir / CONFIG).read_text(encoding="utf-8")))
     model = (
-        getattr(transformers, model_class(task))
+        getattr(transformers, task.auto_class)
         .from_pretrained(
             model_dir, attn_implementation="eager", use_safetensors=True, trust_remote_code=False, **fp32_weights()
         )
@@ -133,7 +134,7 @@ def _export(model_dir: Path) -> Path:
             # A token classifier's logits have a row per token: their length varies too.
             dynamic_axes={
                 **{n: {0: "batch", 1: "length"} for n in names},
-                "logits": {0: "batch", 1: "length"} if task == TOKEN_CLASSIFICATION else {0: "batch"},
+                "logits": {0: "batch", 1: "length"} if task.per_token else {0: "batch"},
             },
             opset_version=17,
             dynamo=False,

@@ -112,7 +112,8 @@ def test_fixed_shape_sampler_gives_full_batches_within_one_bucket():
 def test_fixed_shape_collator_pads_to_the_bucket_and_fills_short_batches():
     import torch
 
-    from byoc.training.buckets import IGNORE_LABEL, FixedShapeCollator
+    from byoc.tasks import IGNORE_LABEL
+    from byoc.training.buckets import FixedShapeCollator
 
     collate = FixedShapeCollator(pad_token_id=0, buckets=[8, 16, 32], batch_rows=4)
     rows = [
@@ -144,7 +145,8 @@ def test_fixed_shape_collator_pads_to_the_bucket_and_fills_short_batches():
 
 def test_float_labels_fill_up_with_the_ignore_label():
     """Multi-label vectors and regression targets stay floats; filler rows are IGNORE_LABEL (-100)."""
-    from byoc.training.buckets import IGNORE_LABEL, FixedShapeCollator
+    from byoc.tasks import IGNORE_LABEL
+    from byoc.training.buckets import FixedShapeCollator
 
     collate = FixedShapeCollator(0, [8], batch_rows=3)
     rows = [{"input_ids": [1, 2], "attention_mask": [1, 1], "labels": [1.0, 0.0]}]
@@ -155,7 +157,8 @@ def test_float_labels_fill_up_with_the_ignore_label():
 
 
 def test_token_labels_pad_to_the_bucket_with_the_ignore_label():
-    from byoc.training.buckets import IGNORE_LABEL, FixedShapeCollator
+    from byoc.tasks import IGNORE_LABEL
+    from byoc.training.buckets import FixedShapeCollator
 
     collate = FixedShapeCollator(0, [4, 8], batch_rows=2)
     batch = collate([{"input_ids": [1, 2, 3], "attention_mask": [1, 1, 1], "labels": [IGNORE_LABEL, 3, IGNORE_LABEL]}])
@@ -168,7 +171,9 @@ def test_multi_label_ids_become_0_1_rows_batch_by_batch():
     rows become 0/1 vectors here, filler rows of a fixed-shape batch IGNORE_LABEL, under either collator."""
     from transformers import AutoTokenizer, DataCollatorWithPadding
 
-    from byoc.training.buckets import IGNORE_LABEL, FixedShapeCollator, MultiHot
+    from byoc.tasks import IGNORE_LABEL
+    from byoc.tasks.multi_label import MultiHot
+    from byoc.training.buckets import FixedShapeCollator
 
     rows = [
         {"input_ids": [1, 2, 3], "attention_mask": [1, 1, 1], "labels": [0, 4]},

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from byoc.model_folder import MULTI_LABEL, REGRESSION, TOKEN_CLASSIFICATION
+from byoc.tasks import MULTI_LABEL, REGRESSION, TOKEN_CLASSIFICATION
 from byoc.training import entry
 from helpers import conll_sentences, emotion_rows, score_rows, write_jsonl, write_pairs
 
@@ -100,7 +100,7 @@ def test_multi_label_from_label_lists(job, tiny_model_dir, monkeypatch):
 def test_multi_label_thresholds_are_chosen_on_the_validation_data(job, tiny_model_dir):
     """No threshold given and a validation channel: the job chooses the thresholds there, saves them in
     config.json for serving, scores eval and test at them too, and predicts the test rows with them."""
-    from byoc.training.thresholds import GRID
+    from byoc.tasks.thresholds import GRID
 
     job.hyperparameters({**QUICK, "do_predict": "true"})
     job.model_channel(tiny_model_dir)

@@ -319,12 +319,12 @@ def test_a_label_id_of_a_trillion_is_refused_before_any_work(job, tiny_model_dir
 def test_a_failed_final_evaluation_still_saves_the_trained_model(job, tiny_model_dir, monkeypatch):
     """Issue 21: a failure after training (here memory, while computing the metrics) cost the model;
     now the model is published and then the job fails, saying so and why, without blaming the batch size."""
-    import byoc.training.metrics
+    import byoc.tasks.single_label
 
     def exhausted(*args, **kwargs):
         raise MemoryError()
 
-    monkeypatch.setattr(byoc.training.metrics, "classification_metrics", exhausted)
+    monkeypatch.setattr(byoc.tasks.single_label, "classification_metrics", exhausted)
     job.hyperparameters(QUICK)
     job.model_channel(tiny_model_dir)
     write_csv(job.channel("train") / "t.csv", sentiment_rows(32))

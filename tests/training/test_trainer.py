@@ -143,6 +143,7 @@ def test_the_masked_loss_is_transformers_loss_and_skips_filler_rows(task, tiny_m
     """Where no row is filler, byoc's loss is the model's own; filler rows (IGNORE_LABEL) change nothing."""
     from transformers import AutoModelForSequenceClassification
 
+    from byoc import tasks
     from byoc.training.trainer import masked_loss
 
     labels_count = 3 if task == "multi_label_classification" else 1
@@ -154,8 +155,8 @@ def test_the_masked_loss_is_transformers_loss_and_skips_filler_rows(task, tiny_m
     labels = torch.randint(0, 2, (4, 3)).float() if labels_count == 3 else torch.rand(4) * 5
     with torch.no_grad():
         out = model(input_ids=ids, labels=labels)
-        assert float(masked_loss(out.logits, labels, task)) == pytest.approx(float(out.loss), rel=1e-5)
+        assert float(masked_loss(out.logits, labels, tasks.get(task))) == pytest.approx(float(out.loss), rel=1e-5)
         filler = torch.full_like(labels[:2], -100.0)
         padded_logits = torch.cat([out.logits, torch.full_like(out.logits[:2], 7.0)])
-        padded = masked_loss(padded_logits, torch.cat([labels, filler]), task)
+        padded = masked_loss(padded_logits, torch.cat([labels, filler]), tasks.get(task))
         assert float(padded) == pytest.approx(float(out.loss), rel=1e-5)

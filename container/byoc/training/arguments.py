@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from byoc import tasks
 from byoc.errors import UserError
-from byoc.model_folder import TASKS, TOKEN_CLASSIFICATION, task_name
 from byoc.sdk_values import Bound, base_type, coerce, describe
 
 logger = logging.getLogger(__name__)
@@ -259,7 +259,7 @@ class TrainArguments:
 
     def for_task(self, task: str, train_rows: int) -> TrainArguments:
         """With the task's and the data's defaults where the user gave none (measured: docs/training.md)."""
-        small = task == TOKEN_CLASSIFICATION or train_rows < SMALL_DATA
+        small = tasks.get(task).small_batches or train_rows < SMALL_DATA
         size = self.per_device_train_batch_size or (SMALL_BATCH_SIZE if small else DEFAULT_BATCH_SIZE)
         return dataclasses.replace(self, per_device_train_batch_size=size)
 
@@ -275,9 +275,9 @@ def _validate(args: TrainArguments) -> None:
             "hyperparameter do_train=false: `byoc train` always trains; remove it or set it to true"
         )
     bucket_sizes(args)  # a bad list fails here, before any work
-    task = "auto" if args.task.strip().lower() == "auto" else task_name(args.task)
+    task = tasks.AUTO if args.task.strip().lower() == tasks.AUTO else tasks.name_of(args.task)
     if task is None:
-        raise HyperparameterError(f"hyperparameter task must be auto or one of {', '.join(TASKS)}, got {args.task!r}")
+        raise HyperparameterError(f"hyperparameter task must be auto or one of {', '.join(tasks.NAMES)}: {args.task!r}")
     args.task = task
     _check_precision(args)
     if args.serving_int8 and not args.serving_graph:

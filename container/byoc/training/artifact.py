@@ -11,14 +11,11 @@ from typing import cast
 
 import datasets
 import numpy as np
-import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
 from transformers.trainer_utils import PredictionOutput
 
-from byoc import model_folder, onnx_graph
-from byoc.model_folder import DEFAULT_THRESHOLD, MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION
-from byoc.training.buckets import IGNORE_LABEL
-from byoc.training.metrics import tag_sequences
+from byoc import model_folder, onnx_graph, tasks
+from byoc.model_folder import DEFAULT_THRESHOLD
 from byoc.training.model import ModelError
 from byoc.training.samplers import length_order
 from byoc.training.settings import CODE_DIR_ENV
@@ -98,53 +95,18 @@ def write_predictions(
     test_ds: datasets.Dataset,
     label_names: list[str],
     output_data_dir: Path,
-    task: str = SINGLE_LABEL,
+    task: str = tasks.SINGLE_LABEL,
     threshold: float | list[float] = DEFAULT_THRESHOLD,
 ) -> None:
-    """output/data/test_predictions.jsonl: each test row's label(s) and prediction, in the data's order:
-    the best label and its score; the labels at or above `threshold` (one, or one per label) with every
-    label's score (multi-label); or the predicted value (regression)."""
+    """output/data/test_predictions.jsonl: each test row's label(s) and prediction, in the data's order
+    (byoc.tasks: `Task.predictions`): the best label and its score; the labels at or above `threshold`
+    (one, or one per label) with every label's score (multi-label); the predicted value (regression);
+    a sentence's tags (token classification)."""
     logits = output.predictions[0] if isinstance(output.predictions, tuple) else output.predictions
-    labels = np.asarray(output.label_ids)
-    if task == TOKEN_CLASSIFICATION:
-        _write_tags(logits, labels, test_ds, label_names, output_data_dir / "test_predictions.jsonl")
-        return
-    keep = labels.reshape(len(labels), -1)[:, 0] != IGNORE_LABEL  # filler rows of a fixed-shape last batch
-    kept = torch.from_numpy(np.asarray(logits, dtype=np.float32)[keep])
-    if task == REGRESSION:
-        scores = kept.numpy()
-    else:
-        scores = (torch.sigmoid(kept) if task == MULTI_LABEL else torch.softmax(kept, dim=-1)).numpy()
-    order = length_order(test_ds)
-    rows = sorted(zip(order, range(len(order))), key=lambda pair: pair[0])  # back to the data's order
+    lines = tasks.get(task).predictions(logits, np.asarray(output.label_ids), label_names, np.asarray(threshold))
     output_data_dir.mkdir(parents=True, exist_ok=True)
     path = output_data_dir / "test_predictions.jsonl"
     with path.open("w", encoding="utf-8") as f:
-        for index, at in rows:
-            answer = _prediction(scores[at], labels[keep][at], label_names, task, np.asarray(threshold))
-            f.write(json.dumps({"index": index, **answer}) + "\n")
+        for index, at in sorted((index, at) for at, index in enumerate(length_order(test_ds))):
+            f.write(json.dumps({"index": index, **lines[at]}) + "\n")
     logger.info("test predictions written to %s", path)
-
-
-def _write_tags(logits: np.ndarray, labels: np.ndarray, ds: datasets.Dataset, names: list[str], path: Path) -> None:
-    """Each test sentence's tags and predicted tags, one per word (as far as max_length reached)."""
-    true, predicted = tag_sequences(np.asarray(logits), labels, names)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for index, at in sorted((index, at) for at, index in enumerate(length_order(ds))):
-            f.write(json.dumps({"index": index, "tags": true[at], "predicted": predicted[at]}) + "\n")
-    logger.info("test predictions written to %s", path)
-
-
-def _prediction(row: np.ndarray, label: np.ndarray, names: list[str], task: str, threshold: np.ndarray) -> dict:
-    if task == REGRESSION:
-        return {"label": round(float(label.reshape(-1)[0]), 6), "predicted": round(float(row.reshape(-1)[0]), 6)}
-    if task == MULTI_LABEL:
-        cuts = np.broadcast_to(threshold, row.shape)  # one threshold, or each label's own
-        return {
-            "labels": [names[j] for j in np.flatnonzero(label >= 0.5)],
-            "predicted": [names[j] for j in np.argsort(-row, kind="stable") if row[j] >= cuts[j]],
-            "scores": {name: round(float(v), 6) for name, v in zip(names, row)},
-        }
-    best = int(row.argmax())
-    return {"label": names[int(label)], "predicted": names[best], "score": round(float(row[best]), 6)}

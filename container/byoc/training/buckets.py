@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from byoc.tasks import IGNORE_LABEL
+
 MULTIPLE = 8  # compilers and matrix units like sizes in multiples of 8
 
 
@@ -103,9 +105,6 @@ def bucket_batches(
     return batches
 
 
-IGNORE_LABEL = -100  # what the classification loss ignores; marks filler rows
-
-
 class FixedShapeCollator:
     """Tokenized rows -> tensors of shape (batch_rows, bucket): few shapes, so few compiled graphs.
 
@@ -155,22 +154,3 @@ def _labels(features: list[dict[str, Any]], rows: int, width: int) -> torch.Tens
     filled = torch.full((rows, *values.shape[1:]), float(IGNORE_LABEL), dtype=torch.float32)
     filled[: len(features)] = values
     return filled
-
-
-class MultiHot:
-    """A multi-label collator: each row's label ids (how the data holds them, byoc.training.data.tasks) become
-    the batch's 0/1 rows here, batch by batch, after `collate` built the rest; filler rows (a fixed-shape
-    batch's) at IGNORE_LABEL, which the masked loss skips."""
-
-    def __init__(self, collate: Any, num_labels: int) -> None:
-        self.collate, self.num_labels = collate, num_labels
-
-    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-        ids = [feature["labels"] for feature in features]
-        batch = self.collate([{k: v for k, v in feature.items() if k != "labels"} for feature in features])
-        labels = torch.full((len(batch["input_ids"]), self.num_labels), float(IGNORE_LABEL), dtype=torch.float32)
-        labels[: len(ids)] = 0.0
-        for row, columns in enumerate(ids):
-            labels[row, torch.as_tensor(columns, dtype=torch.long)] = 1.0
-        batch["labels"] = labels
-        return batch

@@ -25,7 +25,7 @@ import torch
 import transformers
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from byoc import __version__
+from byoc import __version__, tasks
 from byoc.contract import TrainingContract
 from byoc.launch import distributed
 from byoc.training import precision, xla
@@ -36,7 +36,7 @@ from byoc.training.checkpoints import StopOnSignal, check_job, common_resume_poi
 from byoc.training.compiled_steps import persistent_cache, wants_buckets
 from byoc.training.data import DataSpec, TaskData, load_task_data
 from byoc.training.evaluation import Failures, decision_thresholds, final_evaluation
-from byoc.training.metrics import METRIC_NOTES, metrics_line, write_report
+from byoc.training.metrics import metrics_line, write_report
 from byoc.training.model import ModelError, ModelSource, load_tokenizer, model_max_length, resolve_model
 from byoc.training.model import load_model as _load_model  # job.load_model is the step
 from byoc.training.precision import Precision
@@ -308,7 +308,7 @@ def _job_summary(job: Job, trainer: TaskTrainer) -> dict[str, Any]:
         }
     return {
         "task": job.data.task,
-        **({"metric_notes": METRIC_NOTES[job.data.task]} if job.data.task in METRIC_NOTES else {}),
+        **({"metric_notes": dict(notes)} if (notes := tasks.get(job.data.task).metric_notes) else {}),
         "num_labels": len(job.label_names),
         "labels": job.label_names,
         "train_samples": len(job.tokenized["train"]),

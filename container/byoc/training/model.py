@@ -12,19 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+import transformers
+from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from byoc import compat, model_folder
+from byoc import compat, model_folder, tasks
 from byoc.contract import TrainingContract
 from byoc.errors import UserError, brief
-from byoc.model_folder import MULTI_LABEL, REGRESSION, SINGLE_LABEL, THRESHOLD_KEY, TOKEN_CLASSIFICATION, WORD_TAGS_KEY
 from byoc.safe_files import UnsafeArchive, extract_archive
 from byoc.training.arguments import TrainArguments
 
@@ -135,11 +128,15 @@ def load_tokenizer(source: ModelSource, args: TrainArguments) -> PreTrainedToken
 
 
 def load_model(
-    source: ModelSource, args: TrainArguments, label_names: list[str], use_xla: bool = False, task: str = SINGLE_LABEL
+    source: ModelSource,
+    args: TrainArguments,
+    label_names: list[str],
+    use_xla: bool = False,
+    task: str = tasks.SINGLE_LABEL,
 ) -> PreTrainedModel:
-    """A sequence classifier with our label maps and task (`problem_type`, which picks transformers'
-    loss: a regression model has one output, named after its label column; a multi-label model keeps
-    its decision threshold in config.json); optional dropout override and frozen embeddings.
+    """The task's model (byoc.tasks: its transformers class and `problem_type`, which picks transformers'
+    loss, and what it saves in config.json for serving) with our label maps (a regression model's one
+    output is named after its label column); optional dropout override and frozen embeddings.
 
     On XLA, attention defaults to eager: the SDPA path inspects the mask's values to skip it, which
     cuts every step's graph in two (one more compilation per bucket)."""
@@ -159,9 +156,9 @@ def load_model(
         ):
             if getattr(config, key, None) is not None:
                 overrides[key] = args.dropout
-    # transformers' problem_type names sequence tasks only; a token classifier is its own class.
-    kwargs: dict[str, Any] = {} if task == TOKEN_CLASSIFICATION else {"problem_type": task}
-    auto = AutoModelForTokenClassification if task == TOKEN_CLASSIFICATION else AutoModelForSequenceClassification
+    kind = tasks.get(task)
+    kwargs = kind.model_kwargs()
+    auto = getattr(transformers, kind.auto_class)
     if args.attn_implementation or use_xla:
         kwargs["attn_implementation"] = args.attn_implementation or "eager"
     try:
@@ -179,13 +176,7 @@ def load_model(
         )
     except Exception as err:
         raise ModelError(f"cannot load the model from {source.path} ({source.origin}): {brief(err)}") from None
-    if task == MULTI_LABEL:  # saved in config.json with the model: serving's (unset: 0.5 until chosen on eval data)
-        setattr(
-            model.config, THRESHOLD_KEY, model_folder.DEFAULT_THRESHOLD if args.threshold is None else args.threshold
-        )
-        vars(model.config).pop(model_folder.THRESHOLDS_KEY, None)  # a byoc model trained again: not its old labels'
-    if task == TOKEN_CLASSIFICATION:  # which sub-tokens learn a word's tag: serving groups words the same way
-        setattr(model.config, WORD_TAGS_KEY, "all" if args.label_all_tokens else "first")
+    kind.configure(model.config, args)  # what serving needs of the job's settings, in config.json
     freeze_bottom(model, args.freeze_embeddings, args.freeze_layers)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
@@ -195,7 +186,7 @@ def load_model(
         source.origin,
         total / 1e6,
         trainable / 1e6,
-        "one output (regression)" if task == REGRESSION else f"{len(label_names)} labels ({task})",
+        kind.head(len(label_names)),
     )
     return model
 

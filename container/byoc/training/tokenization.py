@@ -12,9 +12,9 @@ import datasets
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from byoc.model_folder import TOKEN_CLASSIFICATION
+from byoc import tasks
+from byoc.tasks import IGNORE_LABEL
 from byoc.training.arguments import TrainArguments
-from byoc.training.buckets import IGNORE_LABEL
 from byoc.training.data import DataError, TaskData
 from byoc.training.model import ModelError
 
@@ -32,7 +32,8 @@ def tokenize_splits(
     }
     if data.pretokenized:
         return {name: with_length(ds) for name, ds in splits.items()}
-    if data.task == TOKEN_CLASSIFICATION and not tokenizer.is_fast:
+    per_token = tasks.get(data.task).per_token
+    if per_token and not tokenizer.is_fast:
         raise ModelError(
             "token classification needs a fast tokenizer (tokenizer.json) to put each word's tag on its sub-tokens; "
             f"{type(tokenizer).__name__} is not one: use a model folder with a tokenizer.json"
@@ -48,7 +49,7 @@ def tokenize_splits(
         cache_file = cache_dir / "tokenized" / f"{name}-{key}.arrow"
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         pair = "text_pair" in ds.column_names
-        if data.task == TOKEN_CLASSIFICATION:
+        if per_token:
             # Training covers a long sentence in windows (no word goes unlearned); evaluation cuts it, as the
             # predictions are one row per sentence, and says how much was cut.
             encode = tag_encoder(
@@ -64,13 +65,13 @@ def tokenize_splits(
             cache_file_name=str(cache_file),
             desc=f"tokenizing {name}",
         )
-        if data.task == TOKEN_CLASSIFICATION:
+        if per_token:
             out[name] = _report_words(out[name], name, len(ds), max_length)
     lengths = np.asarray(out["train"]["length"])
     logger.info(
         "tokenized: train %d %s, %.1f tokens on average (max %d, truncated at %d)",
         len(lengths),
-        "sentences" if data.task == TOKEN_CLASSIFICATION else "texts",
+        "sentences" if per_token else "texts",
         lengths.mean(),
         lengths.max(),
         max_length,

@@ -11,8 +11,6 @@ from typing import Any
 
 import torch
 from transformers import (
-    DataCollatorForTokenClassification,
-    DataCollatorWithPadding,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Trainer,
@@ -24,13 +22,13 @@ from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import PrinterCallback
 from transformers.trainer_callback import ProgressCallback as TqdmCallback
 
-from byoc import compat
+from byoc import compat, tasks
 from byoc.contract import TrainingContract
 from byoc.launch import distributed
-from byoc.model_folder import MULTI_LABEL, SINGLE_LABEL, TOKEN_CLASSIFICATION
+from byoc.tasks import IGNORE_LABEL
 from byoc.training import precision, tracking, xla
 from byoc.training.arguments import HyperparameterError, TrainArguments
-from byoc.training.buckets import IGNORE_LABEL, FixedShapeCollator, MultiHot
+from byoc.training.buckets import FixedShapeCollator
 from byoc.training.checkpoints import EvaluationStopped, mark_complete, rotate
 from byoc.training.compiled_steps import CompileReport, compile_arguments, static_graphs_per_bucket
 from byoc.training.divergence import DivergenceGuard
@@ -59,16 +57,16 @@ class TaskTrainer(Trainer):
         shard_consumers: list[int] | None = None,
         precompile: bool = False,
         compiled: bool = False,
-        task: str = SINGLE_LABEL,
+        task: str = tasks.SINGLE_LABEL,
         **kwargs: Any,
     ) -> None:
         """`Trainer`'s own arguments, and byoc's: `buckets`, the fixed-shape length buckets (XLA, or
         torch_compile); `use_xla`; `shard_consumers`, the ranks that read each host's shard when
         each host trains on its own; `precompile` (neuron_precompile: one batch per shape, then stop);
         `compiled`: the steps run under torch.compile (their graphs are counted, as XLA's are);
-        `task`: byoc.model_folder's task (multi-label and regression compute their loss here)."""
+        `task`: the name of the byoc.tasks task (those that mask filler rows compute their loss here)."""
         super().__init__(*args, **kwargs)
-        self.task = task
+        self.task = tasks.get(task)
         self.buckets, self.use_xla = buckets, use_xla
         self.shard_consumers, self.precompile = shard_consumers, precompile
         self.bucket_sampler: LengthBucketSampler | None = None
@@ -128,7 +126,7 @@ class TaskTrainer(Trainer):
         """Multi-label and regression: the model's own loss (binary cross-entropy, mean squared error)
         over the rows that are not filler rows of a fixed-shape batch (labelled IGNORE_LABEL), which
         their losses, unlike cross-entropy, cannot skip. A mask, not a selection: shapes stay fixed."""
-        if self.task in (SINGLE_LABEL, TOKEN_CLASSIFICATION) or "labels" not in inputs:  # cross-entropy skips -100
+        if not self.task.masks_rows or "labels" not in inputs:  # cross-entropy skips -100 itself
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         labels = inputs["labels"]
         outputs = model(**{k: v for k, v in inputs.items() if k != "labels"})
@@ -166,17 +164,12 @@ class TaskTrainer(Trainer):
             rotate(run_dir, limit)
 
 
-def masked_loss(logits: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
-    """transformers' loss for the task (BCE-with-logits for multi-label, MSE for regression), as a
-    mean over the rows whose label is not IGNORE_LABEL; the same number where no row is filler."""
+def masked_loss(logits: torch.Tensor, labels: torch.Tensor, task: tasks.Task) -> torch.Tensor:
+    """transformers' loss for the task (its `row_loss`: BCE-with-logits for multi-label, MSE for regression),
+    as a mean over the rows whose label is not IGNORE_LABEL; the same number where no row is filler."""
     rows = labels.shape[0]
     keep = (labels.reshape(rows, -1)[:, 0] != IGNORE_LABEL).to(torch.float32)
-    if task == MULTI_LABEL:
-        per_row = torch.nn.functional.binary_cross_entropy_with_logits(
-            logits.float(), labels.float().clamp(min=0), reduction="none"
-        ).mean(dim=1)
-    else:
-        per_row = (logits.float().reshape(rows) - labels.float().reshape(rows)) ** 2
+    per_row = task.row_loss(logits, labels)
     return (per_row * keep).sum() / keep.sum().clamp(min=1.0)
 
 
@@ -260,15 +253,16 @@ def build_trainer(
     use_xla: bool = False,
     chosen: Precision | None = None,
     shard_consumers: list[int] | None = None,
-    task: str = SINGLE_LABEL,
+    task: str = tasks.SINGLE_LABEL,
     run: tracking.Run | None = None,
 ) -> TaskTrainer:
     """The Trainer for this job; `buckets` (XLA, or torch_compile) switches to fixed-shape batches;
     `chosen`: the job's precision (default: chosen here, from `args` and this machine);
     `shard_consumers`: the ranks reading each host's shard, when each host trains on its own;
-    `task`: what the labels are (byoc.model_folder's tasks), which picks the loss and the metrics;
+    `task`: what the labels are (a byoc.tasks name), which picks the loss, the collator and the metrics;
     `run`: the job's MLflow run, which then gets every log the Trainer reports."""
-    if task != SINGLE_LABEL and args.label_smoothing:
+    kind = tasks.get(task)
+    if not kind.smooths_labels and args.label_smoothing:
         raise HyperparameterError(
             f"hyperparameter label_smoothing smooths one class per text; task {task} has no classes to smooth: "
             "remove label_smoothing"
@@ -331,16 +325,14 @@ def build_trainer(
     )
 
     compute_metrics = TaskMetrics(task, label_names, args.threshold, choosing="eval" in tokenized)
-    collator: FixedShapeCollator | DataCollatorWithPadding | DataCollatorForTokenClassification | MultiHot
+    collator: Any
     if buckets is not None:
         collator = FixedShapeCollator(tokenizer.pad_token_id or 0, buckets, args.per_device_eval_batch_size)
     else:
         # On a GPU, lengths padded to a multiple of 8: tensor-core-aligned matrices in bf16/fp16/TF32,
         # and fewer distinct shapes for the kernel and allocator caches. (On CPU, padding is pure cost.)
-        padder = DataCollatorForTokenClassification if task == TOKEN_CLASSIFICATION else DataCollatorWithPadding
-        collator = padder(tokenizer, pad_to_multiple_of=8 if cuda else None)  # token labels padded with -100
-    if task == MULTI_LABEL:
-        collator = MultiHot(collator, len(label_names))
+        collator = kind.collator(tokenizer, pad_to_multiple_of=8 if cuda else None)
+    collator = kind.with_labels(collator, len(label_names))
     trainer = TaskTrainer(
         model=model,
         args=training_args,

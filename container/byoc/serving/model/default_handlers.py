@@ -31,9 +31,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, cast
 
-import numpy as np
-
-from byoc.model_folder import DEFAULT_THRESHOLD, MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION
+from byoc import tasks
 from byoc.serving import resources
 from byoc.serving.model import backend_choice, bodies, entities, negotiation, passes, runtimes, task_parameters
 from byoc.serving.model.bodies import CONTENT_TYPES, JSON_LINES
@@ -176,14 +174,16 @@ def _encodable(text: str) -> bool:
 
 
 def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
-    """Classify; returns, per input, the best {"label", "score"} or the top_k of them; for a multi-label
-    model the labels at or above the threshold; for a regression model {"score": value}."""
+    """Each input's answer, in the shape of the model's task (byoc.tasks: `Task.answer`): the best
+    {"label", "score"} or the top_k of them; a multi-label model's labels at or above the threshold; a
+    regression model's {"score": value}; a token classifier's entities."""
     inputs, parameters = data["inputs"], data.get("parameters", {})
-    top_k, threshold = parameters.get("top_k"), parameters.get("threshold")
-    task = model.get("task", SINGLE_LABEL)
+    task = tasks.TASKS.get(model.get("task", tasks.SINGLE_LABEL))  # (the name config.json gave: runtimes)
     task_parameters.check_values(parameters)
     task_parameters.check_task(task, parameters)  # a 400 for one the task does not use, never ignored
-    if task == TOKEN_CLASSIFICATION:
+    if task is None:
+        raise ValueError(f"the model dict names no task byoc knows: {model.get('task')!r} (byoc.tasks.NAMES)")
+    if task.per_token:  # words in, entities out
         return entities.predict(inputs, parameters, model)
     try:
         encoded = model["encode"](inputs)
@@ -195,50 +195,12 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     # On a GPU (model["passes"]) the passes are larger and padded to a few length buckets.
     plan = model.get("passes", passes.CPU)
     order = sorted(range(len(inputs)), key=lambda i: len(encoded[i]["input_ids"]))
-    scores: list[Any] = [None] * len(inputs)  # each input's probabilities, filled chunk by chunk
-    scale = _SCALES[task]
+    scores: list[Any] = [None] * len(inputs)  # each input's scores, filled chunk by chunk
     for chunk in passes.batches(order, encoded, plan):
-        probs = scale(model["logits"](passes.pad(chunk, encoded, model["pad_id"], plan)))
+        probs = task.scores(model["logits"](passes.pad(chunk, encoded, model["pad_id"], plan)))
         for n, i in enumerate(chunk):
             scores[i] = probs[n]
-    id2label = model["id2label"]
-    if task == REGRESSION:
-        name = id2label.get(0)
-        named = {"label": name} if name and name != "LABEL_0" else {}
-        return [{**named, "score": float(row.reshape(-1)[0])} for row in scores]
-    results: list[Any] = []
-    cuts = _label_cuts(model, threshold)  # (multi-label)
-    for row in scores:
-        best = np.argsort(-row, kind="stable")
-        if task == MULTI_LABEL:
-            if threshold is not None or not top_k:  # top_k alone: the k best, whatever their scores
-                best = best[row[best] >= np.broadcast_to(cuts, row.shape)[best]]
-            entries = [{"label": id2label[int(j)], "score": float(row[j])} for j in best[:top_k]]
-            results.append(entries)
-            continue
-        entries = [{"label": id2label[int(j)], "score": float(row[j])} for j in best[: top_k or 1]]
-        results.append(entries if top_k else entries[0])
-    return results
-
-
-def _label_cuts(model: dict[str, Any], threshold: float | None) -> float | np.ndarray:
-    """The score each label needs: the request's threshold; else the label's own, where training chose one
-    (`thresholds`, NaN for the others: byoc.model_folder.thresholds_of); else the model's `threshold`."""
-    overall = model.get("threshold", DEFAULT_THRESHOLD) if threshold is None else threshold
-    own = model.get("thresholds") if threshold is None else None
-    return overall if own is None else np.where(np.isnan(np.asarray(own, dtype=np.float64)), overall, own)
-
-
-def _sigmoid(logits: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
-
-
-# Scores from logits, by task: a distribution over the labels, each label's own probability, the value.
-_SCALES = {
-    SINGLE_LABEL: passes.softmax,
-    MULTI_LABEL: _sigmoid,
-    REGRESSION: lambda logits: np.asarray(logits, dtype=np.float64),
-}
+    return task.answer(scores, model["id2label"], parameters, model)
 
 
 # The server may merge concurrent requests into one call: this predict_fn takes

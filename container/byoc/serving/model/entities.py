@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from byoc.model_folder import TOKEN_CLASSIFICATION
+from byoc import tasks
 from byoc.serving.model import passes, task_parameters
 from byoc.serving.model.request_errors import InputError
+from byoc.tasks.base import softmax
 
 STRATEGIES = ("none", "simple", "first", "average", "max")
 DEFAULT_STRATEGY = "simple"  # a model that does not say how it was trained: the pipeline's default
@@ -64,7 +65,7 @@ def checked(inputs: list[Any], parameters: dict[str, Any], default: str = DEFAUL
     """The request's aggregation strategy (the model's `default` where it names none), once its texts are
     known to be texts and its parameters a token classifier's (every path to the entities passes here:
     one call, or a long text's steps)."""
-    task_parameters.check_task(TOKEN_CLASSIFICATION, parameters)
+    task_parameters.check_task(tasks.get(tasks.TOKEN_CLASSIFICATION), parameters)
     asked = parameters.get("aggregation_strategy") or None  # null (or "") counts as not sent
     check_strategy(asked)
     strategy = asked or default
@@ -93,7 +94,7 @@ def scores_of(feeds: list[dict], model: dict[str, Any]) -> list[np.ndarray]:
     for chunk in passes.batches(order, feeds, plan):
         logits = model["logits"](passes.pad(chunk, feeds, model["pad_id"], plan))
         for n, i in enumerate(chunk):
-            scores[i] = passes.softmax(logits[n, : len(feeds[i]["input_ids"])])
+            scores[i] = softmax(logits[n, : len(feeds[i]["input_ids"])])
     return scores
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from byoc.model_folder import TOKEN_CLASSIFICATION
+from byoc import tasks
 from byoc.serving.model import entities
 
 # Requests with more characters than this run in steps (a few windows of a 512-token model at most):
@@ -27,7 +27,7 @@ STEP_TOKENS = 1024  # the windows of one step: a fraction of a second of MiniLM,
 
 def token_classifier(model: Any) -> bool:
     """Whether the model (as the default model_fn loads it) is a token classifier: one whole text an input."""
-    return isinstance(model, dict) and model.get("task") == TOKEN_CLASSIFICATION
+    return isinstance(model, dict) and getattr(tasks.TASKS.get(model.get("task", "")), "per_token", False)
 
 
 def whole_text_chars(model: Any, data: Any) -> int:

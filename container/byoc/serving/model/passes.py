@@ -87,8 +87,3 @@ def pad(
     if height > len(rows) and "attention_mask" in batch:
         batch["attention_mask"][len(rows) :, 0] = 1  # a filler row attends to its one token: never all masked
     return batch
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return shifted / shifted.sum(axis=-1, keepdims=True)

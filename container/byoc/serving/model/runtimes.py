@@ -23,8 +23,7 @@ from typing import Any, cast
 import numpy as np
 from tokenizers import Tokenizer
 
-from byoc import compat, model_folder
-from byoc.model_folder import TOKEN_CLASSIFICATION
+from byoc import compat, model_folder, tasks
 from byoc.onnx_graph import GRAPH
 from byoc.serving.model import cuda_provider, entities, passes
 from byoc.serving.model.backend_choice import ALLOW_UNTRAINED_HEAD_ENV, HALF, BackendError, Host, Plan, torch_dtype_name
@@ -100,16 +99,16 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int) -> dict[str, Any]:
             for e in tokenizer.encode_batch(clip(inputs, limit, side))
         ]
 
-    task = model_folder.task_of(config)
+    task = tasks.of_config(config)
     return {
         "backend": "onnxruntime",
         "model": session,
-        "windows": entities.window_encoder(tokenizer, limit, session.inputs) if task == TOKEN_CLASSIFICATION else None,
+        "windows": entities.window_encoder(tokenizer, limit, session.inputs) if task.per_token else None,
         "tokenizer": tokenizer,
         "encode": encode,
         "logits": session.logits,
         "id2label": labels_of(config),
-        "task": task,
+        "task": task.name,
         "threshold": model_folder.threshold_of(config),
         "thresholds": model_folder.thresholds_of(config),
         "aggregation": entities.default_strategy(model_folder.word_tags_of(config)),
@@ -141,14 +140,14 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False, untrained_he
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    task = model_folder.task_of(config)
-    auto = getattr(transformers, model_folder.model_class(task))
+    task = tasks.of_config(config)
+    auto = getattr(transformers, task.auto_class)
     model, loading = auto.from_pretrained(
         model_dir, use_safetensors=True, trust_remote_code=False, output_loading_info=True, **compat.fp32_weights()
     )
     if loading["missing_keys"] and not untrained_head:
         raise BackendError(untrained_head_message(model_dir, sorted(loading["missing_keys"])))
-    if task == TOKEN_CLASSIFICATION and not getattr(tokenizer, "is_fast", False):
+    if task.per_token and not getattr(tokenizer, "is_fast", False):
         raise BackendError(f"a token classifier needs a fast tokenizer (tokenizer.json) to find words: {model_dir}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = plan.precision
@@ -160,7 +159,7 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False, untrained_he
     model.to(device=device, dtype=dtype).eval()
     limit = model_folder.max_length(tokenizer.model_max_length, getattr(model.config, "max_position_embeddings", None))
     windows = None
-    if task == TOKEN_CLASSIFICATION:
+    if task.per_token:
         names = [n for n in tokenizer.model_input_names if n in ("input_ids", "attention_mask", "token_type_ids")]
         windows = entities.window_encoder(tokenizer.backend_tokenizer, limit, names)
     shapes = passes.gpu(limit) if device.type == "cuda" else passes.CPU
@@ -193,7 +192,7 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False, untrained_he
         "logits": logits,
         "windows": windows,
         "id2label": dict(model.config.id2label),
-        "task": task,
+        "task": task.name,
         "threshold": model_folder.threshold_of(config),
         "thresholds": model_folder.thresholds_of(config),
         "aggregation": entities.default_strategy(model_folder.word_tags_of(config)),

@@ -10,17 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from byoc.model_folder import MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION
+from byoc import tasks
 from byoc.serving.model.request_errors import InputError
 
-KNOWN = ("top_k", "threshold", "aggregation_strategy")
-# Each task: how the answer names it, and the parameters it takes.
-TASKS: dict[str, tuple[str, tuple[str, ...]]] = {
-    SINGLE_LABEL: ("a single-label classifier", ("top_k",)),
-    MULTI_LABEL: ("a multi-label classifier", ("threshold", "top_k")),
-    REGRESSION: ("a regression model", ()),
-    TOKEN_CLASSIFICATION: ("a token classifier", ("aggregation_strategy",)),
-}
+KNOWN = ("top_k", "threshold", "aggregation_strategy")  # each task's own: byoc.tasks' `parameters`
 
 
 def check_values(parameters: dict[str, Any]) -> None:
@@ -34,12 +27,13 @@ def check_values(parameters: dict[str, Any]) -> None:
         raise InputError('"threshold" must be a number from 0 to 1 (a multi-label score at or above it is a label)')
 
 
-def check_task(task: str, parameters: dict[str, Any]) -> None:
-    """A 400 for a parameter of byoc's that `task` does not take (null counts as not sent)."""
-    if task not in TASKS:  # a model of the user's own making: its parameters are its code's business
+def check_task(task: tasks.Task | None, parameters: dict[str, Any]) -> None:
+    """A 400 for a parameter of byoc's that `task` does not take (null counts as not sent). No task: a
+    model of the user's own making, whose parameters are its code's business."""
+    if task is None:
         return
-    what, takes = TASKS[task]
     for name in KNOWN:
-        if parameters.get(name) is not None and name not in takes:
+        if parameters.get(name) is not None and name not in task.parameters:
+            takes = task.parameters
             accepted = f"its parameters are {', '.join(takes)}" if takes else "it takes no parameters"
-            raise InputError(f'"{name}" does not apply to {what}: {accepted}')
+            raise InputError(f'"{name}" does not apply to {task.described}: {accepted}')

@@ -38,7 +38,8 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from byoc.model_folder import SINGLE_LABEL, TOKEN_CLASSIFICATION, task_name
+from byoc import tasks
+from byoc.training.data import task_choice
 from byoc.training.data.columns import build_text
 from byoc.training.data.labels import holdout
 from byoc.training.data.pretokenized import build_pretokenized, is_pretokenized
@@ -65,24 +66,15 @@ def load_task_data(channels: Mapping[str, Path], spec: DataSpec, cache_dir: Path
                 f"{kind[not pretokenized]}. Provide every split in the same form."
             )
     tokens = not pretokenized and is_token_data(sources["train"])
-    if tokens and spec.task not in ("auto", TOKEN_CLASSIFICATION):
-        raise DataError(
-            f"The train data ({sources['train'][0].where}) is token data (a tag per token: NER) but task={spec.task}: "
-            "drop task, or set task=token_classification."
-        )
+    where, label_columns = sources["train"][0].where, bool(spec.label_columns)
+    task = task_choice.check_request(spec.task, where, tokens, pretokenized, label_columns)
     if pretokenized:
-        if spec.task not in ("auto", SINGLE_LABEL) or spec.label_columns:
-            raise DataError(
-                f"Pretokenized data (with input_ids) trains single-label classifiers only, not task={spec.task}: "
-                "give the texts instead (byoc tokenizes them), or one class id per row."
-            )
         splits, label_names, train_labels = build_pretokenized(sources, spec, Path(cache_dir))
-        task = SINGLE_LABEL
     elif tokens:
         splits, label_names, train_labels = build_tokens(sources, spec)
-        task = TOKEN_CLASSIFICATION
     else:
         splits, label_names, train_labels, task = build_text(sources, spec)
+    assert task is not None
 
     if "eval" in splits and spec.validation_split > 0:
         logger.info("eval: using the given eval data; validation_split=%s is not used", spec.validation_split)
@@ -106,13 +98,12 @@ def load_task_data(channels: Mapping[str, Path], spec: DataSpec, cache_dir: Path
 
     shown = ", ".join(label_names[:20]) + (", ..." if len(label_names) > 20 else "")
     logger.info(
-        "data ready (%s): train %d, eval %s, test %s rows; %d %s: %s",
+        "data ready (%s): train %d, eval %s, test %s rows; %s: %s",
         task,
         len(splits["train"]),
         len(splits["eval"]) if "eval" in splits else "no",
         len(splits["test"]) if "test" in splits else "no",
-        len(label_names),
-        "output" if task == "regression" else "labels",
+        tasks.get(task).head(len(label_names)),
         shown,
     )
     return TaskData(
@@ -126,7 +117,7 @@ def load_task_data(channels: Mapping[str, Path], spec: DataSpec, cache_dir: Path
 
 
 def _check_spec(spec: DataSpec) -> None:
-    if spec.task != "auto" and task_name(spec.task) != spec.task:
+    if spec.task != tasks.AUTO and tasks.name_of(spec.task) != spec.task:
         raise DataError(f"task must be auto or one of byoc's task names, got {spec.task!r}.")
     split = spec.validation_split
     if not isinstance(split, (int, float)) or not (split == 0 or 0 < split < 1):

@@ -13,9 +13,8 @@ import datasets
 import numpy as np
 import pandas as pd
 
-from byoc.model_folder import MULTI_LABEL, REGRESSION
-from byoc.training.data import tasks
-from byoc.training.data.labels import LabelCodec
+from byoc import tasks
+from byoc.training.data import task_choice
 from byoc.training.data.names import ID_COLUMN, LABEL_COLUMNS, NUMBER, PAIR_COLUMNS, TEXT_COLUMNS
 from byoc.training.data.types import DataError, DataSpec, Part, Source, describe_sources
 
@@ -26,7 +25,7 @@ def build_text(
     sources: dict[str, list[Source]], spec: DataSpec
 ) -> tuple[dict[str, datasets.Dataset], list[str], np.ndarray, str]:
     """Each split as a `text` [, `text_pair`], `label` dataset, the label names (from the train data),
-    the train labels (for the hold-out) and the task (byoc.model_folder.TASKS)."""
+    the train labels (for the hold-out) and the task (a byoc.tasks name)."""
     parts = {role: [_text_part(src, spec, role) for src in srcs] for role, srcs in sources.items()}
     paired = "text_pair" in parts["train"][0].frame
     for role, ps in parts.items():
@@ -37,18 +36,12 @@ def build_text(
                 f"but the {role} data ({odd.where}) differs. Use the same columns in every split."
             )
 
-    task = tasks.decide(spec.task, parts["train"])
+    task = task_choice.decide(spec.task, parts["train"])
     for role, ps in parts.items():
         if role != "train":
             for part in ps:
-                tasks.label_kind(part, role)  # one kind per column (eval may differ from train: encode says)
-    codec: LabelCodec | tasks.MultiLabelCodec | tasks.RegressionCodec
-    if task == MULTI_LABEL:
-        codec = tasks.MultiLabelCodec.from_train(parts["train"], spec.label_delimiter)
-    elif task == REGRESSION:
-        codec = tasks.RegressionCodec([parts["train"][0].label_name])
-    else:
-        codec = LabelCodec.from_train(parts["train"])
+                task_choice.label_kind(part, role)  # one kind per column (eval may differ from train: encode says)
+    codec = task_choice.codec(task, parts["train"], spec.label_delimiter)
     feature = getattr(codec, "feature", datasets.Value("int64"))
     splits, train_labels = {}, np.array([], dtype=np.int64)
     for role, ps in parts.items():
@@ -70,19 +63,9 @@ def build_text(
             len(frame),
             describe_sources(sources[role]),
             ps[0].described,
-            _label_summary(labels, task),
+            tasks.get(task).label_summary(labels),
         )
     return splits, codec.names, train_labels, task
-
-
-def _label_summary(labels: np.ndarray, task: str) -> str:
-    if task == MULTI_LABEL:  # each row's label ids
-        per_row = np.array([len(row) for row in labels])
-        used = len(np.unique(np.concatenate([*labels, np.array([], dtype=np.int32)])))
-        return f"multi-label, {used} labels used, {per_row.mean() if len(per_row) else 0:.2f} per row"
-    if task == REGRESSION:
-        return f"regression targets {labels.min():g}..{labels.max():g} (mean {labels.mean():.4g})"
-    return f"{len(np.unique(labels))} labels"
 
 
 def _text_part(src: Source, spec: DataSpec, role: str) -> Part:
@@ -96,13 +79,13 @@ def _text_part(src: Source, spec: DataSpec, role: str) -> Part:
         frame["text_pair"] = _texts(data[pair], role, pair, src.where)
     described = f"text column '{text}'" + (f", pair column '{pair}'" if pair else "")
     if isinstance(label, list):  # one 0/1 column per label
-        labels = tasks.rows_of_columns(data, label, role, src.where)
+        labels = task_choice.rows_of_columns(data, label, role, src.where)
         shown = ", ".join(label[:5]) + (", ..." if len(label) > 5 else "")
         described = f"{described}, {len(label)} label columns ({shown})"
         return Part(frame, labels, list(label), src.where, described, "labels")
     labels = data[label].reset_index(drop=True)
     class_names = src.class_names.get(label)
-    missing = labels.isna() if not labels.map(tasks.kind_of).eq("list").any() else labels.map(lambda v: v is None)
+    missing = labels.isna() if not labels.map(task_choice.kind_of).eq("list").any() else labels.map(lambda v: v is None)
     missing |= labels.map(lambda v: isinstance(v, str) and not v.strip())
     if class_names is not None:
         # datasets marks "no label" (e.g. GLUE test sets) with -1
@@ -152,7 +135,7 @@ def _pick_columns(src: Source, spec: DataSpec, role: str) -> tuple[str, str | No
         text, pair = found or (None, None)
     if text is None:
         text = _first_known(TEXT_COLUMNS, lookup, exclude={label, pair, *label_columns})
-    if label is None and not label_columns and spec.task in ("auto", MULTI_LABEL):
+    if label is None and not label_columns and task_choice.looks_for_label_columns(spec.task):
         label_columns = _binary_label_columns(src, text, pair)
     if label_columns:
         if text is None:
@@ -211,7 +194,7 @@ def _binary_label_columns(src: Source, text: str | None, pair: str | None) -> li
         rest = [c for c in rest if c != textual[0]]
     if len(rest) < 2:
         return []
-    return rest if tasks.binary_columns(src.data, rest) else []
+    return rest if task_choice.binary_columns(src.data, rest) else []
 
 
 def explicit_column(name: str, setting: str, columns: list[str], role: str, where: str) -> str:

@@ -26,7 +26,7 @@ class DataSpec:
     text_pair_column: str | None = None
     label_column: str | None = None
     label_columns: list[str] | None = None  # one 0/1 column per label (multi-label)
-    task: str = "auto"  # auto, or a task of byoc.model_folder.TASKS
+    task: str = "auto"  # auto, or a task of byoc.tasks.NAMES
     label_delimiter: str = ","  # splits a text label into several (multi-label)
     validation_split: float = 0.0  # fraction of train held out as eval when there is no eval data (0 = none)
     seed: int = 42
@@ -48,7 +48,7 @@ class TaskData:
     test: datasets.Dataset | None
     label_names: list[str]  # id -> name; len = num_labels (regression: one, the label column's name)
     pretokenized: bool
-    task: str = "single_label_classification"  # byoc.model_folder.TASKS
+    task: str = "single_label_classification"  # a name of byoc.tasks.NAMES: decided when the data is read
 
 
 @dataclass

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 from transformers import PretrainedConfig
 
-from byoc import model_folder
-from byoc.training import thresholds
+from byoc import model_folder, tasks
+from byoc.tasks import thresholds
+from byoc.tasks.thresholds import MIN_POSITIVES, Thresholds, choose, logit
 from byoc.training.metrics import TaskMetrics
-from byoc.training.thresholds import MIN_POSITIVES, Thresholds, choose, logit
 
 
 def rows_scored(positive: list[float], negative: list[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -62,7 +62,7 @@ def test_a_weak_label_keeps_the_global_threshold_where_its_own_best_f1_would_flo
 
 
 def thresholds_metrics(logits: np.ndarray, labels: np.ndarray, chosen: Thresholds) -> dict:
-    from byoc.training.metrics import multilabel_metrics
+    from byoc.tasks.multi_label import multilabel_metrics
 
     names = [f"l{j}" for j in range(labels.shape[1])]
     return multilabel_metrics(logits, labels, chosen.cuts(names), names)[0]
@@ -89,7 +89,7 @@ def test_task_metrics_choose_on_the_eval_data_and_score_later_evaluations_at_the
             self.predictions, self.label_ids = logits, labels
 
     logits, labels = rows_scored([0.3] * 12, [0.1] * 28)
-    scoring = TaskMetrics(model_folder.MULTI_LABEL, ["joy"], None, choosing=True)
+    scoring = TaskMetrics(tasks.MULTI_LABEL, ["joy"], None, choosing=True)
     first = scoring(Prediction(logits[:, None], labels[:, None]))
     assert first["f1_micro"] == 0.0 and first["f1_micro_tuned"] == 1.0  # nothing reaches 0.5
     assert scoring.tuned is not None and scoring.details["tuned"]["exact_match"] == 1.0
@@ -97,6 +97,6 @@ def test_task_metrics_choose_on_the_eval_data_and_score_later_evaluations_at_the
     kept = scoring.tuned
     assert scoring(Prediction(logits[:6, None], labels[:6, None]))["f1_micro_tuned"] == 1.0
     assert scoring.tuned is kept  # a later evaluation (test) chooses nothing
-    fixed = TaskMetrics(model_folder.MULTI_LABEL, ["joy"], 0.5, choosing=True)  # a threshold given: no choice
+    fixed = TaskMetrics(tasks.MULTI_LABEL, ["joy"], 0.5, choosing=True)  # a threshold given: no choice
     assert "f1_micro_tuned" not in fixed(Prediction(logits[:, None], labels[:, None])) and fixed.tuned is None
     assert thresholds.GRID[0] == 0.05 and thresholds.GRID[-1] == 0.95

@@ -1,9 +1,12 @@
-"""Which task the labels ask for, and the codecs of the tasks beyond one class per text: several
-labels per text (multi-hot float vectors) and a number per text (regression, float32).
+"""Which task the data asks for (the one place training decides it: byoc.tasks), and the codecs of the
+tasks beyond one class per text: several labels per text (each row's label ids) and a number per text
+(regression, float32).
 
-`decide` reads the train labels (and the `task` hyperparameter): lists of names or ids, or 0/1 label
-columns, mean multi-label; numbers that are not all whole mean regression; whole numbers and names
-mean one class per text. A `task` the labels contradict is refused, naming the row that does.
+`check_request` holds the `task` hyperparameter against the data's form (token data, pretokenized
+rows); `decide` reads the train labels of text data: lists of names or ids, or 0/1 label columns, mean
+multi-label; numbers that are not all whole mean regression; whole numbers and names mean one class
+per text. A `task` the labels contradict is refused, naming the row that does. `codec` encodes each
+split's labels for the task decided.
 """
 
 from __future__ import annotations
@@ -14,11 +17,10 @@ import datasets
 import numpy as np
 import pandas as pd
 
-from byoc.model_folder import MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION
-from byoc.training.data.labels import as_numbers, row_count, to_float
+from byoc.tasks import AUTO, MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION
+from byoc.training.data.labels import LabelCodec, as_numbers, row_count, to_float
 from byoc.training.data.types import DataError, Part
 
-AUTO = "auto"
 _KINDS = {"list": "lists of labels", "number": "numbers", "text": "names (text)"}
 
 
@@ -43,6 +45,37 @@ def label_kind(part: Part, role: str) -> str:
             f"{_KINDS[kinds.iloc[row]]} ({part.labels.iloc[row]!r}). Use one kind of label in the column."
         )
     return first
+
+
+def check_request(requested: str, where: str, tokens: bool, pretokenized: bool, label_columns: bool) -> str | None:
+    """The task the data's form decides (token classification for token data, one class per row for
+    pretokenized rows), or None where the labels decide (`decide`); a `requested` task (canonical, or
+    auto) that the form contradicts is refused."""
+    if tokens and requested not in (AUTO, TOKEN_CLASSIFICATION):
+        raise DataError(
+            f"The train data ({where}) is token data (a tag per token: NER) but task={requested}: "
+            "drop task, or set task=token_classification."
+        )
+    if pretokenized and (requested not in (AUTO, SINGLE_LABEL) or label_columns):
+        raise DataError(
+            f"Pretokenized data (with input_ids) trains single-label classifiers only, not task={requested}: "
+            "give the texts instead (byoc tokenizes them), or one class id per row."
+        )
+    return TOKEN_CLASSIFICATION if tokens else SINGLE_LABEL if pretokenized else None
+
+
+def looks_for_label_columns(requested: str) -> bool:
+    """Whether a table without a label column may hold one 0/1 column per label (multi-label)."""
+    return requested in (AUTO, MULTI_LABEL)
+
+
+def codec(task: str, train: list[Part], delimiter: str) -> LabelCodec | MultiLabelCodec | RegressionCodec:
+    """How each split's labels are encoded for `task`, learnt from the train parts."""
+    if task == MULTI_LABEL:
+        return MultiLabelCodec.from_train(train, delimiter)
+    if task == REGRESSION:
+        return RegressionCodec([train[0].label_name])
+    return LabelCodec.from_train(train)
 
 
 def decide(requested: str, parts: list[Part]) -> str:
@@ -97,7 +130,7 @@ def _first_non_number(parts: list[Part]) -> tuple[str, object, int]:
 @dataclass
 class MultiLabelCodec:
     """The train label set of a multi-label task, and how to turn each split's labels into each row's label
-    ids. Held so (not as 0/1 vectors) until a batch is built (byoc.training.buckets.MultiHot): memory grows
+    ids. Held so (not as 0/1 vectors) until a batch is built (byoc.tasks.multi_label.MultiHot): memory grows
     with the labels rows have, not rows x labels (50,000 rows of 20,000 labels are 4 GB as float32 vectors)."""
 
     names: list[str]

@@ -1,0 +1,120 @@
+"""What every task provides (`Task`), with the defaults of a classifier of whole texts.
+
+A task is the kind of answer a model gives for a text: a class, several labels, a number, a tag per
+token. Each is one module of this package holding one `Task`: its names, how its head is made and
+saved, the loss where transformers' own cannot skip filler rows, its metrics, the answer `byoc serve`
+gives and the parameters that answer takes. The rooms ask the task, never compare its name: adding a
+task is a new module here (and its registry line in `byoc.tasks`), plus its tests.
+
+Only NumPy is imported at the top: serving imports every task, also in the slim image, which has no
+torch, transformers or pandas; the training-only parts import them where they run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+IGNORE_LABEL = -100  # what the classification loss ignores; marks filler rows and untagged sub-tokens
+
+
+class Task:
+    """One task. The class attributes are its facts; the methods have a whole-text classifier's defaults."""
+
+    name: str = ""  # canonical, as config.json's problem_type holds it (transformers' names)
+    aliases: tuple[str, ...] = ()  # what users may write for `task`
+    described: str = ""  # "a single-label classifier": how answers and errors name it
+    parameters: tuple[str, ...] = ()  # the request parameters byoc's predict_fn takes for it
+    auto_class = "AutoModelForSequenceClassification"  # the transformers class that loads it
+    per_token = False  # a label per token (words in, entities out) rather than per text
+    smooths_labels = False  # label_smoothing applies (one class per text)
+    small_batches = False  # trains at byoc's small default batch whatever the data's size
+    masks_rows = False  # its loss cannot skip filler rows itself: byoc masks them (Trainer.compute_loss)
+    tunes_thresholds = False  # chooses its decision thresholds on the eval data
+    metrics: tuple[str, ...] = ()  # what `evaluate` reports (the log's eval_<name>, METRIC_DEFINITIONS)
+    metric_notes: Mapping[str, str] = {}  # metrics.json's notes on metrics whose convention differs
+
+    # -- the model folder ------------------------------------------------------------------------------
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """What `from_pretrained` needs to build the task's head (besides the labels)."""
+        return {"problem_type": self.name}
+
+    def configure(self, config: Any, args: Any) -> None:
+        """Save in the transformers `config` what serving needs of the job's `args` (TrainArguments)."""
+
+    def head(self, num_labels: int) -> str:
+        """The head, for the log."""
+        return f"{num_labels} labels ({self.name})"
+
+    # -- training ------------------------------------------------------------------------------------
+
+    def row_loss(self, logits: Any, labels: Any) -> Any:
+        """Each row's loss (torch tensors; `masks_rows` tasks only): transformers' loss for the task."""
+        raise NotImplementedError(f"{self.name} uses the model's own loss")
+
+    def collator(self, tokenizer: Any, pad_to_multiple_of: int | None) -> Any:
+        """The collator that pads a batch of tokenized rows."""
+        from transformers import DataCollatorWithPadding  # training's: serving imports tasks without it
+
+        return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+
+    def with_labels(self, collate: Any, num_labels: int) -> Any:
+        """`collate` (padding, or fixed shapes), and whatever turns the rows' labels into the batch's."""
+        return collate
+
+    def label_summary(self, labels: np.ndarray) -> str:
+        """The train (or eval) labels in a few words, for the log."""
+        return f"{len(np.unique(labels))} labels"
+
+    def evaluate(
+        self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        """(metrics, details) of predictions: the Trainer's `logits` against `labels`, filler rows dropped.
+        `cut`: a multi-label decision threshold as a logit. Details go to metrics.json, not the log."""
+        raise NotImplementedError
+
+    def scores(self, logits: np.ndarray) -> np.ndarray:
+        """What the model's answer reports, from its logits (a distribution over the labels by default)."""
+        return softmax(np.asarray(logits))
+
+    def predictions(
+        self, logits: np.ndarray, labels: np.ndarray, names: list[str], cuts: np.ndarray
+    ) -> list[dict[str, Any]]:
+        """test_predictions.jsonl's lines, one per row of `logits` (filler rows dropped), in their order;
+        `cuts`: a multi-label model's thresholds (one, or one per label) on its scores."""
+        logits, labels = kept_rows(np.asarray(logits, dtype=np.float32), np.asarray(labels))
+        return [self.prediction(row, label, names, cuts) for row, label in zip(self.scores(logits), labels)]
+
+    def prediction(self, row: np.ndarray, label: np.ndarray, names: list[str], cuts: np.ndarray) -> dict[str, Any]:
+        """One test row's line: its label and the prediction, from its `scores`."""
+        best = int(row.argmax())
+        return {"label": names[int(label)], "predicted": names[best], "score": round(float(row[best]), 6)}
+
+    # -- serving ---------------------------------------------------------------------------------------
+
+    def answer(
+        self, scores: list[np.ndarray], id2label: Mapping[int, str], parameters: Mapping[str, Any], model: Mapping
+    ) -> list[Any]:
+        """Each input's answer from its `scores`, given the request's `parameters` (checked) and the loaded
+        `model` (the default model_fn's dict: what config.json saved beside the weights)."""
+        raise NotImplementedError
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64)))
+
+
+def kept_rows(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows that are not filler rows of a fixed-shape batch (labelled IGNORE_LABEL). Scored against the
+    label ids returned with the predictions, never the dataset's column: the evaluation order need not be
+    the dataset's. A copy only where there are filler rows: multi-label logits can be GBs."""
+    keep = labels.reshape(len(labels), -1)[:, 0] != IGNORE_LABEL
+    return (logits, labels) if keep.all() else (logits[keep], labels[keep])

@@ -1,0 +1,71 @@
+"""A number per text (or sentence pair): one output, mean squared error, Pearson and Spearman."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from byoc.tasks.base import Task, kept_rows
+
+NAME = "regression"
+
+
+class Regression(Task):
+    name = NAME
+    aliases = ("regress",)
+    described = "a regression model"
+    masks_rows = True
+    metrics = ("pearson", "spearmanr", "mse", "mae")
+
+    def head(self, num_labels: int) -> str:
+        return "one output (regression)"
+
+    def row_loss(self, logits: Any, labels: Any) -> Any:
+        rows = labels.shape[0]
+        return (logits.float().reshape(rows) - labels.float().reshape(rows)) ** 2
+
+    def label_summary(self, labels: np.ndarray) -> str:
+        return f"regression targets {labels.min():g}..{labels.max():g} (mean {labels.mean():.4g})"
+
+    def evaluate(
+        self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        return regression_metrics(*kept_rows(logits, labels)), {}
+
+    def scores(self, logits: np.ndarray) -> np.ndarray:
+        return np.asarray(logits, dtype=np.float64)
+
+    def prediction(self, row: np.ndarray, label: np.ndarray, names: list[str], cuts: np.ndarray) -> dict[str, Any]:
+        return {"label": round(float(label.reshape(-1)[0]), 6), "predicted": round(float(row.reshape(-1)[0]), 6)}
+
+    def answer(
+        self, scores: list[np.ndarray], id2label: Mapping[int, str], parameters: Mapping[str, Any], model: Mapping
+    ) -> list[Any]:
+        """{"score": value}, and the output's name where the model gives it one."""
+        name = id2label.get(0)
+        named = {"label": name} if name and name != "LABEL_0" else {}
+        return [{**named, "score": float(row.reshape(-1)[0])} for row in scores]
+
+
+def regression_metrics(predictions: np.ndarray, targets: np.ndarray) -> dict[str, float]:
+    """Pearson and Spearman correlation, mean squared and mean absolute error."""
+    import pandas as pd  # (training's: the slim serving image has no pandas)
+
+    pred = np.asarray(predictions, dtype=np.float64).reshape(-1)
+    true = np.asarray(targets, dtype=np.float64).reshape(-1)
+    return {
+        "pearson": _correlation(pred, true),
+        # Spearman: Pearson of the ranks, ties sharing their average rank (pandas ranks as scipy does).
+        "spearmanr": _correlation(pd.Series(pred).rank().to_numpy(), pd.Series(true).rank().to_numpy()),
+        "mse": float(np.mean((pred - true) ** 2)) if len(pred) else 0.0,
+        "mae": float(np.mean(np.abs(pred - true))) if len(pred) else 0.0,
+    }
+
+
+def _correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Pearson's r; 0 where either side is constant (r is undefined there)."""
+    if len(a) < 2 or a.std() == 0 or b.std() == 0:
+        return 0.0
+    return float(np.corrcoef(a, b)[0, 1])

@@ -1,0 +1,102 @@
+"""A tag per token (NER): words in, entities out. Trained on each word's first sub-token (or all of them:
+`label_all_tokens`, saved as config.json's `byoc_word_tags`, which picks serving's default grouping),
+scored by entity (seqeval's rules), answered as the transformers pipeline's entities
+(byoc.serving.model.entities)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from byoc import model_folder
+from byoc.tasks.base import IGNORE_LABEL, Task
+
+NAME = "token_classification"
+
+
+class TokenClassification(Task):
+    name = NAME
+    aliases = ("token", "ner")
+    described = "a token classifier"
+    parameters = ("aggregation_strategy",)
+    auto_class = "AutoModelForTokenClassification"
+    per_token = True
+    metrics = ("precision", "recall", "f1", "accuracy")  # over entities (accuracy: over tokens)
+    small_batches = True  # wnut17, 1 epoch: entity F1 0.014 at batch 32, 0.271 at 16
+
+    def model_kwargs(self) -> dict[str, Any]:
+        return {}  # transformers' problem_type names sequence tasks only; a token classifier is its own class
+
+    def configure(self, config: Any, args: Any) -> None:
+        """Which sub-tokens learned a word's tag: serving groups words the same way."""
+        setattr(config, model_folder.WORD_TAGS_KEY, "all" if args.label_all_tokens else "first")
+
+    def collator(self, tokenizer: Any, pad_to_multiple_of: int | None) -> Any:
+        from transformers import DataCollatorForTokenClassification  # training's: serving has no transformers
+
+        return DataCollatorForTokenClassification(tokenizer, pad_to_multiple_of=pad_to_multiple_of)  # labels: -100
+
+    def evaluate(
+        self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        # A label per token: padding, special tokens and filler rows hold IGNORE_LABEL.
+        metrics, per_type = token_metrics(*tag_sequences(logits, labels, names))
+        return metrics, {"f1_per_type": per_type}
+
+    def predictions(
+        self, logits: np.ndarray, labels: np.ndarray, names: list[str], cuts: np.ndarray
+    ) -> list[dict[str, Any]]:
+        """Each sentence's tags and predicted tags, one per word (as far as max_length reached)."""
+        true, predicted = tag_sequences(np.asarray(logits), np.asarray(labels), names)
+        return [{"tags": t, "predicted": p} for t, p in zip(true, predicted)]
+
+
+def entities(tags: list[str]) -> set[tuple[str, int, int]]:
+    """The (type, first, last) entity chunks of an IOB tag sequence, as seqeval's default mode (the
+    conlleval script's rules) reads them: a chunk ends at O, at a B-, or where the type changes; an
+    I- after O or after another type starts one."""
+    found, kind, start = set(), None, 0
+    for i, tag in enumerate([*tags, "O"]):
+        bi, this = (tag[0], tag[2:]) if tag != "O" else ("O", None)
+        if kind is not None and (bi in ("O", "B") or this != kind):
+            found.add((kind, start, i - 1))
+            kind = None
+        if bi != "O" and (bi == "B" or kind is None):
+            kind, start = this, i
+    return found
+
+
+def token_metrics(true: list[list[str]], predicted: list[list[str]]) -> tuple[dict[str, float], dict[str, float]]:
+    """(metrics, per-type F1) of tag sequences: entity-level precision, recall and F1 pooled over
+    every entity (seqeval's micro average), and token accuracy."""
+    gold = {(row, *e) for row, tags in enumerate(true) for e in entities(tags)}
+    guess = {(row, *e) for row, tags in enumerate(predicted) for e in entities(tags)}
+    hit = gold & guess
+    kinds = sorted({e[1] for e in gold | guess})
+    per_type = {}
+    for kind in kinds:
+        g, p, h = (sum(e[1] == kind for e in group) for group in (gold, guess, hit))
+        per_type[kind] = round(2 * h / (g + p), 6) if g + p else 0.0
+    precision = len(hit) / len(guess) if guess else 0.0
+    recall = len(hit) / len(gold) if gold else 0.0
+    tokens = sum(len(t) for t in true)
+    metrics = {
+        "precision": precision,
+        "recall": recall,
+        "f1": 2 * precision * recall / (precision + recall) if precision + recall else 0.0,
+        "accuracy": sum(a == b for t, p in zip(true, predicted) for a, b in zip(t, p)) / tokens if tokens else 0.0,
+    }
+    return metrics, per_type
+
+
+def tag_sequences(logits: np.ndarray, labels: np.ndarray, names: list[str]) -> tuple[list[list[str]], list[list[str]]]:
+    """(true, predicted) tag names of each row, at the positions that carry a label (a word's first
+    sub-token; never padding or special tokens, which hold IGNORE_LABEL)."""
+    predicted_ids = np.asarray(logits).argmax(axis=-1)
+    true, predicted = [], []
+    for row, ids in zip(labels, predicted_ids):
+        keep = np.flatnonzero(row != IGNORE_LABEL)
+        true.append([names[int(row[k])] for k in keep])
+        predicted.append([names[int(ids[k])] for k in keep])
+    return true, predicted
