@@ -220,3 +220,15 @@ def test_no_module_outside_the_task_package_compares_a_task_name(tmp_path):
     assert task_name_comparisons(import_graph.PACKAGE) == []
     (tmp_path / "handler.py").write_text('def f(task):\n    return task == "regression" or task in (MULTI_LABEL,)\n')
     assert task_name_comparisons(tmp_path) == ["handler.py:2"]  # the check finds one
+
+
+def test_no_global_statement():
+    """State is passed down; what is truly the process's (a signal's, the process group's) is one object
+    in its module, never a rebinding of module names."""
+    found = [
+        f"{path.relative_to(import_graph.PACKAGE)}:{node.lineno}"
+        for path in sorted(import_graph.PACKAGE.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Global)
+    ]
+    assert found == []

@@ -219,7 +219,7 @@ def test_a_rank_knows_its_place_from_setup_only(monkeypatch):
     `setup` from what the job read at its entry point; that module never reads the environment."""
     from byoc.launch import distributed
 
-    monkeypatch.setattr(distributed, "_rank", RankSettings())
+    monkeypatch.setattr(distributed._place, "rank", RankSettings())
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("RANK", "5")
     assert (distributed.world_size(), distributed.rank(), distributed.is_distributed()) == (1, 0, False)

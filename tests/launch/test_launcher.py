@@ -156,7 +156,7 @@ def test_control_collectives_stay_on_the_cpu_under_nccl(monkeypatch):
     monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
     monkeypatch.setattr(distributed.dist, "get_backend", lambda group=None: "nccl")
     monkeypatch.setattr(distributed.dist, "all_reduce", lambda t, op=None, group=None: calls.append((t, group)))
-    monkeypatch.setattr(distributed, "_control_group", control)
+    monkeypatch.setattr(distributed._place, "control_group", control)
     assert distributed.any_rank(False) is False
     tensor, group = calls[0]
     assert tensor.device == torch.device("cpu") and group is control

@@ -188,7 +188,7 @@ def test_a_stop_a_finalizer_swallowed_while_preparing_is_raised_when_training_be
     from byoc.training import stopping
     from byoc.training.checkpoints import StopOnSignal
 
-    monkeypatch.setattr(stopping, "_stopped_while", None)
+    monkeypatch.setattr(stopping._signal, "stopped_while", None)
     stop = StopOnSignal()
     try:
         stop._handle(signal.SIGTERM, None)  # what a finalizer would print and forget

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -28,17 +29,24 @@ from byoc.launch.settings import RankSettings
 
 logger = logging.getLogger(__name__)
 
-_rank = RankSettings()  # this process's place in the job, as setup was given it; alone until then
 
-# byoc's own decisions (stop on SIGTERM? which shards?) travel over a CPU group. Under NCCL a
-# collective on a CUDA tensor followed by .item() waits for the GPU, and the stop check runs after
-# every step: the host would wait for the GPU once a step, and could never queue work ahead.
-_control_group: Any = None
+@dataclass
+class _Place:
+    """This process's place in the job: one per process, as torch.distributed's process group is."""
+
+    rank: RankSettings = field(default_factory=RankSettings)  # as setup was given it; alone until then
+    # byoc's own decisions (stop on SIGTERM? which shards?) travel over a CPU group. Under NCCL a
+    # collective on a CUDA tensor followed by .item() waits for the GPU, and the stop check runs after
+    # every step: the host would wait for the GPU once a step, and could never queue work ahead.
+    control_group: Any = None
+
+
+_place = _Place()
 
 
 def settings() -> RankSettings:
     """This process's rank settings, as `setup` was given them (a world of one before)."""
-    return _rank
+    return _place.rank
 
 
 def world_size() -> int:
@@ -79,8 +87,7 @@ def is_distributed() -> bool:
 def setup(rank_settings: RankSettings) -> None:
     """Take this rank's place in the job and join the process group (once); accelerate and the
     Trainer then reuse it."""
-    global _rank
-    _rank = rank_settings
+    _place.rank = rank_settings
     if not is_distributed() or dist.is_initialized():
         return
     chosen = settings()
@@ -93,8 +100,7 @@ def setup(rank_settings: RankSettings) -> None:
         import torch_xla.distributed.xla_backend  # noqa: F401
     timeout = timedelta(seconds=chosen.collective_timeout)
     dist.init_process_group(backend=backend, timeout=timeout)
-    global _control_group
-    _control_group = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else None
+    _place.control_group = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else None
     logger.info(
         "rank %d of %d (local rank %d on host %d) joined the %s process group",
         rank(),
@@ -107,7 +113,7 @@ def setup(rank_settings: RankSettings) -> None:
 
 def _device() -> torch.device:
     """Where a control tensor lives: the CPU, unless the only group is one that needs the device."""
-    if dist.is_initialized() and _control_group is None and dist.get_backend() == "nccl":
+    if dist.is_initialized() and _place.control_group is None and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -117,7 +123,7 @@ def any_rank(flag: bool) -> bool:
     if not dist.is_initialized():
         return flag
     value = torch.tensor([1 if flag else 0], device=_device())
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=_control_group)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=_place.control_group)
     return bool(value.item())
 
 
@@ -126,24 +132,23 @@ def all_gather(value: Any) -> list[Any]:
     if not dist.is_initialized():
         return [value]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value, group=_control_group)
+    dist.all_gather_object(out, value, group=_place.control_group)
     return out
 
 
 def barrier() -> None:
     if dist.is_initialized():
-        dist.barrier(group=_control_group)
+        dist.barrier(group=_place.control_group)
 
 
 def teardown() -> None:
     """Leave the process group together. A rank that exits while its peers still talk to it can
     abort in the collective library's threads ("terminate called without an active exception",
     exit 134) even though its work is done."""
-    global _control_group
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-        _control_group = None
+        _place.control_group = None
 
 
 @contextlib.contextmanager

@@ -16,14 +16,24 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 logger = logging.getLogger(__name__)
 
-_stopped_while: str | None = None  # the phase a SIGTERM came in, once one did before training
-_previous_hook: Any = None
 RESEND_AFTER_S = 0.05
+
+
+@dataclass
+class _Signal:
+    """What this process knows of SIGTERM. A signal is the process's, as its handler is: one per process."""
+
+    stopped_while: str | None = None  # the phase a SIGTERM came in, once one did before training
+    previous_hook: Any = None  # sys.unraisablehook before guard_finalizers replaced it
+
+
+_signal = _Signal()
 
 
 class Stopped(BaseException):
@@ -52,29 +62,27 @@ class Stopped(BaseException):
 
 def stop(phase: str) -> NoReturn:
     """From a SIGTERM handler before training starts: remember the stop, then raise `Stopped`."""
-    global _stopped_while
-    if _stopped_while is None:
-        _stopped_while = phase
-    raise Stopped(None, phase=_stopped_while)
+    if _signal.stopped_while is None:
+        _signal.stopped_while = phase
+    raise Stopped(None, phase=_signal.stopped_while)
 
 
 def raise_if_stopped() -> None:
     """Raise `Stopped` for a SIGTERM that came earlier but whose exception a finalizer swallowed."""
-    if _stopped_while is not None:
-        raise Stopped(None, phase=_stopped_while)
+    if _signal.stopped_while is not None:
+        raise Stopped(None, phase=_signal.stopped_while)
 
 
 def guard_finalizers() -> None:
     """Send SIGTERM again when its `Stopped` was swallowed by a finalizer (sys.unraisablehook)."""
-    global _previous_hook
-    if _previous_hook is None:
-        _previous_hook = sys.unraisablehook
+    if _signal.previous_hook is None:
+        _signal.previous_hook = sys.unraisablehook
         sys.unraisablehook = _unraisable
 
 
 def _unraisable(info: Any) -> None:
     if not isinstance(info.exc_value, Stopped):
-        _previous_hook(info)
+        _signal.previous_hook(info)
         return
     # Not from this hook (an exception here would be swallowed too) but a moment later, from a
     # thread: the handler then runs in the main thread's own code, where raising stops the job.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -346,17 +347,21 @@ def _split_cores(settings: ServeSettings) -> int:
     return threads
 
 
-_LIBC: Any = None
+@functools.cache
+def _glibc() -> Any:
+    """glibc, or None where the C library is another (nothing to tune then)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
 
 
 def tune_malloc() -> None:
     """glibc gives each allocating thread its own heap arena; the server needs two (glibc only)."""
-    global _LIBC
-    try:
-        _LIBC = ctypes.CDLL("libc.so.6")
-        _LIBC.mallopt(-8, 2)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        _LIBC = None  # not glibc: nothing to tune
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(-8, 2)  # M_ARENA_MAX
 
 
 def resident_bytes() -> int:
@@ -371,5 +376,6 @@ def resident_bytes() -> int:
 def release_memory() -> None:
     """Give freed activation buffers back to the system once the server is idle (glibc keeps
     them in its heaps otherwise, so resident memory would stay at its busiest)."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
