@@ -50,11 +50,28 @@ def scrape(s: Server) -> dict:
 # In process
 
 
-def test_routes_are_templates_never_paths():
-    assert route_of("/invocations") == "/invocations" and route_of("/metrics") == "/metrics"
-    assert route_of("/models/a/b/invoke") == "/models/{model_name}/invoke"
-    assert route_of("/models/anything") == "/models/{model_name}"
-    assert {route_of(f"/scan/{n}") for n in range(50)} == {"other"}  # a scanner adds no series
+def test_routes_are_the_apps_templates_never_paths():
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    ok = PlainTextResponse("ok")
+    invoke = Route("/models/{model_name:path}/invoke", ok, methods=["POST"])
+    app = Starlette(
+        routes=[Route("/invocations", ok, methods=["POST"]), invoke, Route("/models/{model_name:path}", ok)]
+    )
+
+    def scope(path: str, method: str = "POST") -> dict:
+        return {"type": "http", "path": path, "method": method, "root_path": "", "app": app}
+
+    # As older Starlette leaves it (no "route" in the scope): matched against the app's routes.
+    assert route_of(scope("/invocations")) == "/invocations"
+    assert route_of(scope("/invocations", "GET")) == "/invocations"  # a 405 is still the route's
+    assert route_of(scope("/models/a/b/invoke")) == "/models/{model_name}/invoke"
+    assert route_of(scope("/models/anything", "GET")) == "/models/{model_name}"
+    assert {route_of(scope(f"/scan/{n}")) for n in range(50)} == {"other"}  # a scanner adds no series
+    # As Starlette's router leaves it: the route it chose.
+    assert route_of({**scope("/models/x/invoke"), "route": invoke}) == "/models/{model_name}/invoke"
 
 
 def test_a_registry_counts_and_forgets_a_model():

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,7 +42,7 @@ from typing import Any
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
 from byoc.serving.server_processes import ServerProcesses
 
@@ -52,8 +53,6 @@ ERROR_KINDS = ("timeout", "overload", "bad_input", "handler_failure", "unavailab
 LATENCY_BUCKETS = (0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 512)
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-# Routes by template: a path of anything else is "other", so a scanner's paths add no series.
-ROUTES = ("/ping", "/invocations", "/execution-parameters", "/metrics", "/models")
 SCOPE_MODEL = "byoc.model"  # the request scope's key for the model that answered (set by the invocation)
 
 
@@ -317,16 +316,27 @@ class Measured:
             await self.app(scope, receive, sending)
         finally:
             model = scope.get(SCOPE_MODEL, "")
-            self.metrics.request(route_of(scope.get("path", "")), status, model, time.perf_counter() - started)
+            self.metrics.request(route_of(scope), status, model, time.perf_counter() - started)
 
 
-def route_of(path: str) -> str:
-    """The route template a path matched, for the `route` label: a bounded set, never the path itself."""
-    if path in ROUTES:
-        return path
-    if path.startswith("/models/"):
-        return "/models/{model_name}/invoke" if path.endswith("/invoke") else "/models/{model_name}"
-    return "other"
+def route_of(scope: dict) -> str:
+    """The template of the app's route a request matched (its converters left out: `/models/{model_name}`),
+    for the `route` label: a bounded set, never the path itself; "other" where no route matched, so a
+    scanner's paths add no series. Starlette's router leaves the route in the scope; where it does not
+    (older versions), the app's routes are matched here as the router matches them."""
+    route = scope.get("route") or _matching(scope)
+    template = getattr(route, "path", None)
+    return _CONVERTER.sub("}", template) if isinstance(template, str) else "other"
+
+
+_CONVERTER = re.compile(r":\w+}")
+
+
+def _matching(scope: dict) -> Any:
+    for route in getattr(scope.get("app"), "routes", ()):
+        if route.matches(scope)[0] is not Match.NONE:
+            return route
+    return None
 
 
 def _forget_dead_workers(folder: str) -> None:

@@ -98,12 +98,12 @@ def _routes(settings: ServeSettings, invocations: Invocations, registry: Registr
             return error(refused.status, str(refused))
 
     async def describe(request: Request) -> Response:
-        name = request.path_params["name"]
+        name = request.path_params["model_name"]
         entry = registry.get(name)
         return JSONResponse(registry.describe(entry)) if entry else error(404, registry.absent(name))
 
     async def unload(request: Request) -> Response:
-        name = request.path_params["name"]
+        name = request.path_params["model_name"]
         try:
             await registry.unload(name, wait=settings.timeout)
         except LoadRefused as refused:
@@ -111,7 +111,7 @@ def _routes(settings: ServeSettings, invocations: Invocations, registry: Registr
         return JSONResponse({"status": f"model {name!r} unloaded"})
 
     async def invoke(request: Request) -> Response:
-        name = request.path_params["name"]
+        name = request.path_params["model_name"]
         target = request.headers.get(TARGET_HEADER)
 
         async def route(body: bytes, run: Callable[[ModelServer], Awaitable[Response]]) -> Response:
@@ -133,8 +133,8 @@ def _routes(settings: ServeSettings, invocations: Invocations, registry: Registr
     return [
         Route("/models", load, methods=["POST"]),
         Route("/models", listing, methods=["GET"]),
-        Route("/models/{name:path}/invoke", invoke, methods=["POST"]),
-        Route("/models/{name:path}", describe, methods=["GET"]),
-        Route("/models/{name:path}", unload, methods=["DELETE"]),
+        Route("/models/{model_name:path}/invoke", invoke, methods=["POST"]),
+        Route("/models/{model_name:path}", describe, methods=["GET"]),
+        Route("/models/{model_name:path}", unload, methods=["DELETE"]),
         Route("/invocations", no_default_model, methods=["POST"]),
     ]
