@@ -16,11 +16,13 @@ import logging
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from byoc.contract import ContractError, TrainingContract
-from byoc.launch.settings import LaunchSettings
+from byoc.launch.launcher import launch, plan_launch
+from byoc.launch.settings import LaunchSettings, RankSettings
 from byoc.logs import mask_secrets
 from byoc.requirements import RequirementsError, install_requirements
 from byoc.sdk_values import loads as decode  # JSON where it parses, else the raw string, as the toolkit does
@@ -74,6 +76,18 @@ def sm_environment(contract: TrainingContract) -> dict[str, str]:
     for name, channel in contract.channels.items():
         variables[f"SM_CHANNEL_{name.upper()}"] = str(channel.path)
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in variables.items()}
+
+
+def run_script(
+    contract: TrainingContract, settings: LaunchSettings, before_launch: Callable[[], None] = lambda: None
+) -> tuple[int, str | None]:
+    """Script mode, whole: each rank's settings checked, the code prepared, then (after `before_launch`:
+    `byoc train`'s last look for a SIGTERM) the script launched on the plan byoc's own job gets.
+    Returns the launch's exit code and failure message."""
+    RankSettings.from_env()  # what each rank reads: checked before any launch
+    command = prepare_script(contract, settings)
+    before_launch()
+    return launch(plan_launch(contract, settings), contract, command, settings)
 
 
 def prepare_script(contract: TrainingContract, settings: LaunchSettings) -> list[str]:

@@ -51,8 +51,8 @@ def train() -> int:
     try:
         _require_training_packages()
         from byoc.launch.launcher import launch, main_command, plan_launch
-        from byoc.launch.script import is_script_mode, prepare_script
-        from byoc.launch.settings import LaunchSettings, RankSettings
+        from byoc.launch.script import is_script_mode, run_script
+        from byoc.launch.settings import LaunchSettings
         from byoc.training.settings import TrainingSettings
 
         settings = LaunchSettings.from_env()  # read once; a bad value fails here, naming the variable
@@ -65,11 +65,9 @@ def train() -> int:
             contract.current_host,
             len(contract.hosts),
         )
-        if is_script_mode(contract.hyperparameters):
-            RankSettings.from_env()  # what each rank reads: checked before any launch
-            command = prepare_script(contract, settings)
-            stopping.raise_if_stopped()  # a SIGTERM a finalizer swallowed: do not launch
-            code, message = launch(plan_launch(contract, settings), contract, command, settings)
+        if is_script_mode(contract.hyperparameters):  # the user's script: launch's, whole
+            # (raise_if_stopped: a SIGTERM a finalizer swallowed means do not launch)
+            code, message = run_script(contract, settings, before_launch=stopping.raise_if_stopped)
         else:
             from byoc.training.arguments import parse_hyperparameters
 
