@@ -102,8 +102,8 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
     )
     if recipe.startswith("byoc"):
         from byoc.contract import Paths, TrainingContract
-        from byoc.training.arguments import parse_hyperparameters
         from byoc.training.data import TaskData
+        from byoc.training.hyperparameters import parse_hyperparameters
         from byoc.training.model import ModelSource, load_model
         from byoc.training.tokenization import tokenize_splits
         from byoc.training.trainer import build_trainer

@@ -58,7 +58,7 @@ def test_links_devices_and_escaping_paths_are_refused_before_anything_is_written
 
 def test_a_model_channel_with_an_unsafe_archive_is_a_model_error(tmp_path):
     from byoc.contract import Channel, Paths, TrainingContract
-    from byoc.training.arguments import parse_hyperparameters
+    from byoc.training.hyperparameters import parse_hyperparameters
     from byoc.training.model import ModelError, resolve_model
 
     channel = tmp_path / "model"

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from byoc.training.argument_table import hyperparameter_table
-from byoc.training.arguments import HyperparameterError, TrainArguments, parse_hyperparameters
+from byoc.training.arguments import HyperparameterError, TrainArguments
+from byoc.training.hyperparameters import parse_hyperparameters
 
 
 def v2_estimator(values: dict) -> dict:
@@ -205,3 +206,18 @@ def test_the_batch_size_defaults_by_task_and_data_once_the_data_says_which():
     assert args.for_task("single_label_classification", 2_490).per_device_train_batch_size == 16
     assert args.for_task("multi_label_classification", 6_156).per_device_train_batch_size == 32
     assert parse_hyperparameters({"batch_size": "8"}).for_task("token_classification", 10).train_batch_size == 8
+
+
+def test_what_the_trainer_owns_reaches_trainingarguments_under_its_names():
+    from transformers import TrainingArguments
+
+    from byoc.training.arguments import TRAINER_OWNS
+
+    ours = {f.name for f in dataclasses.fields(TrainArguments)}
+    theirs = {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert set(TRAINER_OWNS) <= ours
+    args = parse_hyperparameters({"num_train_epochs": "2", "label_smoothing_factor": "0.1", "lr": "3e-5", "seed": "7"})
+    given = args.trainer_arguments()
+    assert set(given) <= theirs and len(given) == len(TRAINER_OWNS)
+    assert given["num_train_epochs"] == 2.0 and given["label_smoothing_factor"] == 0.1
+    assert given["learning_rate"] == 3e-5 and given["seed"] == 7 and "epochs" not in given

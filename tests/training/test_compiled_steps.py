@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from byoc.training.arguments import parse_hyperparameters
 from byoc.training.compiled_steps import compile_arguments, wants_buckets
+from byoc.training.hyperparameters import parse_hyperparameters
 from helpers import CPU_ONLY, Job, run_train_process, sentiment_rows, write_csv
 
 

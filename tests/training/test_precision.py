@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from byoc.training.arguments import HyperparameterError, parse_hyperparameters
+from byoc.training.arguments import HyperparameterError
+from byoc.training.hyperparameters import parse_hyperparameters
 from byoc.training.precision import Hardware, choose, requested
 
 H100 = Hardware("cuda", (9, 0), name="NVIDIA H100 80GB HBM3")

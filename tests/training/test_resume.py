@@ -102,7 +102,7 @@ def test_sigterm_right_at_start_up_ends_cleanly(tmp_path, tiny_model_dir):
 SIGTERM_IN_A_FINALIZER = """
 import signal, sys
 from byoc import cli
-from byoc.training import arguments
+from byoc.training import hyperparameters as arguments
 from byoc.training import stopping
 
 stopping.RESEND_AFTER_S = float(sys.argv[1])

@@ -22,7 +22,7 @@ import pytest
 
 from byoc.environment import SettingError
 from byoc.training import tracking
-from byoc.training.arguments import parse_hyperparameters
+from byoc.training.hyperparameters import parse_hyperparameters
 from byoc.training.settings import TRACKING_TIMEOUT_ENV, TrackingSettings, TrainingSettings
 from helpers import REPO, build_job, free_port, run_train_process
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from byoc.training.arguments import parse_hyperparameters
+from byoc.training.hyperparameters import parse_hyperparameters
 from byoc.training.model import ModelError, freeze_bottom
 from byoc.training.samplers import LengthBucketSampler, length_order
 

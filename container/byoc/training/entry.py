@@ -69,7 +69,7 @@ def train() -> int:
             # (raise_if_stopped: a SIGTERM a finalizer swallowed means do not launch)
             code, message = run_script(contract, settings, before_launch=stopping.raise_if_stopped)
         else:
-            from byoc.training.arguments import parse_hyperparameters
+            from byoc.training.hyperparameters import parse_hyperparameters
 
             shown = mask_hyperparameters(contract.hyperparameters)
             logger.info("hyperparameters: %s", " ".join(f"{name}={value}" for name, value in sorted(shown.items())))
@@ -198,7 +198,7 @@ def run_job(main: Callable[..., object] | None = None, settings: TrainingSetting
     _stop_before_training()  # until training takes the signal over
     try:
         from byoc.contract import read_training_contract
-        from byoc.training.arguments import parse_hyperparameters
+        from byoc.training.hyperparameters import parse_hyperparameters
 
         settings = settings or TrainingSettings.from_env()
         rank = settings.rank

@@ -279,27 +279,15 @@ def build_trainer(
     strategy = _eval_strategy(args, has_eval)
     checkpoint_dir = contract.checkpoint_folder
     training_args = TrainingArguments(
+        **args.trainer_arguments(),  # what the Trainer owns, as the user gave it; byoc decides the rest:
         output_dir=str(checkpoint_dir),
-        num_train_epochs=args.epochs,
-        max_steps=args.max_steps,
-        learning_rate=args.learning_rate,
         per_device_train_batch_size=args.train_batch_size,
-        per_device_eval_batch_size=args.per_device_eval_batch_size,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        weight_decay=args.weight_decay,
-        lr_scheduler_type=args.lr_scheduler_type,
-        max_grad_norm=args.max_grad_norm,
-        label_smoothing_factor=args.label_smoothing,
-        seed=args.seed,
         length_column_name="length",
         eval_strategy=strategy,
         eval_steps=args.eval_steps or args.logging_steps,
         save_strategy=save_strategy(args, contract),
-        save_steps=args.save_steps,
-        save_total_limit=args.save_total_limit,
         save_on_each_node=len(contract.hosts) > 1,  # each host resumes from its own copy
         logging_strategy="steps",
-        logging_steps=args.logging_steps,
         # Off: a NaN loss shows in the logged average (byoc.training.divergence fails the job on it)
         # instead of being replaced by the average before it; and on a GPU the filter's check of every
         # step's loss on the host (`if torch.isnan(loss) or ...`) costs one synchronisation a step.
@@ -307,7 +295,6 @@ def build_trainer(
         report_to="none",  # our own callbacks below: readable lines and TensorBoard in output/
         disable_tqdm=True,
         **compile_arguments(args, compiling, use_xla, cuda),
-        dataloader_num_workers=args.dataloader_num_workers,
         dataloader_pin_memory=cuda,
         ddp_backend=distributed.backend() if distributed.is_distributed() and not use_xla else None,
         # One label per row and equal per-rank batches: DDP's gradient average is already the global

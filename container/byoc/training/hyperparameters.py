@@ -1,0 +1,81 @@
+"""Reading the training job's hyperparameters (byoc.training.arguments' dataclass), decoded the same
+whichever SDK wrote them.
+
+`hyperparameters.json` is a flat string -> string map, but each SDK encodes values differently:
+- SageMaker SDK v2 `Estimator` without `source_dir`: `str(v)`, so `True` -> "True", 5e-5 -> "5e-05",
+  ['a'] -> "['a']";
+- framework estimators and anything with `source_dir`: `json.dumps(v)`, so strings arrive quoted;
+- SDK v3 `ModelTrainer`: strings raw, everything else `json.dumps`.
+`parse_hyperparameters` accepts all three by decoding each value against the type of its field
+(JSON first, then the raw string), so "True", "true", "1" and true all mean True, and '"bert"' and
+'bert' both mean bert. Names follow the public tutorials and
+`run_glue.py`; aliases map to one canonical field. Keys SageMaker adds (`sagemaker_*`) are kept
+apart for the launcher. Anything else unknown is an error that suggests the closest name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from byoc.sdk_values import base_type, coerce, describe
+from byoc.training.arguments import HyperparameterError, TrainArguments
+
+logger = logging.getLogger(__name__)
+
+
+def _names() -> dict[str, str]:
+    """Every accepted name (canonical and alias) -> canonical name."""
+    names = {}
+    for f in dataclasses.fields(TrainArguments):
+        names[f.name] = f.name
+        for alias in f.metadata["aliases"]:
+            names[alias] = f.name
+    return names
+
+
+def parse_hyperparameters(raw: Mapping[str, Any]) -> TrainArguments:
+    """Decode a hyperparameters.json mapping (any SDK's encoding) into `TrainArguments`."""
+    names, fields = _names(), {f.name: f for f in dataclasses.fields(TrainArguments)}
+    values: dict[str, Any] = {}
+    given_as: dict[str, str] = {}
+    for key, value in raw.items():
+        if key.startswith("sagemaker_"):  # what the SDK adds (region, container log level...): not ours
+            continue
+        name = key.lstrip("-").replace("-", "_")
+        if name not in names:
+            close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+            raise HyperparameterError(
+                f"unknown hyperparameter {key!r}: {f'did you mean {close[0]!r}? ' if close else ''}"
+                "See the hyperparameter table (docs/hyperparameters.md) for the valid names"
+            )
+        canonical = names[name]
+        decoded = _decode(key, value, fields[canonical])
+        if canonical in values and values[canonical] != decoded:
+            raise HyperparameterError(
+                f"hyperparameters {given_as[canonical]}={values[canonical]!r} and {key}={decoded!r} set the "
+                f"same setting ({canonical}) differently: keep one"
+            )
+        values[canonical], given_as[canonical] = decoded, key
+    args = TrainArguments(**values)
+    if args.output_dir:
+        logger.info("output_dir=%s is ignored: the model is written to SM_MODEL_DIR", args.output_dir)
+    return args
+
+
+def _decode(key: str, value: Any, f: dataclasses.Field) -> Any:
+    kind, optional = base_type(typing.get_type_hints(TrainArguments)[f.name])
+    if optional and (value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null"))):
+        return None
+    try:
+        decoded = coerce(value, kind)
+    except (ValueError, TypeError):
+        raise HyperparameterError(f"hyperparameter {key} must be {describe(kind)}, got {value!r}") from None
+    choices = f.metadata["choices"]
+    if choices and decoded not in choices:
+        raise HyperparameterError(f"hyperparameter {key} must be one of {', '.join(choices)}, got {decoded!r}")
+    return decoded
