@@ -91,28 +91,26 @@ def export(model_dir: Path) -> Path | None:
 def _export(model_dir: Path) -> Path:
     import onnx
     import torch
-    import transformers
 
     # Eager attention traces to plain ops with dynamic batch and length; loading from the saved
-    # folder exports exactly what was published, whatever device or state the trainer left.
-    task = tasks.of_config(json.loads((model_dir / CONFIG).read_text(encoding="utf-8")))
-    model = (
-        getattr(transformers, task.auto_class)
-        .from_pretrained(
-            model_dir, attn_implementation="eager", use_safetensors=True, trust_remote_code=False, **fp32_weights()
-        )
-        .eval()
+    # folder exports exactly what was published, whatever device or state the trainer left. The
+    # task's output module is what serving runs: a classifier's logits, an embedding model's pooled
+    # vectors (byoc.tasks: `Task.output_module`), named "logits" in the graph either way.
+    task = tasks.of_folder(model_dir, json.loads((model_dir / CONFIG).read_text(encoding="utf-8")))
+    loaded, _ = task.load_torch(
+        model_dir, attn_implementation="eager", use_safetensors=True, trust_remote_code=False, **fp32_weights()
     )
-    accepted = inspect.signature(model.forward).parameters
+    model = task.output_module(loaded.eval(), model_dir)
+    accepted = inspect.signature(loaded.forward).parameters
     names = [n for n in INPUTS if n in accepted]  # DistilBERT takes no token_type_ids
 
-    class Logits(torch.nn.Module):  # positional inputs in a fixed order, logits out
+    class Logits(torch.nn.Module):  # positional inputs in a fixed order, the output out
         def __init__(self) -> None:
             super().__init__()
             self.model = model
 
         def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-            return self.model(**dict(zip(names, tensors))).logits
+            return self.model(**dict(zip(names, tensors)))
 
     sample = tuple(
         torch.ones(2, 8, dtype=torch.long) if n != "token_type_ids" else torch.zeros(2, 8, dtype=torch.long)
@@ -156,7 +154,10 @@ def _point_weights_at_safetensors(graph: Any, weights: Path) -> None:
     referenced = 0
     with weights.open("rb") as f:
         for init in graph.graph.initializer:
-            entry = header.get(init.name.removeprefix("model."))  # the Logits wrapper's attribute
+            name = init.name
+            while name not in header and name.startswith("model."):  # the wrappers' attribute, once per wrapper
+                name = name.removeprefix("model.")
+            entry = header.get(name)
             if (
                 not entry
                 or _ONNX_TYPES.get(entry["dtype"]) != init.data_type
@@ -193,7 +194,7 @@ def _check_against_torch(model: Any, names: list[str], model_dir: Path) -> None:
     feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
     feeds = {n: feeds[n] for n in names}
     with torch.inference_mode():
-        expected = model(**{n: torch.from_numpy(v) for n, v in feeds.items()}).logits.float().numpy()
+        expected = model(**{n: torch.from_numpy(v) for n, v in feeds.items()}).float().numpy()
     got = _cpu_logits(model_dir, feeds)
     worst = float(np.abs(got - expected).max())
     if not np.isfinite(worst) or worst > TOLERANCE:

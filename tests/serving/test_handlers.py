@@ -363,8 +363,8 @@ def test_regression_answers_the_value_named_after_the_target():
 
 
 def test_a_folder_without_a_classifier_head_is_refused_not_served_at_random(tmp_path, tiny_model_dir):
-    """A base model (or a sentence-transformers folder) loaded as a classifier gets a random head:
-    every answer noise (LABEL_0 at 0.50). model_fn refuses it, saying why and what to do, unless asked."""
+    """A base model loaded as a classifier gets a random head: every answer noise (LABEL_0 at 0.50).
+    model_fn refuses it, saying why and what to do (serve it as embeddings, or train it), unless asked."""
     import shutil
 
     from byoc.serving.model.backend_choice import BackendError
@@ -372,10 +372,12 @@ def test_a_folder_without_a_classifier_head_is_refused_not_served_at_random(tmp_
 
     folder = tmp_path / "model"
     shutil.copytree(tiny_model_dir, folder)  # a BertModel: no classifier weights
-    (folder / "modules.json").write_text("[]")
     with default_handlers.serving_with(InferenceSettings(backend="torch", precision="fp32")):
-        with pytest.raises(BackendError, match=r"no trained classification head.*classifier\.bias, classifier\.weight"):
+        with pytest.raises(
+            BackendError, match=r"no trained classification head.*classifier\.bias, classifier\.weight"
+        ) as e:
             default_handlers.model_fn(str(folder))
+    assert "BYOC_TASK=embedding" in str(e.value)
     with default_handlers.serving_with(InferenceSettings(backend="torch", precision="fp32", allow_untrained_head=True)):
         model = default_handlers.model_fn(str(folder))
     assert len(default_handlers.predict_fn({"inputs": ["a cat"], "parameters": {}}, model)) == 1

@@ -206,6 +206,31 @@ def test_byoc_serve_in_the_serving_venv_serves_a_model_with_its_own_code(venv, m
     assert _healthcheck(venv, tmp_path) == 1  # the port it served on answers no more
 
 
+def test_the_serving_venv_serves_an_exported_sentence_transformers_folder_as_embeddings(venv, tmp_path):
+    """All-MiniLM-L6-v2 as the Hub has it, after `byoc export-onnx`: pooling inside the graph, so the image
+    without torch answers sentence-transformers' vectors."""
+    import shutil
+
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from byoc import onnx_graph
+    from byoc.training.model import bundled_model_dir
+
+    folder = Path(shutil.copytree(bundled_model_dir(), tmp_path / "st" / "model"))
+    assert onnx_graph.export(folder) is not None
+    server = Server(folder, env={"TMPDIR": str(tmp_path)}, byoc=_byoc(venv))
+    try:
+        server.wait_ready()
+        answer = server.invoke({"inputs": TEXTS})
+        assert answer.status_code == 200, answer.text
+    finally:
+        log = server.stop()
+    got = np.asarray(answer.json())
+    expected = SentenceTransformer(str(bundled_model_dir()), device="cpu").encode(TEXTS)
+    assert (got * expected).sum(axis=1).min() >= 0.9999 and "onnxruntime on cpu" in log, log[-3000:]
+
+
 def _failed_start(venv: Path, model_dir: Path, tmp: Path, env: dict | None = None) -> str:
     server = Server(model_dir, env={"TMPDIR": str(tmp), **(env or {})}, byoc=_byoc(venv))
     code, log = server.wait_exit()

@@ -177,3 +177,12 @@ def test_the_new_limits_are_documented_with_their_defaults():
     ):
         row = next(line for line in serving.splitlines() if line.startswith(f"| `{variable}` |"))
         assert float(row.split("|")[2].split()[0]) == defaults[VARIABLES[variable]], row
+
+
+def test_byoc_task_is_read_as_a_task_name_and_a_wrong_one_stops_the_server():
+    from byoc.serving.settings import InferenceSettings, ServeSettingsError
+
+    assert InferenceSettings.from_env({}).task is None
+    assert InferenceSettings.from_env({"BYOC_TASK": "Feature-Extraction"}).task == "embedding"
+    with pytest.raises(ServeSettingsError, match="BYOC_TASK='rerank' names no task: set one of .*embedding"):
+        InferenceSettings.from_env({"BYOC_TASK": "rerank"})

@@ -221,3 +221,10 @@ def test_what_the_trainer_owns_reaches_trainingarguments_under_its_names():
     assert set(given) <= theirs and len(given) == len(TRAINER_OWNS)
     assert given["num_train_epochs"] == 2.0 and given["label_smoothing_factor"] == 0.1
     assert given["learning_rate"] == 3e-5 and given["seed"] == 7 and "epochs" not in given
+
+
+def test_a_task_byoc_serves_but_does_not_train_is_refused_by_name():
+    with pytest.raises(
+        HyperparameterError, match="task=embedding: an embedding model is served by byoc, not trained by it yet"
+    ):
+        parse_hyperparameters({"task": "embedding"})

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from byoc import tasks
 from byoc.contract import Paths
 from byoc.environment import Environment, SettingError
 from byoc.logs import log_level
@@ -26,6 +27,7 @@ from byoc.serving.model.backend_choice import (
 from byoc.serving.resources import Resources, read_resources
 
 JSON = "application/json"
+TASK_ENV = "BYOC_TASK"
 PROFILES = ("realtime", "async")
 # BYOC_PROFILE=async: the defaults an asynchronous endpoint needs (payloads up to 1 GB from S3, an
 # invocation timeout of up to an hour, requests of many inputs); each variable still wins where set.
@@ -55,6 +57,9 @@ class InferenceSettings:
     threads: int | None = None  # OMP_NUM_THREADS: the model's threads; None: the server's share of the cores
     # BYOC_ALLOW_UNTRAINED_HEAD: serve a folder whose classification head is missing (random answers)
     allow_untrained_head: bool = False
+    # BYOC_TASK: serve the folder as this task (a byoc.tasks name or alias: `embedding` for an encoder with
+    # no head); None: as the folder says (modules.json: an embedding model; else config.json)
+    task: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> InferenceSettings:
@@ -65,7 +70,20 @@ class InferenceSettings:
             compile=read.flag(INFERENCE_COMPILE_ENV),
             threads=read.integer("OMP_NUM_THREADS", None, 1),
             allow_untrained_head=read.flag(ALLOW_UNTRAINED_HEAD_ENV),
+            task=_task(read.text(TASK_ENV)),
         )
+
+
+def _task(value: str | None) -> str | None:
+    """BYOC_TASK's canonical task name; a name byoc does not know stops the server, naming the ones it does."""
+    if value is None:
+        return None
+    name = tasks.name_of(value)
+    if name is None:
+        raise ServeSettingsError(
+            f"{TASK_ENV}={value!r} names no task: set one of {', '.join(tasks.NAMES)}, or unset it"
+        )
+    return name
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,13 @@ Everywhere else code asks the `Task` it is given. A new task: a module here, its
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from byoc.tasks.base import IGNORE_LABEL, Task
+from byoc import sentence_folder
+from byoc.tasks.base import IGNORE_LABEL, BadParameter, Task
+from byoc.tasks.embedding import NAME as EMBEDDING
+from byoc.tasks.embedding import Embedding
 from byoc.tasks.multi_label import NAME as MULTI_LABEL
 from byoc.tasks.multi_label import MultiLabel
 from byoc.tasks.regression import NAME as REGRESSION
@@ -21,13 +25,15 @@ from byoc.tasks.token_classification import TokenClassification
 
 # The registry: a new task's line goes here.
 TASKS: dict[str, Task] = {
-    task.name: task for task in (SingleLabel(), MultiLabel(), Regression(), TokenClassification())
+    task.name: task for task in (SingleLabel(), MultiLabel(), Regression(), TokenClassification(), Embedding())
 }
 NAMES = tuple(TASKS)
 AUTO = "auto"  # the `task` hyperparameter's default: decided from the data
 
 __all__ = [
     "AUTO",
+    "EMBEDDING",
+    "BadParameter",
     "IGNORE_LABEL",
     "MULTI_LABEL",
     "NAMES",
@@ -39,6 +45,7 @@ __all__ = [
     "get",
     "name_of",
     "of_config",
+    "of_folder",
 ]
 
 
@@ -53,6 +60,16 @@ def name_of(value: str) -> str | None:
     if key in TASKS:
         return key
     return next((task.name for task in TASKS.values() if key in task.aliases), None)
+
+
+def of_folder(model_dir: Path, config: dict[str, Any], requested: str | None = None) -> Task:
+    """The task of a model folder: `requested` (a canonical name: serving's BYOC_TASK) where given; an
+    embedding model for a sentence-transformers folder (modules.json); else what config.json says."""
+    if requested:
+        return TASKS[requested]
+    if sentence_folder.is_sentence_folder(model_dir):
+        return TASKS[EMBEDDING]
+    return of_config(config)
 
 
 def of_config(config: dict[str, Any]) -> Task:

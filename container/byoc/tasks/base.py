@@ -13,11 +13,16 @@ torch, transformers or pandas; the training-only parts import them where they ru
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 IGNORE_LABEL = -100  # what the classification loss ignores; marks filler rows and untagged sub-tokens
+
+
+class BadParameter(ValueError):
+    """A request's parameter the task cannot honour (serving answers it with a 400 naming it)."""
 
 
 class Task:
@@ -29,7 +34,9 @@ class Task:
     parameters: tuple[str, ...] = ()  # the request parameters byoc's predict_fn takes for it
     auto_class = "AutoModelForSequenceClassification"  # the transformers class that loads it
     per_token = False  # a label per token (words in, entities out) rather than per text
+    vectors = False  # answers a vector per text (an embedding model: OpenAI's embeddings requests)
     smooths_labels = False  # label_smoothing applies (one class per text)
+    trains = True  # `byoc train` trains it (an embedding model is served only, for now)
     small_batches = False  # trains at byoc's small default batch whatever the data's size
     masks_rows = False  # its loss cannot skip filler rows itself: byoc masks them (Trainer.compute_loss)
     tunes_thresholds = False  # chooses its decision thresholds on the eval data
@@ -48,6 +55,35 @@ class Task:
     def head(self, num_labels: int) -> str:
         """The head, for the log."""
         return f"{num_labels} labels ({self.name})"
+
+    def load_torch(self, model_dir: Path, **kwargs: Any) -> tuple[Any, list[str]]:
+        """(the transformers model saved in `model_dir`, the weights it lacks: a head initialised at random)."""
+        import transformers  # serving's torch path and the export: the slim image never calls this
+
+        model, loading = getattr(transformers, self.auto_class).from_pretrained(
+            model_dir, output_loading_info=True, **kwargs
+        )
+        return model, list(loading["missing_keys"])
+
+    def output_module(self, model: Any, model_dir: Path) -> Any:
+        """A torch module: feeds (input_ids, attention_mask...) in, the served output (`scores`' input) out.
+        What model.onnx holds, and what serving's torch path runs."""
+        import torch  # (as load_torch)
+
+        class Logits(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = model
+                self.config = model.config
+
+            def forward(self, **feeds: torch.Tensor) -> torch.Tensor:
+                return self.model(**feeds).logits
+
+        return Logits().eval()
+
+    def serving_facts(self, model_dir: Path) -> dict[str, Any]:
+        """What serving keeps beside the model from its folder, for `prepare` and `answer`."""
+        return {}
 
     # -- training ------------------------------------------------------------------------------------
 
@@ -94,6 +130,15 @@ class Task:
         return {"label": names[int(label)], "predicted": names[best], "score": round(float(row[best]), 6)}
 
     # -- serving ---------------------------------------------------------------------------------------
+
+    def relevance(self, row: np.ndarray, raw: bool, model: Mapping) -> float:
+        """A (query, text) pair's relevance for a rerank request, from its `scores` row (`raw`: before the
+        activation that makes it a probability)."""
+        raise BadParameter(f"{self.described} does not rerank: a reranker has one output or two labels")
+
+    def prepare(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> list[Any]:
+        """The inputs as the model reads them (an embedding model's prompt before each text)."""
+        return inputs
 
     def answer(
         self, scores: list[np.ndarray], id2label: Mapping[int, str], parameters: Mapping[str, Any], model: Mapping

@@ -26,6 +26,14 @@ class SingleLabel(Task):
         logits, labels = kept_rows(logits, labels)
         return classification_metrics(np.argmax(logits, axis=-1), labels, len(names)), {}
 
+    def relevance(self, row: np.ndarray, raw: bool, model: Mapping) -> float:
+        """Two labels: the probability of the second (the relevant one: label 1), or its logit odds."""
+        if len(row) != 2:
+            return super().relevance(row, raw, model)
+        if raw:
+            return float(np.log(max(row[1], 1e-300)) - np.log(max(row[0], 1e-300)))
+        return float(row[1])
+
     def answer(
         self, scores: list[np.ndarray], id2label: Mapping[int, str], parameters: Mapping[str, Any], model: Mapping
     ) -> list[Any]:

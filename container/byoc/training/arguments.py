@@ -281,8 +281,14 @@ def _validate(args: TrainArguments) -> None:
         )
     bucket_sizes(args)  # a bad list fails here, before any work
     task = tasks.AUTO if args.task.strip().lower() == tasks.AUTO else tasks.name_of(args.task)
+    trained = [name for name in tasks.NAMES if tasks.get(name).trains]
     if task is None:
-        raise HyperparameterError(f"hyperparameter task must be auto or one of {', '.join(tasks.NAMES)}: {args.task!r}")
+        raise HyperparameterError(f"hyperparameter task must be auto or one of {', '.join(trained)}: {args.task!r}")
+    if task != tasks.AUTO and not tasks.get(task).trains:
+        raise HyperparameterError(
+            f"task={args.task}: {tasks.get(task).described} is served by byoc, not trained by it yet; "
+            f"train one of {', '.join(trained)}"
+        )
     args.task = task
     _check_precision(args)
     if args.serving_int8 and not args.serving_graph:

@@ -88,8 +88,8 @@ def parse(text: str, kind: str, one_text: bool) -> tuple[Any, Any]:
     """The body's inputs and parameters, unchecked (input_fn checks them); `one_text`: see `_csv_inputs`."""
     if kind == "application/json":
         payload = _json(text, "the body")
-        if isinstance(payload, dict) and "inputs" in payload:
-            return payload["inputs"], payload.get("parameters") or {}
+        if isinstance(payload, dict):
+            return _json_shapes(payload)
         return payload, {}
     if kind in JSON_LINES:
         return [_jsonline(line) for line in text.split("\n") if line.strip()], {}
@@ -99,6 +99,38 @@ def parse(text: str, kind: str, one_text: bool) -> tuple[Any, Any]:
         except csv.Error as err:  # a field over csv's size limit, a quote left open
             raise InputError(f"the body is not valid CSV: {err}") from None
     return [line for line in text.split("\n") if line.strip()], {}  # text/plain: one text per line
+
+
+# Text Embeddings Inference's request keys beside "inputs": a request's parameters (task_parameters).
+TEI_KEYS = ("normalize", "truncate", "dimensions", "prompt_name")
+
+
+def _json_shapes(payload: dict[str, Any]) -> tuple[Any, Any]:
+    """The JSON object shapes byoc reads: the inference toolkit's {"inputs", "parameters"} (TEI's embed
+    request, whose parameters sit beside "inputs"); TEI's rerank {"query", "texts"} (the pairs, with
+    "shape": "rerank"); OpenAI's embeddings {"input", "model"} ("shape": "openai"); else the object is
+    the input itself."""
+    given = payload.get("parameters") or {}
+    if "inputs" in payload:
+        if not isinstance(given, dict):
+            return payload["inputs"], given  # input_fn refuses it
+        return payload["inputs"], {**given, **{k: payload[k] for k in TEI_KEYS if k in payload}}
+    if "query" in payload and "texts" in payload:
+        query, texts = payload["query"], payload["texts"]
+        if not isinstance(query, str) or not isinstance(texts, list) or not texts:
+            raise InputError('a rerank request is {"query": "a text", "texts": ["a text", ...]}, with texts')
+        rerank = {k: payload[k] for k in ("raw_scores", "return_text", "top_n", "truncate") if k in payload}
+        return [{"text": query, "text_pair": text} for text in texts], {"shape": "rerank", **rerank}
+    if "input" in payload:
+        encoding = payload.get("encoding_format") or "float"
+        if encoding not in ("float", "base64"):
+            raise InputError('"encoding_format" must be float or base64')
+        openai = {"shape": "openai", "model": str(payload.get("model") or ""), "encoding_format": encoding}
+        return payload["input"], {
+            **openai,
+            **({"dimensions": payload["dimensions"]} if "dimensions" in payload else {}),
+        }
+    return payload, {}
 
 
 def _csv_inputs(text: str, one_text: bool) -> list[Any]:

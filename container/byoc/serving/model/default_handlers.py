@@ -90,13 +90,13 @@ def model_fn(model_dir: str) -> dict[str, Any]:
     logger.info("serving with %s", plan)
     if plan.backend == "onnxruntime":
         try:
-            return runtimes.load_onnx(folder, plan, inference_threads(settings))
+            return runtimes.load_onnx(folder, plan, inference_threads(settings), settings.task)
         except RuntimeError as err:  # GraphError: a stale graph is never used; a CUDA EP that did not load
             if plan.precision == "int8" or backend == "onnxruntime":
                 raise
             plan = backend_choice.fallback(plan, precision, str(err))
             logger.warning("serving with torch instead of ONNX Runtime: %s", err)
-    return runtimes.load_torch(folder, plan, settings.compile, settings.allow_untrained_head)
+    return runtimes.load_torch(folder, plan, settings.compile, settings.allow_untrained_head, settings.task)
 
 
 def nvidia_gpu() -> bool:
@@ -186,6 +186,10 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     if task.per_token:  # words in, entities out
         return entities.predict(inputs, parameters, model)
     try:
+        inputs = task.prepare(inputs, parameters, model)
+    except tasks.BadParameter as err:
+        raise InputError(str(err)) from None
+    try:
         encoded = model["encode"](inputs)
     except Exception:  # a user's input_fn let through what the tokenizer cannot take: the input's fault
         _normalise(inputs)  # raises InputError naming it, if that is the cause
@@ -200,7 +204,13 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
         probs = task.scores(model["logits"](passes.pad(chunk, encoded, model["pad_id"], plan)))
         for n, i in enumerate(chunk):
             scores[i] = probs[n]
-    return task.answer(scores, model["id2label"], parameters, model)
+    try:
+        if parameters.get("shape") == "rerank":  # each pair's relevance: the request's list is built once
+            raw = bool(parameters.get("raw_scores"))  # its answers are back (byoc.serving.model.envelopes)
+            return [task.relevance(row, raw, model) for row in scores]
+        return task.answer(scores, model["id2label"], parameters, model)
+    except tasks.BadParameter as err:
+        raise InputError(str(err)) from None
 
 
 # The server may merge concurrent requests into one call: this predict_fn takes
@@ -212,20 +222,28 @@ predict_fn.batchable = True  # type: ignore[attr-defined]
 def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[str, str]:
     """Serialise as JSON (default), JSON Lines or CSV: one line per input, `label,score` (a list of
     labels: each label and score in turn on the line, an empty list an empty field; a regression
-    value alone: `score`). `accept` is the type the server chose (byoc.serving.model.negotiation); a
-    full Accept header (lists, weights, wildcards) works too."""
+    value alone: `score`; a vector: its components; a rerank entry: `index,score`). A whole-request
+    object (OpenAI's embeddings answer) is one JSON value. `accept` is the type the server chose
+    (byoc.serving.model.negotiation); a full Accept header (lists, weights, wildcards) works too."""
     kind = accept if accept in ACCEPT_TYPES else negotiation.choose(accept, ACCEPT_TYPES, "application/json")
     try:
-        if kind == "application/json":
-            return json.dumps(prediction, allow_nan=False), "application/json"
+        if kind == "application/json" or (kind in JSON_LINES and isinstance(prediction, dict)):
+            return json.dumps(prediction, allow_nan=False), kind
         if kind in JSON_LINES:
             return "\n".join(json.dumps(p, allow_nan=False) for p in prediction) + "\n", kind
     except ValueError as err:
         raise InvalidAnswer(NON_FINITE) from err
     if kind == "text/csv":
+        if isinstance(prediction, dict):
+            raise NotAcceptable("this answer (OpenAI's embeddings object) is one JSON object: ask for application/json")
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         for p in prediction:
+            if _is_vector(p):
+                if not all(math.isfinite(v) for v in p):
+                    raise InvalidAnswer(NON_FINITE)
+                writer.writerow([f"{v:.9g}" for v in p])
+                continue
             entries = p if isinstance(p, list) else [p]
             if any("start" in e for e in entries):
                 raise NotAcceptable(
@@ -234,11 +252,23 @@ def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[
                 )
             if any(not math.isfinite(e["score"]) for e in entries):
                 raise InvalidAnswer(NON_FINITE)
-            row = [field for e in entries for field in ((e["label"],) if "label" in e else ()) + (f"{e['score']:.6f}",)]
+            row = [
+                field
+                for e in entries
+                for field in (*(str(e[k]) for k in ("label", "index") if k in e), f"{e['score']:.6f}")
+            ]
             writer.writerow(row or [""])  # one line per input, also for an input with no label
         return out.getvalue(), "text/csv"
     shown = accept if len(accept) <= 100 else accept[:100] + "..."
     raise NotAcceptable(f"unsupported accept type {shown!r}: ask for one of {', '.join(ACCEPT_TYPES)}")
+
+
+def _is_vector(answer: Any) -> bool:
+    return (
+        isinstance(answer, list)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in answer)
+        and bool(answer)
+    )
 
 
 # No answer carries NaN or infinity: JSON has neither, and a client's parser fails on them.

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from byoc.serving.model import bodies, default_handlers, long_texts, negotiation
+from byoc.serving.model import bodies, default_handlers, envelopes, long_texts, negotiation
 from byoc.serving.model.batching import Batcher, guarded, timed
 from byoc.serving.model.handler_loader import (
     HandlerError,
@@ -234,6 +234,8 @@ class ModelServer:
             prediction = await batcher.submit(inputs, data.get("parameters") or {})
         else:
             prediction = await self.in_thread(call, handlers.predict_fn, "predict_fn", data, self.model)
+        if handlers.is_default("predict_fn") and isinstance(data, dict):  # a rerank or OpenAI body's shape
+            prediction = envelopes.shaped(data, prediction, self.model)
         result = await self._handler(
             handlers.output_fn, "output_fn", handlers.is_default("output_fn"), len(body), prediction, accept
         )

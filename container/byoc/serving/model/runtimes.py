@@ -67,14 +67,19 @@ def clip(inputs: list[str | tuple[str, str]], tokens: int, side: str = "right") 
     return [cut(x) if isinstance(x, str) else (cut(x[0]), cut(x[1])) for x in inputs]
 
 
-def load_onnx(model_dir: Path, plan: Plan, threads: int) -> dict[str, Any]:
-    """The model on ONNX Runtime, its session running `threads` threads (`inference_threads`)."""
+def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None = None) -> dict[str, Any]:
+    """The model on ONNX Runtime, its session running `threads` threads (`inference_threads`); `task_name`:
+    the task asked for (BYOC_TASK), else the folder's (byoc.tasks.of_folder)."""
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    task = tasks.of_folder(model_dir, config, task_name)
+    facts = task.serving_facts(model_dir)
     tokenizer_config_path = model_dir / "tokenizer_config.json"
     tokenizer_config = (
         json.loads(tokenizer_config_path.read_text(encoding="utf-8")) if tokenizer_config_path.exists() else {}
     )
-    limit = model_folder.max_length(tokenizer_config.get("model_max_length"), config.get("max_position_embeddings"))
+    limit = model_folder.max_length(
+        tokenizer_config.get("model_max_length"), config.get("max_position_embeddings"), facts.get("max_seq_length")
+    )
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     tokenizer.no_padding()  # batches are padded here, per length-sorted chunk
     # longest_first, as transformers' truncation=True, on the side the tokenizer was saved with
@@ -99,8 +104,8 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int) -> dict[str, Any]:
             for e in tokenizer.encode_batch(clip(inputs, limit, side))
         ]
 
-    task = tasks.of_config(config)
     return {
+        **facts,
         "backend": "onnxruntime",
         "model": session,
         "windows": entities.window_encoder(tokenizer, limit, session.inputs) if task.per_token else None,
@@ -127,11 +132,12 @@ def labels_of(config: dict[str, Any]) -> dict[int, str]:
     return {i: f"LABEL_{i}" for i in range(int(config.get("num_labels") or 2))}
 
 
-def load_torch(model_dir: Path, plan: Plan, compiled: bool = False, untrained_head: bool = False) -> dict[str, Any]:
+def load_torch(
+    model_dir: Path, plan: Plan, compiled: bool = False, untrained_head: bool = False, task_name: str | None = None
+) -> dict[str, Any]:
     # Imported only here: the ONNX Runtime path starts in about a second because it never imports them.
     try:
         import torch
-        import transformers
         from transformers import AutoTokenizer
     except ModuleNotFoundError as err:
         if err.name not in ("torch", "transformers"):
@@ -140,13 +146,12 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False, untrained_he
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    task = tasks.of_config(config)
-    auto = getattr(transformers, task.auto_class)
-    model, loading = auto.from_pretrained(
-        model_dir, use_safetensors=True, trust_remote_code=False, output_loading_info=True, **compat.fp32_weights()
-    )
-    if loading["missing_keys"] and not untrained_head:
-        raise BackendError(untrained_head_message(model_dir, sorted(loading["missing_keys"])))
+    task = tasks.of_folder(model_dir, config, task_name)
+    facts = task.serving_facts(model_dir)
+    model, missing = task.load_torch(model_dir, use_safetensors=True, trust_remote_code=False, **compat.fp32_weights())
+    if missing and not untrained_head:
+        raise BackendError(untrained_head_message(model_dir, sorted(missing)))
+    module = task.output_module(model, model_dir)
     if task.per_token and not getattr(tokenizer, "is_fast", False):
         raise BackendError(f"a token classifier needs a fast tokenizer (tokenizer.json) to find words: {model_dir}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -156,16 +161,17 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False, untrained_he
         precision = "fp32"
     bf16 = device.type != "cuda" or torch.cuda.is_bf16_supported()
     dtype = getattr(torch, torch_dtype_name(precision, bf16))
-    model.to(device=device, dtype=dtype).eval()
-    limit = model_folder.max_length(tokenizer.model_max_length, getattr(model.config, "max_position_embeddings", None))
+    module.to(device=device, dtype=dtype).eval()
+    positions = getattr(model.config, "max_position_embeddings", None)
+    limit = model_folder.max_length(tokenizer.model_max_length, positions, facts.get("max_seq_length"))
     windows = None
     if task.per_token:
         names = [n for n in tokenizer.model_input_names if n in ("input_ids", "attention_mask", "token_type_ids")]
         windows = entities.window_encoder(tokenizer.backend_tokenizer, limit, names)
     shapes = passes.gpu(limit) if device.type == "cuda" else passes.CPU
-    forward: Any = model
+    forward: Any = module
     if compiled:
-        forward = _compile(torch, model, device.type, shapes)
+        forward = _compile(torch, module, device.type, shapes)
     logger.info(
         "model runs on torch %s (%s, %s%s, %d threads)",
         torch.__version__,
@@ -180,11 +186,12 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False, untrained_he
 
     def logits(feeds: dict[str, np.ndarray]) -> np.ndarray:
         with torch.inference_mode():
-            out = forward(**{k: torch.from_numpy(v).to(device) for k, v in feeds.items()}).logits
+            out = forward(**{k: torch.from_numpy(v).to(device) for k, v in feeds.items()})
             return out.float().cpu().numpy()  # half precision inside, fp32 answers
 
     config = model.config.to_dict()
     return {
+        **facts,
         "backend": "torch",
         "model": model,
         "tokenizer": tokenizer,
@@ -206,17 +213,16 @@ def load_torch(model_dir: Path, plan: Plan, compiled: bool = False, untrained_he
 
 def untrained_head_message(model_dir: Path, missing: list[str]) -> str:
     """What to say of a folder whose weights lack part of the model (a classification head, mostly)."""
-    kind = (
-        "a sentence-transformers embedding model (modules.json), not a classifier"
-        if (model_dir / "modules.json").exists()
-        else "a base model without the classifier's weights"
-    )
     shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
     return (
         f"{model_dir} has no trained classification head: its weights lack {shown}, which would be initialised "
-        f"at random, so every answer would be noise. It looks like {kind}. Fine-tune it with `byoc train` "
-        f"(the job writes a model with its head), or set {ALLOW_UNTRAINED_HEAD_ENV}=true to serve it anyway."
+        "at random, so every answer would be noise. For its sentence vectors, serve it as an embedding model "
+        f"({TASK_HINT}); for a classifier, fine-tune it with `byoc train` (the job writes a model with its head), "
+        f"or set {ALLOW_UNTRAINED_HEAD_ENV}=true to serve it anyway."
     )
+
+
+TASK_HINT = "BYOC_TASK=embedding; a sentence-transformers folder, with modules.json, is one unless BYOC_TASK says"
 
 
 def needs_full_image(plan: Plan, missing: str) -> str:

@@ -13,27 +13,50 @@ from typing import Any
 from byoc import tasks
 from byoc.serving.model.request_errors import InputError
 
-KNOWN = ("top_k", "threshold", "aggregation_strategy")  # each task's own: byoc.tasks' `parameters`
+KNOWN = ("top_k", "threshold", "aggregation_strategy", "normalize", "dimensions", "prompt_name")  # tasks' own
+# A rerank request's (TEI's {"query", "texts"}: byoc.serving.model.bodies sets "shape": "rerank"), for any
+# task that reranks (`Task.relevance`). TEI's "truncate" is read and needs nothing: byoc always truncates
+# an input at the model's limit.
+RERANK = ("raw_scores", "return_text", "top_n")
+SHAPES = ("rerank", "openai")  # a request's answer shape other than the inference toolkit's (bodies)
 
 
 def check_values(parameters: dict[str, Any]) -> None:
-    """top_k and threshold, whatever the task (aggregation_strategy: byoc.serving.model.entities)."""
-    top_k, threshold = parameters.get("top_k"), parameters.get("threshold")
-    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
-        raise InputError('"top_k" must be a positive integer')
+    """Each parameter byoc knows, whatever the task (aggregation_strategy: byoc.serving.model.entities)."""
+    threshold = parameters.get("threshold")
+    for name in ("top_k", "top_n", "dimensions"):
+        value = parameters.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise InputError(f'"{name}" must be a positive integer')
     if threshold is not None and (
         not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0 <= threshold <= 1
     ):
         raise InputError('"threshold" must be a number from 0 to 1 (a multi-label score at or above it is a label)')
+    for name in ("normalize", "raw_scores", "return_text", "truncate"):
+        if parameters.get(name) is not None and not isinstance(parameters[name], bool):
+            raise InputError(f'"{name}" must be true or false')
+    if parameters.get("prompt_name") is not None and not isinstance(parameters["prompt_name"], str):
+        raise InputError('"prompt_name" must be the name of one of the model\'s prompts')
+    if parameters.get("shape") is not None and parameters["shape"] not in SHAPES:
+        raise InputError(f'"shape" must be one of {", ".join(SHAPES)} (byoc sets it for rerank and OpenAI bodies)')
 
 
 def check_task(task: tasks.Task | None, parameters: dict[str, Any]) -> None:
-    """A 400 for a parameter of byoc's that `task` does not take (null counts as not sent). No task: a
-    model of the user's own making, whose parameters are its code's business."""
+    """A 400 for a parameter of byoc's that `task` does not take (null counts as not sent), and for a rerank
+    parameter outside a rerank request. No task: a model of the user's own making, whose parameters are its
+    code's business."""
     if task is None:
         return
+    reranking = parameters.get("shape") == "rerank"
+    if parameters.get("shape") == "openai" and not task.vectors:
+        raise InputError(f"an OpenAI embeddings request needs an embedding model; this is {task.described}")
     for name in KNOWN:
-        if parameters.get(name) is not None and name not in task.parameters:
-            takes = task.parameters
+        if parameters.get(name) is not None and (reranking or name not in task.parameters):
+            takes = () if reranking else task.parameters
             accepted = f"its parameters are {', '.join(takes)}" if takes else "it takes no parameters"
-            raise InputError(f'"{name}" does not apply to {task.described}: {accepted}')
+            raise InputError(
+                f'"{name}" does not apply to {"a rerank request" if reranking else task.described}: {accepted}'
+            )
+    for name in RERANK:
+        if parameters.get(name) is not None and not reranking:
+            raise InputError(f'"{name}" applies to rerank requests ({{"query": ..., "texts": [...]}}) only')

@@ -1,0 +1,167 @@
+"""The sentence-transformers folder format, as far as serving an embedding model needs it: which
+modules turn the transformer's token states into one vector per text.
+
+A sentence-transformers folder lists its modules in `modules.json`, in order: the Transformer (the
+folder itself), a Pooling (`1_Pooling/config.json`: CLS, mean, max, mean over sqrt(length), weighted
+mean, last token), optional Dense layers (`2_Dense/config.json` and their weights) and Normalize. Beside
+them, `sentence_bert_config.json` (max_seq_length) and `config_sentence_transformers.json` (named prompts
+and the default one). A plain transformers folder served as embeddings (BYOC_TASK=embedding) gets mean
+pooling, as sentence-transformers itself gives such a folder.
+
+JSON only here: the serving image reads this without torch (the pooling runs inside model.onnx, or on
+torch in byoc.tasks.embedding's module).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MODULES = "modules.json"
+POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
+# 1_Pooling/config.json's pooling_mode_* keys, each naming one mode, in the order sentence-transformers
+# concatenates the vectors of several
+_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+ACTIVATIONS = ("Identity", "Tanh", "ReLU", "GELU", "Sigmoid")
+
+
+class FolderError(ValueError):
+    """A sentence-transformers folder byoc cannot serve as it is: says which file and why."""
+
+
+@dataclass(frozen=True)
+class Dense:
+    """One Dense module: a linear layer and its activation, its weights in `path`."""
+
+    path: Path
+    in_features: int
+    out_features: int
+    bias: bool = True
+    activation: str = "Identity"  # one of ACTIVATIONS
+
+
+@dataclass(frozen=True)
+class SentenceFolder:
+    """How a folder's token states become its sentence vectors, and what it prepends to texts."""
+
+    pooling: tuple[str, ...] = ("mean",)  # one mode or several (their vectors concatenated, in this order)
+    dense: tuple[Dense, ...] = ()
+    normalize: bool = False  # the folder ends in Normalize (the vectors are unit length)
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    max_seq_length: int | None = None
+    sentence_transformers: bool = False  # read from modules.json (else: a plain folder, mean pooling)
+
+
+def is_sentence_folder(model_dir: Path) -> bool:
+    return (Path(model_dir) / MODULES).is_file()
+
+
+def read(model_dir: Path) -> SentenceFolder:
+    """The folder's modules (a plain transformers folder: mean pooling, no Dense, no Normalize)."""
+    model_dir = Path(model_dir)
+    if not is_sentence_folder(model_dir):
+        return SentenceFolder(**_prompts(model_dir), max_seq_length=_max_seq_length(model_dir))
+    modules = _json(model_dir / MODULES)
+    if not isinstance(modules, list):
+        raise FolderError(f"{model_dir / MODULES} must be a list of modules")
+    pooling: tuple[str, ...] = ("mean",)
+    dense: list[Dense] = []
+    normalize = False
+    for module in modules:
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        where = model_dir / str(module.get("path", ""))
+        if kind == "Transformer":
+            continue
+        if kind == "Pooling":
+            pooling = _pooling(where / "config.json")
+        elif kind == "Dense":
+            dense.append(_dense(where))
+        elif kind == "Normalize":
+            normalize = True
+        else:
+            raise FolderError(
+                f"{model_dir / MODULES} names a {module.get('type')!r} module, which byoc does not serve "
+                "(it serves Transformer, Pooling, Dense and Normalize)"
+            )
+    return SentenceFolder(
+        pooling,
+        tuple(dense),
+        normalize,
+        **_prompts(model_dir),
+        max_seq_length=_max_seq_length(model_dir),
+        sentence_transformers=True,
+    )
+
+
+def _pooling(config_path: Path) -> tuple[str, ...]:
+    """sentence-transformers 6's `pooling_mode` (a mode, or modes in their order), or the flags of earlier versions."""
+    config = _json(config_path)
+    config = config if isinstance(config, dict) else {}
+    named = config.get("pooling_mode")
+    if named is not None:
+        given = (named,) if isinstance(named, str) else tuple(named) if isinstance(named, list) else ()
+        modes = tuple("mean_sqrt_len" if mode == "mean_sqrt_len_tokens" else mode for mode in given)
+        unknown = [mode for mode in modes if mode not in POOLING_MODES]
+        if unknown or not modes:
+            raise FolderError(
+                f"{config_path}: pooling_mode {named!r} is not one byoc serves ({', '.join(POOLING_MODES)})"
+            )
+    else:
+        modes = tuple(mode for key, mode in _POOLING_KEYS.items() if config.get(key))
+    if not modes:
+        raise FolderError(f"{config_path}: no pooling mode set (pooling_mode_mean_tokens and its kin)")
+    if not config.get("include_prompt", True):
+        raise FolderError(
+            f"{config_path}: include_prompt=false (a prompt's tokens left out of the pooling) is not served by byoc"
+        )
+    return modes
+
+
+def _dense(folder: Path) -> Dense:
+    config = _json(folder / "config.json")
+    activation = str(config.get("activation_function") or "torch.nn.modules.linear.Identity").rsplit(".", 1)[-1]
+    if activation not in ACTIVATIONS:
+        raise FolderError(f"{folder / 'config.json'}: activation {activation!r} is not one byoc serves ({ACTIVATIONS})")
+    try:
+        return Dense(
+            folder, int(config["in_features"]), int(config["out_features"]), bool(config.get("bias", True)), activation
+        )
+    except (KeyError, TypeError, ValueError):
+        raise FolderError(f"{folder / 'config.json'}: a Dense module needs in_features and out_features") from None
+
+
+def _prompts(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "config_sentence_transformers.json"
+    config = _json(path) if path.is_file() else {}
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise FolderError(f"{path}: prompts must map names to texts")
+    default = config.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise FolderError(f"{path}: default_prompt_name {default!r} is not one of its prompts")
+    return {"prompts": dict(prompts), "default_prompt_name": default}
+
+
+def _max_seq_length(model_dir: Path) -> int | None:
+    path = model_dir / "sentence_bert_config.json"
+    value = _json(path).get("max_seq_length") if path.is_file() else None
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FolderError(f"{path} is missing: the folder's modules.json names it") from None
+    except (OSError, ValueError) as err:
+        raise FolderError(f"{path} cannot be read: {err}") from None
