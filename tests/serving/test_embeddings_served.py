@@ -228,3 +228,28 @@ def test_byoc_serve_answers_tei_openai_and_rerank_over_http(minilm_graph, refere
         assert refused.status_code == 400 and "does not rerank" in refused.text
     finally:
         s.stop()
+
+
+def test_a_multi_model_endpoint_holds_an_embedding_model_beside_a_classifier(
+    minilm_graph, reference, tmp_path_factory, tiny_model_dir, tmp_path
+):
+    import serve_helpers
+
+    classifier = serve_helpers.tiny_classifier(tmp_path_factory, tiny_model_dir)
+    (tmp_path / "model").mkdir()
+    s = Server(tmp_path / "model", env={"SAGEMAKER_MULTI_MODEL": "true", "BYOC_INFERENCE_BACKEND": "onnxruntime"})
+    try:
+        s.wait_ready()
+        for name, folder in (("minilm", minilm_graph), ("sentiment", classifier)):
+            target = Path(shutil.copytree(folder, tmp_path / "models" / name / "model"))
+            assert s.client.post("/models", json={"model_name": name, "url": str(target)}).status_code == 200
+        vectors = s.client.post("/models/minilm/invoke", json={"inputs": TEXTS[:2]})
+        assert vectors.status_code == 200 and cosines(vectors.json(), reference[:2]).min() >= 0.9999
+        openai = s.client.post("/models/minilm/invoke", json={"input": TEXTS[:1], "model": "minilm"}).json()
+        assert openai["object"] == "list" and openai["data"][0]["index"] == 0
+        labels = s.client.post("/models/sentiment/invoke", json={"inputs": TEXTS[:2]}).json()
+        assert [answer["label"] in ("negative", "positive") for answer in labels] == [True, True]
+        ranked = s.client.post("/models/sentiment/invoke", json={"query": "q", "texts": ["a", "b", "c"], "top_n": 2})
+        assert ranked.status_code == 200 and len(ranked.json()) == 2
+    finally:
+        s.stop()
