@@ -195,6 +195,8 @@ def test_a_program_named_like_a_module_in_use_is_refused(tmp_path):
         (b"a\nb\n\n  \nc\n", "text/plain", 3),
         (b'{"inputs": "a"}\n{"inputs": "b"}\n\n', "application/jsonlines", 2),
         (b'a,b\n"c\nstill c"\n\nd\n', "text/csv", 3),
+        (b'{"query": "q", "top_n": 2, "texts": ["a", "b", "c", "d"]}', "application/json", 4),  # TEI's rerank
+        (b'{"model": "m", "input": ["a", "b"]}', "application/json", 2),  # OpenAI's embeddings
     ],
 )
 def test_inputs_are_counted_without_building_them(body, content_type, count):

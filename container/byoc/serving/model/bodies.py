@@ -57,8 +57,8 @@ def _count_up_to(items: Iterable[Any], limit: int) -> int:
 
 
 def _count_json(text: str, limit: int) -> int:
-    """The elements of the body's list of inputs (the top-level list, or "inputs" of the top-level
-    object), each decoded alone and dropped, up to limit + 1."""
+    """The elements of the body's list of inputs (the top-level list, or "inputs" of the top-level object,
+    or a rerank body's "texts", or an OpenAI body's "input"), each decoded alone and dropped, up to limit + 1."""
     decoder, skip = json.JSONDecoder(), re.compile(r"[ \t\n\r]*")
     at = skip.match(text, 0).end()  # type: ignore[union-attr]
     if text.startswith("{", at):
@@ -67,7 +67,7 @@ def _count_json(text: str, limit: int) -> int:
             key, at = json.decoder.scanstring(text, at + 1)  # type: ignore[attr-defined]
             at = skip.match(text, at).end()  # type: ignore[union-attr]
             at = skip.match(text, at + 1).end() if text.startswith(":", at) else len(text)  # type: ignore[union-attr]
-            if key == "inputs":
+            if key in INPUT_KEYS:
                 break
             _, at = decoder.raw_decode(text, at)
             at = skip.match(text, at).end()  # type: ignore[union-attr]
@@ -101,6 +101,7 @@ def parse(text: str, kind: str, one_text: bool) -> tuple[Any, Any]:
     return [line for line in text.split("\n") if line.strip()], {}  # text/plain: one text per line
 
 
+INPUT_KEYS = ("inputs", "texts", "input")  # where an object body's list of inputs is (_json_shapes)
 # Text Embeddings Inference's request keys beside "inputs": a request's parameters (task_parameters).
 TEI_KEYS = ("normalize", "truncate", "dimensions", "prompt_name")
 
