@@ -51,7 +51,7 @@ def test_a_compiled_job_uses_buckets_and_compiles_nothing_after_epoch_one(tmp_pa
     hyperparameters = {
         "torch_compile": "true",
         "max_buckets": "2",
-        "epochs": "3",
+        "epochs": "2",  # the second epoch and evaluation compile nothing: what the test is about
         "eval_strategy": "epoch",
         "per_device_train_batch_size": "8",
         "per_device_eval_batch_size": "8",
@@ -71,9 +71,9 @@ def test_a_compiled_job_uses_buckets_and_compiles_nothing_after_epoch_one(tmp_pa
         metrics["torch_compile_graphs_per_epoch"],
         metrics["torch_compile_graphs_per_evaluation"],
     )
-    assert per_epoch[0] > 0 and per_epoch[1:] == [0, 0], per_epoch
+    assert per_epoch[0] > 0 and per_epoch[1:] == [0], per_epoch
     # (Evaluation runs the model uncompiled on transformers 5; whatever it compiles, it compiles once.)
-    assert per_evaluation[1:] == [0, 0], per_evaluation
+    assert per_evaluation[1:] == [0], per_evaluation
     assert 0 <= metrics["eval_accuracy"] <= 1 and (job.model_dir / "model.safetensors").exists()
 
     # The compiled steps are kept with the checkpoints (synced to S3): a spot restart on a new
