@@ -151,9 +151,21 @@ def render(answers):
 """
 
 
-def test_user_code_loads_like_the_toolkits(tmp_path):
+def test_user_code_loads_like_the_toolkits(tmp_path, monkeypatch):
     """Registered in sys.modules under its own name, its folder kept on sys.path: a dataclass with
     postponed annotations, pickling its classes and `import helper` inside a function all work."""
+    # What the loader leaves, as the toolkits do (the folder on sys.path, `helper` imported), is undone
+    # after the test: other tests' models have a `helper` of their own.
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        _loads_like_the_toolkits(tmp_path)
+    finally:
+        for name, module in list(sys.modules.items()):
+            if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
+                del sys.modules[name]
+
+
+def _loads_like_the_toolkits(tmp_path) -> None:
     model = code_dir(tmp_path, {"inference.py": USER_CODE, "helper.py": HELPER})
     handlers = load_handlers(model)
     assert handlers.output_fn(([{"label": "joy", "score": 0.5}]), "application/json") == (
