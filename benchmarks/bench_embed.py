@@ -55,11 +55,6 @@ def model_folder() -> Path:
     return target
 
 
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    rank = lambda v: np.argsort(np.argsort(v)).astype(np.float64)  # noqa: E731 (ties are rare in cosines)
-    return float(np.corrcoef(rank(a), rank(b))[0, 1])
-
-
 def vectors(model: dict, texts: list[str]) -> np.ndarray:
     from byoc.serving.model import default_handlers
 
@@ -93,6 +88,8 @@ def ceiling(model: dict, texts: list[str], seconds: float = 6.0) -> float:
 def quality(folder: Path) -> dict:
     from sentence_transformers import SentenceTransformer
 
+    from byoc.tasks.regression import regression_metrics
+
     first, second, gold = sick_pairs()
     result = {}
     reference = SentenceTransformer(str(folder), device="cpu")
@@ -106,7 +103,8 @@ def quality(folder: Path) -> dict:
         cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
         both = np.concatenate([a, b])
         to_fp32 = (both * fp32).sum(1) / np.linalg.norm(both, axis=1) / np.linalg.norm(fp32, axis=1)
-        result[name] = {"spearman_sick_test": spearman(cos, gold), "mean_cosine_to_fp32": float(to_fp32.mean())}
+        spearman = regression_metrics(cos, gold)["spearmanr"]  # ties (SICK's scores have many) share their rank
+        result[name] = {"spearman_sick_test": spearman, "mean_cosine_to_fp32": float(to_fp32.mean())}
         print(
             f"{name:22s} SICK test Spearman {result[name]['spearman_sick_test']:.4f}, "
             f"mean cosine to byoc fp32 {result[name]['mean_cosine_to_fp32']:.5f}",

@@ -81,8 +81,9 @@ class Task:
 
         return Logits().eval()
 
-    def serving_facts(self, model_dir: Path) -> dict[str, Any]:
-        """What serving keeps beside the model from its folder, for `prepare` and `answer`."""
+    def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
+        """What serving keeps beside the model from its folder (`config`: its config.json, read once), for
+        `prepare`, `answer` and `relevance`."""
         return {}
 
     # -- training ------------------------------------------------------------------------------------

@@ -35,13 +35,12 @@ class Embedding(Task):
     def model_kwargs(self) -> dict[str, Any]:
         return {}
 
-    def serving_facts(self, model_dir: Path) -> dict[str, Any]:
+    def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
         folder = sentence_folder.read(model_dir)
         return {
             "prompts": folder.prompts,
             "default_prompt_name": folder.default_prompt_name,
             "max_seq_length": folder.max_seq_length,
-            "normalized": folder.normalize,
         }
 
     def load_torch(self, model_dir: Path, **kwargs: Any) -> tuple[Any, list[str]]:

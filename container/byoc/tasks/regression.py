@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -42,10 +41,9 @@ class Regression(Task):
     def prediction(self, row: np.ndarray, label: np.ndarray, names: list[str], cuts: np.ndarray) -> dict[str, Any]:
         return {"label": round(float(label.reshape(-1)[0]), 6), "predicted": round(float(row.reshape(-1)[0]), 6)}
 
-    def serving_facts(self, model_dir: Path) -> dict[str, Any]:
+    def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
         """Whether the model says it is a regression (byoc's pair regression does): a cross-encoder's one
         logit (no problem_type) is a relevance score, which a sigmoid makes a probability, as TEI serves it."""
-        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
         return {"stated_regression": config.get("problem_type") == NAME}
 
     def relevance(self, row: np.ndarray, raw: bool, model: Mapping) -> float:

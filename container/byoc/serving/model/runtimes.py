@@ -72,7 +72,7 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None =
     the task asked for (BYOC_TASK), else the folder's (byoc.tasks.of_folder)."""
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     task = tasks.of_folder(model_dir, config, task_name)
-    facts = task.serving_facts(model_dir)
+    facts = task.serving_facts(model_dir, config)
     tokenizer_config_path = model_dir / "tokenizer_config.json"
     tokenizer_config = (
         json.loads(tokenizer_config_path.read_text(encoding="utf-8")) if tokenizer_config_path.exists() else {}
@@ -147,7 +147,7 @@ def load_torch(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     task = tasks.of_folder(model_dir, config, task_name)
-    facts = task.serving_facts(model_dir)
+    facts = task.serving_facts(model_dir, config)
     model, missing = task.load_torch(model_dir, use_safetensors=True, trust_remote_code=False, **compat.fp32_weights())
     if missing and not untrained_head:
         raise BackendError(untrained_head_message(model_dir, sorted(missing)))
