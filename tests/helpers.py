@@ -385,6 +385,28 @@ def score_rows(n: int, seed: int = 0) -> list[tuple[str, str, float]]:
     return rows
 
 
+TOPICS = {
+    "cooking": ["a recipe for bread", "how to bake a cake", "boiling pasta in salted water"],
+    "weather": ["rain is expected tomorrow", "a sunny and warm afternoon", "snow storms in the north"],
+    "sports": ["the team won the final", "a marathon runner trains daily", "the goalkeeper saved a penalty"],
+    "music": ["the band played a new song", "learning to play the guitar", "an orchestra performs tonight"],
+}
+
+
+def topic_rows(n: int, seed: int = 0, negatives: bool = False) -> list[dict]:
+    """(anchor, positive) rows: two sentences of one topic; a negative from another topic."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        topic, other = rng.sample(sorted(TOPICS), 2)
+        anchor, positive = rng.sample(TOPICS[topic], 2)
+        row = {"anchor": f"{anchor} ({i})", "positive": positive}
+        if negatives:
+            row["negative"] = rng.choice(TOPICS[other])
+        rows.append(row)
+    return rows
+
+
 def write_jsonl(path, rows) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 

@@ -202,3 +202,40 @@ def restore_indexed_cpu_locations() -> None:
         return obj if location.startswith("cpu:") and location[4:].isdigit() else None
 
     torch.serialization.register_package(30, tagger, deserializer)
+
+
+# ---------------------------------------------------------------------------------------------
+# sentence-transformers: training embedding models
+
+
+def sentence_transformers_api() -> Any:
+    """sentence-transformers' `(SentenceTransformer, Transformer, Pooling, losses)`: 6.x moved the
+    embedding model's modules and losses under `sentence_transformers.sentence_transformer` (the old
+    paths warn); 5.1 (the Neuron image's floor) has only the old ones."""
+    import sentence_transformers
+
+    try:
+        from sentence_transformers.sentence_transformer import losses
+        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    except ImportError:
+        from sentence_transformers import losses  # type: ignore[no-redef,attr-defined]
+        from sentence_transformers.models import Pooling, Transformer  # type: ignore[no-redef]
+    return sentence_transformers.SentenceTransformer, Transformer, Pooling, losses
+
+
+def sentence_encoder_kwargs(transformer_class: Any, model: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """sentence-transformers' `Transformer(...)` keywords for `from_pretrained`'s and the config's
+    arguments: `model_kwargs`/`config_kwargs` in 6.x, `model_args`/`config_args` in 5.1."""
+    names = _parameters(transformer_class.__init__)
+    suffix = "kwargs" if "model_kwargs" in names else "args"
+    return {f"model_{suffix}": model, f"config_{suffix}": config}
+
+
+def embedding_dimension(module: Any) -> int:
+    """A SentenceTransformer's (or its Transformer module's) vector width: `get_embedding_dimension` in 6.x
+    (the old names warn), `get_sentence_embedding_dimension` / `get_word_embedding_dimension` in 5.1."""
+    for name in ("get_embedding_dimension", "get_sentence_embedding_dimension", "get_word_embedding_dimension"):
+        method = getattr(module, name, None)
+        if method is not None:
+            return int(method())
+    raise TypeError(f"{type(module).__name__} states no embedding dimension")

@@ -223,8 +223,8 @@ def test_what_the_trainer_owns_reaches_trainingarguments_under_its_names():
     assert given["learning_rate"] == 3e-5 and given["seed"] == 7 and "epochs" not in given
 
 
-def test_a_task_byoc_serves_but_does_not_train_is_refused_by_name():
-    with pytest.raises(
-        HyperparameterError, match="task=embedding: an embedding model is served by byoc, not trained by it yet"
-    ):
-        parse_hyperparameters({"task": "embedding"})
+def test_every_task_trains_embedding_included():
+    assert parse_hyperparameters({"task": "embedding"}).task == "embedding"
+    assert parse_hyperparameters({"task": "sentence-embeddings"}).task == "embedding"
+    with pytest.raises(HyperparameterError, match="task must be auto or one of .*embedding"):
+        parse_hyperparameters({"task": "embed_everything"})

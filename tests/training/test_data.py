@@ -785,3 +785,69 @@ def test_a_missing_regression_label_names_its_row(tmp_path):
     write(tmp_path / "train" / "d.jsonl", '{"text": "a", "label": 1.5}\n{"text": "b", "label": NaN}\n')
     message = error(tmp_path, train=tmp_path / "train")
     assert "no value" in message and "row 2" in message
+
+
+# --- an embedding model's data -----------------------------------------------------------------------------
+
+
+def test_anchor_positive_negative_rows_are_an_embedding_models_data(tmp_path):
+    train = write(
+        tmp_path / "train/train.jsonl",
+        "".join(
+            json.dumps({"Anchor": f"q{i}", "positive": f"p{i}", "negative": f"n{i}", "id": i}) + "\n" for i in range(4)
+        ),
+    )
+    data = load(tmp_path, train=train.parent)
+    assert data.task == "embedding" and data.label_names == []
+    assert data.train.column_names == ["text", "text_pair", "text_negative", "label"]
+    assert data.train[1]["text"] == "q1" and data.train[1]["text_negative"] == "n1"
+    assert all(np.isnan(score) for score in data.train["label"])  # no scores: in-batch negatives
+
+
+def test_query_positive_csv_with_a_validation_split_held_out(tmp_path):
+    train = write(tmp_path / "train/train.csv", "query,positive\n" + "".join(f"q {i},p {i}\n" for i in range(20)))
+    data = load(tmp_path, DataSpec(validation_split=0.25), train=train.parent)
+    assert data.task == "embedding" and len(data.train) == 15 and len(data.eval) == 5
+    assert data.train.column_names == ["text", "text_pair", "label"]
+
+
+def test_scored_pairs_train_an_embedding_model_when_asked(tmp_path):
+    train = write(tmp_path / "train/t.csv", "sentence1,sentence2,score\na b,a c,4.5\nd e,f g,0.5\nh,h i,3\n")
+    data = load(tmp_path, DataSpec(task="embedding"), train=train.parent)
+    assert data.task == "embedding" and data.label_names == ["score"]
+    assert data.train["label"] == [4.5, 0.5, 3.0] and data.train[0]["text_pair"] == "a c"
+
+
+@pytest.mark.parametrize(
+    ("files", "task", "expected"),
+    [
+        (
+            {"train": ("t.jsonl", '{"anchor": "a", "positive": "b"}\n')},
+            "regression",
+            "drop task (or set task=embedding)",
+        ),
+        ({"train": ("t.csv", "text,label\nhello,1.5\nworld,2\n")}, "embedding", "anchor (or query) column"),
+        (
+            {"train": ("t.csv", "sentence1,sentence2,label\na,b,x\nc,d,y\n")},
+            "embedding",
+            "task=embedding needs numeric",
+        ),
+        (
+            {"train": ("t.jsonl", '{"anchor": "a", "positive": "b"}\n'), "test": ("t.csv", "text,label\nc,1\n")},
+            "auto",
+            "the test data (t.csv in",
+        ),
+        (
+            {
+                "train": ("t.jsonl", '{"anchor": "a", "positive": "b", "negative": "c"}\n'),
+                "test": ("t.jsonl", '{"anchor": "a", "positive": "b"}\n'),
+            },
+            "auto",
+            "has a negative column but the test data",
+        ),
+        ({"train": ("t.jsonl", '{"anchor": "a", "positive": ""}\n')}, "auto", "no value in column 'positive'"),
+    ],
+)
+def test_embedding_data_that_cannot_train_says_what_to_change(tmp_path, files, task, expected):
+    channels = {role: write(tmp_path / role / name, text).parent for role, (name, text) in files.items()}
+    assert expected in error(tmp_path, DataSpec(task=task), **channels)

@@ -36,7 +36,6 @@ class Task:
     per_token = False  # a label per token (words in, entities out) rather than per text
     vectors = False  # answers a vector per text (an embedding model: OpenAI's embeddings requests)
     smooths_labels = False  # label_smoothing applies (one class per text)
-    trains = True  # `byoc train` trains it (an embedding model is served only, for now)
     small_batches = False  # trains at byoc's small default batch whatever the data's size
     masks_rows = False  # its loss cannot skip filler rows itself: byoc masks them (Trainer.compute_loss)
     tunes_thresholds = False  # chooses its decision thresholds on the eval data

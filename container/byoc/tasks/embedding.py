@@ -6,6 +6,11 @@ pooling and Dense layers run in the model (inside model.onnx, or on torch: `Pool
 Matryoshka `dimensions` and prompts are the request's (`normalize`, default true as in TEI;
 `dimensions`, the first N components, normalized again; `prompt_name`, one of the folder's prompts,
 else its default prompt), so they cost nothing in the graph and a request may turn them off.
+
+Trained (byoc.training.embedding) on scored pairs or on (anchor, positive[, negative]) rows; an evaluation
+gets each row's two vectors side by side and reports the Spearman (and Pearson) correlation of their
+cosine with the scores, or (rows without scores) how well each anchor finds its own positive among every
+row's: MRR@10, NDCG@10, recall@1 and @10, as sentence-transformers' evaluators compute them.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from byoc import sentence_folder
-from byoc.tasks.base import BadParameter, Task
+from byoc.tasks.base import BadParameter, Task, kept_rows
+from byoc.tasks.regression import regression_metrics
 
 NAME = "embedding"
 NORM_EPS = 1e-12  # as torch.nn.functional.normalize (sentence-transformers' Normalize)
@@ -30,10 +36,50 @@ class Embedding(Task):
     parameters = ("normalize", "dimensions", "prompt_name")
     auto_class = "AutoModel"
     vectors = True
-    trains = False  # served; training embedding models is not available yet
+    small_batches = True  # in-batch negatives and CoSENT's pairs of pairs: batch 16, sentence-transformers' default
+    metrics = ("spearman_cosine", "pearson_cosine", "mrr_at_10", "ndcg_at_10", "recall_at_1", "recall_at_10")
+    metric_notes = {
+        "mrr_at_10": "each eval row's anchor ranks every row's positive by cosine; its own is the one relevant",
+    }
 
     def model_kwargs(self) -> dict[str, Any]:
         return {}
+
+    def head(self, num_labels: int) -> str:
+        return "sentence embeddings, " + ("scored pairs" if num_labels else "(anchor, positive) rows")
+
+    def collator(self, tokenizer: Any, pad_to_multiple_of: int | None) -> Any:
+        return GroupCollator(tokenizer, pad_to_multiple_of)
+
+    def label_summary(self, labels: np.ndarray) -> str:
+        scores = np.asarray(labels, dtype=np.float64)
+        if not np.isfinite(scores).any():
+            return "rows without scores (the other rows' positives are each anchor's negatives)"
+        return f"pair scores {np.nanmin(scores):g}..{np.nanmax(scores):g}"
+
+    def evaluate(
+        self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        """`logits`: each row's first and second vector side by side; `labels`: its score, NaN for none."""
+        logits, labels = kept_rows(np.asarray(logits, dtype=np.float32), np.asarray(labels))
+        first, second = _halves(logits)
+        scores = np.asarray(labels, dtype=np.float64).reshape(-1)
+        if len(scores) and np.isfinite(scores).all():
+            correlation = regression_metrics((first * second).sum(axis=1), scores)
+            return {"spearman_cosine": correlation["spearmanr"], "pearson_cosine": correlation["pearson"]}, {}
+        return retrieval_metrics(first, second), {}
+
+    def predictions(
+        self, logits: np.ndarray, labels: np.ndarray, names: list[str], cuts: np.ndarray
+    ) -> list[dict[str, Any]]:
+        """Each test row's cosine between its two texts (and its score, where it has one)."""
+        logits, labels = kept_rows(np.asarray(logits, dtype=np.float32), np.asarray(labels))
+        first, second = _halves(logits)
+        lines = []
+        for cosine, label in zip((first * second).sum(axis=1), np.asarray(labels, dtype=np.float64).reshape(-1)):
+            line = {"cosine": round(float(cosine), 6)}
+            lines.append({"label": round(float(label), 6), **line} if np.isfinite(label) else line)
+        return lines
 
     def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
         folder = sentence_folder.read(model_dir)
@@ -86,6 +132,62 @@ class Embedding(Task):
                 vector = vector / max(float(np.linalg.norm(vector)), NORM_EPS)
             out.append(vector.astype(np.float32).tolist())
         return out
+
+
+def _halves(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The two unit vectors of each row (the training model gives both texts' vectors side by side)."""
+    width = logits.shape[1] // 2
+    first, second = logits[:, :width].astype(np.float32), logits[:, width:].astype(np.float32)
+    return _unit(first), _unit(second)
+
+
+def _unit(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), NORM_EPS)
+
+
+def retrieval_metrics(queries: np.ndarray, documents: np.ndarray, block: int = 1024) -> dict[str, float]:
+    """Row i's query against every row's document (unit vectors), its own the one relevant: MRR@10,
+    NDCG@10, recall@1 and @10 (sentence-transformers' InformationRetrievalEvaluator's figures, one relevant
+    document a query). A document scoring exactly as the relevant one ranks below it. Blocks of queries
+    keep memory at block x rows."""
+    ranks = np.empty(len(queries), dtype=np.int64)
+    for start in range(0, len(queries), block):
+        similarity = queries[start : start + block] @ documents.T
+        own = similarity[np.arange(len(similarity)), np.arange(start, start + len(similarity))]
+        ranks[start : start + block] = (similarity > own[:, None]).sum(axis=1) + 1  # 1 = first
+    top = ranks <= 10
+    return {
+        "mrr_at_10": float(np.where(top, 1.0 / ranks, 0.0).mean()) if len(ranks) else 0.0,
+        "ndcg_at_10": float(np.where(top, 1.0 / np.log2(ranks + 1.0), 0.0).mean()) if len(ranks) else 0.0,
+        "recall_at_1": float((ranks == 1).mean()) if len(ranks) else 0.0,
+        "recall_at_10": float(top.mean()) if len(ranks) else 0.0,
+    }
+
+
+class GroupCollator:
+    """Training rows of up to three texts (token columns prefixed "", "pair_", "negative_"), each group
+    padded on its own to its longest row; `labels` the rows' scores (float32, NaN for none)."""
+
+    def __init__(self, tokenizer: Any, pad_to_multiple_of: int | None) -> None:
+        self.tokenizer, self.pad_to_multiple_of = tokenizer, pad_to_multiple_of
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch  # training's (serving imports this module without torch)
+
+        batch: dict[str, Any] = {}
+        for prefix in ("", "pair_", "negative_"):
+            keys = [key for key in ("input_ids", "attention_mask", "token_type_ids") if prefix + key in features[0]]
+            if not keys:
+                continue
+            padded = self.tokenizer.pad(
+                [{key: row[prefix + key] for key in keys} for row in features],
+                pad_to_multiple_of=self.pad_to_multiple_of,
+                return_tensors="pt",
+            )
+            batch.update({prefix + key: padded[key] for key in keys})
+        if "labels" in features[0]:
+            batch["labels"] = torch.tensor([float(row["labels"]) for row in features], dtype=torch.float32)
+        return batch
 
 
 def pooled(model: Any, folder: sentence_folder.SentenceFolder) -> Any:

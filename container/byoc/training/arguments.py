@@ -111,9 +111,10 @@ class TrainArguments:
     label_column: str | None = _hp(None, "Label column. Default: detected (label, labels, target, class, ...).")
     task: str = _hp(
         "auto",
-        "single_label_classification, multi_label_classification, regression or token_classification (or single_label, "
-        "multi_label, ner). auto: CoNLL files or tokens + ner_tags -> token_classification; lists of labels or 0/1 "
-        "label columns -> multi-label; numbers not all whole -> regression; else single-label.",
+        "single_label_classification, multi_label_classification, regression, token_classification or embedding (or "
+        "single_label, multi_label, ner). auto: CoNLL files or tokens + ner_tags -> token_classification; anchor and "
+        "positive columns -> embedding; lists of labels or 0/1 label columns -> multi-label; numbers not all whole -> "
+        "regression; else single-label. embedding on sentence pairs with a score: CoSENT.",
         ("problem_type",),
     )
     label_columns: str | None = _hp(
@@ -281,14 +282,8 @@ def _validate(args: TrainArguments) -> None:
         )
     bucket_sizes(args)  # a bad list fails here, before any work
     task = tasks.AUTO if args.task.strip().lower() == tasks.AUTO else tasks.name_of(args.task)
-    trained = [name for name in tasks.NAMES if tasks.get(name).trains]
     if task is None:
-        raise HyperparameterError(f"hyperparameter task must be auto or one of {', '.join(trained)}: {args.task!r}")
-    if task != tasks.AUTO and not tasks.get(task).trains:
-        raise HyperparameterError(
-            f"task={args.task}: {tasks.get(task).described} is served by byoc, not trained by it yet; "
-            f"train one of {', '.join(trained)}"
-        )
+        raise HyperparameterError(f"hyperparameter task must be auto or one of {', '.join(tasks.NAMES)}: {args.task!r}")
     args.task = task
     _check_precision(args)
     if args.serving_int8 and not args.serving_graph:

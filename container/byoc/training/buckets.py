@@ -117,19 +117,23 @@ class FixedShapeCollator:
         self.pad_token_id, self.buckets, self.batch_rows = pad_token_id, list(buckets), batch_rows
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        width = bucket_of(max(len(f["input_ids"]) for f in features), self.buckets)
+        # An embedding model's rows hold several texts (token columns prefixed pair_, negative_): all of
+        # them padded to the bucket of the longest.
+        prefixes = [key.removesuffix("input_ids") for key in features[0] if key.endswith("input_ids")]
+        width = bucket_of(max(len(f[p + "input_ids"]) for f in features for p in prefixes), self.buckets)
         rows = max(len(features), self.batch_rows)
         batch: dict[str, torch.Tensor] = {}
-        for key in ("input_ids", "attention_mask", "token_type_ids"):
+        for key in (p + k for p in prefixes for k in ("input_ids", "attention_mask", "token_type_ids")):
             if key not in features[0]:
                 continue
-            tensor = torch.full((rows, width), self.pad_token_id if key == "input_ids" else 0, dtype=torch.long)
+            tensor = torch.full((rows, width), self.pad_token_id if key.endswith("input_ids") else 0, dtype=torch.long)
             for i, feature in enumerate(features):
                 values = feature[key][:width]
                 tensor[i, : len(values)] = torch.as_tensor(values, dtype=torch.long)
             batch[key] = tensor
-        if "attention_mask" in batch:
-            batch["attention_mask"][len(features) :, 0] = 1  # filler rows attend to their one token
+        for prefix in prefixes:
+            if prefix + "attention_mask" in batch:
+                batch[prefix + "attention_mask"][len(features) :, 0] = 1  # filler rows attend to their one token
         if "labels" in features[0]:
             batch["labels"] = _labels(features, rows, width)
         return batch

@@ -30,18 +30,29 @@ EVALUATED = ("loss", *dict.fromkeys(name for task in tasks.TASKS.values() for na
 # Multi-label metrics also reported at the thresholds chosen on the eval data (byoc.tasks.thresholds),
 # as `eval_f1_micro_tuned`...; the others at those thresholds go to metrics.json only.
 TUNED = ("f1_micro", "f1_macro")
-# For `Estimator(metric_definitions=METRIC_DEFINITIONS)`: each regex reads one `[metrics]` log line field.
-# 38 definitions: SageMaker takes at most 40 per job, so every task's metrics fit in one list.
-METRIC_DEFINITIONS: list[dict[str, str]] = [
+_TRAINING = [
     {"Name": "train:loss", "Regex": rf"\[metrics\].* loss={_NUMBER}"},
     {"Name": "train:learning_rate", "Regex": rf"\[metrics\].* learning_rate={_NUMBER}"},
     {"Name": "train:samples_per_second", "Regex": rf"\[metrics\].* samples_per_second={_NUMBER}"},
     {"Name": "train:epoch", "Regex": rf"\[metrics\].* epoch={_NUMBER}"},
-] + [
-    {"Name": f"{split}:{name}", "Regex": rf"\[metrics\].* {split}_{name}={_NUMBER}"}
-    for split in ("eval", "test")
-    for name in (*EVALUATED, *(f"{name}_tuned" for name in TUNED))
 ]
+
+
+def metric_definitions(task: str | None = None) -> list[dict[str, str]]:
+    """For `Estimator(metric_definitions=...)`: each regex reads one `[metrics]` log line field. SageMaker
+    takes at most 40 a job: `task` (a byoc.tasks name) gives one task's; None every classifier's and
+    regression's (38: `METRIC_DEFINITIONS`). An embedding model's: metric_definitions("embedding")."""
+    kinds = [tasks.get(task)] if task else [kind for kind in tasks.TASKS.values() if not kind.vectors]
+    names = ("loss", *dict.fromkeys(name for kind in kinds for name in kind.metrics))
+    tuned = TUNED if any(kind.tunes_thresholds for kind in kinds) else ()
+    return _TRAINING + [
+        {"Name": f"{split}:{name}", "Regex": rf"\[metrics\].* {split}_{name}={_NUMBER}"}
+        for split in ("eval", "test")
+        for name in (*names, *(f"{name}_tuned" for name in tuned))
+    ]
+
+
+METRIC_DEFINITIONS: list[dict[str, str]] = metric_definitions()
 
 
 class TaskMetrics:

@@ -9,15 +9,16 @@ import logging
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transformers
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from byoc import compat, model_folder, tasks
+from byoc import compat, model_folder, sentence_folder, tasks
 from byoc.contract import TrainingContract
 from byoc.errors import UserError, brief
+from byoc.launch import distributed
 from byoc.safe_files import UnsafeArchive, extract_archive
 from byoc.training.arguments import TrainArguments
 
@@ -124,6 +125,12 @@ def load_tokenizer(source: ModelSource, args: TrainArguments) -> PreTrainedToken
         positions = None  # load_model reports an unreadable config
     if model_max_length(tokenizer) > model_folder.max_length(tokenizer.model_max_length, positions):
         tokenizer.model_max_length = positions
+    # A sentence-transformers folder states the length its embeddings were trained at (max_seq_length).
+    folder = Path(source.path)
+    if sentence_folder.is_sentence_folder(folder):
+        stated = sentence_folder.read(folder).max_seq_length
+        if stated and stated < model_max_length(tokenizer):
+            tokenizer.model_max_length = stated
     return tokenizer
 
 
@@ -161,6 +168,11 @@ def load_model(
     auto = getattr(transformers, kind.auto_class)
     if args.attn_implementation or use_xla:
         kwargs["attn_implementation"] = args.attn_implementation or "eager"
+    if kind.vectors:  # a sentence-transformers model and its loss (byoc.training.embedding)
+        return cast(  # an nn.Module the Trainer trains as it trains a transformers model (and saves as a folder)
+            PreTrainedModel,
+            _embedding_model(source, args, bool(label_names), {**compat.fp32_weights(), **kwargs}, overrides),
+        )
     try:
         model = auto.from_pretrained(
             source.path,
@@ -188,6 +200,31 @@ def load_model(
         trainable / 1e6,
         kind.head(len(label_names)),
     )
+    return model
+
+
+def _embedding_model(
+    source: ModelSource, args: TrainArguments, scored: bool, kwargs: dict[str, Any], overrides: dict[str, Any]
+) -> torch.nn.Module:
+    """The sentence-transformers model to train, with its loss: CoSENT for `scored` pairs, else in-batch negatives."""
+    from byoc.training import embedding  # sentence-transformers: only an embedding job imports it
+
+    try:
+        model = embedding.build(
+            source.path,
+            scored,
+            args.max_length,
+            kwargs,
+            overrides,
+            trust_remote_code=args.trust_remote_code,
+            world_size=distributed.world_size(),
+        )
+    except Exception as err:
+        raise ModelError(f"cannot load the model from {source.path} ({source.origin}): {brief(err)}") from None
+    freeze_bottom(embedding.encoder_of(model), args.freeze_embeddings, args.freeze_layers)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    logger.info("model (%s): %.1fM parameters, %.1fM trained", source.origin, total / 1e6, trainable / 1e6)
     return model
 
 

@@ -32,7 +32,7 @@ def tokenize_splits(
     }
     if data.pretokenized:
         return {name: with_length(ds) for name, ds in splits.items()}
-    per_token = tasks.get(data.task).per_token
+    per_token, vectors = tasks.get(data.task).per_token, tasks.get(data.task).vectors
     if per_token and not tokenizer.is_fast:
         raise ModelError(
             "token classification needs a fast tokenizer (tokenizer.json) to put each word's tag on its sub-tokens; "
@@ -55,6 +55,8 @@ def tokenize_splits(
             encode = tag_encoder(
                 tokenizer, max_length, padding, data.label_names, args.label_all_tokens, windows=name == "train"
             )
+        elif vectors:
+            encode = group_encoder(tokenizer, max_length, padding)
         else:
             encode = text_encoder(tokenizer, max_length, padding, pair)
         out[name] = ds.map(
@@ -93,6 +95,28 @@ def text_encoder(tokenizer: PreTrainedTokenizerBase, max_length: int, padding: A
         enc["length"] = [sum(mask) for mask in enc["attention_mask"]]
         enc["labels"] = batch["label"]
         return enc
+
+    return encode
+
+
+# An embedding model's texts, each tokenized on its own: the token columns of each get its prefix.
+GROUP_PREFIXES = {"text": "", "text_pair": "pair_", "text_negative": "negative_"}
+
+
+def group_encoder(tokenizer: PreTrainedTokenizerBase, max_length: int, padding: Any) -> Any:
+    """An embedding model's rows (a text, its pair, a negative) -> each text's token ids under its group's
+    prefix (byoc.training.embedding), the row's length (its longest text's) and its score."""
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        out: dict[str, list] = {}
+        for column, prefix in GROUP_PREFIXES.items():
+            if column in batch:
+                enc = tokenizer(batch[column], truncation=True, max_length=max_length, padding=padding)
+                out.update({prefix + key: values for key, values in enc.items()})
+        masks = [out[prefix + "attention_mask"] for column, prefix in GROUP_PREFIXES.items() if column in batch]
+        out["length"] = [max(sum(mask) for mask in row) for row in zip(*masks)]
+        out["labels"] = batch["label"]
+        return out
 
     return encode
 

@@ -95,7 +95,7 @@ class TaskTrainer(Trainer):
         dataset: Any = train_dataset if train_dataset is not None else self.train_dataset
         if "input_ids" not in dataset.column_names or not (self.buckets or compat.is_length_grouped(self.args)):
             return super()._get_train_sampler(train_dataset)
-        lengths = [len(ids) for ids in dataset["input_ids"]]
+        lengths = row_lengths(dataset)
         if self.buckets:  # compiled: every batch one of a few fixed shapes
             self.bucket_sampler = FixedShapeSampler(
                 lengths,
@@ -162,6 +162,12 @@ class TaskTrainer(Trainer):
             ranks = distributed.host_ranks() if self.args.world_size > 1 else None
             mark_complete(run_dir / f"checkpoint-{self.state.global_step}", ranks)
             rotate(run_dir, limit)
+
+
+def row_lengths(dataset: Any) -> list[int]:
+    """Each row's length in tokens: its longest text's where a row holds several (an embedding model's)."""
+    columns = [dataset[name] for name in dataset.column_names if name.endswith("input_ids")]
+    return [max(len(ids) for ids in texts) for texts in zip(*columns)]
 
 
 def masked_loss(logits: torch.Tensor, labels: torch.Tensor, task: tasks.Task) -> torch.Tensor:

@@ -9,6 +9,7 @@ gzipped -- picks the text and label columns, checks the labels and returns norma
 * text data: ``text`` (and ``text_pair`` for sentence pairs) plus ``label``: an int64 class id, a
   float32 0/1 vector (multi-label) or a float32 number (regression);
 * token data (CoNLL files, or ``tokens`` with ``ner_tags``): ``tokens`` and ``tags`` (tag ids);
+* embedding data: ``text``, ``text_pair`` [, ``text_negative``] plus ``label`` (a pair's score, NaN for none);
 * pretokenized data (has ``input_ids``): ``input_ids``, ``attention_mask``,
   ``token_type_ids`` (those present) plus ``labels`` (int64).
 
@@ -28,6 +29,7 @@ The data flow, one module a step (each imports only the ones below it; none impo
 * `columns`: text data -> its text, text pair and label columns -> text + label datasets;
 * `labels`: label names -> ids, and the stratified hold-out;
 * `tokens` (and `conll`): token classification data, sentences of tokens with an IOB tag each;
+* `embedding_rows`: an embedding model's data: (anchor, positive[, negative]) rows, or scored pairs;
 * `tasks`: which task the labels ask for (one class, several, a number), and the codecs of the last two;
 * `names` and `types`: the column names recognised, and the shared types (`DataError`, `DataSpec`, ...).
 """
@@ -41,6 +43,7 @@ from pathlib import Path
 from byoc import tasks
 from byoc.training.data import task_choice
 from byoc.training.data.columns import build_text
+from byoc.training.data.embedding_rows import build_embedding, has_rows_layout
 from byoc.training.data.labels import holdout
 from byoc.training.data.pretokenized import build_pretokenized, is_pretokenized
 from byoc.training.data.sources import collect_sources, data_channels
@@ -66,9 +69,12 @@ def load_task_data(channels: Mapping[str, Path], spec: DataSpec, cache_dir: Path
                 f"{kind[not pretokenized]}. Provide every split in the same form."
             )
     tokens = not pretokenized and is_token_data(sources["train"])
+    rows = not (pretokenized or tokens) and has_rows_layout(sources["train"])
     where, label_columns = sources["train"][0].where, bool(spec.label_columns)
-    task = task_choice.check_request(spec.task, where, tokens, pretokenized, label_columns)
-    if pretokenized:
+    task = task_choice.check_request(spec.task, where, tokens, pretokenized, label_columns, rows)
+    if task is not None and tasks.get(task).vectors:
+        splits, label_names, train_labels = build_embedding(sources, spec)
+    elif pretokenized:
         splits, label_names, train_labels = build_pretokenized(sources, spec, Path(cache_dir))
     elif tokens:
         splits, label_names, train_labels = build_tokens(sources, spec)

@@ -74,9 +74,9 @@ def _text_part(src: Source, spec: DataSpec, role: str) -> Part:
     wanted = [c for c in (text, pair, *(label if isinstance(label, list) else [label])) if c]
     if isinstance(data, datasets.Dataset):  # only the needed columns go to pandas
         data = data.select_columns(wanted).to_pandas()
-    frame = pd.DataFrame({"text": _texts(data[text], role, text, src.where)})
+    frame = pd.DataFrame({"text": texts_of(data[text], role, text, src.where)})
     if pair:
-        frame["text_pair"] = _texts(data[pair], role, pair, src.where)
+        frame["text_pair"] = texts_of(data[pair], role, pair, src.where)
     described = f"text column '{text}'" + (f", pair column '{pair}'" if pair else "")
     if isinstance(label, list):  # one 0/1 column per label
         labels = task_choice.rows_of_columns(data, label, role, src.where)
@@ -94,7 +94,8 @@ def _text_part(src: Source, spec: DataSpec, role: str) -> Part:
     return Part(frame, labels, class_names, src.where, f"{described}, label column '{label}'", label)
 
 
-def _texts(values: pd.Series, role: str, column: str, where: str) -> pd.Series:
+def texts_of(values: pd.Series, role: str, column: str, where: str) -> pd.Series:
+    """A text column's values as strings; rows without one are refused (`fail_on_missing`)."""
     values = values.reset_index(drop=True)
     missing = values.isna() | values.map(lambda v: isinstance(v, str) and not v.strip())
     fail_on_missing(missing, role, column, where)

@@ -17,7 +17,7 @@ import datasets
 import numpy as np
 import pandas as pd
 
-from byoc.tasks import AUTO, MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION
+from byoc.tasks import AUTO, EMBEDDING, MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION
 from byoc.training.data.labels import LabelCodec, as_numbers, row_count, to_float
 from byoc.training.data.types import DataError, Part
 
@@ -47,10 +47,25 @@ def label_kind(part: Part, role: str) -> str:
     return first
 
 
-def check_request(requested: str, where: str, tokens: bool, pretokenized: bool, label_columns: bool) -> str | None:
+def check_request(
+    requested: str, where: str, tokens: bool, pretokenized: bool, label_columns: bool, rows: bool = False
+) -> str | None:
     """The task the data's form decides (token classification for token data, one class per row for
-    pretokenized rows), or None where the labels decide (`decide`); a `requested` task (canonical, or
-    auto) that the form contradicts is refused."""
+    pretokenized rows, an embedding model for anchor/positive `rows` or when asked), or None where the
+    labels decide (`decide`); a `requested` task (canonical, or auto) that the form contradicts is refused."""
+    if rows and requested not in (AUTO, EMBEDDING):
+        raise DataError(
+            f"The train data ({where}) has anchor and positive columns, an embedding model's training rows, but "
+            f"task={requested}: drop task (or set task=embedding), or name the columns text and label to classify."
+        )
+    if requested == EMBEDDING and (tokens or pretokenized):
+        raise DataError(
+            f"task=embedding trains on texts, but the train data ({where}) is "
+            f"{'token data (a tag per token)' if tokens else 'pretokenized (input_ids)'}: give anchor and "
+            "positive columns (a negative column optional), or sentence pairs with a score."
+        )
+    if rows or requested == EMBEDDING:
+        return EMBEDDING
     if tokens and requested not in (AUTO, TOKEN_CLASSIFICATION):
         raise DataError(
             f"The train data ({where}) is token data (a tag per token: NER) but task={requested}: "

@@ -1,0 +1,114 @@
+"""An embedding model's training data, in sentence-transformers' two layouts:
+
+* rows of texts that belong together: an `anchor` (or `query`) column, a `positive` one and optionally a
+  `negative` one (a hard negative: close, but wrong). Trained with the multiple-negatives ranking loss.
+* sentence pairs with a score of any range (`task=embedding`, columns found as for a pair regression:
+  `sentence1`, `sentence2`, `score`...). Trained with CoSENT.
+
+Both become `text`, `text_pair` [, `text_negative`], `label` datasets: `label` is the pair's score
+(float32), NaN for rows without one. Every split has the train data's layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import datasets
+import numpy as np
+import pandas as pd
+
+from byoc.tasks import REGRESSION
+from byoc.training.data.columns import build_text, texts_of
+from byoc.training.data.names import ANCHOR_COLUMNS, NEGATIVE_COLUMNS, POSITIVE_COLUMNS
+from byoc.training.data.types import DataError, DataSpec, Source, describe_sources
+
+logger = logging.getLogger(__name__)
+
+ROWS_HINT = (
+    "An embedding model trains on an anchor (or query) column and a positive column (a negative column "
+    "optional), or with task=embedding on sentence pairs with a numeric score column"
+)
+
+
+def layout(src: Source) -> tuple[str, str, str | None] | None:
+    """(anchor, positive, negative or None) column names where the table has the rows layout, else None."""
+    lookup = {c.lower(): c for c in reversed(src.columns)}
+
+    def first(names: tuple[str, ...]) -> str | None:
+        return next((lookup[n] for n in names if n in lookup), None)
+
+    anchor, positive = first(ANCHOR_COLUMNS), first(POSITIVE_COLUMNS)
+    return (anchor, positive, first(NEGATIVE_COLUMNS)) if anchor and positive else None
+
+
+def has_rows_layout(sources: list[Source]) -> bool:
+    return layout(sources[0]) is not None
+
+
+def build_embedding(
+    sources: dict[str, list[Source]], spec: DataSpec
+) -> tuple[dict[str, datasets.Dataset], list[str], np.ndarray]:
+    """Each split's dataset, the label names (the score column's name for scored pairs; none for rows)
+    and the train labels (what the eval hold-out stratifies on)."""
+    if not has_rows_layout(sources["train"]):
+        return _scored_pairs(sources, spec)
+    negatives = layout(sources["train"][0])[2] is not None  # type: ignore[index]
+    splits = {role: _rows(srcs, role, negatives) for role, srcs in sources.items()}
+    return splits, [], np.zeros(len(splits["train"]), dtype=np.int64)
+
+
+def _rows(sources: list[Source], role: str, negatives: bool) -> datasets.Dataset:
+    frames = []
+    for src in sources:
+        found = layout(src)
+        if found is None:
+            raise DataError(
+                f"The train data has anchor and positive columns but the {role} data ({src.where}) has not "
+                f"(columns: {', '.join(src.columns)}). Use the same columns in every split."
+            )
+        anchor, positive, negative = found
+        if negatives and negative is None:
+            raise DataError(
+                f"The train data has a negative column but the {role} data ({src.where}) has not. Add one, or drop "
+                "the train data's negative column."
+            )
+        wanted = [anchor, positive] + ([negative] if negatives and negative else [])
+        data = src.data.select_columns(wanted).to_pandas() if isinstance(src.data, datasets.Dataset) else src.data
+        frame = pd.DataFrame(
+            {
+                "text": texts_of(data[anchor], role, anchor, src.where),
+                "text_pair": texts_of(data[positive], role, positive, src.where),
+            }
+        )
+        if negatives and negative:
+            frame["text_negative"] = texts_of(data[negative], role, negative, src.where)
+        frames.append(frame)
+        described = f"anchor column '{anchor}', positive column '{positive}'" + (
+            f", negative column '{negative}'" if negatives and negative else ""
+        )
+    frame = pd.concat(frames, ignore_index=True)
+    columns = {name: frame[name].tolist() for name in frame.columns}
+    columns["label"] = [float("nan")] * len(frame)
+    features = datasets.Features({**{name: datasets.Value("string") for name in frame.columns}, "label": _SCORE})
+    logger.info("%s: %d rows from %s; %s", role, len(frame), describe_sources(sources), described)
+    return datasets.Dataset.from_dict(columns, features=features)
+
+
+_SCORE = datasets.Value("float32")
+
+
+def _scored_pairs(
+    sources: dict[str, list[Source]], spec: DataSpec
+) -> tuple[dict[str, datasets.Dataset], list[str], np.ndarray]:
+    """Sentence pairs and their scores: read as a pair regression's data is (its columns, its checks)."""
+    try:
+        splits, names, train_labels, _ = build_text(sources, dataclasses.replace(spec, task=REGRESSION))
+    except DataError as err:
+        raise DataError(f"{ROWS_HINT}. {str(err).replace('task=regression', 'task=embedding')}") from None
+    if "text_pair" not in splits["train"].column_names:
+        raise DataError(
+            f"{ROWS_HINT}; the train data ({sources['train'][0].where}) has one text a row. Name the columns "
+            "anchor and positive, or give sentence1, sentence2 and score (or set text_column and text_pair_column)."
+        )
+    return splits, names, train_labels

@@ -1,0 +1,153 @@
+"""Training an embedding model: a sentence-transformers model and its loss, as one module the Trainer trains.
+
+The model is sentence-transformers' own (`SentenceTransformer`: the model channel's folder with its pooling,
+Dense and Normalize modules, or any encoder with mean pooling added), so the job saves a folder that
+sentence-transformers loads as it is and `byoc serve` embeds exactly as it does. The loss is
+sentence-transformers' too, chosen by the data's shape:
+
+* scored pairs (any range): CoSENT, which only asks that pairs scored higher be closer;
+* (anchor, positive[, negative]) rows: the multiple-negatives ranking loss: each anchor against every
+  positive (and hard negative) of the batch, the other rows' being its negatives; across several
+  processes and hosts against the whole global batch's (`gather_across_devices`).
+
+Each batch holds up to three groups of token columns (the anchor's, `pair_...`, `negative_...`), embedded
+one after the other; the predictions an evaluation gathers are each row's anchor and positive vectors side
+by side, which `byoc.tasks.embedding` scores (Spearman of the cosine; MRR, NDCG and recall).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from byoc import compat, sentence_folder
+from byoc.tasks import IGNORE_LABEL
+
+logger = logging.getLogger(__name__)
+
+GROUPS = ("", "pair_", "negative_")  # the token columns' prefixes: anchor (or first text), positive, negative
+TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class EmbeddingModel(torch.nn.Module):
+    """A SentenceTransformer and its training loss: token columns (and scores) in, the loss and each row's
+    anchor and positive vectors out. `save_pretrained` writes a sentence-transformers folder."""
+
+    def __init__(self, model: Any, scored: bool, world_size: int = 1) -> None:
+        super().__init__()
+        _, _, _, losses = compat.sentence_transformers_api()
+        self.model = model  # the SentenceTransformer
+        self.config = model[0].auto_model.config  # what byoc's steps read of a transformers model
+        self.scored = scored
+        objective = (
+            losses.CoSENTLoss(model)
+            if scored
+            else losses.MultipleNegativesRankingLoss(model, gather_across_devices=world_size > 1)
+        )
+        # Held outside the module tree: the loss keeps a reference to the model, which would put every
+        # weight in the state dict twice (and safetensors refuses tensors that share memory).
+        self.__dict__["objective"] = objective
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        pair_input_ids: torch.Tensor | None = None,
+        pair_attention_mask: torch.Tensor | None = None,
+        pair_token_type_ids: torch.Tensor | None = None,
+        negative_input_ids: torch.Tensor | None = None,
+        negative_attention_mask: torch.Tensor | None = None,
+        negative_token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor | None]:
+        groups = (
+            (input_ids, attention_mask, token_type_ids),
+            (pair_input_ids, pair_attention_mask, pair_token_type_ids),
+            (negative_input_ids, negative_attention_mask, negative_token_type_ids),
+        )
+        vectors = [self.embed(ids, mask, types) for ids, mask, types in groups if ids is not None and mask is not None]
+        loss = self.loss(vectors, labels) if labels is not None and len(vectors) > 1 else None
+        return {"loss": loss, "logits": torch.cat(vectors[:2], dim=-1)}
+
+    def embed(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
+        features = {"input_ids": ids, "attention_mask": mask}
+        if types is not None:
+            features["token_type_ids"] = types
+        return self.model(features)["sentence_embedding"]
+
+    def loss(self, vectors: list[torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+        """The objective over the batch's rows. An evaluation drops the filler rows of a fixed-shape batch
+        (labelled IGNORE_LABEL: a selection there, as its loss is only reported); training batches are full."""
+        labels = labels.to(torch.float32)
+        if not self.training:
+            keep = labels != IGNORE_LABEL
+            if self.scored:
+                keep &= torch.isfinite(labels)
+            if not bool(keep.any()):
+                return vectors[0].sum() * 0.0
+            vectors, labels = [v[keep] for v in vectors], labels[keep]
+        objective: Any = self.__dict__["objective"]
+        return objective.compute_loss_from_embeddings(vectors, labels)
+
+    def save_pretrained(self, folder: Path | str, **_: Any) -> None:
+        """The sentence-transformers folder: the encoder at its root, its modules beside it (modules.json)."""
+        self.model.save(str(folder))
+
+
+def build(
+    path: str,
+    scored: bool,
+    max_length: int,
+    model_kwargs: dict[str, Any],
+    config_kwargs: dict[str, Any],
+    trust_remote_code: bool = False,
+    world_size: int = 1,
+) -> EmbeddingModel:
+    """The model to train from `path`: its sentence-transformers folder as saved, or (a plain encoder) the
+    encoder with mean pooling; inputs up to `max_length` tokens (the job's, at most the model's)."""
+    SentenceTransformer, Transformer, Pooling, _ = compat.sentence_transformers_api()
+    if sentence_folder.is_sentence_folder(Path(path)):
+        model = SentenceTransformer(
+            path,
+            device="cpu",
+            trust_remote_code=trust_remote_code,
+            model_kwargs=model_kwargs,
+            config_kwargs=config_kwargs,
+        )
+        origin = "its sentence-transformers modules"
+    else:
+        encoder = Transformer(
+            path,
+            max_seq_length=max_length,
+            **compat.sentence_encoder_kwargs(
+                Transformer, {**model_kwargs, "trust_remote_code": trust_remote_code}, config_kwargs
+            ),
+        )
+        model = SentenceTransformer(modules=[encoder, Pooling(compat.embedding_dimension(encoder), "mean")])
+        model.to("cpu")
+        origin = "mean pooling added (a plain encoder)"
+    model.max_seq_length = max_length
+    # The encoder's pooler (BERT's) feeds no embedding: frozen, so that DDP finds every trained weight used.
+    for name, weight in model[0].auto_model.named_parameters():
+        if name.startswith("pooler."):
+            weight.requires_grad_(False)
+    logger.info(
+        "embedding model: %s; %d dimensions; loss: %s",
+        origin,
+        compat.embedding_dimension(model),
+        "CoSENT (scored pairs)" if scored else "multiple-negatives ranking (in-batch negatives)",
+    )
+    return EmbeddingModel(model, scored, world_size)
+
+
+def encoder_of(model: EmbeddingModel) -> Any:
+    """The transformers model inside (what freezing and dropout settings apply to)."""
+    return model.model[0].auto_model

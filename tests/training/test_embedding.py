@@ -1,0 +1,162 @@
+"""Embedding models trained end to end: the real `byoc train` on scored pairs (CoSENT) and on (anchor,
+positive[, negative]) rows (in-batch negatives), from the bundled sentence-transformers folder and from a
+plain encoder; the folder it writes loads in sentence-transformers, which embeds exactly as `byoc serve`
+does (on torch and on the exported graph)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from byoc.tasks import EMBEDDING
+from byoc.training import entry
+from byoc.training.model import bundled_model_dir
+from helpers import (
+    CPU_ONLY,
+    Job,
+    assert_same_losses,
+    losses,
+    rerun,
+    run_until,
+    score_rows,
+    stopped_step,
+    topic_rows,
+    write_jsonl,
+    write_pairs,
+)
+
+pytestmark = pytest.mark.integration  # real jobs: not in make test-fast
+
+QUICK = {"max_steps": "6", "logging_steps": "2", "per_device_train_batch_size": "8"}
+
+
+@pytest.fixture(autouse=True)
+def forget_inference_module():
+    yield
+    sys.modules.pop("inference", None)
+
+
+def served_vectors(model_dir, monkeypatch, backend: str, texts: list[str]) -> np.ndarray:
+    monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
+    monkeypatch.setenv("BYOC_PRECISION", "fp32")
+    monkeypatch.setattr("byoc.serving.model.default_handlers.nvidia_gpu", lambda: False)
+    monkeypatch.syspath_prepend(str(model_dir / "code"))
+    inference = importlib.reload(importlib.import_module("inference"))
+    model = inference.model_fn(str(model_dir))
+    data = inference.input_fn(json.dumps({"inputs": texts}), "application/json")
+    answer = inference.output_fn(inference.predict_fn(data, model), "application/json")[0]
+    return np.asarray(json.loads(answer), dtype=np.float32)
+
+
+def sentence_transformers_vectors(model_dir, texts: list[str], max_seq_length: int = 256) -> np.ndarray:
+    from byoc import compat
+
+    SentenceTransformer, _, _, _ = compat.sentence_transformers_api()
+    model = SentenceTransformer(str(model_dir), device="cpu")
+    assert model.max_seq_length == max_seq_length  # the job's max_length, saved as each version saves it
+    return model.encode(texts, normalize_embeddings=True)
+
+
+def test_scored_pairs_train_with_cosent_into_a_folder_sentence_transformers_loads(job, monkeypatch):
+    job.hyperparameters({**QUICK, "task": "embedding", "do_predict": "true"})
+    write_pairs(job.channel("train") / "train.tsv", score_rows(48))
+    write_pairs(job.channel("test") / "test.tsv", score_rows(16, seed=1))
+    assert entry.train() == 0, job.failure
+
+    metrics = job.metrics
+    assert metrics["task"] == EMBEDDING and metrics["labels"] == ["relatedness_score"]
+    # The test split is the only evaluation data: its figures are the eval_ ones.
+    assert -1 <= metrics["eval_spearman_cosine"] <= 1 and -1 <= metrics["eval_pearson_cosine"] <= 1
+    folder = job.model_dir
+    assert (folder / "modules.json").is_file() and (folder / "1_Pooling/config.json").is_file()
+    lines = [json.loads(line) for line in (job.root / "output/data/test_predictions.jsonl").read_text().splitlines()]
+    assert len(lines) == 16 and all(-1.0001 <= line["cosine"] <= 1.0001 for line in lines)
+    assert [line["label"] for line in lines] == [score for _, _, score in score_rows(16, seed=1)]
+
+    texts = ["red cat sits", "blue dog runs and eats", "a sentence longer than the others by a few words"]
+    reference = sentence_transformers_vectors(folder, texts)
+    for backend in ("onnxruntime", "torch"):
+        served = served_vectors(folder, monkeypatch, backend, texts)
+        assert (served * reference).sum(axis=1).min() >= 0.9999, backend
+    # Trained: the vectors moved from the pretrained model's.
+    pretrained = sentence_transformers_vectors(bundled_model_dir(), texts)
+    assert (pretrained * reference).sum(axis=1).min() < 0.99999
+
+
+def test_anchor_positive_negative_rows_train_with_in_batch_negatives(job, tiny_model_dir):
+    """A plain encoder (no sentence-transformers modules) gets mean pooling; a negative column is used."""
+    job.hyperparameters({**QUICK, "learning_rate": "1e-3"})
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(48, negatives=True))
+    write_jsonl(job.channel("validation") / "dev.jsonl", topic_rows(24, seed=1, negatives=True))
+    assert entry.train() == 0, job.failure
+
+    metrics = job.metrics
+    assert metrics["task"] == EMBEDDING and metrics["labels"] == []
+    for key in ("mrr_at_10", "ndcg_at_10", "recall_at_1", "recall_at_10"):
+        assert 0 <= metrics[f"eval_{key}"] <= 1, key
+    assert metrics["eval_recall_at_1"] <= metrics["eval_mrr_at_10"] <= 1
+    modules = json.loads((job.model_dir / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "Pooling"]
+    pooling = json.loads((job.model_dir / "1_Pooling/config.json").read_text())
+    assert pooling.get("pooling_mode_mean_tokens") or pooling.get("pooling_mode") == "mean"
+
+
+# --- several processes, and a spot interruption ----------------------------------------------------------
+
+ROWS_HP = {
+    "max_steps": "24",
+    "logging_steps": "1",
+    "learning_rate": "1e-3",
+    "freeze_embeddings": "false",
+    "freeze_layers": "0",
+    "warmup_ratio": "0.1",
+    "save_strategy": "steps",
+    "save_steps": "8",
+}
+
+
+def rows_job(root, tiny_model_dir, batch: int) -> Job:
+    job = Job(root).resources()
+    job.hyperparameters({**ROWS_HP, "per_device_train_batch_size": str(batch)})
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(64))
+    return job
+
+
+@pytest.fixture(scope="module")
+def one_rank_reference(tmp_path_factory, tiny_model_dir) -> Job:
+    """An uninterrupted single-process job on (anchor, positive) rows, batch 8."""
+    job = rows_job(tmp_path_factory.mktemp("rows") / "opt-ml", tiny_model_dir, 8)
+    rerun(job, CPU_ONLY)
+    return job
+
+
+def test_two_ranks_rank_each_anchor_against_the_global_batchs_positives(tmp_path, tiny_model_dir, one_rank_reference):
+    """2 processes of batch 4 train the model one process of batch 8 trains: each anchor's negatives are the
+    other 7 positives of the global batch, the other rank's included (gathered with their gradients)."""
+    job = rows_job(tmp_path / "opt-ml", tiny_model_dir, 4)
+    log = rerun(job, {**CPU_ONLY, "BYOC_PROCESSES_PER_HOST": "2"})
+    assert job.metrics["world_size"] == 2, log[-2000:]
+    ours, theirs = losses(job), losses(one_rank_reference)
+    assert set(ours) == set(theirs) == set(range(1, 25))
+    # It learned something (from log(8), chance among 8 positives), so equal losses mean something.
+    assert np.mean([ours[s] for s in range(19, 25)]) < 0.9 * np.mean([ours[s] for s in range(1, 7)])
+    for step in ours:
+        assert ours[step] == pytest.approx(theirs[step], rel=1e-4, abs=1e-5), step
+
+
+def test_sigterm_saves_and_the_rerun_resumes_an_embedding_job_exactly(tmp_path, tiny_model_dir, one_rank_reference):
+    job = rows_job(tmp_path / "opt-ml", tiny_model_dir, 8)
+    code, log = run_until(job, "[metrics] step=10 ")
+    assert code == 143, log[-3000:]
+    step = stopped_step(job)
+    assert (job.root / "checkpoints" / f"checkpoint-{step}" / "byoc-complete.json").exists()
+    log = rerun(job, CPU_ONLY)
+    assert f"resuming from {job.root / 'checkpoints' / f'checkpoint-{step}'}" in log
+    assert (job.model_dir / "modules.json").exists()
+    assert_same_losses(job, one_rank_reference, after=step)
