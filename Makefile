@@ -16,7 +16,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-long-text bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-embed-train bench-long-text bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
 
 venv: $(STAMP)
 
@@ -102,6 +102,10 @@ bench-serve: venv
 # requests, fp32 and int8, the model-alone ceiling, int8's agreement and SICK Spearman (docs/benchmarks.md).
 bench-embed: venv
 	$(PY) benchmarks/bench_embed.py --json benchmarks/results/embed.json
+
+# Training embedding models: byoc's defaults against sentence-transformers' own trainer on SICK (docs/benchmarks.md).
+bench-embed-train: venv
+	$(PY) benchmarks/bench_embed_train.py --shapes scored,pairs --epochs 1
 
 # One long text beside small requests on a token classifier (docs/benchmarks.md); --container for a before-and-after.
 bench-long-text: venv

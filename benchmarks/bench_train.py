@@ -11,7 +11,9 @@ size (16) and learning rate (5e-5); the recipes are run alternately, each in a f
             adds hyperparameters (e.g. `byoc:freeze_layers=1`); `byoc:task=multi_label`,
             `byoc:task=regression` and `byoc:task=ner` train the same texts as a multi-label task (each
             label a one-hot list), a regression (the label id as a number) or NER (the words, every third
-            tagged): the same lengths, another head and loss
+            tagged): the same lengths, another head and loss; `byoc:task=embedding` pairs the texts up
+            (text 2i the anchor, text 2i+1 its positive: in-batch negatives), each row two texts, so
+            its samples are texts (a row counts twice) and the comparison is per text encoded
 
 Reports samples/s (median over rounds), tokens fed per sample, the ratio to each baseline and the
 achieved fp32 GFLOP/s (6 x non-embedding parameters x tokens fed). Run it alone: a second busy
@@ -66,7 +68,8 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
 
     model_dir = str(bundled_model_dir())
     total = steps + warmup
-    texts, labels, names = load_rows(max(total * BATCH, 50 * BATCH) + 1000)
+    per_row = 2 if "task=embedding" in recipe else 1  # texts a training row holds
+    texts, labels, names = load_rows(per_row * (max(total * BATCH, 50 * BATCH) + 1000))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     raw = datasets.Dataset.from_dict({"text": texts, "label": labels})
 
@@ -81,9 +84,11 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
     def counting(collator):
         def collate(features):
             batch = collator(features)
-            if tokens["samples"] < total * BATCH:
-                tokens["fed"] += batch["input_ids"].numel()
-                tokens["samples"] += batch["input_ids"].shape[0]
+            if tokens["samples"] < total * BATCH * per_row:
+                for key in ("input_ids", "pair_input_ids"):  # an embedding model's rows hold two texts
+                    if key in batch:
+                        tokens["fed"] += batch[key].numel()
+                        tokens["samples"] += batch[key].shape[0]
             return batch
 
         return collate
@@ -129,6 +134,12 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
         elif args.task == "regression":
             raw = raw.cast_column("label", datasets.Value("float32"))
             names = ["label"]
+        elif args.task == "embedding":
+            half = len(texts) // 2
+            raw = datasets.Dataset.from_dict(
+                {"text": texts[0 : 2 * half : 2], "text_pair": texts[1 : 2 * half : 2], "label": [float("nan")] * half}
+            )
+            names = []
         elif args.task == "token_classification":  # the same texts as words, every third word an entity
             names = ["O", "B-X", "I-X"]
             raw = datasets.Dataset.from_dict(
@@ -167,7 +178,7 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
     seconds = Clock.marks[total] - Clock.marks[warmup]
     non_embedding = sum(p.numel() for n, p in trainer.model.named_parameters() if "embeddings" not in n)
     per_sample = tokens["fed"] / max(tokens["samples"], 1)
-    rate = steps * BATCH / seconds
+    rate = steps * BATCH * per_row / seconds
     return {
         "recipe": recipe,
         "samples_per_second": rate,
