@@ -228,3 +228,20 @@ def test_every_task_trains_embedding_included():
     assert parse_hyperparameters({"task": "sentence-embeddings"}).task == "embedding"
     with pytest.raises(HyperparameterError, match="task must be auto or one of .*embedding"):
         parse_hyperparameters({"task": "embed_everything"})
+
+
+def test_a_tasks_own_defaults_apply_where_the_job_gives_none():
+    from byoc import tasks
+    from byoc.training.hyperparameters import given_names
+
+    own = dict(tasks.get("embedding").training_defaults)
+    assert own  # an embedding model trains at other defaults than a classifier (docs/benchmarks.md)
+    raw = {"epochs": "1"}
+    args = parse_hyperparameters(raw).for_task("embedding", 5_000, given_names(raw))
+    assert {name: getattr(args, name) for name in own} == own
+    # Given (under any of its names), the job's value stays; other tasks keep byoc's defaults.
+    raw = {"lr": "3e-4", "--dropout": "0.2"}
+    args = parse_hyperparameters(raw).for_task("embedding", 5_000, given_names(raw))
+    assert (args.learning_rate, args.dropout) == (3e-4, 0.2)
+    plain = parse_hyperparameters({}).for_task("single_label_classification", 5_000, frozenset())
+    assert plain.learning_rate == parse_hyperparameters({}).learning_rate

@@ -192,3 +192,35 @@ def shared_tokenizer():
     from byoc.training.model import bundled_model_dir
 
     return bundled_model_dir()
+
+
+def test_rows_of_several_texts_pad_every_text_to_the_bucket_of_the_longest():
+    """An embedding model's rows (a text and its pair): one shape for both, filler rows in each group."""
+    import torch
+
+    from byoc.tasks import IGNORE_LABEL
+    from byoc.training.buckets import FixedShapeCollator
+
+    collate = FixedShapeCollator(pad_token_id=0, buckets=[4, 8], batch_rows=3)
+    rows = [
+        {
+            "input_ids": [5, 6],
+            "attention_mask": [1, 1],
+            "pair_input_ids": [7, 8, 9, 10, 11],
+            "pair_attention_mask": [1] * 5,
+            "labels": float("nan"),
+        },
+        {
+            "input_ids": [5],
+            "attention_mask": [1],
+            "pair_input_ids": [7, 8],
+            "pair_attention_mask": [1, 1],
+            "labels": float("nan"),
+        },
+    ]
+    batch = collate(rows)
+    assert batch["input_ids"].shape == batch["pair_input_ids"].shape == (3, 8)  # the pair's 5 tokens: bucket 8
+    assert batch["pair_input_ids"][0, :5].tolist() == [7, 8, 9, 10, 11] and batch["input_ids"][0, 2:].sum() == 0
+    for key in ("attention_mask", "pair_attention_mask"):
+        assert batch[key][2].tolist() == [1, 0, 0, 0, 0, 0, 0, 0]  # the filler row attends to one token
+    assert batch["labels"][2] == IGNORE_LABEL and torch.isnan(batch["labels"][:2]).all()

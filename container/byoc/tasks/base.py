@@ -41,6 +41,9 @@ class Task:
     tunes_thresholds = False  # chooses its decision thresholds on the eval data
     metrics: tuple[str, ...] = ()  # what `evaluate` reports (the log's eval_<name>, METRIC_DEFINITIONS)
     metric_notes: Mapping[str, str] = {}  # metrics.json's notes on metrics whose convention differs
+    # Hyperparameters whose default differs for this task (measured: docs/benchmarks.md); a job that gives
+    # one keeps its own value (byoc.training.arguments.TrainArguments.for_task).
+    training_defaults: Mapping[str, Any] = {}
 
     # -- the model folder ------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,7 +71,9 @@ class TrainArguments:
         ("max_train_steps",),
         bound=Bound(-1, INT_LIMIT),
     )
-    learning_rate: float = _hp(1e-4, "Peak learning rate (AdamW).", ("lr",), bound=POSITIVE)
+    learning_rate: float = _hp(
+        1e-4, "Peak learning rate (AdamW). An embedding model's default: 5e-5.", ("lr",), bound=POSITIVE
+    )
     per_device_train_batch_size: int | None = _hp(
         None,
         "Training batch size per device (GPU, NeuronCore or CPU process). "
@@ -146,7 +149,8 @@ class TrainArguments:
     )
     dropout: float | None = _hp(
         0.0,
-        "Dropout probability for hidden and attention layers; empty/null keeps the model's own.",
+        "Dropout probability for hidden and attention layers; empty/null keeps the model's own (an embedding "
+        "model's default: in-batch negatives learn more with it).",
         bound=FRACTION,
     )
     precision: str = _hp(
@@ -252,11 +256,14 @@ class TrainArguments:
         """`per_device_train_batch_size`, or the default once the task is known (`for_task`)."""
         return self.per_device_train_batch_size or DEFAULT_BATCH_SIZE
 
-    def for_task(self, task: str, train_rows: int) -> TrainArguments:
-        """With the task's and the data's defaults where the user gave none (measured: docs/training.md)."""
-        small = tasks.get(task).small_batches or train_rows < SMALL_DATA
+    def for_task(self, task: str, train_rows: int, given: Collection[str] = ()) -> TrainArguments:
+        """With the task's and the data's defaults where the user gave none (measured: docs/training.md):
+        the batch size, and the task's own `training_defaults` for the hyperparameters not `given`."""
+        kind = tasks.get(task)
+        small = kind.small_batches or train_rows < SMALL_DATA
         size = self.per_device_train_batch_size or (SMALL_BATCH_SIZE if small else DEFAULT_BATCH_SIZE)
-        return dataclasses.replace(self, per_device_train_batch_size=size)
+        own = {name: value for name, value in kind.training_defaults.items() if name not in given}
+        return dataclasses.replace(self, per_device_train_batch_size=size, **own)
 
 
 # The hyperparameters the Trainer owns, passed to TrainingArguments as they are: each under its own name

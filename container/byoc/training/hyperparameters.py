@@ -67,6 +67,13 @@ def parse_hyperparameters(raw: Mapping[str, Any]) -> TrainArguments:
     return args
 
 
+def given_names(raw: Mapping[str, Any]) -> frozenset[str]:
+    """The canonical names of the hyperparameters `raw` (hyperparameters.json) gives: the others take their
+    defaults, where a task's may differ from byoc's (`TrainArguments.for_task`)."""
+    names = _names()
+    return frozenset(names[n] for n in (k.lstrip("-").replace("-", "_") for k in raw) if n in names)
+
+
 def _decode(key: str, value: Any, f: dataclasses.Field) -> Any:
     kind, optional = base_type(typing.get_type_hints(TrainArguments)[f.name])
     if optional and (value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null"))):

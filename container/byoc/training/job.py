@@ -36,6 +36,7 @@ from byoc.training.checkpoints import StopOnSignal, check_job, common_resume_poi
 from byoc.training.compiled_steps import persistent_cache, wants_buckets
 from byoc.training.data import DataSpec, TaskData, load_task_data
 from byoc.training.evaluation import Failures, decision_thresholds, final_evaluation
+from byoc.training.hyperparameters import given_names
 from byoc.training.metrics import metrics_line, write_report
 from byoc.training.model import ModelError, ModelSource, load_tokenizer, model_max_length, resolve_model
 from byoc.training.model import load_model as _load_model  # job.load_model is the step
@@ -137,14 +138,19 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
             max_eval_samples=args.max_eval_samples,
         )
         data = load_task_data(contract.channel_dirs, spec, cache_dir)
-        if args.per_device_train_batch_size is None:  # the task's default, now that the task is known
-            args = args.for_task(data.task, len(data.train))
+        # The task's defaults, now that the task is known, where the job gave none.
+        given = given_names(contract.hyperparameters)
+        resolved = args.for_task(data.task, len(data.train), given)
+        if args.per_device_train_batch_size is None:
             logger.info(
                 "per_device_train_batch_size: %d (the default for %s on %d rows)",
-                args.train_batch_size,
+                resolved.train_batch_size,
                 data.task,
                 len(data.train),
             )
+        for name in sorted(set(tasks.get(data.task).training_defaults) - given):
+            logger.info("%s: %s (the default for %s)", name, getattr(resolved, name), data.task)
+        args = resolved
         tokenizer = load_tokenizer(source, args)
         # The one input length every later step uses (tokens, buckets, the saved model): at most the model's.
         args = dataclasses.replace(args, max_length=min(args.max_length, model_max_length(tokenizer)))

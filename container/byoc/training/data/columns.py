@@ -26,7 +26,7 @@ def build_text(
 ) -> tuple[dict[str, datasets.Dataset], list[str], np.ndarray, str]:
     """Each split as a `text` [, `text_pair`], `label` dataset, the label names (from the train data),
     the train labels (for the hold-out) and the task (a byoc.tasks name)."""
-    parts = {role: [_text_part(src, spec, role) for src in srcs] for role, srcs in sources.items()}
+    parts = {role: [text_part(src, spec, role) for src in srcs] for role, srcs in sources.items()}
     paired = "text_pair" in parts["train"][0].frame
     for role, ps in parts.items():
         odd = next((p for p in ps if ("text_pair" in p.frame) != paired), None)
@@ -68,7 +68,8 @@ def build_text(
     return splits, codec.names, train_labels, task
 
 
-def _text_part(src: Source, spec: DataSpec, role: str) -> Part:
+def text_part(src: Source, spec: DataSpec, role: str) -> Part:
+    """One table's text (and pair) columns and its raw labels, the columns picked as `spec` says."""
     data = src.data
     text, pair, label = _pick_columns(src, spec, role)
     wanted = [c for c in (text, pair, *(label if isinstance(label, list) else [label])) if c]

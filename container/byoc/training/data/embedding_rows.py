@@ -6,7 +6,8 @@
   `sentence1`, `sentence2`, `score`...). Trained with CoSENT.
 
 Both become `text`, `text_pair` [, `text_negative`], `label` datasets: `label` is the pair's score
-(float32), NaN for rows without one. Every split has the train data's layout.
+(float32), NaN for rows without one. The train data's layout picks the loss; an eval or test split may
+have the other one (rows trained, scored pairs evaluated: the Spearman of the cosine; or the reverse).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import numpy as np
 import pandas as pd
 
 from byoc.tasks import REGRESSION
-from byoc.training.data.columns import build_text, texts_of
+from byoc.training.data.columns import build_text, text_part, texts_of
 from byoc.training.data.names import ANCHOR_COLUMNS, NEGATIVE_COLUMNS, POSITIVE_COLUMNS
+from byoc.training.data.task_choice import RegressionCodec
 from byoc.training.data.types import DataError, DataSpec, Source, describe_sources
 
 logger = logging.getLogger(__name__)
@@ -51,10 +53,16 @@ def build_embedding(
 ) -> tuple[dict[str, datasets.Dataset], list[str], np.ndarray]:
     """Each split's dataset, the label names (the score column's name for scored pairs; none for rows)
     and the train labels (what the eval hold-out stratifies on)."""
-    if not has_rows_layout(sources["train"]):
-        return _scored_pairs(sources, spec)
+    rows = {role for role, srcs in sources.items() if has_rows_layout(srcs)}
+    if "train" not in rows:
+        splits, names, train_labels = _scored_pairs({r: s for r, s in sources.items() if r not in rows}, spec)
+        splits.update({role: _rows(sources[role], role, negatives=False) for role in rows})
+        return splits, names, train_labels
     negatives = layout(sources["train"][0])[2] is not None  # type: ignore[index]
-    splits = {role: _rows(srcs, role, negatives) for role, srcs in sources.items()}
+    splits = {
+        role: _rows(srcs, role, negatives) if role in rows else _scored_split(srcs, spec, role)
+        for role, srcs in sources.items()
+    }
     return splits, [], np.zeros(len(splits["train"]), dtype=np.int64)
 
 
@@ -68,12 +76,13 @@ def _rows(sources: list[Source], role: str, negatives: bool) -> datasets.Dataset
                 f"(columns: {', '.join(src.columns)}). Use the same columns in every split."
             )
         anchor, positive, negative = found
-        if negatives and negative is None:
+        if role == "train" and negatives and negative is None:
             raise DataError(
-                f"The train data has a negative column but the {role} data ({src.where}) has not. Add one, or drop "
-                "the train data's negative column."
+                f"The train data's first file has a negative column but {src.where} has not. Add one, or drop the "
+                "negative column."
             )
-        wanted = [anchor, positive] + ([negative] if negatives and negative else [])
+        negative = negative if negatives else None  # an evaluation without negatives scores as well
+        wanted = [anchor, positive] + ([negative] if negative else [])
         data = src.data.select_columns(wanted).to_pandas() if isinstance(src.data, datasets.Dataset) else src.data
         frame = pd.DataFrame(
             {
@@ -81,13 +90,18 @@ def _rows(sources: list[Source], role: str, negatives: bool) -> datasets.Dataset
                 "text_pair": texts_of(data[positive], role, positive, src.where),
             }
         )
-        if negatives and negative:
+        if negative:
             frame["text_negative"] = texts_of(data[negative], role, negative, src.where)
         frames.append(frame)
         described = f"anchor column '{anchor}', positive column '{positive}'" + (
-            f", negative column '{negative}'" if negatives and negative else ""
+            f", negative column '{negative}'" if negative else ""
         )
     frame = pd.concat(frames, ignore_index=True)
+    if frame.isna().any().any():  # some files of the split with a negative column, some without
+        raise DataError(
+            f"The {role} data's files differ: some have a negative column, some not ({describe_sources(sources)}). "
+            "Give every file the same columns."
+        )
     columns = {name: frame[name].tolist() for name in frame.columns}
     columns["label"] = [float("nan")] * len(frame)
     features = datasets.Features({**{name: datasets.Value("string") for name in frame.columns}, "label": _SCORE})
@@ -96,6 +110,28 @@ def _rows(sources: list[Source], role: str, negatives: bool) -> datasets.Dataset
 
 
 _SCORE = datasets.Value("float32")
+
+
+def _scored_split(sources: list[Source], spec: DataSpec, role: str) -> datasets.Dataset:
+    """An eval or test split of scored pairs beside (anchor, positive) train rows: scored by Spearman."""
+    spec = dataclasses.replace(spec, task=REGRESSION)
+    parts = [text_part(src, spec, role) for src in sources]
+    lone = next((p for p in parts if "text_pair" not in p.frame), None)
+    if lone is not None:
+        raise DataError(
+            f"The {role} data ({lone.where}) has one text a row: an embedding model is evaluated on anchor and "
+            "positive columns, or on sentence pairs with a numeric score (sentence1, sentence2, score)."
+        )
+    codec = RegressionCodec([parts[0].label_name])
+    labels = np.concatenate([codec.encode(p, role) for p in parts])
+    frame = pd.concat([p.frame for p in parts], ignore_index=True)
+    logger.info("%s: %d scored pairs from %s; %s", role, len(frame), describe_sources(sources), parts[0].described)
+    features = datasets.Features({"text": _TEXT, "text_pair": _TEXT, "label": _SCORE})
+    columns = {"text": frame["text"].tolist(), "text_pair": frame["text_pair"].tolist(), "label": labels}
+    return datasets.Dataset.from_dict(columns, features=features)
+
+
+_TEXT = datasets.Value("string")
 
 
 def _scored_pairs(
