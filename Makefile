@@ -16,7 +16,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-embed-train bench-long-text bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-embed-vs bench-embed-train bench-long-text bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
 
 venv: $(STAMP)
 
@@ -102,6 +102,10 @@ bench-serve: venv
 # requests, fp32 and int8, the model-alone ceiling, int8's agreement and SICK Spearman (docs/benchmarks.md).
 bench-embed: venv
 	$(PY) benchmarks/bench_embed.py --json benchmarks/results/embed.json
+
+# Serving embeddings against infinity-emb and fastembed (their venv: benchmarks/bench_embed_vs.py's docstring).
+bench-embed-vs: venv
+	$(PY) benchmarks/bench_embed_vs.py --competitors $(or $(COMPETITORS),/work/venv-infinity/bin/python) --json benchmarks/results/embed-vs.json
 
 # Training embedding models: byoc's defaults against sentence-transformers' own trainer on SICK (docs/benchmarks.md).
 bench-embed-train: venv

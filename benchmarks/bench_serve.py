@@ -87,10 +87,15 @@ def train_model() -> Path:
 
 
 async def _request(
-    reader, writer, body: bytes, content_type: bytes = b"application/json", accept: bytes = b"application/json"
+    reader,
+    writer,
+    body: bytes,
+    content_type: bytes = b"application/json",
+    accept: bytes = b"application/json",
+    path: bytes = b"/invocations",
 ) -> int:
     writer.write(
-        b"POST /invocations HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: " + content_type + b"\r\n"
+        b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: " + content_type + b"\r\n"
         b"Accept: " + accept + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
     )
     await writer.drain()
@@ -115,7 +120,9 @@ async def _request(
     return status
 
 
-async def _load(port: int, bodies: list[bytes], concurrency: int, warmup: float, seconds: float) -> dict:
+async def _load(
+    port: int, bodies: list[bytes], concurrency: int, warmup: float, seconds: float, path: bytes = b"/invocations"
+) -> dict:
     start = time.monotonic()
     measure_from, stop_at = start + warmup, start + warmup + seconds
     latencies: list[float] = []
@@ -128,7 +135,9 @@ async def _load(port: int, bodies: list[bytes], concurrency: int, warmup: float,
         try:
             while time.monotonic() < stop_at:
                 began = time.monotonic()
-                status = await asyncio.wait_for(_request(reader, writer, bodies[n % len(bodies)]), stop_at + 60 - began)
+                status = await asyncio.wait_for(
+                    _request(reader, writer, bodies[n % len(bodies)], path=path), stop_at + 60 - began
+                )
                 ended = time.monotonic()
                 n += concurrency
                 # Counted by when it ends: a request that began before the window still completes in
@@ -160,12 +169,24 @@ async def _load(port: int, bodies: list[bytes], concurrency: int, warmup: float,
     }
 
 
-def run_load(port: int, texts: list[str], per_request: int, concurrency: int, warmup: float, seconds: float) -> dict:
+def run_load(
+    port: int,
+    texts: list[str],
+    per_request: int,
+    concurrency: int,
+    warmup: float,
+    seconds: float,
+    path: str = "/invocations",
+    key: str = "inputs",
+    extra: dict | None = None,
+) -> dict:
+    """`per_request` texts a request (TEI's `{"inputs": ...}`; `key`, `extra` and `path` for other servers'
+    bodies, such as OpenAI's `{"input": [...], "model": ...}` on /embeddings)."""
     bodies = [
-        json.dumps({"inputs": texts[i : i + per_request] if per_request > 1 else texts[i]}).encode()
+        json.dumps({key: texts[i : i + per_request] if per_request > 1 else texts[i], **(extra or {})}).encode()
         for i in range(0, len(texts) - per_request, per_request)
     ]
-    result = asyncio.run(_load(port, bodies, concurrency, warmup, seconds))
+    result = asyncio.run(_load(port, bodies, concurrency, warmup, seconds, path.encode()))
     result["sentences_per_second"] = result["requests_per_second"] * per_request
     return result
 

@@ -33,6 +33,27 @@ def test_length_buckets_are_seeded_and_change_every_epoch():
     assert list(sampler) == first
 
 
+def test_rows_of_two_texts_batch_rows_alike_in_both_lengths():
+    """An embedding model's rows (a text and its pair, lengths unrelated): each text pads to its own longest in
+    the batch, so sorting by the row's longest text alone pads both texts to about it."""
+    rng = np.random.default_rng(0)
+    pairs = rng.integers(5, 80, size=(1024, 2))
+
+    def padded(sampler: LengthBucketSampler) -> int:
+        order = list(sampler)
+        assert sorted(order) == list(range(1024))
+        batches = [order[i : i + 16] for i in range(0, 1024, 16)]
+        return sum(len(b) * (pairs[b, 0].max() + pairs[b, 1].max()) for b in batches)
+
+    by_both = padded(LengthBucketSampler(pairs.tolist(), batch_size=16, seed=1))
+    by_longest = padded(LengthBucketSampler(pairs.max(axis=1).tolist(), batch_size=16, seed=1))
+    assert by_both / pairs.sum() < 1.15 < by_longest / pairs.sum()
+    # Two ranks still deal their parts of the same global batches.
+    one = list(LengthBucketSampler(pairs.tolist(), batch_size=16, seed=1))
+    two = list(LengthBucketSampler(pairs.tolist(), batch_size=8, seed=1, world_size=2))
+    assert two == one
+
+
 def test_length_order():
     import datasets
 

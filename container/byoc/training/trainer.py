@@ -164,10 +164,12 @@ class TaskTrainer(Trainer):
             rotate(run_dir, limit)
 
 
-def row_lengths(dataset: Any) -> list[int]:
-    """Each row's length in tokens: its longest text's where a row holds several (an embedding model's)."""
+def row_lengths(dataset: Any) -> list[Any]:
+    """Each row's length in tokens; a length per text where a row holds several (an embedding model's)."""
     columns = [dataset[name] for name in dataset.column_names if name.endswith("input_ids")]
-    return [max(len(ids) for ids in texts) for texts in zip(*columns)]
+    if len(columns) == 1:
+        return [len(ids) for ids in columns[0]]
+    return [[len(ids) for ids in texts] for texts in zip(*columns)]
 
 
 def masked_loss(logits: torch.Tensor, labels: torch.Tensor, task: tasks.Task) -> torch.Tensor:
