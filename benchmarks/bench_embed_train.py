@@ -38,6 +38,7 @@ from byoc.tasks.regression import regression_metrics  # noqa: E402
 from byoc.training.model import bundled_model_dir  # noqa: E402
 
 BATCH, LR = 16, 5e-5
+SEED = [42]  # --seed: both recipes'
 
 
 SICK_COLUMNS = ["pair_ID", "sentence_A", "sentence_B", "relatedness_score", "entailment_judgment"]
@@ -72,6 +73,8 @@ def run_byoc(shape: str, epochs: float, workdir: Path) -> tuple[Path, float]:
     (root / "input/config").mkdir(parents=True)
     (root / "input/data/train").mkdir(parents=True)
     hyperparameters = {"epochs": str(epochs), **({"task": "embedding"} if shape == "scored" else {}), **BYOC_EXTRA}
+    if SEED[0] != 42:
+        hyperparameters["seed"] = str(SEED[0])
     (root / "input/config/hyperparameters.json").write_text(json.dumps(hyperparameters))
     (root / "input/config/resourceconfig.json").write_text(json.dumps({"current_host": "algo-1", "hosts": ["algo-1"]}))
     with (root / "input/data/train/train.jsonl").open("w") as f:
@@ -100,7 +103,7 @@ def run_reference(shape: str, epochs: float, workdir: Path) -> tuple[Path, float
         per_device_train_batch_size=BATCH,
         learning_rate=LR,
         warmup_ratio=0.1,
-        seed=42,
+        seed=SEED[0],
         save_strategy="no",
         report_to="none",
         disable_tqdm=True,
@@ -139,9 +142,11 @@ def main() -> int:
     parser.add_argument("--epochs", default="1")
     parser.add_argument("--byoc", default="", help="byoc hyperparameters beyond its defaults: key=value,...")
     parser.add_argument("--recipes", default="byoc,sentence-transformers")
+    parser.add_argument("--seed", type=int, default=42)
     options = parser.parse_args()
+    SEED[0] = options.seed
     BYOC_EXTRA.update(dict(kv.split("=", 1) for kv in options.byoc.split(",") if kv))
-    experiment = bool(BYOC_EXTRA) or options.recipes != "byoc,sentence-transformers"
+    experiment = bool(BYOC_EXTRA) or options.recipes != "byoc,sentence-transformers" or options.seed != 42
     results: dict = {}
     if not experiment:
         results["pretrained"] = scores(bundled_model_dir())

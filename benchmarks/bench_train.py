@@ -108,21 +108,20 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
     if recipe.startswith("byoc"):
         from byoc.contract import Paths, TrainingContract
         from byoc.training.data import TaskData
-        from byoc.training.hyperparameters import parse_hyperparameters
+        from byoc.training.hyperparameters import given_names, parse_hyperparameters
         from byoc.training.model import ModelSource, load_model
         from byoc.training.tokenization import tokenize_splits
         from byoc.training.trainer import build_trainer
 
-        args = parse_hyperparameters(
-            {
-                "max_steps": str(total),
-                "per_device_train_batch_size": str(BATCH),
-                "learning_rate": str(LR),
-                "logging_steps": "1000000",
-                "eval_strategy": "no",
-                **dict(kv.split("=", 1) for kv in recipe.split(":")[1:]),
-            }
-        )
+        given = {
+            "max_steps": str(total),
+            "per_device_train_batch_size": str(BATCH),
+            "learning_rate": str(LR),
+            "logging_steps": "1000000",
+            "eval_strategy": "no",
+            **dict(kv.split("=", 1) for kv in recipe.split(":")[1:]),
+        }
+        args = parse_hyperparameters(given)
         cache = Path("/tmp/byoc-bench/cache")
         if args.task == "multi_label_classification":
             raw = raw.cast_column("label", datasets.Value("float32")).map(
@@ -149,6 +148,7 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
                 }
             )
         task = args.task if args.task != "auto" else "single_label_classification"
+        args = args.for_task(task, len(raw), given_names(given))  # the task's own defaults, as a job gets them
         data = TaskData(train=raw, eval=None, test=None, label_names=names, pretokenized=False, task=task)
         tokenized = tokenize_splits(data, tokenizer, args, cache)
         model = load_model(ModelSource(model_dir, "bundled"), args, names, task=task)
