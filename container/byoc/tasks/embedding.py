@@ -27,6 +27,8 @@ from byoc.tasks.regression import regression_metrics
 
 NAME = "embedding"
 NORM_EPS = 1e-12  # as torch.nn.functional.normalize (sentence-transformers' Normalize)
+# A training row's texts, each tokenized on its own: its token columns get the text's prefix.
+TEXT_GROUPS = {"text": "", "text_pair": "pair_", "text_negative": "negative_"}
 
 
 class Embedding(Task):
@@ -142,8 +144,7 @@ class Embedding(Task):
 def _halves(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The two unit vectors of each row (the training model gives both texts' vectors side by side)."""
     width = logits.shape[1] // 2
-    first, second = logits[:, :width].astype(np.float32), logits[:, width:].astype(np.float32)
-    return _unit(first), _unit(second)
+    return _unit(logits[:, :width]), _unit(logits[:, width:])
 
 
 def _unit(vectors: np.ndarray) -> np.ndarray:
@@ -160,17 +161,19 @@ def retrieval_metrics(queries: np.ndarray, documents: np.ndarray, block: int = 1
         similarity = queries[start : start + block] @ documents.T
         own = similarity[np.arange(len(similarity)), np.arange(start, start + len(similarity))]
         ranks[start : start + block] = (similarity > own[:, None]).sum(axis=1) + 1  # 1 = first
+    if not len(ranks):
+        return {"mrr_at_10": 0.0, "ndcg_at_10": 0.0, "recall_at_1": 0.0, "recall_at_10": 0.0}
     top = ranks <= 10
     return {
-        "mrr_at_10": float(np.where(top, 1.0 / ranks, 0.0).mean()) if len(ranks) else 0.0,
-        "ndcg_at_10": float(np.where(top, 1.0 / np.log2(ranks + 1.0), 0.0).mean()) if len(ranks) else 0.0,
-        "recall_at_1": float((ranks == 1).mean()) if len(ranks) else 0.0,
-        "recall_at_10": float(top.mean()) if len(ranks) else 0.0,
+        "mrr_at_10": float(np.where(top, 1.0 / ranks, 0.0).mean()),
+        "ndcg_at_10": float(np.where(top, 1.0 / np.log2(ranks + 1.0), 0.0).mean()),
+        "recall_at_1": float((ranks == 1).mean()),
+        "recall_at_10": float(top.mean()),
     }
 
 
 class GroupCollator:
-    """Training rows of up to three texts (token columns prefixed "", "pair_", "negative_"), each group
+    """Training rows of up to three texts (token columns prefixed as TEXT_GROUPS says), each group
     padded on its own to its longest row; `labels` the rows' scores (float32, NaN for none)."""
 
     def __init__(self, tokenizer: Any, pad_to_multiple_of: int | None) -> None:
@@ -180,7 +183,7 @@ class GroupCollator:
         import torch  # training's (serving imports this module without torch)
 
         batch: dict[str, Any] = {}
-        for prefix in ("", "pair_", "negative_"):
+        for prefix in TEXT_GROUPS.values():
             keys = [key for key in ("input_ids", "attention_mask", "token_type_ids") if prefix + key in features[0]]
             if not keys:
                 continue

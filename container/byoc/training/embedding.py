@@ -28,9 +28,6 @@ from byoc.tasks import IGNORE_LABEL
 
 logger = logging.getLogger(__name__)
 
-GROUPS = ("", "pair_", "negative_")  # the token columns' prefixes: anchor (or first text), positive, negative
-TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
-
 
 class EmbeddingModel(torch.nn.Module):
     """A SentenceTransformer and its training loss: token columns (and scores) in, the loss and each row's

@@ -190,14 +190,13 @@ def load_model(
         raise ModelError(f"cannot load the model from {source.path} ({source.origin}): {brief(err)}") from None
     kind.configure(model.config, args)  # what serving needs of the job's settings, in config.json
     freeze_bottom(model, args.freeze_embeddings, args.freeze_layers)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
+    total, trainable = parameter_millions(model)
     logger.info(
         "model %s (%s): %.1fM parameters, %.1fM trained, %s",
         type(model).__name__,
         source.origin,
-        total / 1e6,
-        trainable / 1e6,
+        total,
+        trainable,
         kind.head(len(label_names)),
     )
     return model
@@ -222,10 +221,15 @@ def _embedding_model(
     except Exception as err:
         raise ModelError(f"cannot load the model from {source.path} ({source.origin}): {brief(err)}") from None
     freeze_bottom(embedding.encoder_of(model), args.freeze_embeddings, args.freeze_layers)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
-    logger.info("model (%s): %.1fM parameters, %.1fM trained", source.origin, total / 1e6, trainable / 1e6)
+    total, trainable = parameter_millions(model)
+    logger.info("model (%s): %.1fM parameters, %.1fM trained", source.origin, total, trainable)
     return model
+
+
+def parameter_millions(model: torch.nn.Module) -> tuple[float, float]:
+    """(all, trained) parameters of `model`, in millions."""
+    total = sum(p.numel() for p in model.parameters())
+    return total / 1e6, sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6
 
 
 def freeze_bottom(model: PreTrainedModel, embeddings: bool, layers: int) -> None:

@@ -14,6 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from byoc import tasks
 from byoc.tasks import IGNORE_LABEL
+from byoc.tasks.embedding import TEXT_GROUPS
 from byoc.training.arguments import TrainArguments
 from byoc.training.data import DataError, TaskData
 from byoc.training.model import ModelError
@@ -99,21 +100,17 @@ def text_encoder(tokenizer: PreTrainedTokenizerBase, max_length: int, padding: A
     return encode
 
 
-# An embedding model's texts, each tokenized on its own: the token columns of each get its prefix.
-GROUP_PREFIXES = {"text": "", "text_pair": "pair_", "text_negative": "negative_"}
-
-
 def group_encoder(tokenizer: PreTrainedTokenizerBase, max_length: int, padding: Any) -> Any:
     """An embedding model's rows (a text, its pair, a negative) -> each text's token ids under its group's
     prefix (byoc.training.embedding), the row's length (its longest text's) and its score."""
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
         out: dict[str, list] = {}
-        for column, prefix in GROUP_PREFIXES.items():
+        for column, prefix in TEXT_GROUPS.items():
             if column in batch:
                 enc = tokenizer(batch[column], truncation=True, max_length=max_length, padding=padding)
                 out.update({prefix + key: values for key, values in enc.items()})
-        masks = [out[prefix + "attention_mask"] for column, prefix in GROUP_PREFIXES.items() if column in batch]
+        masks = [out[prefix + "attention_mask"] for column, prefix in TEXT_GROUPS.items() if column in batch]
         out["length"] = [max(sum(mask) for mask in row) for row in zip(*masks)]
         out["labels"] = batch["label"]
         return out
