@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from byoc.tasks import EMBEDDING
+from byoc.tasks.regression import regression_metrics
 from byoc.training import entry
 from byoc.training.model import bundled_model_dir
 from helpers import (
@@ -85,6 +86,12 @@ def test_scored_pairs_train_with_cosent_into_a_folder_sentence_transformers_load
     # Trained: the vectors moved from the pretrained model's.
     pretrained = sentence_transformers_vectors(bundled_model_dir(), texts)
     assert (pretrained * reference).sum(axis=1).min() < 0.99999
+    # Served as the job scored it: the test pairs sent as raw text, the Spearman of the answers' cosines.
+    pairs = score_rows(16, seed=1)
+    first = served_vectors(folder, monkeypatch, "onnxruntime", [a for a, _, _ in pairs])
+    second = served_vectors(folder, monkeypatch, "onnxruntime", [b for _, b, _ in pairs])
+    served = regression_metrics((first * second).sum(axis=1), np.array([score for _, _, score in pairs]))
+    assert served["spearmanr"] == pytest.approx(metrics["eval_spearman_cosine"], abs=0.01)
 
 
 def test_anchor_positive_negative_rows_train_with_in_batch_negatives(job, tiny_model_dir):
