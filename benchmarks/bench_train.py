@@ -148,7 +148,8 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
                 }
             )
         task = args.task if args.task != "auto" else "single_label_classification"
-        args = args.for_task(task, len(raw), given_names(given))  # the task's own defaults, as a job gets them
+        # The task's own defaults, as a job gets them.
+        args = args.for_task(task, len(raw), given_names(given), len(names))
         data = TaskData(train=raw, eval=None, test=None, label_names=names, pretokenized=False, task=task)
         tokenized = tokenize_splits(data, tokenizer, args, cache)
         model = load_model(ModelSource(model_dir, "bundled"), args, names, task=task)

@@ -234,11 +234,16 @@ def test_a_tasks_own_defaults_apply_where_the_job_gives_none():
     from byoc import tasks
     from byoc.training.hyperparameters import given_names
 
-    own = dict(tasks.get("embedding").training_defaults)
-    assert own  # an embedding model trains at other defaults than a classifier (docs/benchmarks.md)
+    own = dict(tasks.get("embedding").training_defaults(0))
+    assert own  # embedding rows train at other defaults than a classifier (docs/benchmarks.md)
     raw = {"epochs": "1"}
     args = parse_hyperparameters(raw).for_task("embedding", 5_000, given_names(raw))
     assert {name: getattr(args, name) for name in own} == own
+    # Scored pairs (a score column: one label) train at the classifier's.
+    scored = parse_hyperparameters(raw).for_task("embedding", 5_000, given_names(raw), num_labels=1)
+    classifier = parse_hyperparameters(raw).for_task("regression", 5_000, given_names(raw), num_labels=1)
+    assert (scored.learning_rate, scored.dropout) == (classifier.learning_rate, classifier.dropout)
+    assert scored.learning_rate != args.learning_rate
     # Given (under any of its names), the job's value stays; other tasks keep byoc's defaults.
     raw = {"lr": "3e-4", "--dropout": "0.2"}
     args = parse_hyperparameters(raw).for_task("embedding", 5_000, given_names(raw))

@@ -22,8 +22,10 @@ from helpers import (
     losses,
     rerun,
     run_until,
+    sentiment_rows,
     start_train,
     stopped_step,
+    write_csv,
 )
 
 pytestmark = pytest.mark.integration  # real jobs in processes: not in make test-fast
@@ -133,6 +135,12 @@ def test_a_sigterm_swallowed_by_a_finalizer_still_stops_the_job(tmp_path, tiny_m
     assert not (job.model_dir / "model.safetensors").exists()
 
 
+def few_validation_rows(job: Job) -> None:
+    """The rerun's evaluations need not be long (3,000 rows only gave the SIGTERM time to land in one); the
+    validation data is not part of what a checkpoint must match (byoc.training.job._job_fingerprint)."""
+    write_csv(job.channel("validation") / "v.csv", sentiment_rows(40))
+
+
 def test_sigterm_during_an_evaluation_cuts_it_short(tmp_path, tiny_model_dir):
     extra = {
         "max_steps": "40",
@@ -146,6 +154,7 @@ def test_sigterm_during_an_evaluation_cuts_it_short(tmp_path, tiny_model_dir):
     assert code == 143, log[-3000:]
     assert job.failure.startswith("stopped by SIGTERM at step 20 of 40 (during an evaluation)"), job.failure
     assert "eval_loss=" not in log  # its 3,000 batches were cut short: it never reached its metrics line
+    few_validation_rows(job)
     log = rerun(job)
     # The SIGTERM saved step 20; the rerun trains steps 21-40 from it and evaluates at the end.
     assert f"resuming from {job.root / 'checkpoints' / 'checkpoint-20'}" in log, log[-3000:]
@@ -159,6 +168,7 @@ def test_sigterm_during_the_final_evaluation_keeps_the_training(tmp_path, tiny_m
     code, log = run_until(job, "train_runtime=")  # training is over; the final evaluation starts
     assert code == 143, log[-3000:]
     assert job.failure.startswith("stopped by SIGTERM at step 30 of 30 (the final evaluation)"), job.failure
+    few_validation_rows(job)
     log = rerun(job)
     assert "checkpoint-30" in log and "eval_accuracy" in job.metrics
     assert len(losses(job)) == 30

@@ -41,9 +41,11 @@ class Task:
     tunes_thresholds = False  # chooses its decision thresholds on the eval data
     metrics: tuple[str, ...] = ()  # what `evaluate` reports (the log's eval_<name>, METRIC_DEFINITIONS)
     metric_notes: Mapping[str, str] = {}  # metrics.json's notes on metrics whose convention differs
-    # Hyperparameters whose default differs for this task (measured: docs/benchmarks.md); a job that gives
-    # one keeps its own value (byoc.training.arguments.TrainArguments.for_task).
-    training_defaults: Mapping[str, Any] = {}
+
+    def training_defaults(self, num_labels: int) -> Mapping[str, Any]:
+        """Hyperparameters whose default differs for this task on data of `num_labels` labels (measured:
+        docs/benchmarks.md); a job that gives one keeps its own value (TrainArguments.for_task)."""
+        return {}
 
     # -- the model folder ------------------------------------------------------------------------------
 

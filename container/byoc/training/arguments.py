@@ -72,7 +72,10 @@ class TrainArguments:
         bound=Bound(-1, INT_LIMIT),
     )
     learning_rate: float = _hp(
-        1e-4, "Peak learning rate (AdamW). An embedding model's default: 5e-5.", ("lr",), bound=POSITIVE
+        1e-4,
+        "Peak learning rate (AdamW). An embedding model's on (anchor, positive) rows: 5e-5.",
+        ("lr",),
+        bound=POSITIVE,
     )
     per_device_train_batch_size: int | None = _hp(
         None,
@@ -150,7 +153,7 @@ class TrainArguments:
     dropout: float | None = _hp(
         0.0,
         "Dropout probability for hidden and attention layers; empty/null keeps the model's own (an embedding "
-        "model's default: in-batch negatives learn more with it).",
+        "model's default on (anchor, positive) rows: in-batch negatives learn more with it).",
         bound=FRACTION,
     )
     precision: str = _hp(
@@ -256,13 +259,14 @@ class TrainArguments:
         """`per_device_train_batch_size`, or the default once the task is known (`for_task`)."""
         return self.per_device_train_batch_size or DEFAULT_BATCH_SIZE
 
-    def for_task(self, task: str, train_rows: int, given: Collection[str] = ()) -> TrainArguments:
+    def for_task(self, task: str, train_rows: int, given: Collection[str] = (), num_labels: int = 0) -> TrainArguments:
         """With the task's and the data's defaults where the user gave none (measured: docs/training.md):
-        the batch size, and the task's own `training_defaults` for the hyperparameters not `given`."""
+        the batch size, and the task's own `training_defaults` (for data of `num_labels` labels) for the
+        hyperparameters not `given`."""
         kind = tasks.get(task)
         small = kind.small_batches or train_rows < SMALL_DATA
         size = self.per_device_train_batch_size or (SMALL_BATCH_SIZE if small else DEFAULT_BATCH_SIZE)
-        own = {name: value for name, value in kind.training_defaults.items() if name not in given}
+        own = {name: value for name, value in kind.training_defaults(num_labels).items() if name not in given}
         return dataclasses.replace(self, per_device_train_batch_size=size, **own)
 
 

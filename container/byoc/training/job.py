@@ -140,7 +140,7 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
         data = load_task_data(contract.channel_dirs, spec, cache_dir)
         # The task's defaults, now that the task is known, where the job gave none.
         given = given_names(contract.hyperparameters)
-        resolved = args.for_task(data.task, len(data.train), given)
+        resolved = args.for_task(data.task, len(data.train), given, len(data.label_names))
         if args.per_device_train_batch_size is None:
             logger.info(
                 "per_device_train_batch_size: %d (the default for %s on %d rows)",
@@ -148,7 +148,7 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
                 data.task,
                 len(data.train),
             )
-        for name in sorted(set(tasks.get(data.task).training_defaults) - given):
+        for name in sorted(set(tasks.get(data.task).training_defaults(len(data.label_names))) - given):
             logger.info("%s: %s (the default for %s)", name, getattr(resolved, name), data.task)
         args = resolved
         tokenizer = load_tokenizer(source, args)
