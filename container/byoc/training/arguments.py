@@ -80,7 +80,8 @@ class TrainArguments:
     per_device_train_batch_size: int | None = _hp(
         None,
         "Training batch size per device (GPU, NeuronCore or CPU process). "
-        "Default: 32; 16 for token classification and for training sets under 4,096 rows (twice the steps).",
+        "Default: 32; 16 for token classification, multi-label, embeddings and training sets under 4,096 rows "
+        "(twice the steps).",
         ("train_batch_size", "batch_size"),
         bound=COUNT,
     )
