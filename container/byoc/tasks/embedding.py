@@ -27,9 +27,8 @@ from byoc.tasks.regression import regression_metrics
 
 NAME = "embedding"
 NORM_EPS = 1e-12  # as torch.nn.functional.normalize (sentence-transformers' Normalize)
-# A training row's texts, each tokenized on its own: its token columns get the text's prefix.
 ROWS_DEFAULTS = {"learning_rate": 5e-5, "dropout": None}  # (anchor, positive) rows: Embedding.training_defaults
-
+# A training row's texts, each tokenized on its own: its token columns get the text's prefix.
 TEXT_GROUPS = {"text": "", "text_pair": "pair_", "text_negative": "negative_"}
 
 
