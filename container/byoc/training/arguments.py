@@ -272,7 +272,10 @@ class TrainArguments:
 
 
 # The hyperparameters the Trainer owns, passed to TrainingArguments as they are: each under its own name
-# (None), or the Trainer's (which users may write too: an alias).
+# (None), or the Trainer's (which users may write too: an alias). They are read here rather than into a
+# TrainingArguments at once (run_glue's way) because building one sets up the device and accelerate's
+# distributed state (its __post_init__ reads `self.device`), which byoc decides only after reading the
+# hardware and the hosts; byoc.training.trainer builds it once, from this table and those decisions.
 TRAINER_OWNS: dict[str, str | None] = {
     "epochs": "num_train_epochs",
     "label_smoothing": "label_smoothing_factor",
