@@ -223,6 +223,23 @@ def sentence_transformers_api() -> Any:
     return sentence_transformers.SentenceTransformer, Transformer, Pooling, losses
 
 
+def cos_sim(a: Any, b: Any) -> Any:
+    """Every row of `a` against every row of `b`: sentence-transformers' `util.cos_sim` on dense vectors.
+    Theirs ends in `.to_dense()`, which returns a dense tensor itself; torch.compile before torch 2.13
+    (seen on 2.9 and 2.11) then leaves the loss without a grad_fn, and a compiled step fails in backward."""
+    import torch.nn.functional as F
+
+    return F.normalize(a, p=2, dim=1) @ F.normalize(b, p=2, dim=1).transpose(0, 1)
+
+
+def pairwise_cos_sim(a: Any, b: Any) -> Any:
+    """`a[i]` against `b[i]`: sentence-transformers' `util.pairwise_cos_sim` on dense vectors, without its
+    `.to_dense()` (see `cos_sim`)."""
+    import torch.nn.functional as F
+
+    return (F.normalize(a, p=2, dim=1) * F.normalize(b, p=2, dim=1)).sum(dim=-1)
+
+
 def sentence_encoder_kwargs(transformer_class: Any, model: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     """sentence-transformers' `Transformer(...)` keywords for `from_pretrained`'s and the config's
     arguments: `model_kwargs`/`config_kwargs` in 6.x, `model_args`/`config_args` in 5.1."""

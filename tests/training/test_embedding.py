@@ -11,10 +11,11 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from byoc.tasks import EMBEDDING
 from byoc.tasks.regression import regression_metrics
-from byoc.training import entry
+from byoc.training import embedding, entry
 from byoc.training.model import bundled_model_dir
 from helpers import (
     CPU_ONLY,
@@ -115,6 +116,23 @@ def test_anchor_positive_negative_rows_train_with_in_batch_negatives(job, tiny_m
     assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "Pooling"]
     pooling = json.loads((job.model_dir / "1_Pooling/config.json").read_text())
     assert pooling.get("pooling_mode_mean_tokens") or pooling.get("pooling_mode") == "mean"
+
+
+@pytest.mark.parametrize("scored", [True, False], ids=["cosent", "in-batch-negatives"])
+def test_each_loss_keeps_its_gradient_when_compiled(tiny_model_dir, scored):
+    """sentence-transformers' similarity functions end in `.to_dense()`, whose output torch.compile before
+    torch 2.13 left without a grad_fn: a compiled embedding job (torch_compile=true; bf16 on one GPU) failed in
+    its first backward (found on an H100 with torch 2.11; the torch-2.9 tier fails here without the fix)."""
+    model = embedding.build(str(tiny_model_dir), scored=scored, max_length=32, model_kwargs={}, config_kwargs={})
+    torch.manual_seed(0)
+    vectors = [torch.randn(4, 32, requires_grad=True) for _ in range(2)]
+    labels = torch.tensor([0.1, 0.9, 0.4, 0.6])  # scores for CoSENT; in-batch negatives read no labels
+    eager = model.loss(vectors, labels)
+    compiled = torch.compile(model.loss)(vectors, labels)
+    assert compiled.grad_fn is not None
+    assert compiled.item() == pytest.approx(eager.item(), rel=1e-5)
+    compiled.backward()
+    assert all(v.grad is not None and bool(v.grad.abs().sum() > 0) for v in vectors)
 
 
 # --- several processes, and a spot interruption ----------------------------------------------------------

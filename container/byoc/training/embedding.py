@@ -39,10 +39,13 @@ class EmbeddingModel(torch.nn.Module):
         self.model = model  # the SentenceTransformer
         self.config = model[0].auto_model.config  # what byoc's steps read of a transformers model
         self.scored = scored
+        # Their own similarity functions, but ones torch.compile keeps gradients through (compat.cos_sim).
         objective = (
-            losses.CoSENTLoss(model)
+            losses.CoSENTLoss(model, similarity_fct=compat.pairwise_cos_sim)
             if scored
-            else losses.MultipleNegativesRankingLoss(model, gather_across_devices=world_size > 1)
+            else losses.MultipleNegativesRankingLoss(
+                model, similarity_fct=compat.cos_sim, gather_across_devices=world_size > 1
+            )
         )
         # Held outside the module tree: the loss keeps a reference to the model, which would put every
         # weight in the state dict twice (and safetensors refuses tensors that share memory).
