@@ -181,3 +181,41 @@ def test_the_masked_loss_is_transformers_loss_and_skips_filler_rows(task, tiny_m
         padded_logits = torch.cat([out.logits, torch.full_like(out.logits[:2], 7.0)])
         padded = masked_loss(padded_logits, torch.cat([labels, filler]), tasks.get(task))
         assert float(padded) == pytest.approx(float(out.loss), rel=1e-5)
+
+
+def test_fixed_shape_training_batches_hold_the_training_batch_size_and_evaluation_fills_up_its_own(job, tiny_model_dir):
+    """The compiled path (XLA, torch_compile): each loader pads its batches to its own batch size. Training
+    batches used to be filled up to the evaluation's 64 rows: every step paid for 64 rows whatever the batch
+    size (2x at the default 32), and an embedding job's in-batch negatives included the filler rows."""
+    from datasets import Dataset
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from byoc.contract import read_training_contract
+    from byoc.training.trainer import build_trainer
+
+    job.resources().hyperparameters({})
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    texts = [f"row {i} " + "word " * (i % 5) for i in range(40)]
+
+    def tokenized(n: int) -> Dataset:
+        encoded = tokenizer(texts[:n])
+        return Dataset.from_dict({**encoded, "labels": [i % 2 for i in range(n)]})
+
+    args = parse_hyperparameters(
+        {"per_device_train_batch_size": "4", "per_device_eval_batch_size": "16", "device": "cpu"}
+    )
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2)
+    trainer = build_trainer(
+        model,
+        tokenizer,
+        {"train": tokenized(40), "eval": tokenized(20)},
+        args,
+        read_training_contract(),
+        ["negative", "positive"],
+        buckets=[8, 16],
+    )
+    assert {batch["input_ids"].shape[0] for batch in trainer.get_train_dataloader()} == {4}
+    rows = [batch["input_ids"].shape[0] for batch in trainer.get_eval_dataloader()]
+    assert rows == [16, 16]  # 20 rows: the second batch is 4 rows and 12 filler rows
+    labels = [batch["labels"] for batch in trainer.get_eval_dataloader()][-1]
+    assert int((labels == -100).sum()) == 12

@@ -58,14 +58,17 @@ class TaskTrainer(Trainer):
         precompile: bool = False,
         compiled: bool = False,
         task: str = tasks.SINGLE_LABEL,
+        train_collator: Any = None,
         **kwargs: Any,
     ) -> None:
         """`Trainer`'s own arguments, and byoc's: `buckets`, the fixed-shape length buckets (XLA, or
         torch_compile); `use_xla`; `shard_consumers`, the ranks that read each host's shard when
         each host trains on its own; `precompile` (neuron_precompile: one batch per shape, then stop);
         `compiled`: the steps run under torch.compile (their graphs are counted, as XLA's are);
-        `task`: the name of the byoc.tasks task (those that mask filler rows compute their loss here)."""
+        `task`: the name of the byoc.tasks task (those that mask filler rows compute their loss here);
+        `train_collator`: the training batches' own, where it is not `data_collator` (the evaluation's)."""
         super().__init__(*args, **kwargs)
+        self.train_collator = train_collator
         self.task = tasks.get(task)
         self.buckets, self.use_xla = buckets, use_xla
         self.shard_consumers, self.precompile = shard_consumers, precompile
@@ -90,6 +93,16 @@ class TaskTrainer(Trainer):
         """A sealed checkpoint of the finished training (before a stop during the final evaluation):
         the rerun resumes it with `resume_finished` and only evaluates."""
         self._save_checkpoint(self.model, None)
+
+    def get_train_dataloader(self):
+        # The Trainer builds both loaders on `data_collator`: the training loader takes its own here.
+        if self.train_collator is None:
+            return super().get_train_dataloader()
+        evaluation, self.data_collator = self.data_collator, self.train_collator
+        try:
+            return super().get_train_dataloader()
+        finally:
+            self.data_collator = evaluation
 
     def _get_train_sampler(self, train_dataset=None):
         dataset: Any = train_dataset if train_dataset is not None else self.train_dataset
@@ -321,8 +334,16 @@ def build_trainer(
 
     compute_metrics = TaskMetrics(task, label_names, args.threshold, choosing="eval" in tokenized)
     collator: Any
+    train_collator: Any = None
     if buckets is not None:
+        # Each loader's batches fill up to its own batch size: an evaluation's last, short batch with filler
+        # rows; training batches are always full, and filling them up to the evaluation's 64 rows would
+        # spend the compute of 64 rows on every step (and give in-batch negatives filler rows as negatives).
         collator = FixedShapeCollator(tokenizer.pad_token_id or 0, buckets, args.per_device_eval_batch_size)
+        train_collator = kind.with_labels(
+            FixedShapeCollator(tokenizer.pad_token_id or 0, buckets, args.train_batch_size),
+            len(label_names),
+        )
     else:
         # On a GPU, lengths padded to a multiple of 8: tensor-core-aligned matrices in bf16/fp16/TF32,
         # and fewer distinct shapes for the kernel and allocator caches. (On CPU, padding is pure cost.)
@@ -342,6 +363,7 @@ def build_trainer(
         precompile=args.neuron_precompile,
         compiled=compiling,
         task=task,
+        train_collator=train_collator,
     )
     for callback in (PrinterCallback, TqdmCallback):
         trainer.remove_callback(callback)
