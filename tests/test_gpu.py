@@ -1,5 +1,6 @@
 """The CUDA path on a real GPU: training (fp32, bf16, fp16; compiled with CUDA graphs), a job through
-the launcher with NCCL, SIGTERM and exact resume on cuda, serving on cuda.
+the launcher with NCCL, SIGTERM and exact resume on cuda, serving on cuda; an embedding model trained
+on cuda (eager and compiled) and served there as sentence-transformers encodes it; TEI's rerank on cuda.
 
 `make test-gpu` runs these on a machine with an NVIDIA GPU (BYOC_REQUIRE_GPU=1 makes a missing GPU
 a failure there). Everywhere else they skip, with that reason; the rest of the suite says which
@@ -10,13 +11,26 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import tarfile
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from helpers import GPU_HP, Job, build_job, learned, losses, run_train_process, start_train
+from helpers import (
+    GPU_HP,
+    Job,
+    build_job,
+    learned,
+    losses,
+    run_train_process,
+    start_train,
+    topic_rows,
+    write_jsonl,
+)
 
 if not torch.cuda.is_available():
     if os.environ.get("BYOC_REQUIRE_GPU") == "1":
@@ -102,6 +116,9 @@ dist.destroy_process_group()
 
 
 def test_a_one_gpu_job_through_the_launcher_runs_nccl(tmp_path):
+    # Script mode runs the user's script through the sagemaker-training toolkit, which the images install; a
+    # bare GPU machine may lack it (it has no wheel, and cannot be built without a network).
+    pytest.importorskip("sagemaker_training", reason="script mode needs the sagemaker-training toolkit")
     source = tmp_path / "src"
     source.mkdir()
     (source / "train.py").write_text(NCCL_SCRIPT)
@@ -182,3 +199,90 @@ def test_serving_on_cuda_every_backend_answers_as_torch_fp32(tmp_path, tiny_mode
     for name, got in answers.items():
         assert [a["label"] for a in got] == [a["label"] for a in expected], name
         assert [a["score"] for a in got] == pytest.approx([a["score"] for a in expected], abs=2e-2), name
+
+
+# --- embedding models and rerankers ----------------------------------------------------------------------
+
+EMBED_TEXTS = ["a recipe for bread", "the team won the final", "snow storms in the north", "learning the guitar"]
+
+
+def embedding_job(root, tiny_model_dir, hyperparameters: dict) -> Job:
+    """(anchor, positive, negative) rows on the tiny plain encoder: in-batch negatives, mean pooling added."""
+    job = Job(root).resources()
+    job.hyperparameters({**HP, "task": "embedding", **hyperparameters})
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(64, negatives=True))
+    write_jsonl(job.channel("validation") / "dev.jsonl", topic_rows(24, seed=1))
+    return job
+
+
+def served(model_dir, env: dict, *bodies: dict) -> tuple[list, str]:
+    """`byoc serve` on `model_dir` with `env`: its answers to `bodies`, and its log."""
+    from serve_helpers import Server
+
+    server = Server(model_dir, env=env)
+    try:
+        server.wait_ready()
+        answers = [server.invoke(body) for body in bodies]
+        assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+        return [a.json() for a in answers], server.log()
+    finally:
+        server.stop()
+
+
+def unit(vectors) -> np.ndarray:
+    vectors = np.asarray(vectors, dtype=np.float64)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "bf16-compiled"])
+def test_an_embedding_job_on_cuda_is_served_there_as_sentence_transformers_encodes(tmp_path, tiny_model_dir, compiled):
+    """Trained on cuda (TF32 eagerly; bf16=true compiles the step on one GPU), written as a
+    sentence-transformers folder; `byoc serve` on cuda in fp32 answers sentence-transformers' own
+    vectors (on the CPU), and auto's half precision (or ONNX Runtime's CUDA provider) stays close."""
+    from byoc import compat
+
+    extra = {"bf16": "true", "max_buckets": "2"} if compiled else {}
+    job = embedding_job(tmp_path / "opt-ml", tiny_model_dir, extra)
+    done = run_train_process(job.root)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    metrics = job.metrics
+    assert metrics["device"] == "cuda" and metrics["task"] == "embedding"
+    assert metrics["precision"] == (
+        "bf16" if compiled else ("tf32" if torch.cuda.get_device_capability() >= (8, 0) else "fp32")
+    )
+    if compiled:
+        assert metrics["torch_compile_graphs_per_epoch"][0] > 0
+    assert 0 <= metrics["eval_recall_at_1"] <= metrics["eval_mrr_at_10"] <= 1
+    assert learned(losses(job), 1, 160) < 0.5
+
+    SentenceTransformer, _, _, _ = compat.sentence_transformers_api()
+    reference = SentenceTransformer(str(job.model_dir), device="cpu").encode(EMBED_TEXTS, normalize_embeddings=True)
+    (fp32,), log = served(
+        job.model_dir, {"BYOC_INFERENCE_BACKEND": "torch", "BYOC_INFERENCE_PRECISION": "fp32"}, {"inputs": EMBED_TEXTS}
+    )
+    assert "(cuda, float32" in log, log[-2000:]
+    assert (unit(fp32) * reference).sum(axis=1).min() >= 0.9999
+    (auto,), log = served(job.model_dir, {}, {"inputs": EMBED_TEXTS})
+    assert "(cuda" in log or "CUDAExecutionProvider" in log, log[-2000:]
+    assert (unit(auto) * reference).sum(axis=1).min() >= 0.99
+
+
+def test_rerank_on_cuda_ranks_by_the_pairs_scores(tmp_path_factory, tmp_path, tiny_model_dir):
+    """TEI's rerank request on a pair model served by torch on cuda: the pairs' own scores, sorted."""
+    import serve_helpers
+
+    regression = serve_helpers.task_classifier(tmp_path_factory, tiny_model_dir, "regression")
+    model_dir = Path(shutil.copytree(regression, tmp_path / "model"))  # byoc serve reads <base>/model
+    env = {"BYOC_INFERENCE_BACKEND": "torch", "BYOC_INFERENCE_PRECISION": "fp32"}
+    query, texts = "a cat sat on the mat", ["dogs bark", "a cat is on a mat", "stock prices", "cats"]
+    (pairs, ranked), log = served(
+        model_dir,
+        env,
+        {"inputs": [{"text": query, "text_pair": t} for t in texts]},
+        {"query": query, "texts": texts, "top_n": 3},
+    )
+    assert "(cuda, float32" in log, log[-2000:]
+    scores = [a["score"] for a in pairs]
+    assert [r["index"] for r in ranked] == sorted(range(4), key=lambda i: -scores[i])[:3]
+    assert [r["score"] for r in ranked] == pytest.approx(sorted(scores, reverse=True)[:3], abs=1e-5)
