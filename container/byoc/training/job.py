@@ -143,10 +143,11 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
         resolved = args.for_task(data.task, len(data.train), given, len(data.label_names))
         if args.per_device_train_batch_size is None:
             logger.info(
-                "per_device_train_batch_size: %d (the default for %s on %d rows)",
+                "per_device_train_batch_size: %d (the default for %s on %d rows, %g in the whole run)",
                 resolved.train_batch_size,
                 data.task,
                 len(data.train),
+                resolved.run_rows(len(data.train)),
             )
         for name in sorted(set(tasks.get(data.task).training_defaults(len(data.label_names))) - given):
             logger.info("%s: %s (the default for %s)", name, getattr(resolved, name), data.task)
