@@ -41,6 +41,7 @@ from pathlib import Path
 
 import shared_data  # benchmarks/, beside this script
 from bench_serve import free_port
+from child_process import dies_with_parent, exit_on_sigterm
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH, LR = 16, 5e-5
@@ -137,7 +138,8 @@ def run_byoc(task: str, epochs: float, workdir: Path, seed: int = 42, extra: dic
     root = job_tree(workdir / "byoc", task, hyperparameters)
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(workdir / "cache")}
     start = time.monotonic()
-    out = subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, capture_output=True, text=True)
+    byoc = str(Path(sys.executable).parent / "byoc")
+    out = subprocess.run([byoc, "train"], env=env, capture_output=True, text=True, preexec_fn=dies_with_parent)
     if out.returncode:
         raise RuntimeError(f"byoc train failed: {out.stdout[-3000:]}")
     metrics = json.loads((root / "output" / "data" / "metrics.json").read_text())
@@ -207,7 +209,11 @@ def serve_and_ask(root: Path, inputs: list, chunk: int = 32) -> list:
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "SAGEMAKER_BIND_TO_PORT": str(port)}
     env.pop("SM_MODEL_DIR", None)
     server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "byoc"), "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        [str(Path(sys.executable).parent / "byoc"), "serve"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=dies_with_parent,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -319,6 +325,7 @@ def main() -> int:
     parser.add_argument("--recipes", default="byoc,reference")
     opts = parser.parse_args()
     extra = dict(kv.split("=", 1) for kv in opts.byoc_hp.split(",") if kv)
+    exit_on_sigterm()  # killed by its pid, it still stops its children and removes its temporary folders
     if opts.one:
         recipe, task = opts.one
         with tempfile.TemporaryDirectory() as tmp:
@@ -340,6 +347,7 @@ def main() -> int:
                     + ["--byoc-hp", opts.byoc_hp],
                     capture_output=True,
                     text=True,
+                    preexec_fn=dies_with_parent,
                 )
                 line = [row for row in out.stdout.splitlines() if row.startswith("RESULT ")]
                 if out.returncode or not line:
