@@ -11,7 +11,14 @@ import pytest
 from byoc.contract import Paths, TrainingContract
 from byoc.launch import efa
 from byoc.launch.devices import count_core_list
-from byoc.launch.launcher import LaunchError, describe_failure, plan_launch, wait_for_hosts, worker_environment
+from byoc.launch.launcher import (
+    LaunchError,
+    describe_failure,
+    forgive_exits_after_finishing,
+    plan_launch,
+    wait_for_hosts,
+    worker_environment,
+)
 from byoc.launch.settings import LaunchSettings
 
 
@@ -129,6 +136,26 @@ def test_the_first_real_failure_is_reported_not_the_peers_that_lost_it():
     )
     records[1] = {"rank": 1, "host": "algo-1", "exit_code": 1, "time": 100.5, "message": "DataError: bad"}
     assert describe_failure(failures, records, "algo-1") == ("rank 1 on algo-1 failed: DataError: bad", 1)
+
+
+def test_a_rank_that_fails_as_it_exits_after_every_rank_finished_does_not_fail_the_job(caplog):
+    aborted = {1: SimpleNamespace(exitcode=-signal.SIGABRT, timestamp=100, local_rank=1)}
+    assert forgive_exits_after_finishing(aborted, {}, finished={0, 1}, ranks={0, 1}, host="algo-1")
+    said = "rank 1 on algo-1 finished its work, then failed as its process exited (the process was killed by SIGABRT)"
+    assert said in caplog.text
+    # its wrapper's record (script mode) says the same failure: still forgiven
+    record = {"rank": 1, "host": "algo-1", "exit_code": 134, "time": 100.0}
+    record["message"] = "the process was killed by SIGABRT"
+    assert forgive_exits_after_finishing(aborted, {1: record}, finished={0, 1}, ranks={0, 1}, host="algo-1")
+
+
+def test_a_rank_that_had_not_finished_keeps_the_failure():
+    aborted = {1: SimpleNamespace(exitcode=-signal.SIGABRT, timestamp=100, local_rank=1)}
+    assert not forgive_exits_after_finishing(aborted, {}, finished={0}, ranks={0, 1}, host="algo-1")  # 1 never finished
+    assert not forgive_exits_after_finishing(aborted, {}, finished={1}, ranks={0, 1}, host="algo-1")  # 0 stopped midway
+    # a second host's ranks are numbered after the first's: its own must all have finished
+    assert forgive_exits_after_finishing({3: aborted[1]}, {}, finished={2, 3}, ranks={2, 3}, host="algo-2")
+    assert not forgive_exits_after_finishing({}, {}, finished={0, 1}, ranks={0, 1}, host="algo-1")  # nothing failed
 
 
 def test_the_device_hyperparameter_picks_the_path():

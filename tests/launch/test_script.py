@@ -256,3 +256,48 @@ def test_secret_values_are_masked_whatever_they_look_like():
         "--token=***",
         "--auth",
     ]
+
+
+# A train.py on byoc's runtime (as code/train.py): rank 1 ends abnormally after its work, or in it.
+ABORTS = """
+import atexit, os, sys
+from byoc.launch import distributed
+from byoc.training.entry import run_job
+
+def main(contract, args, settings):
+    distributed.setup(settings.rank)
+    with open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{distributed.rank()}.txt"), "w") as f:
+        f.write("saved")
+    distributed.teardown()
+    if distributed.rank() == 1:
+        if os.environ["ABORT"] == "at-exit":
+            atexit.register(os.abort)  # as torch's collective library at exit: SIGABRT once main has returned
+        else:
+            os.abort()
+    return {}
+
+sys.exit(run_job(main))
+"""
+
+
+@pytest.mark.integration  # a real job in processes
+def test_a_rank_aborting_as_it_exits_after_the_job_finished_does_not_fail_the_job(tmp_path):
+    """Seen once in CI: a two-rank job saved its model, then rank 1 died by SIGABRT at interpreter exit
+    ("terminate called without an active exception", torch's collective library); the job failed."""
+    results = {}
+    for when in ("at-exit", "in-main"):
+        job = script_job(tmp_path / when, script=ABORTS)
+        hps = json.loads((job.root / "input/config/hyperparameters.json").read_text())
+        job.hyperparameters({k: v for k, v in hps.items() if k != "name"})  # byoc's job reads them: its own only
+        env = {"BYOC_PROCESSES_PER_HOST": "2", "ABORT": when, **CPU_ONLY}
+        results[when] = (job, run_train_process(job.root, env=env))
+    job, result = results["at-exit"]
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-3000:]
+    assert not (job.root / "output" / "failure").exists()
+    assert {p.name for p in job.model_dir.glob("rank-*.txt")} == {"rank-0.txt", "rank-1.txt"}
+    assert "rank 1 on algo-1 finished its work, then failed as its process exited" in log
+    assert "SIGABRT" in log
+    job, result = results["in-main"]  # before run_job returned: the work was not finished
+    assert result.returncode == 134, (result.stdout + result.stderr)[-3000:]
+    assert job.failure.startswith("rank 1 on algo-1 failed: the process was killed by SIGABRT"), job.failure

@@ -201,6 +201,46 @@ def write_rank_failure(rank: RankSettings, message: str, exit_code: int) -> None
     write_atomically(rank.failure_dir / f"rank-{rank.rank}.json", json.dumps(record))
 
 
+def write_rank_finished(rank: RankSettings) -> None:
+    """Called by a rank whose job returned without error (`run_job`), as it exits: what it had to do
+    is done (the model saved, the process group left). No-op outside a launched job."""
+    if rank.failure_dir is None:
+        return
+    record = {"rank": rank.rank, "host": rank.host, "time": time.time()}
+    write_atomically(rank.failure_dir / f"finished-{rank.rank}.json", json.dumps(record))
+
+
+def _finished(failure_dir: Path) -> set[int]:
+    """The ranks that wrote `write_rank_finished`'s record."""
+    return {int(path.stem.split("-", 1)[1]) for path in failure_dir.glob("finished-*.json")}
+
+
+def forgive_exits_after_finishing(
+    failures: Mapping[int, object], records: dict[int, dict], finished: set[int], ranks: set[int], host: str
+) -> bool:
+    """Whether the ranks failed only as their processes exited, every rank of this host (`ranks`)
+    having finished its work first: torch's collective library can abort a process during
+    interpreter exit ("terminate called without an active exception", SIGABRT), after the rank left
+    the process group. Such a job has done everything it had to (rank 0 saved the model before the
+    ranks left together), so it succeeds, with a warning for each such rank, rather than reporting a
+    failure it does not have. A rank that had not finished (stopped by the agent as it cleaned up
+    after the failed one, say) keeps the failure."""
+    failed = set(failures) | set(records)
+    if not failed or not (failed | ranks) <= finished:
+        return False
+    for rank in sorted(failed):
+        # script mode's wrapper records how the script's process ended; the agent saw only the wrapper's exit
+        how = records[rank]["message"] if rank in records else f"the process {describe_exit(failures[rank].exitcode)}"  # type: ignore[attr-defined]
+        logger.warning(
+            "rank %d on %s finished its work, then failed as its process exited (%s): a crash at interpreter "
+            "exit, after the model was saved and the ranks had left the process group; the job succeeded",
+            rank,
+            records[rank]["host"] if rank in records else host,
+            how,
+        )
+    return True
+
+
 def _records(failure_dir: Path) -> dict[int, dict]:
     out = {}
     for path in failure_dir.glob("rank-*.json"):
@@ -316,7 +356,13 @@ def launch(
             elastic_launch(config, program)(*args)
         return 0, None
     except ChildFailedError as err:
-        message, code = describe_failure(err.failures, _records(failure_dir), contract.current_host)
+        records = _records(failure_dir)
+        host_ranks = set(range(plan.node_rank * plan.nproc_per_node, (plan.node_rank + 1) * plan.nproc_per_node))
+        if forgive_exits_after_finishing(
+            err.failures, records, _finished(failure_dir), host_ranks, contract.current_host
+        ):
+            return 0, None
+        message, code = describe_failure(err.failures, records, contract.current_host)
         return code, message
     except SignalException as err:
         records = _records(failure_dir)

@@ -188,7 +188,7 @@ def run_job(main: Callable[..., object] | None = None, settings: TrainingSetting
     here, once, and passed to `main` (a `main(contract, args)` of an older train.py gets none).
     """
     from byoc.contract import Paths
-    from byoc.launch.launcher import write_rank_failure
+    from byoc.launch.launcher import write_rank_failure, write_rank_finished
     from byoc.training import tracking
     from byoc.training.settings import TrainingSettings
 
@@ -228,6 +228,7 @@ def run_job(main: Callable[..., object] | None = None, settings: TrainingSetting
         return code
     if not rank.launched:  # the launcher says it for its ranks
         logger.info("training finished")
+    write_rank_finished(rank)  # a crash as the process exits, after this, does not fail the job
     return 0
 
 
