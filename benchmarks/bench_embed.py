@@ -29,6 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serve  # noqa: E402  (the load generator and the server start)
 import shared_data  # noqa: E402
+from child_process import exit_on_sigterm  # noqa: E402
 
 WORK = Path("/tmp/byoc-bench-embed")
 SHAPES = ((1, 32), (16, 8))  # (sentences a request, concurrency)
@@ -114,6 +115,7 @@ def quality(folder: Path) -> dict:
 
 
 def main() -> int:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="measured window per phase")
     parser.add_argument("--warmup", type=float, default=3.0)

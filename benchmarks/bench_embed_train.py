@@ -20,7 +20,6 @@ import argparse
 import csv
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import shared_data  # benchmarks/, beside this script
+from child_process import byoc_train, exit_on_sigterm
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "container"))
@@ -81,7 +81,7 @@ def run_byoc(shape: str, epochs: float, workdir: Path) -> tuple[Path, float]:
         f.writelines(json.dumps(row) + "\n" for row in train_rows(shape))
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(workdir / "cache")}
     start = time.perf_counter()
-    done = subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, capture_output=True, text=True)
+    done = byoc_train(env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"byoc train failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return root / "model", time.perf_counter() - start
@@ -137,6 +137,7 @@ def scores(folder: Path) -> dict[str, float]:
 
 
 def main() -> int:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="scored,pairs")
     parser.add_argument("--epochs", default="1")

@@ -34,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_embed  # noqa: E402  (the model folder with byoc's graphs, SICK's sentences)
 import bench_serve  # noqa: E402  (the load generator, byoc's start)
+from child_process import dies_with_parent, exit_on_sigterm  # noqa: E402
 
 WORK = Path("/tmp/byoc-bench-embed-vs")
 SERVED = "all-MiniLM-L6-v2"  # infinity-emb's name for the model (OpenAI's "model")
@@ -81,7 +82,12 @@ def start_infinity(competitors: str, folder: Path, port: int) -> tuple[subproces
     command += ["--device", "cpu", "--port", str(port)]
     started = time.monotonic()
     proc = subprocess.Popen(
-        command, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        command,
+        cwd=folder,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=dies_with_parent,
     )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -106,7 +112,11 @@ def fastembed_rate(competitors: str, folder: Path, texts: list[str]) -> float:
         if quantized.exists():
             quantized.rename(target / "model.onnx")
     done = subprocess.run(
-        [competitors, "-c", FASTEMBED, str(target)], input=json.dumps(texts), capture_output=True, text=True
+        [competitors, "-c", FASTEMBED, str(target)],
+        input=json.dumps(texts),
+        capture_output=True,
+        text=True,
+        preexec_fn=dies_with_parent,
     )
     if done.returncode:
         return float("nan")
@@ -143,6 +153,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def main() -> int:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--competitors", required=True, help="the python of the venv holding infinity-emb and fastembed"

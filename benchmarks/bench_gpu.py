@@ -60,6 +60,7 @@ sys.path.insert(0, str(HERE))
 
 import shared_data  # noqa: E402
 from bench_gpu_serve import CPU_SERVE_BACKENDS, SERVE_BACKENDS, TARGETS, serving  # noqa: E402
+from child_process import byoc_train, dies_with_parent, exit_on_sigterm  # noqa: E402
 
 BATCH = 32
 MODELS = {  # BertConfig sizes
@@ -157,7 +158,7 @@ def run_byoc(work: Path, model: Path, texts, labels, recipe: str, steps: int, de
         hp["torch_compile"] = "true" if kind == "byoc-compiled" else "false"
     root = write_job(work / recipe.replace(":", "-") / "opt-ml", model, texts, labels, hp)
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(work / "cache")}
-    done = subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, capture_output=True, text=True)
+    done = byoc_train(env, capture_output=True, text=True)
     if done.returncode:
         return {"error": (done.stdout + done.stderr)[-2000:]}
     rates = [
@@ -276,7 +277,7 @@ def run_worker(recipe: str, model: Path, steps: int, device: str) -> dict:
         "--device",
         device,
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=dies_with_parent)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
         return {"error": (done.stdout + done.stderr)[-2000:]}
@@ -299,7 +300,7 @@ def accuracy(work: Path, device: str) -> dict:
     (root / "input/config").mkdir(parents=True, exist_ok=True)
     (root / "input/config/hyperparameters.json").write_text(json.dumps({k: str(v) for k, v in hp.items()}))
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(work / "cache")}
-    done = subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, capture_output=True, text=True)
+    done = byoc_train(env, capture_output=True, text=True)
     if done.returncode:
         return {"error": (done.stdout + done.stderr)[-2000:]}
     m = json.loads((root / "output/data/metrics.json").read_text())
@@ -339,6 +340,7 @@ def training_checks(results: dict) -> dict:
 
 
 def main() -> int:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))

@@ -13,6 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from child_process import dies_with_parent  # benchmarks/, on sys.path (bench_gpu puts it there)
+
 SERVE_BACKENDS = {  # name -> the server's settings; auto is what an endpoint gets by default
     "auto": {},
     "onnxruntime-cuda:fp32": {"BYOC_INFERENCE_BACKEND": "onnxruntime", "BYOC_INFERENCE_PRECISION": "fp32"},
@@ -46,7 +48,12 @@ def serve_one(model_dir: Path, texts: list[str], seconds: float, settings: dict[
     env.pop("SM_MODEL_DIR", None)
     started = time.monotonic()
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "byoc"), "serve"], env=env, stdout=log, stderr=log, start_new_session=True
+        [str(Path(sys.executable).parent / "byoc"), "serve"],
+        env=env,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        preexec_fn=dies_with_parent,
     )
     try:
         try:

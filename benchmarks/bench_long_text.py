@@ -28,6 +28,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serve  # noqa: E402
 import reference_stack  # noqa: E402
+from child_process import dies_with_parent, exit_on_sigterm  # noqa: E402
 
 WORK = Path("/tmp/byoc-bench-long-text")
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
@@ -123,10 +124,13 @@ def serve(model: Path, port: int, container: Path | None, env: dict[str, str]) -
     if container is not None:
         full["PYTHONPATH"] = f"{container}:{full.get('PYTHONPATH', '')}"
     command = [sys.executable, "-c", "from byoc.cli import main; main(['serve'])"]
-    return subprocess.Popen(command, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        command, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=dies_with_parent
+    )
 
 
 def main() -> int:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--chars", type=int, nargs="+", default=[50_000, 100_000])
     parser.add_argument("--container", type=Path, help="another checkout's container/ (byoc before a change)")

@@ -29,6 +29,7 @@ import bench_mme  # noqa: E402
 import bench_serve  # noqa: E402
 import reference_stack  # noqa: E402
 import shared_data  # noqa: E402
+from child_process import exit_on_sigterm  # noqa: E402
 
 
 def serving_overhead(model: Path, texts: list[str], rounds: int, seconds: float, warmup: float) -> dict:
@@ -120,6 +121,7 @@ def measure_scrapes(client: httpx.Client, scrapes: int) -> dict:
 
 
 def main() -> int:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0, help="measured window per phase")

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serve  # noqa: E402
 import reference_stack  # noqa: E402
 import shared_data  # noqa: E402
+from child_process import exit_on_sigterm  # noqa: E402
 
 WORK = Path("/tmp/byoc-bench-mme")
 
@@ -152,6 +153,7 @@ def run(model: Path, count: int, texts: list[str], cycles: int = 200) -> dict:
 
 
 def main() -> int:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", type=int, default=50)
     parser.add_argument("--churn", type=int, default=200, help="load/unload cycles of a model with code")

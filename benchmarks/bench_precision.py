@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import shared_data  # benchmarks/, beside this script
+from child_process import byoc_train, exit_on_sigterm
 
 from byoc.serving.model import default_handlers
 
@@ -38,7 +39,7 @@ def trained_model() -> Path:
     (root / "input" / "config").mkdir(parents=True, exist_ok=True)
     (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps({"epochs": "1"}))
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(WORK / "cache")}
-    subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, check=True, stdout=subprocess.DEVNULL)
+    byoc_train(env, check=True, stdout=subprocess.DEVNULL)
     return root / "model"
 
 
@@ -71,6 +72,7 @@ def agreement(answers: list[dict], exact: list[dict]) -> dict:
 
 
 def main() -> int:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, help="a model folder from byoc train (default: train one)")
     parser.add_argument("--json", type=Path, help="also write the results here")

@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reference_stack  # noqa: E402
 import shared_data  # noqa: E402
+from child_process import byoc_train, dies_with_parent, exit_on_sigterm  # noqa: E402
 
 DATA = shared_data.find("emotion")
 WORK = Path("/tmp/byoc-bench-serve")
@@ -79,7 +80,7 @@ def train_model() -> Path:
     hyperparameters = {"max_steps": "60", "logging_steps": "20", "serving_int8": "true"}
     (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(hyperparameters))
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(WORK / "cache")}
-    subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, check=True, stdout=subprocess.DEVNULL)
+    byoc_train(env, check=True, stdout=subprocess.DEVNULL)
     return model
 
 
@@ -214,6 +215,7 @@ def model_ceiling(model: Path, texts: list[str], settings: dict[str, str]) -> fl
         capture_output=True,
         text=True,
         check=True,
+        preexec_fn=dies_with_parent,
     )
     return float(done.stdout.strip().splitlines()[-1])
 
@@ -253,6 +255,7 @@ def start_byoc(model: Path, port: int, settings: dict[str, str]) -> tuple[subpro
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        preexec_fn=dies_with_parent,
     )
     return proc, started
 
@@ -288,6 +291,7 @@ def measure(name: str, port: int, proc, started: float, texts: list[str], opts) 
 
 
 def main() -> int:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=12.0, help="measured window per phase")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured start of each phase")

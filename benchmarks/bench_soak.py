@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serve  # noqa: E402
 import reference_stack  # noqa: E402
 import shared_data  # noqa: E402
+from child_process import exit_on_sigterm  # noqa: E402
 
 JSON = b"application/json"
 # (kind, body, content type, accept, the statuses it may get)
@@ -206,6 +207,7 @@ async def _under_siege(port: int, texts: list[str], concurrency: int, seconds: f
 
 
 def main() -> int:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="length of each phase (baseline, soak)")
     parser.add_argument("--concurrency", type=int, default=32)

@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serve  # noqa: E402
 import reference_stack  # noqa: E402
+from child_process import exit_on_sigterm  # noqa: E402
 
 WORK = Path("/tmp/byoc-bench-task-serve")
 TASKS = {
@@ -106,6 +107,7 @@ def pipeline_rate(model: Path, task: str, texts: list[str], seconds: float) -> f
 
 
 def main() -> int:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=3.0)

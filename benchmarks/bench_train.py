@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import shared_data  # benchmarks/, beside this script
+from child_process import dies_with_parent, exit_on_sigterm
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = shared_data.find("emotion")
@@ -190,6 +191,7 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
 
 
 def main() -> int:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=60, help="timed optimizer steps per run")
@@ -210,6 +212,7 @@ def main() -> int:
                 [sys.executable, __file__, "--one", recipe, "--steps", str(opts.steps), "--warmup", str(opts.warmup)],
                 capture_output=True,
                 text=True,
+                preexec_fn=dies_with_parent,
             )
             line = [row for row in out.stdout.splitlines() if row.startswith("RESULT ")]
             if out.returncode or not line:

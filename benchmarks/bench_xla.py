@@ -24,12 +24,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import shared_data  # benchmarks/, beside this script
+from child_process import byoc_train, exit_on_sigterm
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = shared_data.find("emotion")
@@ -86,7 +86,7 @@ def run_job(name: str, buckets: str, rows: int, epochs: int) -> dict:
     )
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(WORK / "cache"), "PJRT_DEVICE": "CPU"}
     started = time.monotonic()
-    done = subprocess.run([str(Path(sys.executable).parent / "byoc"), "train"], env=env, capture_output=True, text=True)
+    done = byoc_train(env, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"{name}: byoc train failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     metrics = json.loads((root / "output" / "data" / "metrics.json").read_text())
@@ -107,6 +107,7 @@ def run_job(name: str, buckets: str, rows: int, epochs: int) -> dict:
 
 
 def main() -> int:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=384, help="training rows (the test channel gets half)")
     parser.add_argument("--epochs", type=int, default=2)

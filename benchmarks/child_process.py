@@ -10,7 +10,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import signal
+import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -24,3 +27,9 @@ def dies_with_parent() -> None:
 def exit_on_sigterm() -> None:
     """SIGTERM raises SystemExit, so `finally` blocks (temporary folders, servers) run and children follow."""
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+def byoc_train(env: dict[str, str], **kwargs: Any) -> subprocess.CompletedProcess:
+    """`byoc train` (this Python's) with `env`, ending with the benchmark; `kwargs` go to subprocess.run."""
+    byoc = str(Path(sys.executable).parent / "byoc")
+    return subprocess.run([byoc, "train"], env=env, preexec_fn=dies_with_parent, **kwargs)

@@ -58,6 +58,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from child_process import dies_with_parent, exit_on_sigterm  # benchmarks/, beside this script
+
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv-ref"
 PY = VENV / "bin" / "python"
@@ -146,6 +148,7 @@ def start(model_dir: Path, port: int, workers: int | None = None, log_path: Path
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=dies_with_parent,
         )
     proc.run_dir, proc.started_at = run_dir, time.monotonic()
     return proc
@@ -315,6 +318,7 @@ def smoke(model_dir: Path, port: int) -> None:
 
 
 def main() -> None:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("setup", help="build .venv-ref and check Java")

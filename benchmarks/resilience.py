@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import shared_data  # benchmarks/, beside this script
+from child_process import dies_with_parent, exit_on_sigterm
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = shared_data.find("emotion")
@@ -56,7 +57,14 @@ def make_job(root: Path, args: argparse.Namespace) -> Path:
 
 def start(root: Path, cache: Path) -> subprocess.Popen:
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(cache)}
-    return subprocess.Popen([BYOC, "train"], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [BYOC, "train"],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=dies_with_parent,
+    )
 
 
 def steps_logged(log: str) -> list[int]:
@@ -77,6 +85,7 @@ def losses(root: Path) -> dict[int, float]:
 
 
 def main() -> None:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cycles", type=int, default=6)
     parser.add_argument("--train-samples", type=int, default=6000)
