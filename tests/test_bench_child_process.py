@@ -27,8 +27,8 @@ PARENT = textwrap.dedent(
     from child_process import dies_with_parent, exit_on_sigterm
     exit_on_sigterm()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], preexec_fn=dies_with_parent)
-    print(child.pid, flush=True)
-    try:
+    try:  # the pid printed inside: a SIGTERM sent as soon as it is read finds the cleanup in place
+        print(child.pid, flush=True)
         time.sleep(600)
     finally:
         open({marker!r}, "w").write("cleaned up")
