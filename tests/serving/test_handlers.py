@@ -49,6 +49,13 @@ def test_handlers_get_context_only_when_they_take_it():
         (b'["a", "b", ["c", "\\ud83d"]]', "application/json", "input 2 is not valid Unicode"),
         (b'{"inputs": "x"}\n"\\ud800"\n', "application/jsonlines", "input 1 is not valid Unicode"),
         (b'{"inputs": ["a", 7]}', "application/json", "input 1: each input must be"),
+        # An object with none of the keys read: which keys it has (a misspelt "inputs"), not "input 0".
+        (b'{"inputz": "hello"}', "application/json", 'the JSON object has no "inputs"'),
+        (b'{"sentences": ["a"], "query": "q"}', "application/json", 'its keys: "sentences", "query"'),
+        (b"{}", "application/json", "its keys: none (an empty object)"),
+        # "parameters" that is not an object, even an empty list or string: refused, not read as none.
+        (b'{"inputs": "x", "parameters": []}', "application/json", '"parameters" must be a JSON object'),
+        (b'{"inputs": "x", "parameters": ""}', "application/json", '"parameters" must be a JSON object'),
         # Deeply nested JSON: a RecursionError in the parser.
         (b"[" * 100_000 + b"]" * 100_000, "application/json", "nested too deeply"),
         (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "application/json", "nested too deeply"),
@@ -82,6 +89,19 @@ def test_a_csv_row_is_one_text_where_each_input_is_one_text():
     assert default_handlers.input_fn(NER_CSV, "text/csv", one_text=True)["inputs"] == texts
     pairs = [("John Smith", " of Paris"), "Smith, John", ("a", "b,c"), ("two\nlines, one text", "x"), "plain"]
     assert default_handlers.input_fn(NER_CSV, "text/csv")["inputs"] == pairs  # a classifier's: pairs, as before
+
+
+def test_an_object_without_inputs_names_a_bounded_few_of_its_keys():
+    body = json.dumps({f"{i:03d}" + "k" * 1000: i for i in range(10_000)}).encode()
+    with pytest.raises(InputError) as caught:
+        default_handlers.input_fn(body, "application/json")
+    said = str(caught.value)
+    assert said.count('"000kkk') == 1 and '"007' in said and '"008' not in said and said.endswith(", ...")
+    assert len(said) < 1000
+    # the shapes that are read stay read: a pair as the whole body, and null parameters
+    assert default_handlers.input_fn(b'{"text": "a", "text_pair": "b"}', "application/json")["inputs"] == [("a", "b")]
+    assert default_handlers.input_fn(b'{"text": "a"}', "application/json")["inputs"] == ["a"]
+    assert default_handlers.input_fn(b'{"inputs": "a", "parameters": null}', "application/json")["parameters"] == {}
 
 
 def test_input_fn_keeps_every_valid_text():

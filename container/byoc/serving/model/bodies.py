@@ -110,8 +110,10 @@ def _json_shapes(payload: dict[str, Any]) -> tuple[Any, Any]:
     """The JSON object shapes byoc reads: the inference toolkit's {"inputs", "parameters"} (TEI's embed
     request, whose parameters sit beside "inputs"); TEI's rerank {"query", "texts"} (the pairs, with
     "shape": "rerank"); OpenAI's embeddings {"input", "model"} ("shape": "openai"); else the object is
-    the input itself."""
-    given = payload.get("parameters") or {}
+    the input itself: a pair's {"text", "text_pair"}, or an object with none of these keys, refused
+    here saying which keys it has (a misspelt "inputs" is the usual cause)."""
+    given = payload.get("parameters")
+    given = {} if given is None else given  # null as absent; [] or "" are refused, not taken as none
     if "inputs" in payload:
         if not isinstance(given, dict):
             return payload["inputs"], given  # input_fn refuses it
@@ -131,7 +133,19 @@ def _json_shapes(payload: dict[str, Any]) -> tuple[Any, Any]:
             **openai,
             **({"dimensions": payload["dimensions"]} if "dimensions" in payload else {}),
         }
+    if "text" not in payload:
+        raise InputError(
+            'the JSON object has no "inputs": send {"inputs": "a text"} or a list of texts (also read: TEI\'s '
+            '"query" with "texts", OpenAI\'s "input", one pair as "text" and "text_pair"); '
+            f"its keys: {_some_keys(payload)}"
+        )
     return payload, {}
+
+
+def _some_keys(payload: dict[str, Any], most: int = 8) -> str:
+    """An object's first keys for a message, each cut short: a hostile body may have a million, or long ones."""
+    keys = [json.dumps(key[:40] + ("..." if len(key) > 40 else "")) for key in list(payload)[:most]]
+    return (", ".join(keys) + (", ..." if len(payload) > most else "")) if keys else "none (an empty object)"
 
 
 def _csv_inputs(text: str, one_text: bool) -> list[Any]:
