@@ -263,6 +263,28 @@ def test_output_fn_never_writes_nan():
         with pytest.raises(InvalidAnswer, match="NaN or infinity"):
             default_handlers.output_fn(broken, accept)
     assert json.loads(default_handlers.output_fn([{"label": "joy", "score": 0.5}], "application/json")[0])
+    for vector in ([0.1, float("inf")], [float("-inf")], [[0.5], [float("nan")]]):  # inside a vector too
+        with pytest.raises(InvalidAnswer, match="NaN or infinity"):
+            default_handlers.output_fn([vector], "application/json")
+
+
+def test_json_answers_hold_the_same_values_as_json_writes_them():
+    """The answers are written by orjson (fast on an embedding's floats), falling back to json where it
+    cannot say the same: what a client reads back equals what json.dumps would have sent."""
+    vector = np.random.default_rng(0).standard_normal(384).astype(np.float32).tolist()
+    values = [
+        [vector],
+        [{"label": "joy", "score": 0.123456789}, {"label": "null", "score": 1e-17}],  # "null" in a text
+        {"object": "list", "data": [{"embedding": vector, "index": 0}], "usage": None},  # a None
+        [{"score": np.float64(0.25), "index": np.int64(3).item()}],  # a float subclass: json's own path
+        {1: "an int key"},
+        [1e16, -0.0, 2**70],  # exponents, a negative zero, an integer past 64 bits
+    ]
+    for value in values:
+        text = default_handlers.json_text(value)
+        assert json.loads(text) == json.loads(json.dumps(value)), value
+    with pytest.raises(ValueError):
+        default_handlers.json_text([{"score": np.float64("nan")}])
 
 
 # --------------------------------------------------------------------------- multi-label and regression

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import functools
-import json
 import logging
 import os
 import sys
@@ -316,7 +315,7 @@ def _is_response(result: Any) -> bool:
 def to_json(value: Any) -> str:
     """JSON, never with NaN or Infinity (which JSON does not have, and clients fail to parse)."""
     try:
-        return json.dumps(value, allow_nan=False)
+        return default_handlers.json_text(value)
     except ValueError as err:
         raise InvalidAnswer(default_handlers.NON_FINITE) from err
 
