@@ -230,7 +230,8 @@ def forgive_exits_after_finishing(
         return False
     for rank in sorted(failed):
         # script mode's wrapper records how the script's process ended; the agent saw only the wrapper's exit
-        how = records[rank]["message"] if rank in records else f"the process {describe_exit(failures[rank].exitcode)}"  # type: ignore[attr-defined]
+        raw = getattr(failures.get(rank), "exitcode", 1)  # as describe_failure reads it
+        how = records[rank]["message"] if rank in records else f"the process {describe_exit(raw)}"
         logger.warning(
             "rank %d on %s finished its work, then failed as its process exited (%s): a crash at interpreter "
             "exit, after the model was saved and the ranks had left the process group; the job succeeded",
