@@ -96,6 +96,7 @@ ELSEWHERE = (
         ("BYOC_MAX_BATCH_SIZE", "many"),
         ("BYOC_MAX_BATCH_DELAY_MS", "-1"),
         ("BYOC_MAX_BATCH_DELAY_MS", "nan"),
+        ("BYOC_MAX_BATCH_DELAY_MS", "soon"),
         ("BYOC_GRACEFUL_TIMEOUT", "-1"),
         ("BYOC_MAX_INPUTS_PER_REQUEST", "0"),
         ("BYOC_MAX_QUEUED_INPUTS", "-10"),
@@ -147,6 +148,14 @@ def test_values_in_range_are_read(env):
         10,
     )
     assert (settings.max_concurrency, settings.timeout, settings.default_accept) == (3, 7.0, "text/csv")
+
+
+def test_the_batch_delay_is_adaptive_unless_set_and_zero_never_waits(env):
+    assert env({}).max_delay_ms is None  # byoc.serving.model.batching.adaptive_delay
+    assert env({"BYOC_MAX_BATCH_DELAY_MS": " Auto "}).max_delay_ms is None
+    assert env({"BYOC_MAX_BATCH_DELAY_MS": "0"}).max_delay_ms == 0.0
+    with pytest.raises(ValueError, match="or auto"):
+        env({"BYOC_MAX_BATCH_DELAY_MS": "adaptive"})
 
 
 def test_connections_default_to_four_per_request_slot_and_never_fewer_than_the_slots(env):

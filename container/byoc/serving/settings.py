@@ -8,6 +8,7 @@ failing the requests. An empty variable is unset.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -99,7 +100,7 @@ class ServeSettings:
     batch_strategy: str = "MULTI_RECORD"
     max_concurrent_transforms: int = 0
     max_batch: int = 128
-    max_delay_ms: float = 0.0
+    max_delay_ms: float | None = None  # None (unset, `auto`): adaptive (byoc.serving.model.batching)
     graceful_timeout: int = 25
     max_inputs: int = 4096  # per request (413 above): about 15 s of a MiniLM on 2 cores, inside the 60 s timeout
     # Characters of text one request may give a model that reads every text whole (a token classifier covers
@@ -155,7 +156,7 @@ class ServeSettings:
             batch_strategy=read.text("SAGEMAKER_BATCH_STRATEGY") or "MULTI_RECORD",
             max_concurrent_transforms=read.integer("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", 0, 0),
             max_batch=read.integer("BYOC_MAX_BATCH_SIZE", 128, 1),
-            max_delay_ms=read.number("BYOC_MAX_BATCH_DELAY_MS", 0.0),
+            max_delay_ms=_batch_delay(read),
             graceful_timeout=read.integer("BYOC_GRACEFUL_TIMEOUT", 25, 0),
             max_inputs=read.integer("BYOC_MAX_INPUTS_PER_REQUEST", default("BYOC_MAX_INPUTS_PER_REQUEST", 4096), 1),
             max_text_chars=read.integer(
@@ -217,6 +218,23 @@ class ServeSettings:
             return self.multi_model_memory_mb << 20
         usable = self.resources.usable_memory or 4 << 30
         return max(64 << 20, usable - max(SERVER_HEADROOM, usable // 10))
+
+
+def _batch_delay(read: Environment) -> float | None:
+    """BYOC_MAX_BATCH_DELAY_MS: milliseconds, or None for the adaptive wait (unset or `auto`)."""
+    raw = read.raw("BYOC_MAX_BATCH_DELAY_MS")
+    if raw is None or raw.lower() == "auto":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ServeSettingsError(
+            f"BYOC_MAX_BATCH_DELAY_MS={raw!r}: must be a number of milliseconds, 0 or more, or auto (the default: "
+            "under concurrent load a batch waits 1 to 5 ms for more requests; 0 never waits)"
+        )
+    return value
 
 
 def _media_type(value: str) -> str:

@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from byoc.serving.model.batching import Batcher
+from byoc.serving.model import batching
+from byoc.serving.model.batching import Batcher, adaptive_delay
 from byoc.serving.model.request_errors import InputError
 
 WAIT = 120  # seconds, a hang guard: a request the batcher lost would wait forever; these tests fail instead
@@ -249,3 +250,60 @@ def test_the_observer_hears_each_wait_each_call_and_the_queue_depth():
     assert len(watcher.waits) == 3 and all(w >= 0 for w in watcher.waits)
     assert watcher.runs == [1, 4]  # the blocker alone, then the two waiting requests merged
     assert max(watcher.depths) == 4 and watcher.depths[-1] == 0
+
+
+def test_the_adaptive_wait_is_a_share_of_the_last_batch_only_under_concurrent_load():
+    assert adaptive_delay(1, 10.0) == 0  # a lone client never waits
+    assert adaptive_delay(0, 0.0) == 0  # the first batch
+    assert adaptive_delay(4, 0.010) == 0  # 0.5 ms: too short to catch a client's next request
+    assert adaptive_delay(4, 0.060) == pytest.approx(0.003)
+    assert adaptive_delay(8, 0.250) == batching.WAIT_MAX
+
+
+@pytest.fixture
+def long_waits(monkeypatch):
+    """An adaptive wait of 600 s after any merged batch: whether the batcher waits shows in which
+    requests share a call, never in how long anything took."""
+    monkeypatch.setattr(batching, "WAIT_SHARE", 1e9)
+    monkeypatch.setattr(batching, "WAIT_MAX", 600.0)
+
+
+async def _taken(batcher: Batcher) -> None:
+    """Until the batcher has taken every queued input into the batch it is forming (it then waits
+    for more, or has handed the batch to the model)."""
+    while batcher.queued or batcher.waiting:
+        await asyncio.sleep(0.001)
+
+
+def test_after_a_merged_batch_a_short_batch_waits_for_the_next_request(long_waits):
+    """Closed-loop clients: two requests shared the last call, so the next lone request waits for
+    another to share its call (the batch fills at max_batch=2 and runs at once)."""
+    model = Model()
+
+    async def main(batcher):
+        first = await asyncio.gather(batcher.submit(["a"], {}), batcher.submit(["b"], {}))
+        c = asyncio.ensure_future(batcher.submit(["c"], {}))
+        await asyncio.sleep(0)  # c's task runs to its wait: c is queued
+        await _taken(batcher)  # c is held for company, not run alone
+        d = await batcher.submit(["d"], {})
+        return first, await c, d
+
+    assert run(main, model, max_batch=2) == ([["A"], ["B"]], ["C"], ["D"])
+    assert model.calls == [["a", "b"], ["c", "d"]]
+
+
+def test_a_lone_client_never_waits_and_a_set_delay_of_zero_never_waits(long_waits):
+    model = Model()
+
+    async def lone(batcher):  # one request at a time: each runs at once (else 600 s: WAIT fails the test)
+        return [await batcher.submit([x], {}) for x in "abc"]
+
+    assert run(lone, model, max_batch=2) == [["A"], ["B"], ["C"]]
+
+    async def merged_then_lone(batcher):
+        await asyncio.gather(batcher.submit(["a"], {}), batcher.submit(["b"], {}))
+        return await batcher.submit(["c"], {})
+
+    model = Model()
+    assert run(merged_then_lone, model, max_batch=2, max_delay=0) == ["C"]
+    assert model.calls == [["a", "b"], ["c"]]

@@ -7,6 +7,13 @@ at most `max_delay` for more when the queue is short), merges requests that shar
 parameters, and splits the answers back. The model call itself sorts a batch by length so that it
 pads little.
 
+The wait, unless set (`max_delay`): none for a lone client, whose request runs at once. Under
+concurrent load (the last batch merged several requests) a batch not yet full waits for more, for
+5% of the last batch's inference time, 1 to 5 ms (a shorter window rarely catches a client's next
+request). Closed-loop clients otherwise settle into two halves taking turns at the model; one
+larger batch sorts by length into fuller passes. MiniLM embeddings on ONNX Runtime, 2 cores, 8
+clients sending 16 texts each: 6% more texts a second (docs/serving.md, Batching).
+
 Many clients share it, so no client can hurt the others:
 - Fair: a request with more inputs than `max_batch` is cut into chunks, and waiting requests take
   turns: each batch takes at most one chunk of a request, which then goes behind every other
@@ -109,6 +116,18 @@ def parameters_key(parameters: dict[str, Any]) -> object:
         return object()  # a key of its own: the request is never merged
 
 
+WAIT_SHARE, WAIT_MIN, WAIT_MAX = 0.05, 0.001, 0.005  # the adaptive wait (above): share of a batch's time, bounds
+
+
+def adaptive_delay(requests: int, seconds: float) -> float:
+    """How long the next batch waits for more requests, after a batch that merged `requests` requests
+    and ran `seconds`: nothing for a lone client, or where the window would be under WAIT_MIN."""
+    if requests < 2:
+        return 0.0
+    delay = min(WAIT_MAX, WAIT_SHARE * seconds)
+    return delay if delay >= WAIT_MIN else 0.0
+
+
 class Batcher:
     """Collects requests into batches and runs `predict(inputs, parameters) -> results` on them."""
 
@@ -117,7 +136,7 @@ class Batcher:
         predict: Callable[[list[Any], dict[str, Any]], list[Any]],
         executor: Executor,
         max_batch: int,  # the server passes ServeSettings.max_batch (BYOC_MAX_BATCH_SIZE): one default, there
-        max_delay: float = 0.002,
+        max_delay: float | None = None,  # seconds a short batch waits for more; None: adaptive_delay
         max_queued: int = 1 << 30,
         on_death: Callable[[str], None] | None = None,
         observer: Observer | None = None,
@@ -133,6 +152,7 @@ class Batcher:
         self.death: str | None = None
         self._wake: asyncio.Event | None = None
         self._stopping = False
+        self._last = (0, 0.0)  # the last batch's requests and seconds (adaptive_delay)
 
     @property
     def idle(self) -> bool:
@@ -193,7 +213,8 @@ class Batcher:
             self._wake.clear()
             await self._wake.wait()
         batch: list[tuple[_Request, int, int]] = []
-        size, deadline = 0, time.monotonic() + self.max_delay
+        delay = adaptive_delay(*self._last) if self.max_delay is None else self.max_delay
+        size, deadline = 0, time.monotonic() + delay
         while size < self.max_batch:
             if self.waiting:
                 request = self.waiting[0]
@@ -230,11 +251,13 @@ class Batcher:
         for item in batch:
             groups.setdefault(item[0].key, []).append(item)
         self.running = [request for request, _, _ in batch]  # kept if the task dies here: _ended fails them
+        started = time.perf_counter()
         for items in groups.values():
             live = [item for item in items if not item[0].future.done()]  # skip requests that failed or left
             if live:
                 await self._predict(live, isolate=len(live) > 1)
         self.running = []
+        self._last = (len(batch), time.perf_counter() - started)  # a request gives a batch one chunk at most
 
     async def _predict(self, items: list[tuple[_Request, int, int]], isolate: bool) -> None:
         inputs = [x for request, start, end in items for x in request.inputs[start:end]]

@@ -88,7 +88,7 @@ class ModelServer:
             self.predict_batch,
             self.executor,
             self.settings.max_batch,
-            self.settings.max_delay_ms / 1000,
+            None if self.settings.max_delay_ms is None else self.settings.max_delay_ms / 1000,
             self.settings.max_queued_inputs,
             on_death=lambda reason: self._died(reason, on_death),
             observer=self.metrics,
