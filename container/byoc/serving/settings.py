@@ -232,7 +232,7 @@ def _batch_delay(read: Environment) -> float | None:
     if not math.isfinite(value) or value < 0:
         raise ServeSettingsError(
             f"BYOC_MAX_BATCH_DELAY_MS={raw!r}: must be a number of milliseconds, 0 or more, or auto (the default: "
-            "under concurrent load a batch waits 1 to 5 ms for more requests; 0 never waits)"
+            "under concurrent load a batch waits up to 5 ms for the clients it last answered; 0 never waits)"
         )
     return value
 

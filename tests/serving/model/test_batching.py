@@ -255,8 +255,8 @@ def test_the_observer_hears_each_wait_each_call_and_the_queue_depth():
 def test_the_adaptive_wait_is_a_share_of_the_last_batch_only_under_concurrent_load():
     assert adaptive_delay(1, 10.0) == 0  # a lone client never waits
     assert adaptive_delay(0, 0.0) == 0  # the first batch
-    assert adaptive_delay(4, 0.010) == 0  # 0.5 ms: too short to catch a client's next request
-    assert adaptive_delay(4, 0.060) == pytest.approx(0.003)
+    assert adaptive_delay(4, 0.002) == 0  # 0.6 ms: too short to catch a client's next request
+    assert adaptive_delay(4, 0.010) == pytest.approx(0.003)
     assert adaptive_delay(8, 0.250) == batching.WAIT_MAX
 
 
@@ -290,6 +290,32 @@ def test_after_a_merged_batch_a_short_batch_waits_for_the_next_request(long_wait
 
     assert run(main, model, max_batch=2) == ([["A"], ["B"]], ["C"], ["D"])
     assert model.calls == [["a", "b"], ["c", "d"]]
+
+
+def test_after_a_merged_batch_the_next_waits_only_until_the_clients_in_flight_are_back(long_waits):
+    """Closed-loop clients: the batch [block, b] ended with c waiting, so 3 requests were in flight.
+    The next batch holds c for company until it has 3 requests, then runs at once: neither the
+    window (600 s) nor a full batch (max_batch=100) is waited for."""
+    model = Model()
+
+    async def main(batcher):
+        running = [asyncio.ensure_future(batcher.submit([x], {})) for x in ("block", "b")]
+        while not model.calls:  # [block, b] is in the model, blocked
+            await asyncio.sleep(0.001)
+        c = asyncio.ensure_future(batcher.submit(["c"], {}))
+        while not batcher.waiting:
+            await asyncio.sleep(0.001)
+        model.gate.set()
+        await asyncio.gather(*running)
+        await _taken(batcher)  # c is held: 1 of the 3
+        d = asyncio.ensure_future(batcher.submit(["d"], {}))
+        await asyncio.sleep(0)
+        await _taken(batcher)  # c and d are held: 2 of the 3
+        e = await batcher.submit(["e"], {})
+        return await c, await d, e
+
+    assert run(main, model, max_batch=100) == (["C"], ["D"], ["E"])
+    assert model.calls == [["block", "b"], ["c", "d", "e"]]
 
 
 def test_a_lone_client_never_waits_and_a_set_delay_of_zero_never_waits(long_waits):
