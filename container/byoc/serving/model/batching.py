@@ -14,8 +14,8 @@ ended (the ones it answered, and those waiting then), for at most 30% of the las
 inference time, 1 to 5 ms (a shorter window rarely catches a client's next request). Closed-loop
 clients otherwise settle into two halves taking turns at the model; one larger batch runs faster a
 text and sorts by length into fuller passes, and stopping once they are all back wastes no wait.
-MiniLM embeddings on ONNX Runtime, 2 cores: 1 text a request from 32 clients, 4-9% more texts a
-second than a wait of a fixed share (docs/serving.md, Batching).
+MiniLM embeddings on ONNX Runtime, 2 cores, 1 text a request from 32 clients: 6% more texts a
+second than a wait of a fixed share (3-9% in three runs; docs/serving.md, Batching).
 
 Many clients share it, so no client can hurt the others:
 - Fair: a request with more inputs than `max_batch` is cut into chunks, and waiting requests take
