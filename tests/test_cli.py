@@ -52,3 +52,18 @@ def test_version_and_usage(capsys):
     with pytest.raises(SystemExit) as done:
         byoc.cli.main(["fly"])
     assert done.value.code == 2 and "invalid choice: 'fly'" in capsys.readouterr().err
+
+
+def test_export_onnx_says_what_it_exports(capsys):
+    """Any model folder byoc serves, not only "a saved classifier"."""
+    import byoc.cli
+
+    with pytest.raises(SystemExit) as done:
+        byoc.cli.main(["export-onnx", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert done.value.code == 0 and "a saved classifier" not in text
+    for kind in ("classifier", "token classifier (NER)", "embedding model", "reranker (a cross-encoder)"):
+        assert kind in text, kind
+    with pytest.raises(SystemExit):
+        byoc.cli.main(["--help"])
+    assert "(classifiers, regression, NER, embedding models, rerankers)" in " ".join(capsys.readouterr().out.split())

@@ -21,6 +21,7 @@ from transformers import AutoModelForSequenceClassification, BertConfig, BertFor
 
 from byoc import onnx_graph
 from byoc.serving.model import default_handlers, onnx_session
+from byoc.serving.settings import InferenceSettings
 from helpers import build_classifier_with_graph
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,6 +173,23 @@ def test_backend_choice(classifier_dir, tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING):
         assert default_handlers.model_fn(str(stale))["backend"] == "torch"
     assert "serving with torch instead of ONNX Runtime" in caplog.text
+
+
+def test_serving_on_torch_for_want_of_a_graph_says_how_to_write_it(classifier_dir, tmp_path, monkeypatch, caplog):
+    """No model.onnx: torch serves (seconds more at each start), and the log names `byoc export-onnx`; not
+    where torch was asked for."""
+    no_graph = tmp_path / "plain"
+    shutil.copytree(classifier_dir, no_graph)
+    (no_graph / "model.onnx").unlink()
+    monkeypatch.setattr(default_handlers, "nvidia_gpu", lambda: False)
+    with caplog.at_level(logging.INFO), default_handlers.serving_with(InferenceSettings()):
+        assert default_handlers.model_fn(str(no_graph))["backend"] == "torch"
+    assert "has no model.onnx, so torch serves it" in caplog.text
+    assert f"`byoc export-onnx {no_graph}`" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO), default_handlers.serving_with(InferenceSettings(backend="torch")):
+        assert default_handlers.model_fn(str(no_graph))["backend"] == "torch"
+    assert "byoc export-onnx" not in caplog.text
 
 
 def test_int8_session_quantizes_and_stays_close(classifier_dir, tmp_path):

@@ -3,14 +3,17 @@ registered here is served without an edit elsewhere."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from byoc import tasks
+from byoc import sentence_folder, tasks
 from byoc.serving.model import default_handlers, task_parameters
+from byoc.tasks.base import activated
 from byoc.training import metrics
 
 
@@ -108,3 +111,82 @@ def test_a_task_registered_in_the_package_is_served_with_no_edit_elsewhere(monke
     assert answer == [{"polarity": -0.7616}, {"polarity": 0.7616}]  # softmax: tanh(1) either way
     with pytest.raises(task_parameters.InputError, match="does not apply to a polarity model: it takes no parameters"):
         default_handlers.predict_fn({"inputs": ["bad"], "parameters": {"top_k": 2}}, model)
+
+
+def sentence_folder_of(tmp_path, settings: dict | None) -> Path:
+    """A sentence-transformers folder's two files as sentence-transformers 6 writes them: modules.json (a
+    CrossEncoder's too) and, where `settings` is given, config_sentence_transformers.json."""
+    module = {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"}
+    (tmp_path / "modules.json").write_text(json.dumps([module]))
+    if settings is not None:
+        (tmp_path / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {}, **settings}))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("settings", "config", "name"),
+    [
+        ({"model_type": "SentenceTransformer"}, {}, tasks.EMBEDDING),
+        ({}, {}, tasks.EMBEDDING),  # older folders say nothing: an embedding model, as sentence-transformers reads them
+        (None, {}, tasks.EMBEDDING),
+        ({"model_type": "CrossEncoder"}, {"num_labels": 1}, tasks.REGRESSION),  # a reranker's one logit
+        ({"model_type": "CrossEncoder"}, {"id2label": {"0": "no", "1": "yes"}}, tasks.SINGLE_LABEL),
+    ],
+)
+def test_a_sentence_transformers_folder_is_an_embedding_model_unless_it_is_a_cross_encoder(
+    tmp_path, settings, config, name
+):
+    folder = sentence_folder_of(tmp_path, settings)
+    assert tasks.of_folder(folder, config).name == name
+    assert tasks.of_folder(folder, config, tasks.EMBEDDING).name == tasks.EMBEDDING  # BYOC_TASK still decides
+
+
+def test_a_sentence_transformers_model_byoc_does_not_serve_is_named(tmp_path):
+    with pytest.raises(sentence_folder.FolderError, match="model_type 'SparseEncoder': byoc serves"):
+        tasks.of_folder(sentence_folder_of(tmp_path, {"model_type": "SparseEncoder"}), {})
+
+
+@pytest.mark.parametrize(
+    ("settings", "config", "activation"),
+    [
+        # CrossEncoder's own defaults: a sigmoid on one output, the logits themselves of more
+        ({"model_type": "CrossEncoder"}, {"num_labels": 1}, "Sigmoid"),
+        ({"model_type": "CrossEncoder"}, {"num_labels": 2}, "Identity"),
+        # what sentence-transformers 6 saves, then what earlier versions kept in config.json
+        (
+            {"model_type": "CrossEncoder", "activation_fn": "torch.nn.modules.linear.Identity"},
+            {"num_labels": 1},
+            "Identity",
+        ),
+        (
+            {"model_type": "CrossEncoder"},
+            {"num_labels": 1, "sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Tanh"}},
+            "Tanh",
+        ),
+        (
+            {"model_type": "CrossEncoder"},
+            {"num_labels": 1, "sbert_ce_default_activation_function": "torch.nn.modules.linear.Identity"},
+            "Identity",
+        ),
+        # a class outside torch is custom code: ignored, as sentence-transformers ignores it
+        ({"model_type": "CrossEncoder", "activation_fn": "my_code.Activation"}, {"num_labels": 1}, "Sigmoid"),
+        ({"model_type": "SentenceTransformer"}, {"num_labels": 1}, None),
+    ],
+)
+def test_a_cross_encoders_activation_is_the_one_its_predict_applies(tmp_path, settings, config, activation):
+    assert tasks.cross_encoder_activation(sentence_folder_of(tmp_path, settings), config) == activation
+
+
+def test_a_plain_folder_has_no_cross_encoder_activation(tmp_path):
+    assert tasks.cross_encoder_activation(tmp_path, {"num_labels": 1}) is None
+    settings = {"model_type": "CrossEncoder", "activation_fn": "torch.nn.modules.activation.GELU"}
+    with pytest.raises(sentence_folder.FolderError, match="activation 'torch.nn.modules.activation.GELU' is not"):
+        tasks.cross_encoder_activation(sentence_folder_of(tmp_path, settings), {"num_labels": 1})
+
+
+def test_activations_are_torchs():
+    logits = np.array([[-2.0, 0.0, 3.0]])
+    np.testing.assert_allclose(activated(logits, "Sigmoid"), 1 / (1 + np.exp(-logits)))
+    np.testing.assert_allclose(activated(logits, "Tanh"), np.tanh(logits))
+    np.testing.assert_allclose(activated(logits, "Identity"), logits)
+    np.testing.assert_allclose(activated(logits, "Softmax").sum(axis=-1), 1.0)

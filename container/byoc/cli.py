@@ -58,12 +58,22 @@ def main(argv: list[str] | None = None) -> None:
     )
     sub.add_parser("worker", help="(internal) one rank of a launched training job")
     sub.add_parser("healthcheck", help="exit 0 if this container is healthy (the image's HEALTHCHECK)")
+    what = (
+        "write MODEL_DIR/model.onnx, the serving graph ONNX Runtime runs without torch, for any model folder "
+        "byoc serves: a classifier (single-label, multi-label, pairs), a regression model, a token classifier "
+        "(NER), an embedding model (a sentence-transformers folder: pooling and Dense layers inside the graph) "
+        "or a reranker (a cross-encoder); for models from the Hub, trained before byoc wrote the graph, or "
+        "whose weights were saved again"
+    )
     export = sub.add_parser(
         "export-onnx",
-        help="write MODEL_DIR/model.onnx, the serving graph, for a saved classifier "
-        "(models trained before byoc wrote it, or weights saved again)",
+        help="write MODEL_DIR/model.onnx, the serving graph, for any model folder byoc serves "
+        "(classifiers, regression, NER, embedding models, rerankers)",
+        description=what,
     )
-    export.add_argument("model_dir", help="a folder with config.json and model.safetensors")
+    export.add_argument(
+        "model_dir", help="the model folder: config.json and model.safetensors (save_pretrained's), and its tokenizer"
+    )
     export.add_argument(
         "--int8",
         action="store_true",

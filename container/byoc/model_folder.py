@@ -11,14 +11,21 @@ architecture, `...ForTokenClassification`): byoc.tasks reads it. Beside it, what
 serving: a multi-label model's decision `byoc_threshold` (and `byoc_thresholds` for labels with their
 own), a token classifier's `byoc_word_tags` (how training tagged a word's sub-tokens, which picks
 serving's default entities).
+
+`missing_folder` and `unloadable` say, in a sentence naming the folder, why `byoc serve` cannot load a
+folder (it does not exist; it holds no config.json or no weights), before any loader reads it.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
+SHARDED_WEIGHTS = "model.safetensors.index.json"  # weights saved in shards (torch serves them; no model.onnx)
+# Weights byoc does not load (it loads safetensors only: nothing is unpickled), for the message that says so.
+OTHER_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack")
 TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 CODE_DIR = "code"
@@ -69,3 +76,54 @@ def word_tags_of(config: dict[str, Any]) -> str | None:
     where the model does not say (trained before byoc saved it, or by another tool)."""
     value = config.get(WORD_TAGS_KEY)
     return value if value in WORD_TAGS else None
+
+
+def missing_folder(model_dir: Path) -> str | None:
+    """Why `model_dir` is no folder at all (it does not exist, or is a file), or None."""
+    model_dir = Path(model_dir)
+    if model_dir.is_dir():
+        return None
+    if model_dir.exists():
+        return f"the model folder {model_dir} is not a folder"
+    return f"the model folder {model_dir} does not exist"
+
+
+def unloadable(model_dir: Path) -> str | None:
+    """Why `model_dir` holds no model byoc's loaders can read (no folder, no config.json, no safetensors
+    weights), with what to check; None where it has what they need."""
+    model_dir = Path(model_dir)
+    missing = missing_folder(model_dir)
+    if missing:
+        return missing
+    if not (model_dir / CONFIG).is_file():
+        return f"{model_dir} holds no {CONFIG}, so it is no saved Hugging Face model{_layout_hint(model_dir)}"
+    if not ((model_dir / WEIGHTS).is_file() or (model_dir / SHARDED_WEIGHTS).is_file()):
+        other = [name for name in OTHER_WEIGHTS if (model_dir / name).is_file()]
+        if other:
+            return (
+                f"{model_dir} holds its weights as {other[0]}, and byoc loads {WEIGHTS} only (nothing is unpickled): "
+                "save the model again with save_pretrained(folder, safe_serialization=True)"
+            )
+        return f"{model_dir} has {CONFIG} but no weights ({WEIGHTS}){_layout_hint(model_dir)}"
+    return None
+
+
+def _layout_hint(model_dir: Path) -> str:
+    """Where the model's files may be instead: a folder inside it (a model.tar.gz packed with its folder),
+    or nowhere (an empty folder); else what the folder holds."""
+    try:
+        entries = sorted(model_dir.iterdir())
+    except OSError:
+        return ""
+    inner = [e for e in entries if e.is_dir() and (e / CONFIG).is_file()]
+    if inner:
+        return (
+            f": the model is in {inner[0].name}/ inside it; pack model.tar.gz with the files at its top "
+            f"(tar -czf model.tar.gz -C {inner[0].name} .)"
+        )
+    if not entries:
+        return ": the folder is empty (check the model's model.tar.gz, its ModelDataUrl)"
+    shown = ", ".join(e.name + ("/" if e.is_dir() else "") for e in entries[:6])
+    return (
+        f" (it holds {shown}{' and more' if len(entries) > 6 else ''}); save_pretrained writes {CONFIG} and {WEIGHTS}"
+    )

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from byoc import tasks
+from byoc import model_folder, tasks
 from byoc.compat import fp32_weights
 from byoc.model_folder import CONFIG, WEIGHTS
 
@@ -58,7 +58,8 @@ def safetensors_layout(path: Path) -> tuple[dict[str, Any], int, str]:
 
 
 def export(model_dir: Path) -> Path | None:
-    """Write `model_dir/model.onnx` for the classifier saved there, checked against torch.
+    """Write `model_dir/model.onnx` for the model saved there (whatever task byoc serves it as:
+    byoc.tasks.of_folder), checked against torch.
 
     Returns None, after a warning that says why, where the graph cannot be made or does not
     reproduce torch's logits: the model is then served by torch, as before.
@@ -96,6 +97,10 @@ def _export(model_dir: Path) -> Path:
     # folder exports exactly what was published, whatever device or state the trainer left. The
     # task's output module is what serving runs: a classifier's logits, an embedding model's pooled
     # vectors (byoc.tasks: `Task.output_module`), named "logits" in the graph either way.
+    # A cross-encoder saved by sentence-transformers 6 (modules.json) is its classifier: of_folder knows it.
+    problem = model_folder.unloadable(model_dir)
+    if problem:
+        raise GraphError(problem)
     task = tasks.of_folder(model_dir, json.loads((model_dir / CONFIG).read_text(encoding="utf-8")))
     loaded, _ = task.load_torch(
         model_dir, attn_implementation="eager", use_safetensors=True, trust_remote_code=False, **fp32_weights()

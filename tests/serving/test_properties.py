@@ -57,7 +57,7 @@ class Model:
     """Upper-cases inputs; any input starting with "poison" is an input fault, "wrong" makes it
     return one answer too few: a fault of the handler code."""
 
-    def __call__(self, inputs, parameters):
+    def __call__(self, inputs, parameters, shape=None):
         if any(x.startswith("poison") for x in inputs):
             raise InputError("poisoned")
         answers = [x.upper() + str(parameters.get("p", "")) for x in inputs]

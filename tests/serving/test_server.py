@@ -6,6 +6,8 @@ import concurrent.futures
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ import torch
 from serve_helpers import GATE_CODE, HANG_GUARD_S, INVOCATION_S, PING_S, STOP_GRACE_S, TEXTS, Gates, Server, wait_for
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from byoc.serving.model import default_handlers
+from byoc.serving.model import default_handlers, handler_loader
 from byoc.serving.model.handler_loader import load_handlers
 
 pytestmark = pytest.mark.integration  # servers in processes: not in make test-fast
@@ -183,12 +185,17 @@ def model_with_code(trained_model: Path, tmp_path: Path, source: str) -> Path:
     return serve_helpers.model_with_code(trained_model, tmp_path, source)
 
 
-def test_every_model_carries_the_template_which_keeps_the_defaults_and_batching(trained_model):
-    """code/inference.py, copied into each model, overrides predict_fn by delegating to the default and
-    re-exports the other defaults: the server still batches (the flag) and checks Accept up front (the
-    default output_fn, imported, is no override)."""
+def test_every_model_carries_the_template_which_serves_as_the_defaults(trained_model, tmp_path):
+    """code/inference.py, copied into each model, is byoc's template: unchanged, the server recognises it and
+    serves with the default handlers themselves (every default-only path applies, issue 55). Edited, its
+    predict_fn (which delegates to the default) is an override, and the server still batches (the flag) and
+    checks Accept up front (the default output_fn, imported, is no override)."""
     assert (trained_model / "code" / "inference.py").read_bytes() == (REPO / "code" / "inference.py").read_bytes()
+    assert handler_loader.shipped_template(REPO / "code" / "inference.py")  # SHIPPED_TEMPLATES lists it
     handlers = load_handlers(trained_model)
+    assert handlers.source == "default handlers" and handlers.is_default("predict_fn")
+    edited = model_with_code(trained_model, tmp_path, (REPO / "code" / "inference.py").read_text() + "\n# my change\n")
+    handlers = load_handlers(edited)
     assert "(predict_fn overridden)" in handlers.source and handlers.predict_fn is not default_handlers.predict_fn
     assert handlers.batchable and handlers.accept_types == default_handlers.ACCEPT_TYPES
     assert (handlers.model_fn, handlers.input_fn, handlers.output_fn) == (
@@ -196,6 +203,7 @@ def test_every_model_carries_the_template_which_keeps_the_defaults_and_batching(
         default_handlers.input_fn,
         default_handlers.output_fn,
     )
+    sys.modules.pop("inference", None)
 
 
 def test_override_one_function(trained_model, tmp_path):
@@ -320,7 +328,7 @@ def test_sigterm_drains_in_flight_requests(trained_model, tmp_path):
 # (a real load alone can finish before the first /ping on a fast one).
 _LOAD_WAITS_FOR_A_FILE = """
 import os, time
-from byoc.serving.model import default_handlers
+from byoc.serving.model import default_handlers, handler_loader
 
 def model_fn(model_dir, context=None):
     deadline = time.monotonic() + 120
@@ -360,6 +368,79 @@ def test_unloadable_model_exits_non_zero(tmp_path):
     s = Server(model_dir)
     assert s.proc.wait(HANG_GUARD_S) != 0
     assert "loading the model" in s.rest()
+
+
+def _serve_until_exit(env: dict) -> tuple[int, str]:
+    """(exit code, log) of `byoc serve` with `env` (SageMaker's variables), expected to stop on its own."""
+    env = {**os.environ, "SAGEMAKER_BIND_TO_PORT": str(serve_helpers.free_port()), **env}
+    for name in ("SM_MODEL_DIR", "SAGEMAKER_BASE_DIR"):
+        if name not in env or env[name] is None:
+            env.pop(name, None)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "byoc"), "serve"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    return done.returncode, done.stdout
+
+
+@pytest.mark.parametrize("variable", ["SM_MODEL_DIR", "SAGEMAKER_BASE_DIR"])
+def test_a_missing_model_folder_is_one_line_naming_it(tmp_path, variable):
+    """A mistyped SM_MODEL_DIR, or a SAGEMAKER_BASE_DIR without model/: transformers took the path for a Hub
+    repository's name and the log ended 85 lines later in "Repo id must be in the form 'repo_name'"."""
+    missing = tmp_path / "opt-ml" / "modle"
+    env = {"SM_MODEL_DIR": str(missing), "SAGEMAKER_BASE_DIR": None}
+    if variable == "SAGEMAKER_BASE_DIR":
+        missing = tmp_path / "opt-ml" / "model"
+        env = {"SM_MODEL_DIR": None, "SAGEMAKER_BASE_DIR": str(tmp_path / "opt-ml")}
+    code, log = _serve_until_exit(env)
+    assert code != 0
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, log[-3000:]
+    assert f"the model folder {missing} does not exist" in errors[0] and variable in errors[0]
+    assert "Traceback" not in log and "Repo id" not in log
+
+
+def test_ping_says_the_model_folder_is_missing(tmp_path, monkeypatch):
+    """/ping answers 503 with the reason, as for any model that failed to load (the process then exits)."""
+    from starlette.testclient import TestClient
+
+    from byoc.serving import server
+    from byoc.serving.settings import ServeSettings
+
+    stops: list[str] = []
+    monkeypatch.setattr(server, "_fail_start", lambda message, workers=1: stops.append(message))
+    monkeypatch.setenv("SM_MODEL_DIR", str(tmp_path / "nowhere"))
+    with TestClient(server.create_app(ServeSettings(model_dir=tmp_path / "nowhere", metrics=False))) as client:
+        ping = client.get("/ping")
+    assert ping.status_code == 503
+    assert f"the model failed to load: the model folder {tmp_path / 'nowhere'} does not exist" in ping.json()["error"]
+    assert len(stops) == 1 and "SM_MODEL_DIR" in stops[0]
+
+
+@pytest.mark.parametrize(
+    ("files", "words"),
+    [
+        ({}, "holds no config.json, so it is no saved Hugging Face model: the folder is empty"),
+        ({"inner/config.json": "{}"}, "the model is in inner/ inside it; pack model.tar.gz with the files at its top"),
+        ({"config.json": "{}"}, "has config.json but no weights (model.safetensors)"),
+        ({"config.json": "{}", "pytorch_model.bin": ""}, "holds its weights as pytorch_model.bin"),
+    ],
+)
+def test_a_folder_without_a_model_says_what_it_lacks(tmp_path, files, words):
+    model_dir = tmp_path / "opt-ml" / "model"
+    model_dir.mkdir(parents=True)
+    for name, text in files.items():
+        (model_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (model_dir / name).write_text(text)
+    code, log = _serve_until_exit({"SAGEMAKER_BASE_DIR": str(tmp_path / "opt-ml"), "SM_MODEL_DIR": None})
+    assert code != 0
+    reason = next((line for line in log.splitlines() if "cannot serve: BackendError: " in line), log[-3000:])
+    assert str(model_dir) in reason and words in reason
+    assert "Repo id" not in log
 
 
 def test_unloadable_model_with_several_workers_exits_non_zero(tmp_path):

@@ -177,7 +177,9 @@ def model(tmp_path_factory, tiny_model_dir) -> Path:
     """A byoc model with its own code/inference.py: the template every model `byoc train` writes carries."""
     classifier = tiny_classifier(tmp_path_factory, tiny_model_dir)
     return model_with_code(
-        classifier, tmp_path_factory.mktemp("slim-model"), (REPO / "code" / "inference.py").read_text()
+        classifier,
+        tmp_path_factory.mktemp("slim-model"),
+        (REPO / "code" / "inference.py").read_text() + "\n# this model's own change: its code is imported\n",
     )
 
 

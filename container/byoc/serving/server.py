@@ -32,7 +32,7 @@ import signal
 import sys
 import tempfile
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,6 +42,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from byoc import model_folder
 from byoc.logs import configure_logging
 from byoc.serving import prometheus
 from byoc.serving.http import connections
@@ -85,6 +86,11 @@ class OneModel:
         self.server = ModelServer(settings, metrics=metrics)
 
     async def start(self) -> None:
+        missing = model_folder.missing_folder(self.settings.model_dir)
+        if missing:  # no handler can load it (its code/ would be inside): one line, not a loader's traceback
+            self.server.error = f"{missing} ({model_dir_source()})"
+            _fail_start(self.server.error, self.settings.workers)
+            return
         loading = self.server.start(on_death=restart)
 
         def failed(_: asyncio.Future) -> None:
@@ -104,6 +110,20 @@ class OneModel:
             return await self.invocations.handle(request, self.server)
 
         return [Route("/invocations", invoke, methods=["POST"])]
+
+
+def model_dir_source(env: Mapping[str, str] | None = None) -> str:
+    """Which setting named the model folder, and what to check (byoc.contract.Paths: SM_MODEL_DIR, else
+    SAGEMAKER_BASE_DIR's model/, else /opt/ml/model)."""
+    env = os.environ if env is None else env
+    if env.get("SM_MODEL_DIR"):
+        return "SM_MODEL_DIR names it: check its value, or unset it to serve $SAGEMAKER_BASE_DIR/model"
+    if env.get("SAGEMAKER_BASE_DIR"):
+        return "it is SAGEMAKER_BASE_DIR's model/ folder: check SAGEMAKER_BASE_DIR, or set SM_MODEL_DIR"
+    return (
+        "SageMaker extracts the endpoint model's model.tar.gz (its ModelDataUrl) there; elsewhere, set "
+        "SM_MODEL_DIR (or SAGEMAKER_BASE_DIR, the folder holding model/)"
+    )
 
 
 def create_app(settings: ServeSettings | None = None) -> Starlette:

@@ -1,12 +1,19 @@
 """The tasks: each a module of this package holding one `Task` (byoc.tasks.base), registered here.
 
 The task is decided once, when the training data is read (byoc.training.data.task_choice), saved by name in
-config.json (`problem_type`, or a token classifier's architecture), and read once by serving (`of_config`).
-Everywhere else code asks the `Task` it is given. A new task: a module here, its line in TASKS, its tests.
+config.json (`problem_type`, or a token classifier's architecture), and read once by serving (`of_folder`,
+`of_config`). Everywhere else code asks the `Task` it is given. A new task: a module here, its line in TASKS,
+its tests.
+
+A sentence-transformers folder (modules.json) says what it holds in config_sentence_transformers.json's
+`model_type` (sentence-transformers 5 and 6 write it): an embedding model ("SentenceTransformer", also where
+older folders leave it out) or a cross-encoder ("CrossEncoder": sentence-transformers 6 writes modules.json
+for one too), which is the sequence classifier config.json describes: a reranker.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +49,20 @@ __all__ = [
     "TASKS",
     "TOKEN_CLASSIFICATION",
     "Task",
+    "cross_encoder_activation",
     "get",
     "name_of",
     "of_config",
     "of_folder",
+    "sentence_model_type",
 ]
+
+SENTENCE_CONFIG = "config_sentence_transformers.json"  # a sentence-transformers folder's own settings
+SENTENCE_TRANSFORMER = "SentenceTransformer"  # its model_type for an embedding model (the default)
+CROSS_ENCODER = "CrossEncoder"  # its model_type for a cross-encoder: a pair classifier
+# What CrossEncoder.predict may apply to a cross-encoder's logits (its `activation_fn`), by the class's name:
+# served as the model dict's `activation` (byoc.serving.model.runtimes; byoc.tasks.base.activated).
+ACTIVATIONS = ("Sigmoid", "Identity", "Tanh", "Softmax")
 
 
 def get(name: str) -> Task:
@@ -64,12 +80,67 @@ def name_of(value: str) -> str | None:
 
 def of_folder(model_dir: Path, config: dict[str, Any], requested: str | None = None) -> Task:
     """The task of a model folder: `requested` (a canonical name: serving's BYOC_TASK) where given; an
-    embedding model for a sentence-transformers folder (modules.json); else what config.json says."""
+    embedding model for a sentence-transformers folder (modules.json) of an embedding model; else (a
+    cross-encoder's folder too) what config.json says."""
     if requested:
         return TASKS[requested]
-    if sentence_folder.is_sentence_folder(model_dir):
+    if sentence_model_type(model_dir) == SENTENCE_TRANSFORMER:
         return TASKS[EMBEDDING]
     return of_config(config)
+
+
+def sentence_model_type(model_dir: Path) -> str | None:
+    """What a sentence-transformers folder holds, as config_sentence_transformers.json's `model_type` says
+    (SENTENCE_TRANSFORMER where it says nothing, as sentence-transformers reads it), or None for a folder
+    without modules.json. A FolderError for a kind byoc does not serve (a SparseEncoder...)."""
+    model_dir = Path(model_dir)
+    if not sentence_folder.is_sentence_folder(model_dir):
+        return None
+    kind = _sentence_config(model_dir).get("model_type") or SENTENCE_TRANSFORMER
+    if kind not in (SENTENCE_TRANSFORMER, CROSS_ENCODER):
+        raise sentence_folder.FolderError(
+            f"{model_dir / SENTENCE_CONFIG} says model_type {kind!r}: byoc serves a sentence-transformers "
+            f"folder of a {SENTENCE_TRANSFORMER} (an embedding model) or a {CROSS_ENCODER} (a reranker)"
+        )
+    return str(kind)
+
+
+def cross_encoder_activation(model_dir: Path, config: dict[str, Any]) -> str | None:
+    """The activation (one of ACTIVATIONS) sentence-transformers' CrossEncoder.predict applies to the logits of
+    the cross-encoder saved in `model_dir` (`config`: its config.json), looked up as it looks: the folder's
+    config_sentence_transformers.json (`activation_fn`), then config.json (`sentence_transformers`, or
+    sentence-transformers 3's `sbert_ce_default_activation_function`); else Sigmoid for one output, Identity
+    for more. None for a folder that is no sentence-transformers 6 cross-encoder. A name outside torch's
+    (custom code) is ignored, as sentence-transformers ignores it without trust_remote_code."""
+    if sentence_model_type(model_dir) != CROSS_ENCODER:
+        return None
+    stated = config.get("sentence_transformers")
+    for path in (
+        _sentence_config(Path(model_dir)).get("activation_fn"),
+        stated.get("activation_fn") if isinstance(stated, dict) else None,
+        config.get("sbert_ce_default_activation_function"),
+    ):
+        if isinstance(path, str) and path.startswith("torch."):
+            name = path.rsplit(".", 1)[-1]
+            if name not in ACTIVATIONS:
+                raise sentence_folder.FolderError(
+                    f"{model_dir}: the cross-encoder's activation {path!r} is not one byoc serves "
+                    f"({', '.join(ACTIVATIONS)})"
+                )
+            return name
+    outputs = int(config.get("num_labels") or len(config.get("id2label") or {}) or 2)
+    return "Sigmoid" if outputs == 1 else "Identity"
+
+
+def _sentence_config(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / SENTENCE_CONFIG
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise sentence_folder.FolderError(f"{path} cannot be read: {err}") from None
+    return value if isinstance(value, dict) else {}
 
 
 def of_config(config: dict[str, Any]) -> Task:

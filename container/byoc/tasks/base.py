@@ -162,6 +162,20 @@ def sigmoid(logits: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64)))
 
 
+def activated(logits: np.ndarray, activation: str) -> np.ndarray:
+    """`logits` through a cross-encoder's activation, by its torch class's name (byoc.tasks.ACTIVATIONS), as
+    sentence-transformers' CrossEncoder.predict applies it."""
+    if activation == "Sigmoid":
+        return sigmoid(logits)
+    if activation == "Tanh":
+        return np.tanh(np.asarray(logits, dtype=np.float64))
+    if activation == "Softmax":
+        return softmax(np.asarray(logits, dtype=np.float64))
+    if activation == "Identity":
+        return np.asarray(logits)
+    raise ValueError(f"unknown activation {activation!r}")
+
+
 def kept_rows(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The rows that are not filler rows of a fixed-shape batch (labelled IGNORE_LABEL). Scored against the
     label ids returned with the predictions, never the dataset's column: the evaluation order need not be

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from byoc.tasks.base import Task, kept_rows, sigmoid
+from byoc.tasks.base import Task, activated, kept_rows
 
 NAME = "regression"
 
@@ -47,8 +47,12 @@ class Regression(Task):
         return {"stated_regression": config.get("problem_type") == NAME}
 
     def relevance(self, row: np.ndarray, raw: bool, model: Mapping) -> float:
+        """The logit through the cross-encoder's activation (its folder's, as CrossEncoder.predict applies
+        it; a sigmoid where the folder names none), or as it is (`raw`; a stated regression's value)."""
         value = float(row.reshape(-1)[0])
-        return value if raw or model.get("stated_regression") else float(sigmoid(np.asarray(value)))
+        if raw or model.get("stated_regression"):
+            return value
+        return float(activated(np.asarray(value), model.get("activation") or "Sigmoid"))
 
     def answer(
         self, scores: list[np.ndarray], id2label: Mapping[int, str], parameters: Mapping[str, Any], model: Mapping

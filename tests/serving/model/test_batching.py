@@ -25,7 +25,7 @@ class Model:
         self.calls: list[list[str]] = []
         self.gate = threading.Event()
 
-    def __call__(self, inputs, parameters):
+    def __call__(self, inputs, parameters, shape=None):
         self.calls.append(list(inputs))
         if "block" in inputs:
             assert self.gate.wait(WAIT)

@@ -5,7 +5,8 @@ timeout, and turn every outcome into an honest status with a JSON body.
 
 A slot is taken only once the body is complete, so slow or stalled senders never turn ordinary
 requests into 503s. A request uvicorn cuts at the graceful limit of SIGTERM gets a JSON 503, not
-uvicorn's plain-text 500; a client that leaves mid-body is one log line.
+uvicorn's plain-text 500; a client that leaves mid-body is one log line. A client that leaves while its
+request is answered gives its place back: the request is cancelled, and its chunks not yet run never run.
 """
 
 from __future__ import annotations
@@ -26,6 +27,15 @@ from byoc.serving.settings import ServeSettings
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER = "1"  # seconds, on every 503: SageMaker and its SDKs retry such answers
+CLIENT_GONE = 499  # the status logged for a request whose client left before its answer (nginx's)
+
+
+async def _until_gone(request: Request) -> None:
+    """Returns once the client has closed its connection. Its body is read whole by then, so the next ASGI
+    message is the disconnect (uvicorn also sends it once the response is complete, which cannot happen
+    while the request is being answered)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -159,8 +169,21 @@ class Invocations:
             return unavailable(f"{problem}; retry in a moment"), "unavailable"
         content_type = request.headers.get("content-type") or "application/json"
         try:
-            invoking = server.invoke(body, content_type, request.headers.get("accept"))
-            answer = await asyncio.wait_for(invoking, timeout)
+            invoking = asyncio.ensure_future(server.invoke(body, content_type, request.headers.get("accept")))
+            gone = asyncio.ensure_future(_until_gone(request))
+            try:
+                await asyncio.wait((invoking, gone), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+                if not invoking.done():  # timed out, the client left, or this request is being cut
+                    invoking.cancel()
+                    await asyncio.gather(invoking, return_exceptions=True)
+            if invoking.cancelled():
+                if gone.done() and not gone.cancelled():
+                    logger.info("a client left before its answer: the rest of its request's work was dropped")
+                    return Response(status_code=CLIENT_GONE), None  # nobody is there to read it
+                raise asyncio.TimeoutError
+            answer = invoking.result()
             return (
                 Response(answer.body, media_type=answer.content_type) if isinstance(answer, Answer) else answer
             ), None

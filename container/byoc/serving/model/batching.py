@@ -82,6 +82,7 @@ class Unobserved:
 class _Request:
     inputs: list[Any]
     parameters: dict[str, Any]
+    shape: str | None  # the answer's shape, from the body's form (byoc.serving.model.bodies): part of the key
     key: object  # requests with equal keys share a predict call
     future: asyncio.Future
     arrived: float  # time.perf_counter() at submit
@@ -112,9 +113,9 @@ def timed(observer: Observer, inputs: int, fn: Callable[..., Any], *args: Any) -
         observer.ran(inputs, time.perf_counter() - started)
 
 
-def parameters_key(parameters: dict[str, Any]) -> object:
+def parameters_key(parameters: dict[str, Any], shape: str | None = None) -> object:
     try:
-        return repr(sorted(parameters.items()))
+        return repr((shape, sorted(parameters.items())))
     except (TypeError, RecursionError):  # keys that do not sort, parameters nested too deeply
         return object()  # a key of its own: the request is never merged
 
@@ -132,11 +133,13 @@ def adaptive_delay(requests: int, seconds: float) -> float:
 
 
 class Batcher:
-    """Collects requests into batches and runs `predict(inputs, parameters) -> results` on them."""
+    """Collects requests into batches and runs `predict(inputs, parameters, shape) -> results` on them
+    (`shape`: the requests' answer shape, None for one answer per input; only requests of one shape and
+    equal parameters share a call)."""
 
     def __init__(
         self,
-        predict: Callable[[list[Any], dict[str, Any]], list[Any]],
+        predict: Callable[[list[Any], dict[str, Any], str | None], list[Any]],
         executor: Executor,
         max_batch: int,  # the server passes ServeSettings.max_batch (BYOC_MAX_BATCH_SIZE): one default, there
         max_delay: float | None = None,  # seconds a short batch waits for more; None: adaptive_delay
@@ -178,16 +181,21 @@ class Batcher:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
 
-    async def submit(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
+    def check_room(self) -> None:
+        """QueueFull where no request could join the queue now (it holds `max_queued` inputs already):
+        checked before a request's body is parsed, so that a refused request costs nothing."""
+        if self.queued >= self.max_queued:
+            raise QueueFull(f"{self.queued} inputs are waiting for the model")
+
+    async def submit(self, inputs: list[Any], parameters: dict[str, Any], shape: str | None = None) -> list[Any]:
         """Queue one request's inputs; return its results in order."""
         if not self.alive or self._wake is None:
             raise BatcherStopped(self.death or "the server is stopping")
         if self.queued + len(inputs) > self.max_queued:
             raise QueueFull(f"{self.queued} inputs are waiting for the model, and this request has {len(inputs)}")
         future = asyncio.get_running_loop().create_future()
-        request = _Request(
-            inputs, parameters, parameters_key(parameters), future, time.perf_counter(), [None] * len(inputs)
-        )
+        key = parameters_key(parameters, shape)
+        request = _Request(inputs, parameters, shape, key, future, time.perf_counter(), [None] * len(inputs))
         self.waiting.append(request)
         self.queued += len(inputs)
         self.observer.queued(self.queued)
@@ -273,7 +281,14 @@ class Batcher:
         inputs = [x for request, start, end in items for x in request.inputs[start:end]]
         try:
             results = await asyncio.get_running_loop().run_in_executor(
-                self.executor, timed, self.observer, len(inputs), self.predict, inputs, items[0][0].parameters
+                self.executor,
+                timed,
+                self.observer,
+                len(inputs),
+                self.predict,
+                inputs,
+                items[0][0].parameters,
+                items[0][0].shape,
             )
             if not isinstance(results, (list, tuple)) or len(results) != len(inputs):
                 raise HandlerFailed(

@@ -35,9 +35,24 @@ import orjson
 
 from byoc import tasks
 from byoc.serving import resources
-from byoc.serving.model import backend_choice, bodies, entities, negotiation, passes, runtimes, task_parameters
-from byoc.serving.model.bodies import CONTENT_TYPES, JSON_LINES
-from byoc.serving.model.request_errors import InputError, InvalidAnswer, NotAcceptable, UnsupportedMediaType
+from byoc.serving.model import (
+    backend_choice,
+    bodies,
+    entities,
+    envelopes,
+    negotiation,
+    passes,
+    runtimes,
+    task_parameters,
+)
+from byoc.serving.model.bodies import CONTENT_TYPES, JSON_LINES, OPENAI, RERANK, valid_unicode
+from byoc.serving.model.request_errors import (  # noqa: F401  (NON_FINITE: re-exported, as before)
+    NON_FINITE,
+    InputError,
+    InvalidAnswer,
+    NotAcceptable,
+    UnsupportedMediaType,
+)
 from byoc.serving.settings import InferenceSettings
 
 ACCEPT_TYPES = ("application/json", "text/csv", *JSON_LINES)
@@ -114,7 +129,10 @@ def choose_backend(model_dir: Path, int8: bool = False, gpu: bool | None = None)
 
 
 def input_fn(body: bytes | str, content_type: str = "application/json", *, one_text: bool = False) -> dict[str, Any]:
-    """Parse a request into {"inputs": [text or (text, text_pair)], "parameters": {...}}.
+    """Parse a request into {"inputs": [text or (text, text_pair)], "parameters": {...}}, and "shape" where
+    the body's form asks for an answer other than one per input (TEI's rerank body: "rerank"; OpenAI's
+    embeddings body: "openai"; byoc.serving.model.envelopes). The shape comes from the body's form alone:
+    a client's "parameters" cannot set it.
 
     Everything a model could choke on is refused here, with a 4xx naming the input, before the
     request can join a batch with other clients' requests. `one_text`: each input is one text (a token
@@ -130,20 +148,25 @@ def input_fn(body: bytes | str, content_type: str = "application/json", *, one_t
     if not text.strip():
         raise InputError('the body is empty: send {"inputs": "a text"} or a list of texts')
     try:
-        inputs, parameters = bodies.parse(text, kind, one_text)
+        parsed = bodies.parse(text, kind, one_text)
     except RecursionError:
         raise InputError("the body is nested too deeply") from None
+    parameters = parsed.parameters
     if not isinstance(parameters, dict):
         raise InputError('"parameters" must be a JSON object')
     task_parameters.check_values(parameters)
     entities.check_strategy(parameters.get("aggregation_strategy"))
-    return {"inputs": _normalise(inputs), "parameters": parameters}
+    inputs = parsed.inputs if parsed.checked else _normalise(parsed.inputs, parsed.key)
+    data: dict[str, Any] = {"inputs": inputs, "parameters": parameters}
+    if parsed.shape is not None:
+        data["shape"] = parsed.shape
+    return data
 
 
-def _normalise(inputs: Any) -> list[str | tuple[str, str]]:
+def _normalise(inputs: Any, key: str = "inputs") -> list[str | tuple[str, str]]:
     items = inputs if isinstance(inputs, list) else [inputs]
     if not items:
-        raise InputError('"inputs" is empty: send a text or a list of texts')
+        raise InputError(f'"{key}" is empty: send a text or a list of texts')
     out: list[str | tuple[str, str]] = []
     for index, item in enumerate(items):
         if isinstance(item, dict) and isinstance(item.get("text"), str):
@@ -158,31 +181,22 @@ def _normalise(inputs: Any) -> list[str | tuple[str, str]]:
                 f'input {index}: each input must be a string, [text, text_pair] or {{"text": ..., "text_pair": ...}}'
             )
         last = out[-1]
-        if not (_encodable(last) if isinstance(last, str) else _encodable(last[0]) and _encodable(last[1])):
+        if not (valid_unicode(last) if isinstance(last, str) else valid_unicode(last[0]) and valid_unicode(last[1])):
             raise InputError(f"input {index} is not valid Unicode text (a lone surrogate such as \\ud800)")
     return out
-
-
-def _encodable(text: str) -> bool:
-    """Whether the text is valid Unicode, as the tokenizer needs: JSON's \\ud800 escapes make strings
-    that are not (lone surrogates). ASCII, nearly every text, is checked in C without a copy."""
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     """Each input's answer, in the shape of the model's task (byoc.tasks: `Task.answer`): the best
     {"label", "score"} or the top_k of them; a multi-label model's labels at or above the threshold; a
-    regression model's {"score": value}; a token classifier's entities."""
-    inputs, parameters = data["inputs"], data.get("parameters", {})
+    regression model's {"score": value}; a token classifier's entities. For a rerank body ("shape":
+    "rerank") each pair's relevance, a number; for an OpenAI body ("shape": "openai") each text's
+    `envelopes.Embedded` (its vector and the tokens it ran, prompt included): the server builds the
+    request's answer from them (byoc.serving.model.envelopes)."""
+    inputs, parameters, shape = data["inputs"], data.get("parameters", {}), data.get("shape")
     task = tasks.TASKS.get(model.get("task", tasks.SINGLE_LABEL))  # (the name config.json gave: runtimes)
     task_parameters.check_values(parameters)
-    task_parameters.check_task(task, parameters)  # a 400 for one the task does not use, never ignored
+    task_parameters.check_task(task, parameters, shape)  # a 400 for one the task does not use, never ignored
     if task is None:
         raise ValueError(f"the model dict names no task byoc knows: {model.get('task')!r} (byoc.tasks.NAMES)")
     if task.per_token:  # words in, entities out
@@ -207,12 +221,15 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
         for n, i in enumerate(chunk):
             scores[i] = probs[n]
     try:
-        if parameters.get("shape") == "rerank":  # each pair's relevance: the request's list is built once
-            raw = bool(parameters.get("raw_scores"))  # its answers are back (byoc.serving.model.envelopes)
+        if shape == RERANK:  # each pair's relevance: the request's list is built once its answers are back
+            raw = bool(parameters.get("raw_scores"))
             return [task.relevance(row, raw, model) for row in scores]
-        return task.answer(scores, model["id2label"], parameters, model)
+        answers = task.answer(scores, model["id2label"], parameters, model)
     except tasks.BadParameter as err:
         raise InputError(str(err)) from None
+    if shape == OPENAI:  # OpenAI's usage: the tokens each text ran, counted where they were made
+        return [envelopes.Embedded(vector, len(e["input_ids"])) for vector, e in zip(answers, encoded)]
+    return answers
 
 
 # The server may merge concurrent requests into one call: this predict_fn takes
@@ -224,15 +241,34 @@ predict_fn.batchable = True  # type: ignore[attr-defined]
 def json_text(value: Any) -> str:
     """`value` as JSON text; ValueError for NaN or Infinity, which JSON does not have, as json's
     allow_nan=False. orjson writes it: 25x json's speed on an embedding's floats (the same numbers,
-    shortest round-trip, without json's spaces). It writes NaN as null and refuses types json takes
-    (a float subclass, an int key): json then says it, or raises."""
+    shortest round-trip, without json's spaces). It writes NaN and infinity as null: where the text holds
+    the word (a None, or a text with "null" in it, such as an OpenAI body's echoed model name), the value
+    is searched for a non-finite float, in C a list at a time, rather than written again by json. A type
+    orjson refuses and json takes (a float subclass, an int key) is written by json."""
     try:
         text = orjson.dumps(value)
     except orjson.JSONEncodeError:
         return json.dumps(value, allow_nan=False)
-    if b"null" in text:  # a None, a NaN or a text holding the word: json knows which
-        return json.dumps(value, allow_nan=False)
+    if b"null" in text and _non_finite(value):
+        raise ValueError("Out of range float values are not JSON compliant")
     return text.decode()
+
+
+def _non_finite(value: Any) -> bool:
+    """Whether a NaN or an infinity is anywhere in `value` (lists, tuples and dicts of any depth). A list
+    of numbers is summed in C: a finite sum proves every term finite; a non-finite one (or a list of other
+    things) is looked at term by term."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        try:
+            total = sum(value)
+        except TypeError:  # not all numbers: each term in turn
+            return any(_non_finite(v) for v in value)
+        return isinstance(total, float) and not math.isfinite(total) and any(_non_finite(v) for v in value)
+    return False
 
 
 def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[str, str]:
@@ -285,10 +321,3 @@ def _is_vector(answer: Any) -> bool:
         and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in answer)
         and bool(answer)
     )
-
-
-# No answer carries NaN or infinity: JSON has neither, and a client's parser fails on them.
-NON_FINITE = (
-    "the prediction holds NaN or infinity, which the answer cannot carry: the model produced a non-finite "
-    "score (broken weights, or an overflow in half precision); see the endpoint's logs"
-)

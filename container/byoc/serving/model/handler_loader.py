@@ -10,6 +10,7 @@ Mixing `transform_fn` with the others is a start-up error, as in the toolkits.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import inspect
 import logging
@@ -134,6 +135,27 @@ def _hint(err: BaseException) -> str:
     return ""
 
 
+# The SHA-256 of each `code/inference.py` template byoc train has put in a model (the repository's code/
+# at each version that wraps the default predict_fn; tests/serving/test_handlers.py checks that the
+# current one is listed). A model carrying one of them unchanged is served by the defaults themselves:
+# the long texts' steps and every other default-only path apply, as they do to a folder without code/.
+SHIPPED_TEMPLATES = frozenset(
+    (
+        "cb3ec16c1513921137f476d8931eb41e2efcfd3bcbed3a6b77e241d5aa09a95b",
+        "41e708586a41f7c9dd128a78b6805a1be6570cbe8157dad17c8d9fc337215f7c",
+        "46ef0b275f31703d45929b1b7fb9119af7ce76b69fafcab0c36f30d6bd8c0cac",
+    )
+)
+
+
+def shipped_template(path: Path) -> bool:
+    """Whether `path` is byoc's own template code/inference.py, unchanged (SHIPPED_TEMPLATES)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest() in SHIPPED_TEMPLATES
+    except OSError:
+        return False
+
+
 def load_handlers(model_dir: Path, program: str = "inference.py", isolated_as: str | None = None) -> Handlers:
     """The default handlers (`byoc.serving.model.default_handlers`), overridden by `model_dir/code/inference.py`
     (or the `program` SAGEMAKER_PROGRAM names: `ServeSettings.program`), after installing
@@ -147,7 +169,10 @@ def load_handlers(model_dir: Path, program: str = "inference.py", isolated_as: s
             install_requirements(user_dir)
         except RequirementsError as err:
             raise HandlerError(f"installing {err.requirements} failed: {err}") from None
-        user = _import_isolated(user_file, isolated_as) if isolated_as else _import(user_file)
+        if shipped_template(user_file):
+            logger.info("%s is byoc's template, unchanged: the default handlers serve", user_file)
+        else:
+            user = _import_isolated(user_file, isolated_as) if isolated_as else _import(user_file)
     # A default the user's module imports (the template re-exports model_fn, input_fn and output_fn, so
     # that it is a complete handler module) is no override: the server keeps treating it as the default.
     functions = {name: getattr(user, name, None) for name in HANDLER_NAMES} if user else {}

@@ -46,7 +46,10 @@ from byoc.serving.settings import JSON, ServeSettings
 logger = logging.getLogger(__name__)
 
 SWITCH_INTERVAL = 0.0005
-INLINE_LIMIT = 256 * 1024  # bodies below this are parsed and answered on the event loop
+INLINE_LIMIT = 256 * 1024  # bodies below this are parsed (and their answers written) on the event loop
+# Answers of more values than this (inputs x each one's width: 16 vectors of 384 are 6,144) are written on
+# a handler thread: as CSV a value takes about 1 us to format, so the event loop holds at most ~10 ms.
+INLINE_CELLS = 8192
 
 
 class ModelServer:
@@ -163,12 +166,12 @@ class ModelServer:
             )
         return None
 
-    def predict_batch(self, inputs: list[Any], parameters: dict[str, Any]) -> list[Any]:
+    def predict_batch(self, inputs: list[Any], parameters: dict[str, Any], shape: str | None = None) -> list[Any]:
         """The batcher's predict, in the inference thread."""
         assert self.handlers is not None and self.handlers.predict_fn is not None  # batching implies both
         self.busy_since = time.monotonic()
         try:
-            data = {"inputs": inputs, "parameters": parameters}
+            data = {"inputs": inputs, "parameters": parameters, **({"shape": shape} if shape is not None else {})}
             return call(self.handlers.predict_fn, "predict_fn", data, self.model)
         finally:
             self.busy_since = None
@@ -201,10 +204,15 @@ class ModelServer:
 
     async def invoke(self, body: bytes, content_type: str, accept_header: str | None) -> Answer | Any:
         """The handlers' answer to one request: an `Answer`, or a response object a handler made itself
-        (an output_fn returning a Starlette Response), which the HTTP side sends as it is."""
+        (an output_fn returning a Starlette Response), which the HTTP side sends as it is.
+
+        What protects the server holds whatever the model's own code overrides: the limits on inputs and
+        text, and the answer's shape (rerank, OpenAI) from the body's form, apply around any predict_fn;
+        only the long texts' steps need the default predict_fn (they run its work in parts)."""
         handlers, batcher = self.handlers, self.batcher
         assert handlers is not None and batcher is not None  # the routes call this only once the model is ready
         accept = self.negotiate(accept_header)
+        batcher.check_room()  # a full queue refuses before the body is parsed, not after
         if handlers.transform_fn is not None:
             result = await self.in_thread(
                 call, handlers.transform_fn, "transform_fn", self.model, body, content_type, accept
@@ -220,25 +228,31 @@ class ModelServer:
         finally:
             if len(body) >= INLINE_LIMIT:
                 release_memory()  # a large body parsed (or refused): its memory goes back to the system
-        stepwise = None
-        if handlers.is_default("predict_fn"):  # (the limit and the steps know the default predict_fn's work)
-            self._check_text(long_texts.whole_text_chars(self.model, data))
-            stepwise = long_texts.stepwise(self.model, data)
+        self._check_text(long_texts.whole_text_chars(self.model, data))
+        stepwise = long_texts.stepwise(self.model, data) if handlers.is_default("predict_fn") else None
         if stepwise is not None:
             self._check_count(len(stepwise.texts))
             prediction = await self._in_steps(stepwise)
         elif handlers.batchable and _batch_shaped(data):
             inputs = data["inputs"]
             self._check_count(len(inputs))
-            prediction = await batcher.submit(inputs, data.get("parameters") or {})
+            prediction = await batcher.submit(inputs, data.get("parameters") or {}, data.get("shape"))
         else:
             prediction = await self.in_thread(call, handlers.predict_fn, "predict_fn", data, self.model)
-        if handlers.is_default("predict_fn") and isinstance(data, dict):  # a rerank or OpenAI body's shape
-            prediction = envelopes.shaped(data, prediction, self.model)
-        result = await self._handler(
-            handlers.output_fn, "output_fn", handlers.is_default("output_fn"), len(body), prediction, accept
-        )
+        builtin = handlers.is_default("output_fn")
+        # Written on the event loop only when both the request and its answer are small: an embedding
+        # answer is about 2,000x its request (4,096 one-letter texts to a 1,024-wide model: 4 M floats).
+        small = len(body) < INLINE_LIMIT and envelopes.cells(prediction) <= INLINE_CELLS
+        result = await self._handler(self._write, builtin and small, data, prediction, accept)
         return self._response(result, accept)
+
+    def _write(self, data: Any, prediction: Any, accept: str) -> Any:
+        """The request's answer in the shape its body's form asked for (any predict_fn's answers: rerank,
+        OpenAI; byoc.serving.model.envelopes), written by the output_fn."""
+        assert self.handlers is not None and self.handlers.output_fn is not None
+        if isinstance(data, dict) and data.get("shape") is not None:
+            prediction = envelopes.shaped(data, prediction, self.model)
+        return call(self.handlers.output_fn, "output_fn", prediction, accept)
 
     async def _in_steps(self, work: long_texts.Stepwise) -> list[Any]:
         """Long texts a few windows at a time in the inference thread: the batches of other requests, queued
@@ -249,8 +263,8 @@ class ModelServer:
 
     async def _parse(self, handlers: Handlers, body: bytes, content_type: str) -> Any:
         if not handlers.is_default("input_fn"):
-            return await self._handler(handlers.input_fn, "input_fn", False, len(body), body, content_type)
-        return await self._handler(self._default_input, "input_fn", True, len(body), body, content_type)
+            return await self._handler(call, False, handlers.input_fn, "input_fn", body, content_type)
+        return await self._handler(self._default_input, len(body) < INLINE_LIMIT, body, content_type)
 
     def _default_input(self, body: bytes, content_type: str) -> Any:
         """byoc's input_fn, after counting the inputs without building them: a body of a million tiny
@@ -278,12 +292,13 @@ class ModelServer:
                 "SAGEMAKER_MODEL_SERVER_TIMEOUT (an asynchronous endpoint: BYOC_PROFILE=async)"
             )
 
-    async def _handler(self, fn: Any, name: str, builtin: bool, size: int, *args: Any) -> Any:
-        """A request handler: byoc's own on the event loop for small bodies, anything else on a thread."""
-        if builtin and size < INLINE_LIMIT:
-            return guarded(call, fn, name, *args)
+    async def _handler(self, fn: Any, inline: bool, *args: Any) -> Any:
+        """A request handler: byoc's own on the event loop where its work is bounded and small (`inline`),
+        anything else on a thread."""
+        if inline:
+            return guarded(fn, *args)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.handler_threads, guarded, call, fn, name, *args)
+        return await loop.run_in_executor(self.handler_threads, guarded, fn, *args)
 
     def _response(self, result: Any, accept: str) -> Answer | Any:
         """Handlers return (body, content_type) or just a body (or their own response object)."""

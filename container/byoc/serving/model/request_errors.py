@@ -37,3 +37,10 @@ class InvalidAnswer(Exception):
     body clients cannot parse. Not the request's fault, so not an InputError."""
 
     status = 500
+
+
+# No answer carries NaN or infinity: JSON has neither, and a client's parser fails on them.
+NON_FINITE = (
+    "the prediction holds NaN or infinity, which the answer cannot carry: the model produced a non-finite "
+    "score (broken weights, or an overflow in half precision); see the endpoint's logs"
+)

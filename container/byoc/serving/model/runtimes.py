@@ -3,8 +3,10 @@ Runtime (CPU or CUDA execution provider) or torch (CPU or CUDA, fp32 or half pre
 
 Both loaders return the same dict (docs/serving.md): `backend`, `model`, `tokenizer`,
 `encode(inputs)`, `logits(feeds)` (one padded batch of numpy arrays -> fp32 numpy logits),
-`id2label`, `task`, `threshold` and `thresholds` (byoc.model_folder: what the logits mean), `aggregation` (a
-token classifier's strategy where a request names none: byoc.serving.model.entities), `max_length`,
+`id2label`, `task`, `threshold` and `thresholds` (byoc.model_folder: what the logits mean), `activation`
+(a cross-encoder's, which CrossEncoder.predict applies to its logits: byoc.tasks.cross_encoder_activation;
+None for any other model), `aggregation` (a token classifier's strategy where a request names none:
+byoc.serving.model.entities), `max_length`,
 `pad_id`, and `buckets` (how predict_fn cuts and pads a batch:
 byoc.serving.model.passes), `device`, `precision`.
 
@@ -34,7 +36,9 @@ logger = logging.getLogger(__name__)
 
 def describe(model_dir: Path, gpu: bool) -> Host:
     """This host and model as backend_choice sees them. ONNX Runtime's providers are asked only on a
-    GPU host (importing onnxruntime to ask costs about 0.3 s, and on the CPU changes nothing)."""
+    GPU host (importing onnxruntime to ask costs about 0.3 s, and on the CPU changes nothing). A
+    BackendError, in a sentence naming the folder, where it holds no model to load (`check_folder`)."""
+    check_folder(model_dir)
     installed = importlib.util.find_spec("onnxruntime") is not None
     return Host(
         gpu=gpu,
@@ -43,6 +47,15 @@ def describe(model_dir: Path, gpu: bool) -> Host:
         graph=(model_dir / GRAPH).exists(),
         tokenizer=(model_dir / "tokenizer.json").exists(),
     )
+
+
+def check_folder(model_dir: Path) -> None:
+    """A BackendError saying what is missing where `model_dir` holds no model the loaders can read (it does
+    not exist, or has no config.json or no weights: byoc.model_folder.unloadable), before a loader reads it:
+    transformers would take a missing folder for a Hub repository's name and fail on that."""
+    problem = model_folder.unloadable(Path(model_dir))
+    if problem:
+        raise BackendError(problem)
 
 
 # A text is cut to this many characters per token of the model's limit before it is tokenized: the
@@ -70,6 +83,7 @@ def clip(inputs: list[str | tuple[str, str]], tokens: int, side: str = "right") 
 def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None = None) -> dict[str, Any]:
     """The model on ONNX Runtime, its session running `threads` threads (`inference_threads`); `task_name`:
     the task asked for (BYOC_TASK), else the folder's (byoc.tasks.of_folder)."""
+    check_folder(model_dir)
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     task = tasks.of_folder(model_dir, config, task_name)
     facts = task.serving_facts(model_dir, config)
@@ -114,6 +128,7 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None =
         "logits": session.logits,
         "id2label": labels_of(config),
         "task": task.name,
+        "activation": tasks.cross_encoder_activation(model_dir, config),
         "threshold": model_folder.threshold_of(config),
         "thresholds": model_folder.thresholds_of(config),
         "aggregation": entities.default_strategy(model_folder.word_tags_of(config)),
@@ -135,6 +150,9 @@ def labels_of(config: dict[str, Any]) -> dict[int, str]:
 def load_torch(
     model_dir: Path, plan: Plan, compiled: bool = False, untrained_head: bool = False, task_name: str | None = None
 ) -> dict[str, Any]:
+    check_folder(model_dir)
+    if GRAPH in plan.why and not (model_dir / GRAPH).exists():  # torch because the graph is missing
+        logger.info(export_hint(model_dir))
     # Imported only here: the ONNX Runtime path starts in about a second because it never imports them.
     try:
         import torch
@@ -148,6 +166,7 @@ def load_torch(
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     task = tasks.of_folder(model_dir, config, task_name)
     facts = task.serving_facts(model_dir, config)
+    activation = tasks.cross_encoder_activation(model_dir, config)
     model, missing = task.load_torch(model_dir, use_safetensors=True, trust_remote_code=False, **compat.fp32_weights())
     if missing and not untrained_head:
         raise BackendError(untrained_head_message(model_dir, sorted(missing)))
@@ -200,6 +219,7 @@ def load_torch(
         "windows": windows,
         "id2label": dict(model.config.id2label),
         "task": task.name,
+        "activation": activation,
         "threshold": model_folder.threshold_of(config),
         "thresholds": model_folder.thresholds_of(config),
         "aggregation": entities.default_strategy(model_folder.word_tags_of(config)),
@@ -222,7 +242,19 @@ def untrained_head_message(model_dir: Path, missing: list[str]) -> str:
     )
 
 
-TASK_HINT = "BYOC_TASK=embedding; a sentence-transformers folder, with modules.json, is one unless BYOC_TASK says"
+TASK_HINT = (
+    "BYOC_TASK=embedding; a sentence-transformers folder of an embedding model, with modules.json, is one "
+    "unless BYOC_TASK says"
+)
+
+
+def export_hint(model_dir: Path) -> str:
+    """What to do about a folder served on torch only because it has no serving graph."""
+    return (
+        f"{model_dir} has no {GRAPH}, so torch serves it: importing torch and transformers adds seconds to every "
+        f"start (ONNX Runtime starts in about one, without them). Write the graph with `byoc export-onnx {model_dir}` "
+        "and ship it beside the weights in model.tar.gz"
+    )
 
 
 def needs_full_image(plan: Plan, missing: str) -> str:

@@ -14,11 +14,11 @@ from byoc import tasks
 from byoc.serving.model.request_errors import InputError
 
 KNOWN = ("top_k", "threshold", "aggregation_strategy", "normalize", "dimensions", "prompt_name")  # tasks' own
-# A rerank request's (TEI's {"query", "texts"}: byoc.serving.model.bodies sets "shape": "rerank"), for any
-# task that reranks (`Task.relevance`). TEI's "truncate" is read and needs nothing: byoc always truncates
-# an input at the model's limit.
+# A rerank request's (TEI's {"query", "texts"}: the body's form makes its shape "rerank",
+# byoc.serving.model.bodies), for any task that reranks (`Task.relevance`). TEI's "truncate" is read and
+# needs nothing: byoc always truncates an input at the model's limit, on the right
+# ("truncation_direction": "right" is accepted, "left" refused rather than ignored).
 RERANK = ("raw_scores", "return_text", "top_n")
-SHAPES = ("rerank", "openai")  # a request's answer shape other than the inference toolkit's (bodies)
 
 
 def check_values(parameters: dict[str, Any]) -> None:
@@ -37,19 +37,29 @@ def check_values(parameters: dict[str, Any]) -> None:
             raise InputError(f'"{name}" must be true or false')
     if parameters.get("prompt_name") is not None and not isinstance(parameters["prompt_name"], str):
         raise InputError('"prompt_name" must be the name of one of the model\'s prompts')
-    if parameters.get("shape") is not None and parameters["shape"] not in SHAPES:
-        raise InputError(f'"shape" must be one of {", ".join(SHAPES)} (byoc sets it for rerank and OpenAI bodies)')
+    direction = parameters.get("truncation_direction")
+    if direction is not None and str(direction).lower() != "right":
+        raise InputError(
+            '"truncation_direction" must be "right": byoc truncates a text past the model\'s length at its end '
+            "(left truncation is not supported)"
+        )
 
 
-def check_task(task: tasks.Task | None, parameters: dict[str, Any]) -> None:
-    """A 400 for a parameter of byoc's that `task` does not take (null counts as not sent), and for a rerank
-    parameter outside a rerank request. No task: a model of the user's own making, whose parameters are its
-    code's business."""
+def check_task(task: tasks.Task | None, parameters: dict[str, Any], shape: str | None = None) -> None:
+    """A 400 for a parameter of byoc's that `task` does not take (null counts as not sent), for a rerank
+    parameter outside a rerank request, and for a body's form (`shape`: the request's, from
+    byoc.serving.model.bodies) the task cannot answer. No task: a model of the user's own making, whose
+    parameters are its code's business."""
     if task is None:
         return
-    reranking = parameters.get("shape") == "rerank"
-    if parameters.get("shape") == "openai" and not task.vectors:
+    reranking = shape == "rerank"
+    if shape == "openai" and not task.vectors:
         raise InputError(f"an OpenAI embeddings request needs an embedding model; this is {task.described}")
+    if reranking and (task.vectors or task.per_token):
+        raise InputError(
+            f'{task.described} does not rerank: a rerank request ({{"query", "texts"}}) needs a cross-encoder '
+            "(a pair classifier with one output or two labels)"
+        )
     for name in KNOWN:
         if parameters.get(name) is not None and (reranking or name not in task.parameters):
             takes = () if reranking else task.parameters
