@@ -104,3 +104,36 @@ def test_what_byoc_cannot_serve_is_named(tmp_path, files, message):
     write(tmp_path, files)
     with pytest.raises(sentence_folder.FolderError, match=message.replace("(", r"\(")):
         sentence_folder.read(tmp_path)
+
+
+def test_module_types_of_the_folders_own_are_found_in_modules_json_and_in_its_routers(tmp_path):
+    """What loading the folder would import from the folder itself (byoc.training.embedding refuses it unless
+    trust_remote_code=true): any module type outside sentence_transformers.*, a Router's inner modules included."""
+    assert sentence_folder.foreign_modules(bundled_model_dir()) == []
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "evil_pool.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Router", "type": "sentence_transformers.base.modules.router.Router"},
+        {"idx": 3, "name": "3", "path": "3_Normalize", "type": "sentence_transformers_extra.Normalize"},
+    ]
+    router = {
+        "types": {
+            "query_0_Dense": "sentence_transformers.models.Dense",
+            "document_0_Asym": "sentence_transformers.models.Asym",  # a Router of the older name, in the Router
+            "document_1_Custom": "my_code.Custom",
+        },
+        "structure": {"query": ["query_0_Dense"], "document": ["document_0_Asym", "document_1_Custom"]},
+    }
+    write(
+        tmp_path,
+        {
+            "modules.json": modules,
+            "2_Router/router_config.json": router,
+            "2_Router/document_0_Asym/config.json": {"types": {"inner": "deeper.Module"}},
+        },
+    )
+    found = sentence_folder.foreign_modules(tmp_path)
+    assert found == ["evil_pool.Pooling", "deeper.Module", "my_code.Custom", "sentence_transformers_extra.Normalize"]
+    write(tmp_path, {"modules.json": {"not": "a list"}})
+    with pytest.raises(sentence_folder.FolderError, match="must list the modules"):
+        sentence_folder.foreign_modules(tmp_path)

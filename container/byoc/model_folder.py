@@ -37,6 +37,9 @@ THRESHOLDS_KEY = "byoc_thresholds"  # config.json: {label: threshold} for labels
 # or "all" (every sub-token: label_all_tokens). Absent in models byoc did not train.
 WORD_TAGS_KEY = "byoc_word_tags"
 WORD_TAGS = ("first", "all")
+# config.json: whether a classifier was trained on sentence pairs (true) or single texts (false): a model of
+# single texts answers no rerank request. Absent in models byoc did not train (a Hub cross-encoder reranks).
+PAIRS_KEY = "byoc_pairs"
 
 DEFAULT_MAX_LENGTH = 512  # when neither the tokenizer nor the model says
 _UNKNOWN = 100_000  # tokenizers that do not know their limit report a huge number (1e30)

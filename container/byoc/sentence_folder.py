@@ -103,6 +103,41 @@ def read(model_dir: Path) -> SentenceFolder:
     )
 
 
+OWN_MODULES = "sentence_transformers."  # the module types sentence-transformers imports from itself
+_ROUTERS = ("Router", "Asym")  # modules whose own config names the types of the modules inside them
+_ROUTER_CONFIGS = ("router_config.json", "config.json")  # a Router's config: sentence-transformers 5-6, earlier
+
+
+def foreign_modules(model_dir: Path) -> list[str]:
+    """The module types that `modules.json` names (and the Routers in it name in their own config) which are
+    not sentence-transformers' own: code that loading the folder would import and run (a `my_pool.Pooling`
+    beside a `my_pool.py`). sentence-transformers 5.x imports such code from a local folder without asking
+    for trust_remote_code; 6.x refuses it. Read-only, imports nothing."""
+    return _foreign(Path(model_dir), _json(Path(model_dir) / MODULES), MODULES)
+
+
+def _foreign(model_dir: Path, modules: Any, listed_in: str) -> list[str]:
+    """`modules`: a modules.json list, or a Router's config ({"types": {module id: type}}, each module in the
+    Router's folder under its id)."""
+    types = modules.get("types") if isinstance(modules, dict) else None
+    if isinstance(types, dict):
+        entries = [{"type": kind, "path": name} for name, kind in types.items()]
+    elif isinstance(modules, list):
+        entries = [module if isinstance(module, dict) else {"type": module} for module in modules]
+    else:
+        raise FolderError(f"{model_dir / listed_in} must list the modules and their types")
+    found = []
+    for module in entries:
+        kind = module.get("type")
+        if not isinstance(kind, str) or not kind.startswith(OWN_MODULES):
+            found.append(str(kind))
+        elif kind.rsplit(".", 1)[-1] in _ROUTERS:
+            where = model_dir / str(module.get("path") or "")
+            config = next((where / name for name in _ROUTER_CONFIGS if (where / name).is_file()), None)
+            found += _foreign(where, _json(config), config.name) if config is not None else []
+    return found
+
+
 def _pooling(config_path: Path) -> tuple[str, ...]:
     """sentence-transformers 6's `pooling_mode` (a mode, or modes in their order), or the flags of earlier versions."""
     config = _json(config_path)

@@ -157,8 +157,10 @@ def test_a_trained_embedding_model_answers_openai_bodies_in_openais_shape(embedd
         s.stop()
 
 
-def test_the_trained_folders_carry_the_template_the_server_knows(ner, pairs, embedder):
+def test_the_trained_folders_carry_the_template_the_server_knows_and_say_if_they_read_pairs(ner, pairs, embedder):
     from byoc.serving.model.handler_loader import shipped_template
 
     for folder in (ner, pairs, embedder):
         assert shipped_template(folder / "code" / "inference.py"), folder
+    assert json.loads((pairs / "config.json").read_text())["byoc_pairs"] is True
+    assert json.loads((ner / "config.json").read_text())["byoc_pairs"] is False

@@ -6,16 +6,25 @@ does (on torch and on the exported graph)."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import sys
+from pathlib import Path
 
+import datasets
 import numpy as np
 import pytest
 import torch
+from tasks.test_embedding import THEIR_NAMES, information_retrieval_evaluator, shared_header_rows
 
+from byoc import compat, sentence_folder, tasks
 from byoc.tasks import EMBEDDING
 from byoc.tasks.regression import regression_metrics
 from byoc.training import embedding, entry
+from byoc.training.arguments import HyperparameterError
+from byoc.training.data import DataError, TaskData
+from byoc.training.job import check_in_batch_negatives
+from byoc.training.metrics import write_report
 from byoc.training.model import bundled_model_dir
 from helpers import (
     CPU_ONLY,
@@ -71,6 +80,7 @@ def test_scored_pairs_train_with_cosent_into_a_folder_sentence_transformers_load
 
     metrics = job.metrics
     assert metrics["task"] == EMBEDDING and metrics["labels"] == ["relatedness_score"]
+    assert "metric_notes" not in metrics  # no mrr_at_10 to note
     # The test split is the only evaluation data: its figures are the eval_ ones.
     assert -1 <= metrics["eval_spearman_cosine"] <= 1 and -1 <= metrics["eval_pearson_cosine"] <= 1
     folder = job.model_dir
@@ -95,14 +105,17 @@ def test_scored_pairs_train_with_cosent_into_a_folder_sentence_transformers_load
     assert served["spearmanr"] == pytest.approx(metrics["eval_spearman_cosine"], abs=0.01)
 
 
-def test_anchor_positive_negative_rows_train_with_in_batch_negatives(job, tiny_model_dir):
+def test_anchor_positive_negative_rows_train_with_in_batch_negatives(job, tiny_model_dir, caplog):
     """A plain encoder (no sentence-transformers modules) gets mean pooling; a negative column is used."""
     job.hyperparameters({**QUICK, "learning_rate": "1e-3", "do_predict": "true"})
     job.model_channel(tiny_model_dir)
     write_jsonl(job.channel("train") / "train.jsonl", topic_rows(48, negatives=True))
     write_jsonl(job.channel("validation") / "dev.jsonl", topic_rows(24, seed=1, negatives=True))
     write_pairs(job.channel("test") / "test.tsv", score_rows(12, seed=2))  # the other layout: scored pairs
-    assert entry.train() == 0, job.failure
+    with caplog.at_level("INFO", logger="byoc.training.data"):
+        assert entry.train() == 0, job.failure
+    ready = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("data ready"))
+    assert ready.endswith("; sentence embeddings, (anchor, positive) rows"), ready  # it ended in ": " and nothing
 
     metrics = job.metrics
     assert metrics["task"] == EMBEDDING and metrics["labels"] == []
@@ -133,6 +146,151 @@ def test_each_loss_keeps_its_gradient_when_compiled(tiny_model_dir, scored):
     assert compiled.item() == pytest.approx(eager.item(), rel=1e-5)
     compiled.backward()
     assert all(v.grad is not None and bool(v.grad.abs().sum() > 0) for v in vectors)
+
+
+# --- what a job refuses at start, and how it evaluates ----------------------------------------------------
+
+# Imported by loading the folder: it writes the marker (any code a model folder names could run in the job).
+EVIL_POOL = """import pathlib
+
+pathlib.Path({marker!r}).write_text("ran")
+
+try:
+    from sentence_transformers.sentence_transformer.modules import Pooling
+except ImportError:
+    from sentence_transformers.models import Pooling
+"""
+
+
+def folder_naming_its_own_code(tiny_model_dir, root: Path, marker: Path) -> Path:
+    """A sentence-transformers folder whose modules.json names `evil_pool.Pooling`, with evil_pool.py beside it."""
+    folder = root / "evil-st"
+    model = embedding.build(str(tiny_model_dir), scored=False, max_length=32, model_kwargs={}, config_kwargs={})
+    model.save_pretrained(folder)
+    modules = json.loads((folder / "modules.json").read_text())
+    assert modules[1]["type"].endswith(".Pooling")
+    modules[1]["type"] = "evil_pool.Pooling"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "evil_pool.py").write_text(EVIL_POOL.format(marker=str(marker)))
+    return folder
+
+
+@pytest.fixture
+def local_module_code_imported(monkeypatch):
+    """sentence-transformers as 5.x loads a folder (the Neuron image's 5.1.2; requirements allow >=5.1): a local
+    folder's module types are imported from the folder itself without trust_remote_code. (6.x refuses them.)"""
+    from sentence_transformers.util import import_from_string
+
+    def load_class(self, class_ref, model_name_or_path, *args, **kwargs):
+        if class_ref.startswith("sentence_transformers."):
+            return import_from_string(class_ref)
+        module, name = class_ref.rsplit(".", 1)
+        spec = importlib.util.spec_from_file_location(module, Path(model_name_or_path) / f"{module}.py")
+        assert spec is not None and spec.loader is not None
+        code = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(code)
+        return getattr(code, name)
+
+    SentenceTransformer = compat.sentence_transformers_api()[0]
+    monkeypatch.setattr(SentenceTransformer, "_load_module_class_from_ref", load_class)
+
+
+def test_a_model_folder_naming_its_own_module_code_is_refused_unless_trusted(
+    tmp_path, tiny_model_dir, local_module_code_imported
+):
+    marker = tmp_path / "marker"
+    folder = folder_naming_its_own_code(tiny_model_dir, tmp_path, marker)
+    with pytest.raises(sentence_folder.FolderError, match=r"trust_remote_code=true.* names: 'evil_pool.Pooling'"):
+        embedding.build(str(folder), scored=False, max_length=32, model_kwargs={}, config_kwargs={})
+    assert not marker.exists()  # refused before sentence-transformers saw the folder
+    # Trusted, it loads as sentence-transformers loads it: running the folder's code.
+    model = embedding.build(
+        str(folder), scored=False, max_length=32, model_kwargs={}, config_kwargs={}, trust_remote_code=True
+    )
+    assert marker.read_text() == "ran" and type(model.model[1]).__name__ == "Pooling"
+
+
+def test_an_embedding_job_on_such_a_folder_fails_at_start_naming_the_module_and_the_fix(
+    job, tmp_path, tiny_model_dir, local_module_code_imported
+):
+    marker = tmp_path / "marker"
+    job.hyperparameters(QUICK)
+    job.model_channel(folder_naming_its_own_code(tiny_model_dir, tmp_path, marker))
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(16))
+    assert entry.train() != 0
+    assert job.failure is not None and "'evil_pool.Pooling'" in job.failure, job.failure
+    assert "set it if you trust the code" in job.failure and "trust_remote_code=true" in job.failure
+    assert not marker.exists() and not job.model_dir.joinpath("modules.json").exists()
+
+
+def rows_data(rows: int, negatives: bool = False, labels: list[str] | None = None) -> TaskData:
+    columns = {"text": ["a"] * rows, "text_pair": ["b"] * rows}
+    if negatives:
+        columns["text_negative"] = ["c"] * rows
+    return TaskData(datasets.Dataset.from_dict(columns), None, None, labels or [], False, tasks.EMBEDDING)
+
+
+def test_in_batch_negatives_need_two_rows_a_batch_counted_over_every_rank(tiny_model_dir):
+    """Without a negative column an anchor's negatives are the batch's other positives: a batch of one row has
+    none, its loss is 0 whatever the model (so such a job trained nothing, exit 0, no warning)."""
+    model = embedding.build(str(tiny_model_dir), scored=False, max_length=32, model_kwargs={}, config_kwargs={})
+    torch.manual_seed(0)
+    anchor, positive, negative = (torch.randn(1, 32) for _ in range(3))
+    labels = torch.tensor([float("nan")])
+    assert model.loss([anchor, positive], labels).item() == 0.0
+    assert model.loss([anchor, positive, negative], labels).item() > 0  # a row's own hard negative
+    with pytest.raises(HyperparameterError, match="Set a larger per_device_train_batch_size"):
+        check_in_batch_negatives(rows_data(16), batch_size=1, world_size=1)
+    with pytest.raises(DataError, match="only 1 \\(anchor, positive\\) row.*Give more rows"):
+        check_in_batch_negatives(rows_data(1), batch_size=16, world_size=1)
+    check_in_batch_negatives(rows_data(16), batch_size=1, world_size=2)  # the loss gathers both ranks' positives
+    check_in_batch_negatives(rows_data(16, negatives=True), batch_size=1, world_size=1)
+    check_in_batch_negatives(rows_data(1, labels=["score"]), batch_size=1, world_size=1)  # CoSENT: scored pairs
+
+
+@pytest.mark.parametrize(
+    ("batch", "rows", "message"),
+    [("1", 16, "per_device_train_batch_size=1 on 1 process"), ("8", 1, "only 1 (anchor, positive) row")],
+    ids=["batch-of-one", "one-row"],
+)
+def test_an_embedding_job_whose_batches_hold_one_row_fails_before_training(job, tiny_model_dir, batch, rows, message):
+    job.hyperparameters({**QUICK, "per_device_train_batch_size": batch})
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(rows))
+    assert entry.train() != 0
+    assert job.failure is not None and message in job.failure and "negative column" in job.failure, job.failure
+    assert not (job.root / "output/data/metrics.json").exists()  # nothing trained
+
+
+def test_retrieval_metrics_are_sentence_transformers_evaluators_on_texts_identical_after_truncation(
+    job, tiny_model_dir
+):
+    """Eval positives identical once cut at max_length 32 (a shared long header): the job reports what
+    sentence-transformers' InformationRetrievalEvaluator reports on the same rows with the model it saved (byoc
+    counted every tie a hit at rank 1: recall@1 0.81 where the evaluator gave 0.021)."""
+    job.hyperparameters({**QUICK, "max_length": "32"})
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(32))
+    rows = shared_header_rows()
+    write_jsonl(job.channel("validation") / "dev.jsonl", rows)
+    assert entry.train() == 0, job.failure
+
+    metrics = job.metrics
+    SentenceTransformer = compat.sentence_transformers_api()[0]
+    theirs = information_retrieval_evaluator(rows)(SentenceTransformer(str(job.model_dir), device="cpu"))
+    for name, their_name in THEIR_NAMES.items():
+        assert metrics[f"eval_{name}"] == pytest.approx(theirs[f"cosine_{their_name}"], abs=1e-9), name
+    assert metrics["eval_recall_at_1"] <= 25 / 48  # of the 24 tied positives, one at most is a hit at rank 1
+    assert metrics["metric_notes"].keys() == {"mrr_at_10"}  # rows: the retrieval note
+
+
+def test_metrics_json_notes_only_the_metrics_it_reports(tmp_path):
+    """An embedding model evaluated on scored pairs reports no mrr_at_10: metrics.json has no note on it."""
+    notes = dict(tasks.get(tasks.EMBEDDING).metric_notes)
+    scored = {"task": EMBEDDING, "metric_notes": notes, "eval_spearman_cosine": 0.5, "eval_pearson_cosine": 0.4}
+    assert "metric_notes" not in json.loads(write_report(tmp_path / "a", scored, []).read_text())
+    rows = {"task": EMBEDDING, "metric_notes": notes, "test_mrr_at_10": 0.5, "test_recall_at_1": 0.4}
+    assert json.loads(write_report(tmp_path / "b", rows, []).read_text())["metric_notes"] == notes
 
 
 # --- several processes, and a spot interruption ----------------------------------------------------------

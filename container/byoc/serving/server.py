@@ -32,7 +32,7 @@ import signal
 import sys
 import tempfile
 import urllib.request
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -88,7 +88,7 @@ class OneModel:
     async def start(self) -> None:
         missing = model_folder.missing_folder(self.settings.model_dir)
         if missing:  # no handler can load it (its code/ would be inside): one line, not a loader's traceback
-            self.server.error = f"{missing} ({model_dir_source()})"
+            self.server.error = f"{missing} ({model_dir_source(self.settings.model_dir_named_by)})"
             _fail_start(self.server.error, self.settings.workers)
             return
         loading = self.server.start(on_death=restart)
@@ -112,13 +112,12 @@ class OneModel:
         return [Route("/invocations", invoke, methods=["POST"])]
 
 
-def model_dir_source(env: Mapping[str, str] | None = None) -> str:
-    """Which setting named the model folder, and what to check (byoc.contract.Paths: SM_MODEL_DIR, else
-    SAGEMAKER_BASE_DIR's model/, else /opt/ml/model)."""
-    env = os.environ if env is None else env
-    if env.get("SM_MODEL_DIR"):
+def model_dir_source(named_by: str) -> str:
+    """What to check, by the setting that named the model folder (`ServeSettings.model_dir_named_by`:
+    SM_MODEL_DIR, else SAGEMAKER_BASE_DIR's model/, else /opt/ml/model)."""
+    if named_by == "SM_MODEL_DIR":
         return "SM_MODEL_DIR names it: check its value, or unset it to serve $SAGEMAKER_BASE_DIR/model"
-    if env.get("SAGEMAKER_BASE_DIR"):
+    if named_by == "SAGEMAKER_BASE_DIR":
         return "it is SAGEMAKER_BASE_DIR's model/ folder: check SAGEMAKER_BASE_DIR, or set SM_MODEL_DIR"
     return (
         "SageMaker extracts the endpoint model's model.tar.gz (its ModelDataUrl) there; elsewhere, set "

@@ -92,6 +92,7 @@ class ServeSettings:
     """Everything the server reads from the environment (SageMaker's variables and byoc's own)."""
 
     model_dir: Path
+    model_dir_named_by: str = ""  # SM_MODEL_DIR or SAGEMAKER_BASE_DIR where one named it; "": the default
     port: int = 8080
     workers: int = 1
     timeout: float = 60.0
@@ -144,8 +145,11 @@ class ServeSettings:
             and not read.is_set("SAGEMAKER_MODEL_SERVER_TIMEOUT")
             else "SAGEMAKER_MODEL_SERVER_TIMEOUT"
         )
+        paths = Paths.from_env(env)
+        named_by = "SM_MODEL_DIR" if paths.model_dir_override else ""
         settings = cls(
-            model_dir=Paths.from_env(env).model_dir,  # the training contract's rule: an empty variable is unset
+            model_dir=paths.model_dir,  # the training contract's rule: an empty variable is unset
+            model_dir_named_by=named_by or ("SAGEMAKER_BASE_DIR" if read.is_set("SAGEMAKER_BASE_DIR") else ""),
             port=read.integer("SAGEMAKER_BIND_TO_PORT", 8080, 1, 65535),
             workers=read.integer("SAGEMAKER_MODEL_SERVER_WORKERS", 1, 1),
             timeout=read.number(timeout_name, float(default("SAGEMAKER_MODEL_SERVER_TIMEOUT", 60)), positive=True),

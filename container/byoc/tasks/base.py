@@ -141,6 +141,13 @@ class Task:
         activation that makes it a probability)."""
         raise BadParameter(f"{self.described} does not rerank: a reranker has one output or two labels")
 
+    def check_rerank(self, model: Mapping) -> None:
+        """BadParameter where the loaded `model` answers no rerank request (checked before it runs)."""
+        raise BadParameter(
+            f'{self.described} does not rerank: a rerank request ({{"query", "texts"}}) needs a cross-encoder '
+            "(a pair classifier with one output or two labels)"
+        )
+
     def prepare(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> list[Any]:
         """The inputs as the model reads them (an embedding model's prompt before each text)."""
         return inputs
@@ -182,3 +189,12 @@ def kept_rows(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.nd
     the dataset's. A copy only where there are filler rows: multi-label logits can be GBs."""
     keep = labels.reshape(len(labels), -1)[:, 0] != IGNORE_LABEL
     return (logits, labels) if keep.all() else (logits[keep], labels[keep])
+
+
+def check_pairs(task: Task, model: Mapping) -> None:
+    """BadParameter for a rerank request to a model byoc trained on single texts (config.json says so)."""
+    if model.get("pairs") is False:
+        raise BadParameter(
+            f"this model does not rerank: it is {task.described} trained on single texts, not on (query, text) "
+            "pairs; train it on pairs (two text columns) to rerank with it"
+        )

@@ -42,7 +42,9 @@ class Embedding(Task):
     small_batches = True  # in-batch negatives and CoSENT's pairs of pairs: batch 16, sentence-transformers' default
     metrics = ("spearman_cosine", "pearson_cosine", "mrr_at_10", "ndcg_at_10", "recall_at_1", "recall_at_10")
     metric_notes = {
-        "mrr_at_10": "each eval row's anchor ranks every row's positive by cosine; its own is the one relevant",
+        "mrr_at_10": "each eval row's anchor ranks every row's positive by cosine; its own is the one relevant; "
+        "equal scores rank in the order the rows are evaluated (shortest anchor first), as "
+        "sentence-transformers' InformationRetrievalEvaluator ranks them by corpus id",
     }
 
     def training_defaults(self, num_labels: int) -> Mapping[str, Any]:
@@ -75,12 +77,13 @@ class Embedding(Task):
     ) -> tuple[dict[str, float], dict[str, Any]]:
         """`logits`: each row's first and second vector side by side; `labels`: its score, NaN for none."""
         logits, labels = kept_rows(np.asarray(logits, dtype=np.float32), np.asarray(labels))
-        first, second = _halves(logits)
         scores = np.asarray(labels, dtype=np.float64).reshape(-1)
         if len(scores) and np.isfinite(scores).all():
+            first, second = _halves(logits)
             correlation = regression_metrics((first * second).sum(axis=1), scores)
             return {"spearman_cosine": correlation["spearmanr"], "pearson_cosine": correlation["pearson"]}, {}
-        return retrieval_metrics(first, second), {}
+        width = logits.shape[1] // 2  # each row's two vectors as the model gave them: normalized as the evaluator does
+        return retrieval_metrics(logits[:, :width], logits[:, width:]), {}
 
     def predictions(
         self, logits: np.ndarray, labels: np.ndarray, names: list[str], cuts: np.ndarray
@@ -112,10 +115,6 @@ class Embedding(Task):
 
     def prepare(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> list[Any]:
         """The texts, each after the request's prompt (`prompt_name`) or the folder's default one."""
-        if parameters.get("shape") == "rerank":
-            raise BadParameter(
-                f"{self.described} does not rerank: a reranker is a cross-encoder (one output or two labels)"
-            )
         if any(not isinstance(text, str) for text in inputs):
             raise BadParameter("an embedding model embeds single texts: send texts, not pairs")
         prompts = model.get("prompts") or {}
@@ -158,15 +157,27 @@ def _unit(vectors: np.ndarray) -> np.ndarray:
 
 
 def retrieval_metrics(queries: np.ndarray, documents: np.ndarray, block: int = 1024) -> dict[str, float]:
-    """Row i's query against every row's document (unit vectors), its own the one relevant: MRR@10,
-    NDCG@10, recall@1 and @10 (sentence-transformers' InformationRetrievalEvaluator's figures, one relevant
-    document a query). A document scoring exactly as the relevant one ranks below it. Blocks of queries
-    keep memory at block x rows."""
-    ranks = np.empty(len(queries), dtype=np.int64)
-    for start in range(0, len(queries), block):
-        similarity = queries[start : start + block] @ documents.T
-        own = similarity[np.arange(len(similarity)), np.arange(start, start + len(similarity))]
-        ranks[start : start + block] = (similarity > own[:, None]).sum(axis=1) + 1  # 1 = first
+    """Row i's query against every row's document, its own the one relevant: MRR@10, NDCG@10, recall@1 and
+    @10, as sentence-transformers' InformationRetrievalEvaluator computes them with one relevant document a
+    query and the rows' positions here as its corpus ids: its cosine (torch's, as its `cos_sim`; numpy's
+    matrix product can score two identical documents apart), documents by score, ties by corpus id. So a
+    document scoring exactly as the relevant one ranks before it when it is an earlier row: of texts
+    identical after truncation only one is a hit at rank 1, not every one. Blocks of queries keep memory
+    at block x rows."""
+    import torch  # training's (serving imports this module without torch)
+    from torch.nn.functional import normalize
+
+    unit_queries = normalize(torch.as_tensor(np.asarray(queries), dtype=torch.float32), p=2, dim=-1)
+    unit_documents = normalize(torch.as_tensor(np.asarray(documents), dtype=torch.float32), p=2, dim=-1)
+    position = torch.arange(len(unit_documents))
+    found = []
+    for start in range(0, len(unit_queries), block):
+        similarity = torch.mm(unit_queries[start : start + block], unit_documents.transpose(0, 1))
+        rows = torch.arange(start, start + len(similarity))
+        own = similarity[torch.arange(len(similarity)), rows][:, None]
+        before = (similarity > own) | ((similarity == own) & (position[None, :] < rows[:, None]))
+        found.append(before.sum(dim=1) + 1)  # 1 = first
+    ranks = torch.cat(found).numpy() if found else np.zeros(0, dtype=np.int64)
     if not len(ranks):
         return {"mrr_at_10": 0.0, "ndcg_at_10": 0.0, "recall_at_1": 0.0, "recall_at_10": 0.0}
     top = ranks <= 10

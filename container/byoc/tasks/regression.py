@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from byoc.tasks.base import Task, activated, kept_rows
+from byoc.tasks.base import Task, activated, check_pairs, kept_rows
 
 NAME = "regression"
 
@@ -45,6 +45,9 @@ class Regression(Task):
         """Whether the model says it is a regression (byoc's pair regression does): a cross-encoder's one
         logit (no problem_type) is a relevance score, which a sigmoid makes a probability, as TEI serves it."""
         return {"stated_regression": config.get("problem_type") == NAME}
+
+    def check_rerank(self, model: Mapping) -> None:
+        check_pairs(self, model)
 
     def relevance(self, row: np.ndarray, raw: bool, model: Mapping) -> float:
         """The logit through the cross-encoder's activation (its folder's, as CrossEncoder.predict applies

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from byoc.tasks.base import Task, kept_rows
+from byoc.tasks.base import Task, check_pairs, kept_rows
 
 NAME = "single_label_classification"
 
@@ -25,6 +25,11 @@ class SingleLabel(Task):
     ) -> tuple[dict[str, float], dict[str, Any]]:
         logits, labels = kept_rows(logits, labels)
         return classification_metrics(np.argmax(logits, axis=-1), labels, len(names)), {}
+
+    def check_rerank(self, model: Mapping) -> None:
+        if len(model.get("id2label") or {}) != 2:
+            super().check_rerank(model)
+        check_pairs(self, model)
 
     def relevance(self, row: np.ndarray, raw: bool, model: Mapping) -> float:
         """Two labels: the probability of the second (the relevant one: label 1), or its logit odds."""

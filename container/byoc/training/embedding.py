@@ -115,6 +115,7 @@ def build(
     encoder with mean pooling; inputs up to `max_length` tokens (the job's, at most the model's)."""
     SentenceTransformer, Transformer, Pooling, _ = compat.sentence_transformers_api()
     if sentence_folder.is_sentence_folder(Path(path)):
+        check_module_code(Path(path), trust_remote_code)
         model = SentenceTransformer(
             path,
             device="cpu",
@@ -146,6 +147,24 @@ def build(
         "CoSENT (scored pairs)" if scored else "multiple-negatives ranking (in-batch negatives)",
     )
     return EmbeddingModel(model, scored, world_size)
+
+
+def check_module_code(folder: Path, trust_remote_code: bool) -> None:
+    """Refuse a folder whose modules.json names module types of its own (code beside it: `my_pool.Pooling`,
+    `my_pool.py`) unless the job trusts it: sentence-transformers 5.x (the Neuron image's) imports and runs
+    such code from a local folder without asking, before any of byoc's checks could see it."""
+    foreign = sentence_folder.foreign_modules(folder)
+    if not foreign:
+        return
+    foreign = list(dict.fromkeys(foreign))
+    named = ", ".join(repr(kind) for kind in foreign)
+    if not trust_remote_code:
+        raise sentence_folder.FolderError(
+            "loading it would run code of its own, and byoc loads only sentence-transformers' own modules "
+            "(sentence_transformers.*) unless trust_remote_code=true: set it if you trust the code of the module "
+            f"type{'s' if len(foreign) > 1 else ''} its {sentence_folder.MODULES} names: {named}"
+        )
+    logger.warning("%s names %s: code of the model's own, run (trust_remote_code=true)", sentence_folder.MODULES, named)
 
 
 def encoder_of(model: EmbeddingModel) -> Any:

@@ -29,12 +29,12 @@ from byoc import __version__, tasks
 from byoc.contract import TrainingContract
 from byoc.launch import distributed
 from byoc.training import precision, xla
-from byoc.training.arguments import TrainArguments, bucket_sizes, label_column_list
+from byoc.training.arguments import HyperparameterError, TrainArguments, bucket_sizes, label_column_list
 from byoc.training.artifact import default_code_dir, publish_model, write_predictions
 from byoc.training.buckets import choose_buckets, padding_efficiency
 from byoc.training.checkpoints import StopOnSignal, check_job, common_resume_point, drop_after
 from byoc.training.compiled_steps import persistent_cache, wants_buckets
-from byoc.training.data import DataSpec, TaskData, load_task_data
+from byoc.training.data import DataError, DataSpec, TaskData, load_task_data
 from byoc.training.evaluation import Failures, decision_thresholds, final_evaluation
 from byoc.training.hyperparameters import given_names
 from byoc.training.metrics import metrics_line, write_report
@@ -152,6 +152,7 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
         for name in sorted(set(tasks.get(data.task).training_defaults(len(data.label_names))) - given):
             logger.info("%s: %s (the default for %s)", name, getattr(resolved, name), data.task)
         args = resolved
+        check_in_batch_negatives(data, args.train_batch_size, distributed.world_size())  # before anything slow
         tokenizer = load_tokenizer(source, args)
         # The one input length every later step uses (tokens, buckets, the saved model): at most the model's.
         args = dataclasses.replace(args, max_length=min(args.max_length, model_max_length(tokenizer)))
@@ -195,9 +196,29 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
     )
 
 
+def check_in_batch_negatives(data: TaskData, batch_size: int, world_size: int) -> None:
+    """Refuse (anchor, positive) rows no batch can train: without a negative column an anchor's negatives are the
+    other positives of its batch (every rank's, gathered), and a batch of one row has none: a loss of 0."""
+    if not tasks.get(data.task).vectors or data.label_names or "text_negative" in data.train.column_names:
+        return  # scored pairs (CoSENT), or each row's own hard negative: any batch size trains
+    why = "each anchor is trained against the other positives of its batch (in-batch negatives)"
+    other = "or add a negative column (for each row a hard negative: a text close to the anchor, but wrong)"
+    if len(data.train) < 2:
+        raise DataError(
+            f"The train data has only {len(data.train)} (anchor, positive) row, and {why}: there are none, so "
+            f"nothing would be learned. Give more rows, {other}."
+        )
+    if batch_size * world_size < 2:
+        raise HyperparameterError(
+            f"per_device_train_batch_size={batch_size} on {world_size} process, and {why}: a batch of one row has "
+            "none, so every loss would be 0 and nothing would be learned. Set a larger per_device_train_batch_size "
+            f"(the default is 16; the more rows a batch, the more negatives), {other}."
+        )
+
+
 def load_model(job: Job) -> PreTrainedModel:
     """The classifier for the job's labels (`byoc.training.model.load_model`)."""
-    return _load_model(job.source, job.args, job.label_names, job.use_xla, job.data.task)
+    return _load_model(job.source, job.args, job.label_names, job.use_xla, job.data.task, job.data.paired)
 
 
 def make_trainer(job: Job, model: PreTrainedModel) -> TaskTrainer:

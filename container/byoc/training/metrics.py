@@ -30,6 +30,7 @@ EVALUATED = ("loss", *dict.fromkeys(name for task in tasks.TASKS.values() for na
 # Multi-label metrics also reported at the thresholds chosen on the eval data (byoc.tasks.thresholds),
 # as `eval_f1_micro_tuned`...; the others at those thresholds go to metrics.json only.
 TUNED = ("f1_micro", "f1_macro")
+SPLITS = ("eval", "test")  # the prefixes of an evaluation's metrics (`eval_loss`, `test_f1`...)
 _TRAINING = [
     {"Name": "train:loss", "Regex": rf"\[metrics\].* loss={_NUMBER}"},
     {"Name": "train:learning_rate", "Regex": rf"\[metrics\].* learning_rate={_NUMBER}"},
@@ -47,7 +48,7 @@ def metric_definitions(task: str | None = None) -> list[dict[str, str]]:
     tuned = TUNED if any(kind.tunes_thresholds for kind in kinds) else ()
     return _TRAINING + [
         {"Name": f"{split}:{name}", "Regex": rf"\[metrics\].* {split}_{name}={_NUMBER}"}
-        for split in ("eval", "test")
+        for split in SPLITS
         for name in (*names, *(f"{name}_tuned" for name in tuned))
     ]
 
@@ -157,13 +158,24 @@ def write_report(output_data_dir: Path, summary: dict[str, Any], history: list[d
     """Write `metrics.json` (final metrics + per-step history) and `metrics.png` (loss and eval curves)."""
     output_data_dir.mkdir(parents=True, exist_ok=True)
     path = output_data_dir / "metrics.json"
-    report = strict({**summary, "history": history})
+    report = strict({**_noting_present(summary), "history": history})
     path.write_text(json.dumps(report, indent=2, default=_jsonable, allow_nan=False) + "\n")
     try:
         plot_history(history, output_data_dir / "metrics.png")
     except Exception as err:  # a plot must never fail a finished job
         logger.warning("could not draw metrics.png: %s", err)
     return path
+
+
+def _noting_present(summary: dict[str, Any]) -> dict[str, Any]:
+    """`summary` with `metric_notes` (a task's notes on its metrics' conventions) on the metrics it reports
+    only (an embedding model's retrieval note where its eval data were scored pairs: none), or without it."""
+    notes = summary.get("metric_notes")
+    if not isinstance(notes, dict):
+        return summary
+    present = {name: note for name, note in notes.items() if any(f"{split}_{name}" in summary for split in SPLITS)}
+    kept = {key: present if key == "metric_notes" else value for key, value in summary.items()}
+    return kept if present else {key: value for key, value in kept.items() if key != "metric_notes"}
 
 
 def strict(value: Any) -> Any:

@@ -140,6 +140,7 @@ def load_model(
     label_names: list[str],
     use_xla: bool = False,
     task: str = tasks.SINGLE_LABEL,
+    pairs: bool | None = None,
 ) -> PreTrainedModel:
     """The task's model (byoc.tasks: its transformers class and `problem_type`, which picks transformers'
     loss, and what it saves in config.json for serving) with our label maps (a regression model's one
@@ -189,6 +190,8 @@ def load_model(
     except Exception as err:
         raise ModelError(f"cannot load the model from {source.path} ({source.origin}): {brief(err)}") from None
     kind.configure(model.config, args)  # what serving needs of the job's settings, in config.json
+    if pairs is not None:  # (serving answers rerank requests only where the model read pairs)
+        setattr(model.config, model_folder.PAIRS_KEY, pairs)
     freeze_bottom(model, args.freeze_embeddings, args.freeze_layers)
     total, trainable = parameter_millions(model)
     logger.info(

@@ -214,3 +214,13 @@ def test_a_token_classifiers_text_limit_holds_whatever_predict_fn_serves():
         handlers = user_handlers(predict)
         invoke(handlers, {"inputs": ["x" * 101]}, model={"task": "token_classification"}, max_text_chars=100)
     assert predict.data == []  # refused before the model's own code ran
+
+
+def test_a_two_label_classifier_trained_on_single_texts_refuses_rerank_before_it_runs():
+    """It answered rerank requests without a word; config.json now says whether training read pairs."""
+    model = {"task": "single_label_classification", "id2label": {0: "neg", 1: "pos"}, "pairs": False}
+    with pytest.raises(InputError, match="trained on single texts, not on \\(query, text\\) pairs"):
+        default_handlers.predict_fn(parse({"query": "q", "texts": ["a"]}), model)  # no "encode": it never ran
+    three = {"task": "single_label_classification", "id2label": {0: "a", 1: "b", 2: "c"}}
+    with pytest.raises(InputError, match="a single-label classifier does not rerank"):
+        default_handlers.predict_fn(parse({"query": "q", "texts": ["a"]}), three)

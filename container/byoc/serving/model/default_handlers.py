@@ -199,6 +199,11 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     task_parameters.check_task(task, parameters, shape)  # a 400 for one the task does not use, never ignored
     if task is None:
         raise ValueError(f"the model dict names no task byoc knows: {model.get('task')!r} (byoc.tasks.NAMES)")
+    try:
+        if shape == RERANK:
+            task.check_rerank(model)  # before the model runs: a model of single texts, an embedding model...
+    except tasks.BadParameter as err:
+        raise InputError(str(err)) from None
     if task.per_token:  # words in, entities out
         return entities.predict(inputs, parameters, model)
     try:

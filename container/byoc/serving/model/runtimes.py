@@ -130,6 +130,7 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None =
         "task": task.name,
         "activation": tasks.cross_encoder_activation(model_dir, config),
         "threshold": model_folder.threshold_of(config),
+        "pairs": config.get(model_folder.PAIRS_KEY),  # trained on pairs (None: unknown)
         "thresholds": model_folder.thresholds_of(config),
         "aggregation": entities.default_strategy(model_folder.word_tags_of(config)),
         "max_length": limit,
@@ -221,6 +222,7 @@ def load_torch(
         "task": task.name,
         "activation": activation,
         "threshold": model_folder.threshold_of(config),
+        "pairs": config.get(model_folder.PAIRS_KEY),  # trained on pairs (None: unknown)
         "thresholds": model_folder.thresholds_of(config),
         "aggregation": entities.default_strategy(model_folder.word_tags_of(config)),
         "max_length": limit,

@@ -55,11 +55,6 @@ def check_task(task: tasks.Task | None, parameters: dict[str, Any], shape: str |
     reranking = shape == "rerank"
     if shape == "openai" and not task.vectors:
         raise InputError(f"an OpenAI embeddings request needs an embedding model; this is {task.described}")
-    if reranking and (task.vectors or task.per_token):
-        raise InputError(
-            f'{task.described} does not rerank: a rerank request ({{"query", "texts"}}) needs a cross-encoder '
-            "(a pair classifier with one output or two labels)"
-        )
     for name in KNOWN:
         if parameters.get(name) is not None and (reranking or name not in task.parameters):
             takes = () if reranking else task.parameters

@@ -104,13 +104,13 @@ def load_task_data(channels: Mapping[str, Path], spec: DataSpec, cache_dir: Path
 
     shown = ", ".join(label_names[:20]) + (", ..." if len(label_names) > 20 else "")
     logger.info(
-        "data ready (%s): train %d, eval %s, test %s rows; %s: %s",
+        "data ready (%s): train %d, eval %s, test %s rows; %s%s",
         task,
         len(splits["train"]),
         len(splits["eval"]) if "eval" in splits else "no",
         len(splits["test"]) if "test" in splits else "no",
         tasks.get(task).head(len(label_names)),
-        shown,
+        f": {shown}" if shown else "",  # rows without labels (anchor, positive) name none
     )
     return TaskData(
         train=splits["train"],

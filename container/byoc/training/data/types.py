@@ -50,6 +50,11 @@ class TaskData:
     pretokenized: bool
     task: str = "single_label_classification"  # a name of byoc.tasks.NAMES: decided when the data is read
 
+    @property
+    def paired(self) -> bool:
+        """Whether the rows are sentence pairs (config.json records it: a model of single texts does not rerank)."""
+        return "text_pair" in self.train.column_names
+
 
 @dataclass
 class Source:
