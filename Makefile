@@ -110,9 +110,18 @@ bench-serve: venv
 bench-embed: venv
 	$(PY) benchmarks/bench_embed.py --json benchmarks/results/embed.json
 
+# infinity-emb, optimum and fastembed: a venv of their own, in the checkout (they need numpy < 2, transformers
+# < 4.49 and an older torch than byoc's tiers); COMPETITORS=path/to/python names another.
+COMPETITORS ?= .venv-infinity/bin/python
+
+.venv-infinity/bin/python:
+	$(PYTHON) -m venv .venv-infinity
+	.venv-infinity/bin/pip install --quiet torch==2.8.0 "infinity-emb[optimum,server]==0.0.78" fastembed \
+		"optimum[onnxruntime]==1.27.0" "transformers<4.49" "numpy<2" "pandas<3"
+
 # Serving embeddings against infinity-emb and fastembed (their venv: benchmarks/bench_embed_vs.py's docstring).
-bench-embed-vs: venv
-	$(PY) benchmarks/bench_embed_vs.py --competitors $(or $(COMPETITORS),/work/venv-infinity/bin/python) --json benchmarks/results/embed-vs.json
+bench-embed-vs: venv $(COMPETITORS)
+	$(PY) benchmarks/bench_embed_vs.py --competitors $(COMPETITORS) --json benchmarks/results/embed-vs.json
 
 # Training embedding models: byoc's defaults against sentence-transformers' own trainer on SICK (docs/benchmarks.md).
 bench-embed-train: venv

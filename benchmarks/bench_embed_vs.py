@@ -10,12 +10,10 @@ The same model (all-MiniLM-L6-v2, the bundled folder), the same machine, 127.0.0
 - `--rounds` rounds, the servers alternated within each, each phase bounded in time; the medians reported.
 
 infinity-emb, optimum and fastembed live in a venv of their own (`--competitors`: its python), as they need
-numpy < 2, transformers < 4.49 and an older torch than byoc's tiers:
+numpy < 2, transformers < 4.49 and an older torch than byoc's tiers. `make bench-embed-vs` makes it in the
+checkout (.venv-infinity/, the Makefile's recipe) and runs:
 
-    python3 -m venv /work/venv-infinity
-    /work/venv-infinity/bin/pip install torch==2.8.0 "infinity-emb[optimum,server]==0.0.78" fastembed \
-        "optimum[onnxruntime]==1.27.0" "transformers<4.49" "numpy<2" "pandas<3"
-    .venv/bin/python benchmarks/bench_embed_vs.py --competitors /work/venv-infinity/bin/python [--rounds 3]
+    .venv/bin/python benchmarks/bench_embed_vs.py --competitors .venv-infinity/bin/python [--rounds 3]
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 import shutil
+import subprocess
 import sys
 
 from helpers import REPO
@@ -232,3 +234,32 @@ def test_no_global_statement():
         if isinstance(node, ast.Global)
     ]
     assert found == []
+
+
+# A path of one machine (a checkout, a home folder, a test's temporary folder) in a tracked file is wrong
+# everywhere else. Written in parts, so that this file does not hold what it looks for.
+MACHINE_PATHS = re.compile(
+    "(?<![\\w.])/(" + "|".join(("wo" + "rk/", "ro" + "ot/", "home/[a-z]", "tmp/py" + "test-")) + ")"
+)
+
+
+def machine_paths(texts: dict[str, str]) -> list[str]:
+    """`name:line` of each machine's absolute path in `texts` ({name: text})."""
+    return [
+        f"{name}:{text.count(chr(10), 0, m.start()) + 1}"
+        for name, text in texts.items()
+        for m in MACHINE_PATHS.finditer(text)
+    ]
+
+
+def test_no_tracked_file_names_a_machines_absolute_path():
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    texts = {}
+    for name in filter(None, tracked.split("\0")):
+        try:
+            texts[name] = (REPO / name).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):  # a binary file, or one deleted in the working tree
+            continue
+    assert machine_paths(texts) == []
+    planted = {"r.json": '{\n"python": "/' + 'work/venv/bin/python", "model": "/opt/ml/model", "x": "a/work/b"}'}
+    assert machine_paths(planted) == ["r.json:2"]  # the check can fail; the image's /opt/ml paths are no machine's
