@@ -3,6 +3,8 @@ against sentence-transformers' own Pooling module."""
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import numpy as np
 import pytest
 import torch
@@ -119,6 +121,11 @@ def information_retrieval_evaluator(rows: list[dict]):
 
 
 THEIR_NAMES = {"mrr_at_10": "mrr@10", "ndcg_at_10": "ndcg@10", "recall_at_1": "recall@1", "recall_at_10": "recall@10"}
+# sentence-transformers 6 breaks exact ties by corpus id, as byoc does; 5.x (the images' tier) in torch.topk's
+# order, which is no rule: there the figures agree to within one query of the 48 (0.021), whose tied
+# positive may fall either side of a cut.
+ST_MAJOR = int(importlib.metadata.version("sentence-transformers").split(".")[0])
+TIES = 1e-9 if ST_MAJOR >= 6 else 0.025
 
 
 def test_texts_identical_after_truncation_rank_as_sentence_transformers_evaluator_ranks_them(tiny_model_dir):
@@ -135,7 +142,7 @@ def test_texts_identical_after_truncation_rank_as_sentence_transformers_evaluato
     ours = embedding.retrieval_metrics(queries.numpy(), documents.numpy(), block=7)
     theirs = information_retrieval_evaluator(rows)(model)
     for name, their_name in THEIR_NAMES.items():
-        assert ours[name] == pytest.approx(theirs[f"cosine_{their_name}"], abs=1e-12), name
+        assert ours[name] == pytest.approx(theirs[f"cosine_{their_name}"], abs=TIES), name
     assert ours["recall_at_1"] <= 25 / 48  # at most one of the tied 24 first, whatever the others do
 
 
