@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from byoc import model_folder
+
 IGNORE_LABEL = -100  # what the classification loss ignores; marks filler rows and untagged sub-tokens
 
 
@@ -198,3 +200,9 @@ def check_pairs(task: Task, model: Mapping) -> None:
             f"this model does not rerank: it is {task.described} trained on single texts, not on (query, text) "
             "pairs; train it on pairs (two text columns) to rerank with it"
         )
+
+
+def trained_on_pairs(config: Mapping[str, Any]) -> bool | None:
+    """Whether byoc trained the model on sentence pairs (config.json's byoc_pairs); None where it does not say."""
+    value = config.get(model_folder.PAIRS_KEY)
+    return value if isinstance(value, bool) else None

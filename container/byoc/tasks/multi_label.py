@@ -4,6 +4,7 @@ label, and labels' own: byoc.tasks.thresholds) saved in config.json, micro/macro
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,10 @@ class MultiLabel(Task):
         threshold = model_folder.DEFAULT_THRESHOLD if args.threshold is None else args.threshold
         setattr(config, model_folder.THRESHOLD_KEY, threshold)
         vars(config).pop(model_folder.THRESHOLDS_KEY, None)
+
+    def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
+        """The decision thresholds training chose (config.json's byoc_threshold and byoc_thresholds)."""
+        return {"threshold": model_folder.threshold_of(config), "thresholds": model_folder.thresholds_of(config)}
 
     def row_loss(self, logits: Any, labels: Any) -> Any:
         import torch  # training's: the slim serving image has no torch

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from byoc.tasks.base import Task, activated, check_pairs, kept_rows
+from byoc.tasks.base import Task, activated, check_pairs, kept_rows, trained_on_pairs
 
 NAME = "regression"
 
@@ -44,7 +44,7 @@ class Regression(Task):
     def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
         """Whether the model says it is a regression (byoc's pair regression does): a cross-encoder's one
         logit (no problem_type) is a relevance score, which a sigmoid makes a probability, as TEI serves it."""
-        return {"stated_regression": config.get("problem_type") == NAME}
+        return {"stated_regression": config.get("problem_type") == NAME, "pairs": trained_on_pairs(config)}
 
     def check_rerank(self, model: Mapping) -> None:
         check_pairs(self, model)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from byoc.tasks.base import Task, check_pairs, kept_rows
+from byoc.tasks.base import Task, check_pairs, kept_rows, trained_on_pairs
 
 NAME = "single_label_classification"
 
@@ -25,6 +26,9 @@ class SingleLabel(Task):
     ) -> tuple[dict[str, float], dict[str, Any]]:
         logits, labels = kept_rows(logits, labels)
         return classification_metrics(np.argmax(logits, axis=-1), labels, len(names)), {}
+
+    def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
+        return {"pairs": trained_on_pairs(config)}
 
     def check_rerank(self, model: Mapping) -> None:
         if len(model.get("id2label") or {}) != 2:

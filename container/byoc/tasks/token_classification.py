@@ -5,6 +5,7 @@ scored by entity (seqeval's rules), answered as the transformers pipeline's enti
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,19 @@ from byoc import model_folder
 from byoc.tasks.base import IGNORE_LABEL, Task
 
 NAME = "token_classification"
+
+STRATEGIES = ("none", "simple", "first", "average", "max")  # a request's (the pipeline's: byoc.serving.model.entities)
+DEFAULT_STRATEGY = "simple"  # a model that does not say how it was trained: the pipeline's default
+# The default of a model trained on whitespace-separated words (by byoc_word_tags): the same words
+# here, each tagged as it was trained. Not a request's value: a request's strategy is the pipeline's.
+WHITESPACE = "whitespace-words:"
+TRAINED = {"first": WHITESPACE + "first", "all": WHITESPACE + "average"}
+
+
+def default_strategy(word_tags: str | None) -> str:
+    """A token classifier's strategy for requests that name none, from how its words were trained
+    (byoc.model_folder.word_tags_of)."""
+    return DEFAULT_STRATEGY if word_tags is None else TRAINED[word_tags]
 
 
 class TokenClassification(Task):
@@ -24,6 +38,10 @@ class TokenClassification(Task):
     per_token = True
     metrics = ("precision", "recall", "f1", "accuracy")  # over entities (accuracy: over tokens)
     small_batches = True  # wnut17, 1 epoch: entity F1 0.014 at batch 32, 0.271 at 16
+
+    def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
+        """The entities' grouping where a request names none, from how training tagged words' sub-tokens."""
+        return {"aggregation": default_strategy(model_folder.word_tags_of(config))}
 
     def model_kwargs(self) -> dict[str, Any]:
         return {}  # transformers' problem_type names sequence tasks only; a token classifier is its own class

@@ -46,6 +46,7 @@ from byoc.serving.model import (
     task_parameters,
 )
 from byoc.serving.model.bodies import CONTENT_TYPES, JSON_LINES, OPENAI, RERANK, valid_unicode
+from byoc.serving.model.loaded import LoadedModel
 from byoc.serving.model.request_errors import (  # noqa: F401  (NON_FINITE: re-exported, as before)
     NON_FINITE,
     InputError,
@@ -89,7 +90,7 @@ def inference_threads(settings: InferenceSettings | None = None) -> int:
     return (settings or current_settings()).threads or resources.cpu_count()[0]
 
 
-def model_fn(model_dir: str) -> dict[str, Any]:
+def model_fn(model_dir: str) -> LoadedModel:
     """Load tokenizer and classifier; weights come from safetensors only (nothing is unpickled).
 
     byoc.serving.model.backend_choice picks the runtime from the host and BYOC_INFERENCE_BACKEND /
@@ -98,7 +99,8 @@ def model_fn(model_dir: str) -> dict[str, Any]:
     precision). On ONNX Runtime torch and transformers are never imported, which starts several
     times faster. Where ONNX Runtime was picked on its own (not asked for) and cannot load the
     graph (a stale graph, a CUDA provider that did not load), torch serves instead, with a warning.
-    Either way the result has the same keys; `logits(feeds)` runs one padded batch of numpy arrays.
+    Either way the result is a `LoadedModel` (byoc.serving.model.loaded: a mapping, as handlers read it);
+    `logits(feeds)` runs one padded batch of numpy arrays.
     """
     folder = Path(model_dir)
     settings = current_settings()

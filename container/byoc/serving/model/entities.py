@@ -34,18 +34,15 @@ from byoc.serving.model import passes, task_parameters
 from byoc.serving.model.request_errors import InputError
 from byoc.tasks.base import softmax
 
-STRATEGIES = ("none", "simple", "first", "average", "max")
-DEFAULT_STRATEGY = "simple"  # a model that does not say how it was trained: the pipeline's default
-# The default of a model trained on whitespace-separated words (by byoc_word_tags): the same words
-# here, each tagged as it was trained. Not a request's value: a request's strategy is the pipeline's.
-WHITESPACE = "whitespace-words:"
-TRAINED = {"first": WHITESPACE + "first", "all": WHITESPACE + "average"}
-
-
-def default_strategy(word_tags: str | None) -> str:
-    """A token classifier's strategy for requests that name none (module docstring), from how its
-    words were trained (byoc.model_folder.word_tags_of)."""
-    return DEFAULT_STRATEGY if word_tags is None else TRAINED[word_tags]
+# The strategies, and a model's default one (from how it was trained: the task's serving facts, `aggregation`);
+# re-exported here, where the entities are grouped.
+from byoc.tasks.token_classification import (  # noqa: F401
+    DEFAULT_STRATEGY,
+    STRATEGIES,
+    TRAINED,
+    WHITESPACE,
+    default_strategy,
+)
 
 
 def check_strategy(strategy: Any) -> None:

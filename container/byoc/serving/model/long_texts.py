@@ -10,7 +10,7 @@ The windows are the ones one call makes, so the answers are the same as one call
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import Any
 
@@ -27,7 +27,7 @@ STEP_TOKENS = 1024  # the windows of one step: a fraction of a second of MiniLM,
 
 def token_classifier(model: Any) -> bool:
     """Whether the model (as the default model_fn loads it) is a token classifier: one whole text an input."""
-    return isinstance(model, dict) and getattr(tasks.TASKS.get(model.get("task", "")), "per_token", False)
+    return isinstance(model, Mapping) and getattr(tasks.TASKS.get(model.get("task", "")), "per_token", False)
 
 
 def whole_text_chars(model: Any, data: Any) -> int:

@@ -1,14 +1,13 @@
 """Loading a model for the default handlers, on the backend `byoc.serving.model.backend_choice` picked: ONNX
 Runtime (CPU or CUDA execution provider) or torch (CPU or CUDA, fp32 or half precision).
 
-Both loaders return the same dict (docs/serving.md): `backend`, `model`, `tokenizer`,
-`encode(inputs)`, `logits(feeds)` (one padded batch of numpy arrays -> fp32 numpy logits),
-`id2label`, `task`, `threshold` and `thresholds` (byoc.model_folder: what the logits mean), `activation`
-(a cross-encoder's, which CrossEncoder.predict applies to its logits: byoc.tasks.cross_encoder_activation;
-None for any other model), `aggregation` (a token classifier's strategy where a request names none:
-byoc.serving.model.entities), `max_length`,
-`pad_id`, and `buckets` (how predict_fn cuts and pads a batch:
-byoc.serving.model.passes), `device`, `precision`.
+Both loaders return a `LoadedModel` (byoc.serving.model.loaded; a mapping, as users' code reads it:
+docs/serving.md): `backend`, `model`, `tokenizer`, `encode(inputs)`, `logits(feeds)` (one padded batch of
+numpy arrays -> fp32 numpy logits), `windows`, `id2label`, `task`, `activation` (a cross-encoder's, which
+CrossEncoder.predict applies to its logits: byoc.tasks.cross_encoder_activation; None for any other
+model), `max_length`, `pad_id`, `passes` (how predict_fn cuts and pads a batch: byoc.serving.model.passes),
+`device`, `precision`, and the task's own facts (`Task.serving_facts`: a multi-label model's `threshold`
+and `thresholds`, a token classifier's `aggregation`, a pair model's `pairs`...).
 
 torch and transformers are imported only inside `load_torch`: the ONNX Runtime path never pays
 for them (5-17 s on a GPU host).
@@ -29,6 +28,7 @@ from byoc import compat, model_folder, tasks
 from byoc.onnx_graph import GRAPH
 from byoc.serving.model import cuda_provider, entities, passes
 from byoc.serving.model.backend_choice import ALLOW_UNTRAINED_HEAD_ENV, HALF, BackendError, Host, Plan, torch_dtype_name
+from byoc.serving.model.loaded import LoadedModel
 from byoc.serving.model.onnx_session import Session
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def clip(inputs: list[str | tuple[str, str]], tokens: int, side: str = "right") 
     return [cut(x) if isinstance(x, str) else (cut(x[0]), cut(x[1])) for x in inputs]
 
 
-def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None = None) -> dict[str, Any]:
+def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None = None) -> LoadedModel:
     """The model on ONNX Runtime, its session running `threads` threads (`inference_threads`); `task_name`:
     the task asked for (BYOC_TASK), else the folder's (byoc.tasks.of_folder)."""
     check_folder(model_dir)
@@ -118,27 +118,23 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None =
             for e in tokenizer.encode_batch(clip(inputs, limit, side))
         ]
 
-    return {
-        **facts,
-        "backend": "onnxruntime",
-        "model": session,
-        "windows": entities.window_encoder(tokenizer, limit, session.inputs) if task.per_token else None,
-        "tokenizer": tokenizer,
-        "encode": encode,
-        "logits": session.logits,
-        "id2label": labels_of(config),
-        "task": task.name,
-        "activation": tasks.cross_encoder_activation(model_dir, config),
-        "threshold": model_folder.threshold_of(config),
-        "pairs": config.get(model_folder.PAIRS_KEY),  # trained on pairs (None: unknown)
-        "thresholds": model_folder.thresholds_of(config),
-        "aggregation": entities.default_strategy(model_folder.word_tags_of(config)),
-        "max_length": limit,
-        "pad_id": pad_id,
-        "passes": passes.gpu(limit) if plan.device == "cuda" else passes.CPU,
-        "device": plan.device,
-        "precision": plan.precision,
-    }
+    return LoadedModel.of(
+        task,
+        facts,
+        backend="onnxruntime",
+        model=session,
+        tokenizer=tokenizer,
+        encode=encode,
+        logits=session.logits,
+        windows=entities.window_encoder(tokenizer, limit, session.inputs) if task.per_token else None,
+        id2label=labels_of(config),
+        activation=tasks.cross_encoder_activation(model_dir, config),
+        max_length=limit,
+        pad_id=pad_id,
+        passes=passes.gpu(limit) if plan.device == "cuda" else passes.CPU,
+        device=plan.device,
+        precision=plan.precision,
+    )
 
 
 def labels_of(config: dict[str, Any]) -> dict[int, str]:
@@ -150,7 +146,7 @@ def labels_of(config: dict[str, Any]) -> dict[int, str]:
 
 def load_torch(
     model_dir: Path, plan: Plan, compiled: bool = False, untrained_head: bool = False, task_name: str | None = None
-) -> dict[str, Any]:
+) -> LoadedModel:
     check_folder(model_dir)
     if GRAPH in plan.why and not (model_dir / GRAPH).exists():  # torch because the graph is missing
         logger.info(export_hint(model_dir))
@@ -209,28 +205,23 @@ def load_torch(
             out = forward(**{k: torch.from_numpy(v).to(device) for k, v in feeds.items()})
             return out.float().cpu().numpy()  # half precision inside, fp32 answers
 
-    config = model.config.to_dict()
-    return {
-        **facts,
-        "backend": "torch",
-        "model": model,
-        "tokenizer": tokenizer,
-        "encode": encode,
-        "logits": logits,
-        "windows": windows,
-        "id2label": dict(model.config.id2label),
-        "task": task.name,
-        "activation": activation,
-        "threshold": model_folder.threshold_of(config),
-        "pairs": config.get(model_folder.PAIRS_KEY),  # trained on pairs (None: unknown)
-        "thresholds": model_folder.thresholds_of(config),
-        "aggregation": entities.default_strategy(model_folder.word_tags_of(config)),
-        "max_length": limit,
-        "pad_id": tokenizer.pad_token_id or 0,
-        "passes": shapes,
-        "device": device.type,
-        "precision": str(dtype).removeprefix("torch."),
-    }
+    return LoadedModel.of(
+        task,
+        facts,
+        backend="torch",
+        model=model,
+        tokenizer=tokenizer,
+        encode=encode,
+        logits=logits,
+        windows=windows,
+        id2label=dict(model.config.id2label),
+        activation=activation,
+        max_length=limit,
+        pad_id=tokenizer.pad_token_id or 0,
+        passes=shapes,
+        device=device.type,
+        precision=str(dtype).removeprefix("torch."),
+    )
 
 
 def untrained_head_message(model_dir: Path, missing: list[str]) -> str:
