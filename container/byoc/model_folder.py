@@ -40,6 +40,9 @@ WORD_TAGS = ("first", "all")
 # config.json: whether a classifier was trained on sentence pairs (true) or single texts (false): a model of
 # single texts answers no rerank request. Absent in models byoc did not train (a Hub cross-encoder reranks).
 PAIRS_KEY = "byoc_pairs"
+# config.json: the task byoc trained the model for, by its name (byoc.tasks): a task of another package
+# (a plug-in) has a name transformers' problem_type does not take.
+TASK_KEY = "byoc_task"
 
 DEFAULT_MAX_LENGTH = 512  # when neither the tokenizer nor the model says
 _UNKNOWN = 100_000  # tokenizers that do not know their limit report a huge number (1e30)

@@ -13,11 +13,13 @@ for one too), which is the sequence classifier config.json describes: a reranker
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
-from byoc import sentence_folder
+from byoc import model_folder, sentence_folder
 from byoc.tasks.base import IGNORE_LABEL, BadParameter, Task
 from byoc.tasks.embedding import NAME as EMBEDDING
 from byoc.tasks.embedding import Embedding
@@ -30,9 +32,39 @@ from byoc.tasks.single_label import SingleLabel
 from byoc.tasks.token_classification import NAME as TOKEN_CLASSIFICATION
 from byoc.tasks.token_classification import TokenClassification
 
-# The registry: a new task's line goes here.
+logger = logging.getLogger(__name__)
+
+PLUGIN_GROUP = "byoc.tasks"  # the entry-point group of tasks from other packages (docs/architecture.md)
+
+
+def plugins() -> list[Task]:
+    """The tasks other installed packages declare in the entry-point group `byoc.tasks` (each a Task
+    subclass or instance): a task defined entirely outside byoc, which `byoc train` and `byoc serve` then
+    know by its name as they know their own. One that does not load is logged and left out."""
+    found = []
+    for entry in importlib.metadata.entry_points(group=PLUGIN_GROUP):
+        try:
+            loaded = entry.load()
+            task = loaded() if isinstance(loaded, type) else loaded
+            if not isinstance(task, Task) or not task.name:
+                raise TypeError(f"{entry.value} is no byoc.tasks.Task with a name")
+        except Exception as err:  # a broken package must not take every task down with it
+            logger.error(
+                "the task %s (entry point %s) cannot be loaded: %s: %s",
+                entry.name,
+                entry.value,
+                type(err).__name__,
+                err,
+            )
+            continue
+        found.append(task)
+    return found
+
+
+# The registry: a new task's line goes here, or its package's entry point (`plugins`).
 TASKS: dict[str, Task] = {
-    task.name: task for task in (SingleLabel(), MultiLabel(), Regression(), TokenClassification(), Embedding())
+    task.name: task
+    for task in (SingleLabel(), MultiLabel(), Regression(), TokenClassification(), Embedding(), *plugins())
 }
 NAMES = tuple(TASKS)
 AUTO = "auto"  # the `task` hyperparameter's default: decided from the data
@@ -146,7 +178,11 @@ def _sentence_config(model_dir: Path) -> dict[str, Any]:
 def of_config(config: dict[str, Any]) -> Task:
     """The task a saved config.json was trained for. A token classifier says so by its architecture
     (transformers' problem_type names only sequence tasks); transformers leaves `problem_type` unset
-    until the first forward pass with labels; then one output means regression, more a single-label classifier."""
+    until the first forward pass with labels; then one output means regression, more a single-label classifier.
+    A task byoc trained is named by config.json's byoc_task first (a plug-in's name is none of transformers')."""
+    named = config.get(model_folder.TASK_KEY)
+    if isinstance(named, str) and named in TASKS:
+        return TASKS[named]
     if any(str(a).endswith("ForTokenClassification") for a in config.get("architectures") or ()):
         return TASKS[TOKEN_CLASSIFICATION]
     stated = config.get("problem_type")

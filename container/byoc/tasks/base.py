@@ -20,6 +20,7 @@ import numpy as np
 
 from byoc import model_folder
 
+TRANSFORMERS_PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 IGNORE_LABEL = -100  # what the classification loss ignores; marks filler rows and untagged sub-tokens
 
 
@@ -52,8 +53,11 @@ class Task:
     # -- the model folder ------------------------------------------------------------------------------
 
     def model_kwargs(self) -> dict[str, Any]:
-        """What `from_pretrained` needs to build the task's head (besides the labels)."""
-        return {"problem_type": self.name}
+        """What `from_pretrained` needs to build the task's head (besides the labels): transformers'
+        problem_type where the task is one of its own (which picks its loss); a task of another name (a
+        plug-in's) leaves it to transformers, which reads it from the labels (config.json's byoc_task
+        names the task)."""
+        return {"problem_type": self.name} if self.name in TRANSFORMERS_PROBLEM_TYPES else {}
 
     def configure(self, config: Any, args: Any) -> None:
         """Save in the transformers `config` what serving needs of the job's `args` (TrainArguments)."""

@@ -192,6 +192,7 @@ def load_model(
     kind.configure(model.config, args)  # what serving needs of the job's settings, in config.json
     if pairs is not None:  # (serving answers rerank requests only where the model read pairs)
         setattr(model.config, model_folder.PAIRS_KEY, pairs)
+    setattr(model.config, model_folder.TASK_KEY, kind.name)  # serving's task, whatever problem_type says
     freeze_bottom(model, args.freeze_embeddings, args.freeze_layers)
     total, trainable = parameter_millions(model)
     logger.info(
