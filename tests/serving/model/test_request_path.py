@@ -224,3 +224,28 @@ def test_a_two_label_classifier_trained_on_single_texts_refuses_rerank_before_it
     three = {"task": "single_label_classification", "id2label": {0: "a", 1: "b", 2: "c"}}
     with pytest.raises(InputError, match="a single-label classifier does not rerank"):
         default_handlers.predict_fn(parse({"query": "q", "texts": ["a"]}), three)
+
+
+def test_openai_usage_counts_what_ran_prompt_included_where_it_was_tokenized():
+    """usage tokenized every input again on the event loop and left the prompt out; now each text's tokens
+    are counted by the default predict_fn (the inference thread), its prompt included."""
+    encoded: list[list[str]] = []
+
+    def encode(inputs):
+        encoded.append(list(inputs))
+        return [{"input_ids": [1] * len(t.split()), "attention_mask": [1] * len(t.split())} for t in inputs]
+
+    model = {
+        "task": "embedding",
+        "encode": encode,
+        "logits": lambda batch: np.ones((len(batch["input_ids"]), 4), dtype=np.float32),
+        "pad_id": 0,
+        "id2label": {0: "LABEL_0"},
+        "prompts": {"query": "query of mine: "},
+        "default_prompt_name": "query",
+    }
+    data = parse({"input": ["a b", "c"], "model": "m"})
+    answers = default_handlers.predict_fn(data, model)
+    assert [a.tokens for a in answers] == [3 + 2, 3 + 1] and encoded == [["query of mine: a b", "query of mine: c"]]
+    assert envelopes.shaped(data, answers)["usage"] == {"prompt_tokens": 9, "total_tokens": 9}
+    assert len(encoded) == 1  # the answer's envelope tokenized nothing again
