@@ -44,6 +44,8 @@ ONCE = frozenset(
         "serving/test_multi_model_isolation.py",
         "serving/model/test_model_code.py",
         "serving/model/test_negotiation.py",
+        "serving/model/test_loaded.py",
+        "serving/model/test_request_path.py",
         "serving/test_prometheus.py",
         "serving/test_properties.py",
         "serving/test_serving_venv.py",
