@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from byoc.errors import UserError
 from byoc.serving.model import bodies, default_handlers, envelopes, long_texts, negotiation
 from byoc.serving.model.batching import Batcher, guarded, timed
 from byoc.serving.model.handler_loader import (
@@ -142,7 +143,10 @@ class ModelServer:
                 self.model = call(self.handlers.model_fn, "model_fn", str(self.settings.model_dir))
         except BaseException as err:  # SystemExit too (argparse in a model_fn): a failed start, never a hang
             self.error = f"{type(err).__name__}: {err}"
-            logger.exception("loading the model from %s failed", self.settings.model_dir)
+            if isinstance(err, UserError):  # its message says what to change: the traceback would bury it
+                logger.error("loading the model from %s failed: %s", self.settings.model_dir, err)
+            else:
+                logger.exception("loading the model from %s failed", self.settings.model_dir)
             return
         self.ready.set()
         logger.info("model loaded from %s in %.1f s; ready", self.settings.model_dir, time.monotonic() - started)
