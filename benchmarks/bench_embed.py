@@ -57,7 +57,7 @@ def model_folder() -> Path:
 
 
 def vectors(model: dict, texts: list[str]) -> np.ndarray:
-    from byoc.serving.model import default_handlers
+    from byoc.serving.user_code import default_handlers
 
     out = []
     for i in range(0, len(texts), 64):
@@ -66,8 +66,8 @@ def vectors(model: dict, texts: list[str]) -> np.ndarray:
 
 
 def load(folder: Path, precision: str) -> dict:
-    from byoc.serving.model import default_handlers
     from byoc.serving.settings import InferenceSettings
+    from byoc.serving.user_code import default_handlers
 
     settings = InferenceSettings(backend="onnxruntime", precision=precision, threads=os.cpu_count() or 1)
     with default_handlers.serving_with(settings):
@@ -76,7 +76,7 @@ def load(folder: Path, precision: str) -> dict:
 
 def ceiling(model: dict, texts: list[str], seconds: float = 6.0) -> float:
     """Sentences/s of the default predict_fn, 32 a call, in this process."""
-    from byoc.serving.model import default_handlers
+    from byoc.serving.user_code import default_handlers
 
     done, started, i = 0, time.monotonic(), 0
     while time.monotonic() - started < seconds:

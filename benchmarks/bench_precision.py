@@ -1,6 +1,6 @@
 """What int8 serving costs in accuracy and gains in speed, against fp32, on the emotion test split.
 
-Runs the default handlers (`byoc.serving.model.default_handlers`) in this process on each runtime: ONNX Runtime fp32
+Runs the default handlers (`byoc.serving.user_code.default_handlers`) in this process on each runtime: ONNX Runtime fp32
 (the default), ONNX Runtime int8 (BYOC_INFERENCE_PRECISION=int8) and torch; for each, accuracy on
 the 2000 test tweets, how often it picks the label fp32 picks (and how far that label's score
 moves), and sentences/s of `predict_fn` over all of them (no HTTP). The model is one
@@ -23,7 +23,7 @@ from pathlib import Path
 import shared_data  # benchmarks/, beside this script
 from child_process import byoc_train, exit_on_sigterm
 
-from byoc.serving.model import default_handlers
+from byoc.serving.user_code import default_handlers
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = shared_data.find("emotion")

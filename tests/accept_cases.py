@@ -1,5 +1,5 @@
 """The Accept headers clients send and the one media type each must get, with JSON the server's
-default: one table for the negotiation itself (serving/model/test_negotiation.py), the default
+default: one table for the negotiation itself (serving/protocol/test_negotiation.py), the default
 output_fn (serving/test_handlers.py) and the real server (serving/test_hostile.py)."""
 
 JSON, CSV, JSONL = "application/json", "text/csv", "application/jsonlines"

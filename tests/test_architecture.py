@@ -31,9 +31,9 @@ def test_a_serving_module_that_imports_training_breaks_the_wall(tmp_path):
     server = copy / "serving" / "server.py"
     server.write_text(server.read_text() + "\n\ndef planted():\n    from byoc.training import job  # noqa\n")
     files = copy / "safe_files.py"
-    files.write_text(files.read_text() + "\nfrom byoc.serving.model.passes import CPU  # noqa\n")
+    files.write_text(files.read_text() + "\nfrom byoc.serving.execution.passes import CPU  # noqa\n")
     assert import_graph.layer_violations(import_graph.graph(copy)) == [
-        "byoc.safe_files (floor) imports byoc.serving.model.passes (serving)",
+        "byoc.safe_files (floor) imports byoc.serving.execution.passes (serving)",
         "byoc.serving.server (serving) imports byoc.training.job (training)",
     ]
 
@@ -175,13 +175,19 @@ def test_the_trainer_is_used_through_its_public_surface():
     assert offences == []
 
 
+MODEL_SIDE = ("protocol", "backends", "execution", "user_code")  # serving's subpackages by concern, below http
+
+
 def test_the_model_side_of_the_server_knows_nothing_of_http():
-    """serving/model answers with an Answer or raises a request error; serving/http makes the response."""
+    """The model side answers with an Answer or raises a request error; serving/http makes the response."""
     edges = import_graph.graph()
-    model_side = {m: t for m, t in edges.items() if m.startswith("byoc.serving.model")}
-    assert model_side and not {(m, t) for m, ts in model_side.items() for t in ts if t.startswith("byoc.serving.http")}
-    source = "\n".join(p.read_text() for p in (REPO / "container/byoc/serving/model").glob("*.py"))
-    assert "starlette" not in source
+    side = tuple(f"byoc.serving.{name}." for name in MODEL_SIDE) + ("byoc.serving.multi_model",)
+    model_side = {m: t for m, t in edges.items() if m.startswith(side)}
+    assert {m.split(".")[2] for m in model_side} == {*MODEL_SIDE, "multi_model"}  # every part is looked at
+    assert not {(m, t) for m, ts in model_side.items() for t in ts if t.startswith("byoc.serving.http")}
+    folders = [REPO / "container/byoc/serving" / name for name in MODEL_SIDE]
+    source = "\n".join(p.read_text() for folder in folders for p in folder.glob("*.py"))
+    assert "starlette" not in source and (REPO / "container/byoc/serving/multi_model.py").exists()
 
 
 # The two places a task is decided: training, from the data; serving, from config.json (byoc.tasks.of_config).

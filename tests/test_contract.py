@@ -168,7 +168,7 @@ def test_user_errors_are_known_by_class_not_by_name():
     from byoc.errors import UserError
     from byoc.launch.launcher import LaunchError
     from byoc.launch.script import ScriptError
-    from byoc.serving.model.handler_loader import HandlerError
+    from byoc.serving.user_code.handler_loader import HandlerError
     from byoc.training.arguments import HyperparameterError
     from byoc.training.checkpoints import CheckpointMismatch
     from byoc.training.data import DataError

@@ -20,8 +20,9 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
 
 from byoc import onnx_graph
-from byoc.serving.model import default_handlers, onnx_session
+from byoc.serving.backends import onnx_session
 from byoc.serving.settings import InferenceSettings
+from byoc.serving.user_code import default_handlers
 from helpers import build_classifier_with_graph
 
 REPO = Path(__file__).resolve().parents[1]

@@ -240,8 +240,8 @@ def test_two_servers_in_one_process_load_with_their_own_settings(
 
     import serve_helpers
 
-    from byoc.serving.model import default_handlers
-    from byoc.serving.model.model_server import ModelServer
+    from byoc.serving.execution.model_server import ModelServer
+    from byoc.serving.user_code import default_handlers
 
     torch = sys.modules.get("torch")
     threads_before = torch.get_num_threads() if torch is not None else None
@@ -326,7 +326,7 @@ WRITERS = {
     "byoc.launch.script": "the toolkit's SM_* and PYTHONPATH, for the user's script",
     "byoc.training.xla": "torch-xla and the Neuron compiler read theirs as they load",
     "byoc.training.compiled_steps": "inductor reads its cache folder from the environment only",
-    "byoc.serving.model.model_server": "OMP_NUM_THREADS, which torch reads at import",
+    "byoc.serving.execution.model_server": "OMP_NUM_THREADS, which torch reads at import",
     "byoc.serving.prometheus": "PROMETHEUS_MULTIPROC_DIR, which prometheus_client reads as each worker imports it",
     "byoc.training.tracking": "MLflow's retries and timeouts, shortened where unset: it reads them as it sends",
 }

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from byoc.serving.model import default_handlers, envelopes
+from byoc.serving.protocol import envelopes
+from byoc.serving.user_code import default_handlers
 
 RECORD = Path(__file__).parent / "data" / "task_answers.json"
 TEXTS = ["i love this so much", "i hate this a lot number 3", "what a great day it was", "rude people and cold food"]

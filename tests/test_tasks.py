@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from byoc import sentence_folder, tasks
-from byoc.serving.model import default_handlers, task_parameters
+from byoc.serving.protocol import task_parameters
+from byoc.serving.user_code import default_handlers
 from byoc.tasks.base import activated
 from byoc.training import metrics
 
@@ -79,7 +80,7 @@ def test_each_task_says_what_it_is_and_what_it_reports():
 
 def test_serving_imports_the_tasks_without_torch_transformers_or_pandas():
     code = (
-        "import sys, byoc.tasks, byoc.serving.model.default_handlers; "
+        "import sys, byoc.tasks, byoc.serving.user_code.default_handlers; "
         "print(sorted({'torch', 'transformers', 'pandas'} & set(sys.modules)))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -1,5 +1,5 @@
 """The model folder's serving graph: `model.onnx` beside `model.safetensors`, run by ONNX Runtime
-without torch (byoc.serving.model.onnx_session opens it to serve).
+without torch (byoc.serving.backends.onnx_session opens it to serve).
 
 At the end of training the classifier's forward pass is exported once with torch's ONNX exporter,
 and only the graph is kept. Each weight becomes a reference (ONNX external data) to its bytes in

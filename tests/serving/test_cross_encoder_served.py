@@ -14,8 +14,9 @@ import onnx
 import pytest
 
 from byoc import onnx_graph, tasks
-from byoc.serving.model import default_handlers, envelopes
+from byoc.serving.protocol import envelopes
 from byoc.serving.settings import InferenceSettings
+from byoc.serving.user_code import default_handlers
 
 pytestmark = pytest.mark.integration  # real models
 

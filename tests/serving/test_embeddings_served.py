@@ -15,9 +15,10 @@ import pytest
 from serve_helpers import Server
 
 from byoc import onnx_graph
-from byoc.serving.model import default_handlers, envelopes
-from byoc.serving.model.request_errors import InputError
+from byoc.serving.protocol import envelopes
+from byoc.serving.protocol.request_errors import InputError
 from byoc.serving.settings import InferenceSettings
+from byoc.serving.user_code import default_handlers
 from byoc.training.model import bundled_model_dir
 
 pytestmark = pytest.mark.integration  # real models, and servers in processes

@@ -13,8 +13,10 @@ import onnx
 import pytest
 import torch
 
-from byoc.serving.model import cuda_provider, default_handlers, onnx_session, passes, runtimes
-from byoc.serving.model.backend_choice import Plan
+from byoc.serving.backends import cuda_provider, onnx_session, runtimes
+from byoc.serving.backends.backend_choice import Plan
+from byoc.serving.execution import passes
+from byoc.serving.user_code import default_handlers
 from helpers import build_classifier_with_graph
 
 TEXTS = [

@@ -13,9 +13,12 @@ import pytest
 import serve_helpers
 from accept_cases import ACCEPT_CASES
 
-from byoc.serving.model import bodies, default_handlers, long_texts, runtimes
-from byoc.serving.model.handler_loader import HandlerError, call, load_handlers
-from byoc.serving.model.request_errors import InputError, InvalidAnswer, NotAcceptable
+from byoc.serving.backends import runtimes
+from byoc.serving.execution import long_texts
+from byoc.serving.protocol import bodies
+from byoc.serving.protocol.request_errors import InputError, InvalidAnswer, NotAcceptable
+from byoc.serving.user_code import default_handlers
+from byoc.serving.user_code.handler_loader import HandlerError, call, load_handlers
 
 
 @pytest.fixture(scope="module")
@@ -364,7 +367,7 @@ def test_a_model_folder_with_tuned_thresholds_serves_two_labels_under_half(
     model.config.byoc_thresholds = {"joy": 0.25, "love": 0.15}
     folder = serve_helpers._publish(model, tiny_model_dir, tmp_path / "model")
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
-    monkeypatch.setattr("byoc.serving.model.default_handlers.nvidia_gpu", lambda: False)
+    monkeypatch.setattr("byoc.serving.user_code.default_handlers.nvidia_gpu", lambda: False)
     loaded = default_handlers.model_fn(str(folder))
     assert loaded["backend"] == backend
     answer = default_handlers.predict_fn({"inputs": ["so happy and in love"], "parameters": {}}, loaded)
@@ -423,7 +426,7 @@ def test_a_folder_without_a_classifier_head_is_refused_not_served_at_random(tmp_
     model_fn refuses it, saying why and what to do (serve it as embeddings, or train it), unless asked."""
     import shutil
 
-    from byoc.serving.model.backend_choice import BackendError
+    from byoc.serving.backends.backend_choice import BackendError
     from byoc.serving.settings import InferenceSettings
 
     folder = tmp_path / "model"

@@ -30,7 +30,8 @@ from serve_helpers import (
     wait_for,
 )
 
-from byoc.serving.model import default_handlers, negotiation
+from byoc.serving.protocol import negotiation
+from byoc.serving.user_code import default_handlers
 
 pytestmark = pytest.mark.integration  # servers in processes: not in make test-fast
 

@@ -267,7 +267,7 @@ def test_a_load_whose_model_fn_fails_leaves_none_of_its_code(tmp_path):
     script = f"""
 import asyncio, sys
 from byoc.serving.resources import Resources
-from byoc.serving.model.multi_model import LoadRefused, Registry
+from byoc.serving.multi_model import LoadRefused, Registry
 from byoc.serving.settings import ServeSettings
 
 env = {{"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_BASE_DIR": {str(tmp_path)!r}}}
@@ -316,7 +316,7 @@ def model_fn(model_dir):
 SHADOW_SCRIPT = """
 import asyncio, json, sys, types
 from byoc.serving.resources import Resources
-from byoc.serving.model.multi_model import LoadRefused, Registry
+from byoc.serving.multi_model import LoadRefused, Registry
 from byoc.serving.settings import ServeSettings
 
 FOLDER, URL, SHADOWS = sys.argv[1], sys.argv[2], sys.argv[3].split(",")

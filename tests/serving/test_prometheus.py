@@ -355,7 +355,7 @@ def test_a_refused_load_never_touches_the_series_of_the_model_of_its_name(classi
 RELOAD_SCRIPT = """
 import asyncio, sys
 from byoc.serving.resources import Resources
-from byoc.serving.model.multi_model import Registry
+from byoc.serving.multi_model import Registry
 from byoc.serving.prometheus import ServerMetrics
 from byoc.serving.settings import ServeSettings
 

@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from request_strategies import requests
 
-from byoc.serving.model import default_handlers, negotiation
-from byoc.serving.model.batching import Batcher
-from byoc.serving.model.request_errors import InputError, NotAcceptable
+from byoc.serving.execution.batching import Batcher
+from byoc.serving.protocol import negotiation
+from byoc.serving.protocol.request_errors import InputError, NotAcceptable
+from byoc.serving.user_code import default_handlers
 
 HANDLER_EXAMPLES = 1200  # generated requests through the default handlers
 

@@ -19,8 +19,8 @@ import torch
 from serve_helpers import GATE_CODE, HANG_GUARD_S, INVOCATION_S, PING_S, STOP_GRACE_S, TEXTS, Gates, Server, wait_for
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from byoc.serving.model import default_handlers, handler_loader
-from byoc.serving.model.handler_loader import load_handlers
+from byoc.serving.user_code import default_handlers, handler_loader
+from byoc.serving.user_code.handler_loader import load_handlers
 
 pytestmark = pytest.mark.integration  # servers in processes: not in make test-fast
 
@@ -328,7 +328,7 @@ def test_sigterm_drains_in_flight_requests(trained_model, tmp_path):
 # (a real load alone can finish before the first /ping on a fast one).
 _LOAD_WAITS_FOR_A_FILE = """
 import os, time
-from byoc.serving.model import default_handlers, handler_loader
+from byoc.serving.user_code import default_handlers, handler_loader
 
 def model_fn(model_dir, context=None):
     deadline = time.monotonic() + 120

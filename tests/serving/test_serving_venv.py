@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from serve_helpers import TEXTS, Server, model_with_code, tiny_classifier
 
-from byoc.serving.model.handler_loader import FULL_IMAGE_MODULES
+from byoc.serving.user_code.handler_loader import FULL_IMAGE_MODULES
 from helpers import REPO
 
 VENV = REPO / ".venv-serve"

@@ -151,7 +151,7 @@ def test_values_in_range_are_read(env):
 
 
 def test_the_batch_delay_is_adaptive_unless_set_and_zero_never_waits(env):
-    assert env({}).max_delay_ms is None  # byoc.serving.model.batching.adaptive_delay
+    assert env({}).max_delay_ms is None  # byoc.serving.execution.batching.adaptive_delay
     assert env({"BYOC_MAX_BATCH_DELAY_MS": " Auto "}).max_delay_ms is None
     assert env({"BYOC_MAX_BATCH_DELAY_MS": "0"}).max_delay_ms == 0.0
     with pytest.raises(ValueError, match="or auto"):

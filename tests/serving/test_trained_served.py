@@ -158,7 +158,7 @@ def test_a_trained_embedding_model_answers_openai_bodies_in_openais_shape(embedd
 
 
 def test_the_trained_folders_carry_the_template_the_server_knows_and_say_if_they_read_pairs(ner, pairs, embedder):
-    from byoc.serving.model.handler_loader import shipped_template
+    from byoc.serving.user_code.handler_loader import shipped_template
 
     for folder in (ner, pairs, embedder):
         assert shipped_template(folder / "code" / "inference.py"), folder

@@ -54,7 +54,7 @@ def forget_inference_module():
 def served_vectors(model_dir, monkeypatch, backend: str, texts: list[str]) -> np.ndarray:
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
     monkeypatch.setenv("BYOC_PRECISION", "fp32")
-    monkeypatch.setattr("byoc.serving.model.default_handlers.nvidia_gpu", lambda: False)
+    monkeypatch.setattr("byoc.serving.user_code.default_handlers.nvidia_gpu", lambda: False)
     monkeypatch.syspath_prepend(str(model_dir / "code"))
     inference = importlib.reload(importlib.import_module("inference"))
     model = inference.model_fn(str(model_dir))

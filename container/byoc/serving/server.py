@@ -4,8 +4,8 @@
   background, so /ping answers 503 at once while loading instead of hanging), the batching task
   running, and no inference call running past the request timeout; 503 with the reason otherwise.
   Always answered from the event loop, never behind inference.
-- `POST /invocations`: handlers from `byoc.serving.model.handler_loader`, run by
-  `byoc.serving.model.model_server`; requests batched by `byoc.serving.model.batching`.
+- `POST /invocations`: handlers from `byoc.serving.user_code.handler_loader`, run by
+  `byoc.serving.execution.model_server`; requests batched by `byoc.serving.execution.batching`.
 - `GET /execution-parameters`: batch transform settings.
 - `GET /metrics`: Prometheus metrics of the whole container (byoc.serving.prometheus), rendered on a
   thread beside the event loop, never behind inference; BYOC_METRICS=false turns them off.
@@ -19,7 +19,7 @@ An invocation takes one of `BYOC_MAX_CONCURRENCY` slots only once its body is co
 or stalled senders never turn ordinary requests into 503s.
 SIGTERM: uvicorn stops accepting, finishes in-flight requests (up to `BYOC_GRACEFUL_TIMEOUT`,
 default 25 s, inside SageMaker's 30 s), answers those still running then with a JSON 503, and
-exits; no handler thread can hold the process (byoc.serving.model.threads). A worker whose batching task died
+exits; no handler thread can hold the process (byoc.serving.execution.threads). A worker whose batching task died
 gives up the same way, and exits non-zero, so that the platform (or uvicorn's supervisor) replaces it.
 """
 
@@ -45,10 +45,10 @@ from starlette.routing import Route
 from byoc import model_folder
 from byoc.logs import configure_logging
 from byoc.serving import prometheus
+from byoc.serving.execution.model_server import ModelServer, tune_malloc
 from byoc.serving.http import connections
 from byoc.serving.http.invocations import Invocations, error
 from byoc.serving.http.multi_model_routes import MultiModel
-from byoc.serving.model.model_server import ModelServer, tune_malloc
 from byoc.serving.settings import ServeSettings, ServeSettingsError
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from byoc import tasks
 from byoc.contract import Paths
 from byoc.environment import Environment, SettingError
 from byoc.logs import log_level
-from byoc.serving.model.backend_choice import (
+from byoc.serving.backends.backend_choice import (
     ALLOW_UNTRAINED_HEAD_ENV,
     BACKENDS,
     INFERENCE_BACKEND_ENV,
@@ -49,8 +49,8 @@ class ServeSettingsError(SettingError):
 
 @dataclass(frozen=True)
 class InferenceSettings:
-    """How the default handlers load the model (byoc.serving.model.default_handlers and
-    byoc.serving.model.backend_choice)."""
+    """How the default handlers load the model (byoc.serving.user_code.default_handlers and
+    byoc.serving.backends.backend_choice)."""
 
     backend: str = "auto"  # BYOC_INFERENCE_BACKEND: auto, onnxruntime or torch
     precision: str = "auto"  # BYOC_INFERENCE_PRECISION: auto, fp32, fp16, bf16 or int8
@@ -101,7 +101,7 @@ class ServeSettings:
     batch_strategy: str = "MULTI_RECORD"
     max_concurrent_transforms: int = 0
     max_batch: int = 128
-    max_delay_ms: float | None = None  # None (unset, `auto`): adaptive (byoc.serving.model.batching)
+    max_delay_ms: float | None = None  # None (unset, `auto`): adaptive (byoc.serving.execution.batching)
     graceful_timeout: int = 25
     max_inputs: int = 4096  # per request (413 above): about 15 s of a MiniLM on 2 cores, inside the 60 s timeout
     # Characters of text one request may give a model that reads every text whole (a token classifier covers
@@ -120,7 +120,7 @@ class ServeSettings:
     program: str = "inference.py"  # the handler file in model/code/
     inference: InferenceSettings = InferenceSettings()
     log_level: str = "INFO"  # BYOC_LOG_LEVEL (byoc.logs sets it up; read here to stop on a bad value)
-    multi_model: bool = False  # SAGEMAKER_MULTI_MODEL: models load on POST /models (byoc.serving.model.multi_model)
+    multi_model: bool = False  # SAGEMAKER_MULTI_MODEL: models load on POST /models (byoc.serving.multi_model)
     multi_model_memory_mb: int | None = None  # BYOC_MULTI_MODEL_MEMORY_MB; None: the container's memory less headroom
     # BYOC_MULTI_MODEL_LOAD_TIMEOUT: seconds a load may take (multi-model-server's own default, 120 s)
     multi_model_load_timeout: float = 120.0

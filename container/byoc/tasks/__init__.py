@@ -93,7 +93,7 @@ SENTENCE_CONFIG = "config_sentence_transformers.json"  # a sentence-transformers
 SENTENCE_TRANSFORMER = "SentenceTransformer"  # its model_type for an embedding model (the default)
 CROSS_ENCODER = "CrossEncoder"  # its model_type for a cross-encoder: a pair classifier
 # What CrossEncoder.predict may apply to a cross-encoder's logits (its `activation_fn`), by the class's name:
-# served as the model dict's `activation` (byoc.serving.model.runtimes; byoc.tasks.base.activated).
+# served as the model dict's `activation` (byoc.serving.backends.runtimes; byoc.tasks.base.activated).
 ACTIVATIONS = ("Sigmoid", "Identity", "Tanh", "Softmax")
 
 

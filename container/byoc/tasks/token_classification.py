@@ -1,7 +1,7 @@
 """A tag per token (NER): words in, entities out. Trained on each word's first sub-token (or all of them:
 `label_all_tokens`, saved as config.json's `byoc_word_tags`, which picks serving's default grouping),
 scored by entity (seqeval's rules), answered as the transformers pipeline's entities
-(byoc.serving.model.entities)."""
+(byoc.serving.user_code.entities)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ from byoc.tasks.base import IGNORE_LABEL, Task
 
 NAME = "token_classification"
 
-STRATEGIES = ("none", "simple", "first", "average", "max")  # a request's (the pipeline's: byoc.serving.model.entities)
+STRATEGIES = (
+    "none",
+    "simple",
+    "first",
+    "average",
+    "max",
+)  # a request's (the pipeline's: byoc.serving.user_code.entities)
 DEFAULT_STRATEGY = "simple"  # a model that does not say how it was trained: the pipeline's default
 # The default of a model trained on whitespace-separated words (by byoc_word_tags): the same words
 # here, each tagged as it was trained. Not a request's value: a request's strategy is the pipeline's.

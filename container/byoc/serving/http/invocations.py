@@ -18,10 +18,10 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from byoc.serving.model.batching import BatcherStopped, QueueFull
-from byoc.serving.model.model_server import Answer, ModelServer
-from byoc.serving.model.request_errors import InputError, InvalidAnswer
+from byoc.serving.execution.batching import BatcherStopped, QueueFull
+from byoc.serving.execution.model_server import Answer, ModelServer
 from byoc.serving.prometheus import NO_METRICS, SCOPE_MODEL, ModelMetrics
+from byoc.serving.protocol.request_errors import InputError, InvalidAnswer
 from byoc.serving.settings import ServeSettings
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The routes of a multi-model endpoint (byoc.serving.model.multi_model has the models): SageMaker's
+"""The routes of a multi-model endpoint (byoc.serving.multi_model has the models): SageMaker's
 custom-container contract for MME, plus /ping and /execution-parameters.
 
     POST   /models                  {"model_name": ..., "url": ...}   200, or 400/404/409/500/504/507
@@ -23,9 +23,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from byoc.serving.execution.model_server import ModelServer
 from byoc.serving.http.invocations import Invocations, error
-from byoc.serving.model.model_server import ModelServer
-from byoc.serving.model.multi_model import PAGE_SIZE, LoadRefused, Registry, small_int
+from byoc.serving.multi_model import PAGE_SIZE, LoadRefused, Registry, small_int
 from byoc.serving.prometheus import ServerMetrics
 from byoc.serving.settings import ServeSettings
 

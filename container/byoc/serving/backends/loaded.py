@@ -1,0 +1,72 @@
+"""The model the default `model_fn` loads: one typed value, built in one place (`LoadedModel.of`) by both
+backends (byoc.serving.backends.runtimes).
+
+It is what every default handler and a user's own code receive as `model`. Users' code has always read it
+as a dict (`model["encode"]`, `model.get("threshold")`) and may set a value on it (a model_fn of its own
+that raises the threshold), so it is a mutable mapping too: its fields by name, then the task's facts
+(`Task.serving_facts`: a multi-label model's thresholds, an embedding model's prompts...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, MutableMapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(eq=False)
+class LoadedModel(MutableMapping[str, Any]):
+    """The loaded model: how to run it (`encode`, `logits`, `windows`), what its outputs mean (`task`,
+    `id2label`, `facts`) and where it runs (`backend`, `device`, `precision`, `passes`)."""
+
+    backend: str  # onnxruntime or torch
+    model: Any  # the ONNX Runtime session, or the torch module
+    tokenizer: Any
+    encode: Callable[[list[Any]], list[dict[str, list[int]]]]  # inputs -> unpadded encodings, in input order
+    logits: Callable[[dict[str, np.ndarray]], np.ndarray]  # one padded batch -> fp32 outputs
+    windows: Callable[[list[str]], list[list[dict]]] | None  # a token classifier's windows of each text
+    id2label: dict[int, str]
+    task: str  # the task's canonical name (byoc.tasks)
+    activation: str | None  # a cross-encoder's, as CrossEncoder.predict applies it; None for other models
+    max_length: int
+    pad_id: int
+    passes: Any  # how predict_fn cuts and pads a batch (byoc.serving.execution.passes)
+    device: str
+    precision: str
+    facts: dict[str, Any] = field(default_factory=dict)  # the task's (Task.serving_facts)
+
+    @classmethod
+    def of(cls, task: Any, facts: dict[str, Any], **fields_: Any) -> LoadedModel:
+        """The loaded model of `task`, with its serving `facts` and the backend's fields."""
+        return cls(task=task.name, facts=dict(facts), **fields_)
+
+    def _own(self, key: str) -> bool:
+        return key != "facts" and key in _FIELDS
+
+    def __getitem__(self, key: str) -> Any:
+        if self._own(key):
+            return getattr(self, key)
+        return self.facts[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if self._own(key):
+            setattr(self, key, value)
+        else:
+            self.facts[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        if self._own(key):
+            raise KeyError(f"{key} is a field of the loaded model: it cannot be removed")
+        del self.facts[key]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from (name for name in _FIELDS if name != "facts")
+        yield from self.facts
+
+    def __len__(self) -> int:
+        return len(_FIELDS) - 1 + len(self.facts)
+
+
+_FIELDS = tuple(f.name for f in fields(LoadedModel))

@@ -1,0 +1,1 @@
+"""byoc serve, execution: the model server, batching, forward passes, long texts, its threads."""

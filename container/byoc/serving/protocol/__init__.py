@@ -1,0 +1,1 @@
+"""byoc serve, the request protocol: bodies, Accept, answer shapes, request errors, parameters."""

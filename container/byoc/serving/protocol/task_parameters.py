@@ -1,0 +1,67 @@
+"""A request's parameters for the default predict_fn: each one's value checked, and each task's own.
+
+A parameter byoc knows that the model's task does not use (`top_k` of a token classifier, `threshold`
+of a regression model) is a 400 naming the parameters the task takes: answering as if it had been
+applied would mislead the client. A parameter byoc does not know passes unread, as before (clients of
+the Hugging Face inference DLC send some of their own, such as `truncation`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from byoc import tasks
+from byoc.serving.protocol.request_errors import InputError
+
+KNOWN = ("top_k", "threshold", "aggregation_strategy", "normalize", "dimensions", "prompt_name")  # tasks' own
+# A rerank request's (TEI's {"query", "texts"}: the body's form makes its shape "rerank",
+# byoc.serving.protocol.bodies), for any task that reranks (`Task.relevance`). TEI's "truncate" is read and
+# needs nothing: byoc always truncates an input at the model's limit, on the right
+# ("truncation_direction": "right" is accepted, "left" refused rather than ignored).
+RERANK = ("raw_scores", "return_text", "top_n")
+
+
+def check_values(parameters: dict[str, Any]) -> None:
+    """Each parameter byoc knows, whatever the task (aggregation_strategy: byoc.serving.user_code.entities)."""
+    threshold = parameters.get("threshold")
+    for name in ("top_k", "top_n", "dimensions"):
+        value = parameters.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise InputError(f'"{name}" must be a positive integer')
+    if threshold is not None and (
+        not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0 <= threshold <= 1
+    ):
+        raise InputError('"threshold" must be a number from 0 to 1 (a multi-label score at or above it is a label)')
+    for name in ("normalize", "raw_scores", "return_text", "truncate"):
+        if parameters.get(name) is not None and not isinstance(parameters[name], bool):
+            raise InputError(f'"{name}" must be true or false')
+    if parameters.get("prompt_name") is not None and not isinstance(parameters["prompt_name"], str):
+        raise InputError('"prompt_name" must be the name of one of the model\'s prompts')
+    direction = parameters.get("truncation_direction")
+    if direction is not None and str(direction).lower() != "right":
+        raise InputError(
+            '"truncation_direction" must be "right": byoc truncates a text past the model\'s length at its end '
+            "(left truncation is not supported)"
+        )
+
+
+def check_task(task: tasks.Task | None, parameters: dict[str, Any], shape: str | None = None) -> None:
+    """A 400 for a parameter of byoc's that `task` does not take (null counts as not sent), for a rerank
+    parameter outside a rerank request, and for a body's form (`shape`: the request's, from
+    byoc.serving.protocol.bodies) the task cannot answer. No task: a model of the user's own making, whose
+    parameters are its code's business."""
+    if task is None:
+        return
+    reranking = shape == "rerank"
+    if shape == "openai" and not task.vectors:
+        raise InputError(f"an OpenAI embeddings request needs an embedding model; this is {task.described}")
+    for name in KNOWN:
+        if parameters.get(name) is not None and (reranking or name not in task.parameters):
+            takes = () if reranking else task.parameters
+            accepted = f"its parameters are {', '.join(takes)}" if takes else "it takes no parameters"
+            raise InputError(
+                f'"{name}" does not apply to {"a rerank request" if reranking else task.described}: {accepted}'
+            )
+    for name in RERANK:
+        if parameters.get(name) is not None and not reranking:
+            raise InputError(f'"{name}" applies to rerank requests ({{"query": ..., "texts": [...]}}) only')

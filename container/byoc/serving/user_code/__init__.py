@@ -1,0 +1,1 @@
+"""byoc serve, user code: the handler contract, models' own code, the default handlers."""
