@@ -125,7 +125,7 @@ def answers(tmp_path_factory) -> list[Any]:
         for name, body in REQUESTS:
             data = default_handlers.input_fn(json.dumps(body))
             answer = default_handlers.predict_fn(data, loaded[name])
-            answers.append(rounded(envelopes.shaped(data, answer, loaded[name])))
+            answers.append(rounded(envelopes.shaped(data, answer)))
         return answers
     finally:
         mp.undo()

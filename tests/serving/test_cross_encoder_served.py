@@ -63,7 +63,7 @@ def load(folder: Path, backend: str):
 
 def ask(model, body: dict):
     data = default_handlers.input_fn(json.dumps(body))
-    return envelopes.shaped(data, default_handlers.predict_fn(data, model), model)
+    return envelopes.shaped(data, default_handlers.predict_fn(data, model))
 
 
 def test_sentence_transformers_6_writes_a_cross_encoder_as_the_issue_says(cross_encoder):

@@ -65,7 +65,7 @@ def load(folder: Path, backend: str, **settings):
 
 def ask(model, body: dict):
     data = default_handlers.input_fn(json.dumps(body))
-    return envelopes.shaped(data, default_handlers.predict_fn(data, model), model)
+    return envelopes.shaped(data, default_handlers.predict_fn(data, model))
 
 
 def cosines(a, b) -> np.ndarray:

@@ -249,7 +249,7 @@ class ModelServer:
         OpenAI; byoc.serving.protocol.envelopes), written by the output_fn."""
         assert self.handlers is not None and self.handlers.output_fn is not None
         if isinstance(data, dict) and data.get("shape") is not None:
-            prediction = envelopes.shaped(data, prediction, self.model)
+            prediction = envelopes.shaped(data, prediction)
         return call(self.handlers.output_fn, "output_fn", prediction, accept)
 
     async def _in_steps(self, work: long_texts.Stepwise) -> list[Any]:

@@ -30,7 +30,7 @@ class Embedded:
     tokens: int
 
 
-def shaped(data: Mapping[str, Any], answers: list[Any], model: Any = None) -> Any:
+def shaped(data: Mapping[str, Any], answers: list[Any]) -> Any:
     """The request's answer from its inputs' `answers` (predict_fn's, in input order), in the shape the
     body's form asked for (`data["shape"]`, set by the default input_fn alone). Any predict_fn's answers
     are shaped: the default one's, or those of a model's own code that passes them on."""
