@@ -194,24 +194,31 @@ def test_the_model_side_of_the_server_knows_nothing_of_http():
 TASK_DECISIONS = ("tasks/", "training/data/task_choice.py")
 
 
-def task_name_comparisons(root) -> list[str]:
-    """ "path:line" of each comparison (==, !=, in) with a task's name, outside the task package and the two
-    decisions: a constant (SINGLE_LABEL...) or the name itself as a string."""
+TASK_CONSTANTS = {"SINGLE_LABEL", "MULTI_LABEL", "REGRESSION", "TOKEN_CLASSIFICATION", "EMBEDDING"}
+TASK_FLAGS = {"per_token", "vectors"}  # the flags a room once branched on (a task's methods replace them)
+
+
+def task_reads(root) -> list[str]:
+    """ "path:line" of each place outside the task package and the task's decision from the data that names a
+    task or reads a task flag: a task's constant (SINGLE_LABEL... EMBEDDING) used at all; a task's name as a
+    string in a comparison; an attribute `per_token` or `vectors`; a request's shape read from the client's
+    `parameters` (the body's form decides it: byoc.serving.protocol.bodies)."""
     from byoc import tasks
 
-    constants = {"SINGLE_LABEL", "MULTI_LABEL", "REGRESSION", "TOKEN_CLASSIFICATION"}
-
     def names_a_task(node) -> bool:
-        if (
-            isinstance(node, ast.Name)
-            and node.id in constants
-            or isinstance(node, ast.Attribute)
-            and node.attr in constants
-        ):
-            return True
         if isinstance(node, ast.Constant):
             return node.value in tasks.NAMES
         return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(names_a_task(e) for e in node.elts)
+
+    def parameters_shape(node) -> bool:
+        """parameters["shape"], parameters.get("shape")"""
+        target, key = None, None
+        if isinstance(node, ast.Subscript):
+            target, key = node.value, node.slice
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            target, key = node.func.value, node.args[0] if node.args else None
+        named = getattr(target, "id", None) or getattr(target, "attr", None)
+        return named == "parameters" and isinstance(key, ast.Constant) and key.value == "shape"
 
     found = []
     for path in sorted(root.rglob("*.py")):
@@ -219,15 +226,30 @@ def task_name_comparisons(root) -> list[str]:
         if relative.startswith(TASK_DECISIONS):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Compare) and any(names_a_task(n) for n in (node.left, *node.comparators)):
-                found.append(f"{relative}:{node.lineno}")
+            if (
+                (isinstance(node, ast.Name) and node.id in TASK_CONSTANTS)
+                or (isinstance(node, ast.Attribute) and node.attr in TASK_CONSTANTS | TASK_FLAGS)
+                or (isinstance(node, ast.alias) and node.name in TASK_CONSTANTS)
+                or (isinstance(node, ast.Compare) and any(names_a_task(n) for n in (node.left, *node.comparators)))
+                or parameters_shape(node)
+            ):
+                found.append(f"{relative}:{getattr(node, 'lineno', 0)}")
     return sorted(set(found))
 
 
-def test_no_module_outside_the_task_package_compares_a_task_name(tmp_path):
-    assert task_name_comparisons(import_graph.PACKAGE) == []
-    (tmp_path / "handler.py").write_text('def f(task):\n    return task == "regression" or task in (MULTI_LABEL,)\n')
-    assert task_name_comparisons(tmp_path) == ["handler.py:2"]  # the check finds one
+def test_no_module_outside_the_task_package_names_a_task_or_reads_its_flags(tmp_path):
+    """The rooms call the task's methods (its serving head, its training recipe); they never ask which task
+    it is. Only byoc.tasks and the decision from the data (task_choice) name tasks."""
+    assert task_reads(import_graph.PACKAGE) == []
+    (tmp_path / "handler.py").write_text(
+        'def f(task):\n    return task == "regression" or task in (MULTI_LABEL,)\n'
+        "def g(kind):\n    return kind.per_token\n"
+        "def h(tasks):\n    return tasks.EMBEDDING\n"
+        'def i(parameters):\n    return parameters.get("shape")\n'
+        "from byoc.tasks import EMBEDDING\n"
+        "def j(kind):\n    return kind.name\n"  # a task's own attribute: not a flag
+    )
+    assert set(task_reads(tmp_path)) == {f"handler.py:{line}" for line in (2, 4, 6, 8, 9)}  # never j's line 11
 
 
 def test_no_global_statement():

@@ -107,7 +107,7 @@ def test_what_byoc_cannot_serve_is_named(tmp_path, files, message):
 
 
 def test_module_types_of_the_folders_own_are_found_in_modules_json_and_in_its_routers(tmp_path):
-    """What loading the folder would import from the folder itself (byoc.training.embedding refuses it unless
+    """What loading the folder would import from the folder itself (byoc.tasks.embedding.model refuses it unless
     trust_remote_code=true): any module type outside sentence_transformers.*, a Router's inner modules included."""
     assert sentence_folder.foreign_modules(bundled_model_dir()) == []
     modules = [

@@ -137,7 +137,7 @@ def _export(model_dir: Path) -> Path:
             # A token classifier's logits have a row per token: their length varies too.
             dynamic_axes={
                 **{n: {0: "batch", 1: "length"} for n in names},
-                "logits": {0: "batch", 1: "length"} if task.per_token else {0: "batch"},
+                "logits": dict(task.output_axes),
             },
             opset_version=17,
             dynamo=False,

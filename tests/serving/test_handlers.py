@@ -397,7 +397,7 @@ def test_a_parameter_the_task_does_not_use_is_a_bad_request(task, parameters, wo
     if task == "token_classification":  # a long text's steps check as one call does
         with pytest.raises(InputError, match="does not apply to a token classifier"):
             long_texts.Stepwise(["a text"], parameters, model)
-        assert long_texts.Stepwise(["a text"], nulls, model).strategy == "simple"
+        assert long_texts.Stepwise(["a text"], nulls, model).request.strategy == "simple"
     else:
         assert len(default_handlers.predict_fn({"inputs": ["a text"], "parameters": nulls}, model)) == 1
 

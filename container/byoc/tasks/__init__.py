@@ -68,11 +68,13 @@ TASKS: dict[str, Task] = {
 }
 NAMES = tuple(TASKS)
 AUTO = "auto"  # the `task` hyperparameter's default: decided from the data
+DEFAULT = SINGLE_LABEL  # the task of a model dict (a user's model_fn's) that names none
 
 __all__ = [
     "AUTO",
     "EMBEDDING",
     "BadParameter",
+    "DEFAULT",
     "IGNORE_LABEL",
     "MULTI_LABEL",
     "NAMES",

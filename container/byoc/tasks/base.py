@@ -36,8 +36,12 @@ class Task:
     described: str = ""  # "a single-label classifier": how answers and errors name it
     parameters: tuple[str, ...] = ()  # the request parameters byoc's predict_fn takes for it
     auto_class = "AutoModelForSequenceClassification"  # the transformers class that loads it
-    per_token = False  # a label per token (words in, entities out) rather than per text
-    vectors = False  # answers a vector per text (an embedding model: OpenAI's embeddings requests)
+    row_unit = "texts"  # what a training row is, for the log
+    # Reads every token of a text, a long one in windows (`windows`), never cut at max_length: a request's
+    # characters are its work (serving's text limit and long-text steps apply).
+    whole_texts = False
+    output_axes: Mapping[int, str] = {0: "batch"}  # the graph's output's dynamic axes (model.onnx's "logits")
+    in_metric_definitions = True  # its metrics are in METRIC_DEFINITIONS (SageMaker reads 40 a job at most)
     smooths_labels = False  # label_smoothing applies (one class per text)
     small_batches = False  # trains at byoc's small default batch whatever the data's size
     masks_rows = False  # its loss cannot skip filler rows itself: byoc masks them (Trainer.compute_loss)
@@ -98,6 +102,71 @@ class Task:
 
     # -- training ------------------------------------------------------------------------------------
 
+    def tokenizer_problem(self, fast: bool) -> str | None:
+        """Why the model's tokenizer (`fast`: a tokenizer.json's) cannot serve or train the task; None where it can."""
+        return None
+
+    def encoder(
+        self, tokenizer: Any, max_length: int, padding: Any, label_names: list[str], label_all_tokens: bool, train: bool
+    ) -> Any:
+        """A `datasets.map(batched=True)` function: a batch of the task's rows -> token ids, each row's
+        `length` (for the samplers) and `labels`. Texts (and pairs, in `text_pair`) here, cut at max_length.
+        A task whose rows can hold words past max_length may add `cut` and `lost` columns: the words no token
+        holds, which the room reports and drops."""
+
+        def encode(batch: dict[str, list]) -> dict[str, list]:
+            pairs = batch["text_pair"] if "text_pair" in batch else None
+            enc = tokenizer(batch["text"], pairs, truncation=True, max_length=max_length, padding=padding)
+            enc["length"] = [sum(mask) for mask in enc["attention_mask"]]
+            enc["labels"] = batch["label"]
+            return enc
+
+        return encode
+
+    def training_model(
+        self,
+        path: str,
+        label_names: list[str],
+        kwargs: dict[str, Any],
+        overrides: dict[str, Any],
+        trust_remote_code: bool,
+        max_length: int,
+        world_size: int,
+    ) -> Any:
+        """The model to train from the folder at `path`, its head for `label_names`: `kwargs` for from_pretrained
+        (the task's `model_kwargs`, precision, attention), `overrides` for its config (dropout); inputs up to
+        `max_length` tokens, trained by `world_size` processes."""
+        import transformers  # training's: serving imports tasks without it
+
+        return getattr(transformers, self.auto_class).from_pretrained(
+            path,
+            num_labels=len(label_names),
+            id2label=dict(enumerate(label_names)),
+            label2id={name: i for i, name in enumerate(label_names)},
+            # A classifier fine-tuned earlier on other labels gets a fresh head instead of an error.
+            ignore_mismatched_sizes=True,
+            trust_remote_code=trust_remote_code,
+            **overrides,
+            **kwargs,
+        )
+
+    def describe(self, model: Any, args: Any, pairs: bool | None) -> None:
+        """Write into the trained model's config.json what serving needs: the job's settings (`configure`),
+        whether it read pairs, and the task's name (whatever problem_type says)."""
+        self.configure(model.config, args)
+        if pairs is not None:  # (serving answers rerank requests only where the model read pairs)
+            setattr(model.config, model_folder.PAIRS_KEY, pairs)
+        setattr(model.config, model_folder.TASK_KEY, self.name)
+
+    def encoder_of(self, model: Any) -> Any:
+        """The transformers model under the trained one (whose bottom layers `freeze_*` freeze)."""
+        return model
+
+    def in_batch_negatives(self, columns: list[str], labelled: bool) -> bool:
+        """Whether training on rows of these `columns` (`labelled`: with a label or score) takes each row's
+        negatives from the other rows of its batch, so a batch of one row learns nothing."""
+        return False
+
     def row_loss(self, logits: Any, labels: Any) -> Any:
         """Each row's loss (torch tensors; `masks_rows` tasks only): transformers' loss for the task."""
         raise NotImplementedError(f"{self.name} uses the model's own loss")
@@ -153,6 +222,28 @@ class Task:
             f'{self.described} does not rerank: a rerank request ({{"query", "texts"}}) needs a cross-encoder '
             "(a pair classifier with one output or two labels)"
         )
+
+    def check_shape(self, shape: str | None) -> None:
+        """BadParameter where the task answers no body of this form (byoc.serving.protocol.bodies: "rerank" is
+        checked against the loaded model by `check_rerank`; "openai", an OpenAI embeddings body, needs vectors)."""
+        if shape == "openai":
+            raise BadParameter(f"an OpenAI embeddings request needs an embedding model; this is {self.described}")
+
+    def check_values(self, parameters: Mapping[str, Any]) -> None:
+        """BadParameter for a value of one of the task's `parameters` that no model of it takes (checked when
+        the body is read, before the model is known)."""
+
+    def window_encoder(self, tokenizer: Any, limit: int, names: list[str]) -> Any:
+        """texts -> each text's windows of at most `limit` tokens, for a task that reads a text whole (every
+        window of a long one: `windows`); None for one that cuts each text at `limit`. `tokenizer`: a
+        `tokenizers.Tokenizer`; `names`: the model's inputs."""
+        return None
+
+    def windows(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> Any:
+        """A request the task reads whole, window by window: an object with `encode()`, `feeds` (each window's
+        model inputs, after encode) and `answers(scores)` (scores: each window's `scores`, a row per token).
+        None: the task's answers come from one pass of each text, cut at max_length (`prepare`, `answer`)."""
+        return None
 
     def prepare(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> list[Any]:
         """The inputs as the model reads them (an embedding model's prompt before each text)."""

@@ -95,7 +95,7 @@ def write_predictions(
     test_ds: datasets.Dataset,
     label_names: list[str],
     output_data_dir: Path,
-    task: str = tasks.SINGLE_LABEL,
+    task: str = tasks.DEFAULT,
     threshold: float | list[float] = DEFAULT_THRESHOLD,
 ) -> None:
     """output/data/test_predictions.jsonl: each test row's label(s) and prediction, in the data's order

@@ -199,8 +199,8 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
 def check_in_batch_negatives(data: TaskData, batch_size: int, world_size: int) -> None:
     """Refuse (anchor, positive) rows no batch can train: without a negative column an anchor's negatives are the
     other positives of its batch (every rank's, gathered), and a batch of one row has none: a loss of 0."""
-    if not tasks.get(data.task).vectors or data.label_names or "text_negative" in data.train.column_names:
-        return  # scored pairs (CoSENT), or each row's own hard negative: any batch size trains
+    if not tasks.get(data.task).in_batch_negatives(data.train.column_names, bool(data.label_names)):
+        return  # scored pairs (CoSENT), each row's own hard negative, or no negatives at all: any batch size trains
     why = "each anchor is trained against the other positives of its batch (in-batch negatives)"
     other = "or add a negative column (for each row a hard negative: a text close to the anchor, but wrong)"
     if len(data.train) < 2:

@@ -43,7 +43,7 @@ def metric_definitions(task: str | None = None) -> list[dict[str, str]]:
     """For `Estimator(metric_definitions=...)`: each regex reads one `[metrics]` log line field. SageMaker
     takes at most 40 a job: `task` (a byoc.tasks name) gives one task's; None every classifier's and
     regression's (38: `METRIC_DEFINITIONS`). An embedding model's: metric_definitions("embedding")."""
-    kinds = [tasks.get(task)] if task else [kind for kind in tasks.TASKS.values() if not kind.vectors]
+    kinds = [tasks.get(task)] if task else [kind for kind in tasks.TASKS.values() if kind.in_metric_definitions]
     names = ("loss", *dict.fromkeys(name for kind in kinds for name in kind.metrics))
     tuned = TUNED if any(kind.tunes_thresholds for kind in kinds) else ()
     return _TRAINING + [

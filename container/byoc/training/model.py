@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-import transformers
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from byoc import compat, model_folder, sentence_folder, tasks
@@ -139,7 +138,7 @@ def load_model(
     args: TrainArguments,
     label_names: list[str],
     use_xla: bool = False,
-    task: str = tasks.SINGLE_LABEL,
+    task: str = tasks.DEFAULT,
     pairs: bool | None = None,
 ) -> PreTrainedModel:
     """The task's model (byoc.tasks: its transformers class and `problem_type`, which picks transformers'
@@ -165,35 +164,23 @@ def load_model(
             if getattr(config, key, None) is not None:
                 overrides[key] = args.dropout
     kind = tasks.get(task)
-    kwargs = kind.model_kwargs()
-    auto = getattr(transformers, kind.auto_class)
+    kwargs = {**compat.fp32_weights(), **kind.model_kwargs()}
     if args.attn_implementation or use_xla:
         kwargs["attn_implementation"] = args.attn_implementation or "eager"
-    if kind.vectors:  # a sentence-transformers model and its loss (byoc.training.embedding)
-        return cast(  # an nn.Module the Trainer trains as it trains a transformers model (and saves as a folder)
-            PreTrainedModel,
-            _embedding_model(source, args, bool(label_names), {**compat.fp32_weights(), **kwargs}, overrides),
-        )
     try:
-        model = auto.from_pretrained(
+        model = kind.training_model(
             source.path,
-            num_labels=len(label_names),
-            id2label=dict(enumerate(label_names)),
-            label2id={name: i for i, name in enumerate(label_names)},
-            # A classifier fine-tuned earlier on other labels gets a fresh head instead of an error.
-            ignore_mismatched_sizes=True,
+            label_names,
+            kwargs,
+            overrides,
             trust_remote_code=args.trust_remote_code,
-            **compat.fp32_weights(),
-            **overrides,
-            **kwargs,
+            max_length=args.max_length,
+            world_size=distributed.world_size(),
         )
     except Exception as err:
         raise ModelError(f"cannot load the model from {source.path} ({source.origin}): {brief(err)}") from None
-    kind.configure(model.config, args)  # what serving needs of the job's settings, in config.json
-    if pairs is not None:  # (serving answers rerank requests only where the model read pairs)
-        setattr(model.config, model_folder.PAIRS_KEY, pairs)
-    setattr(model.config, model_folder.TASK_KEY, kind.name)  # serving's task, whatever problem_type says
-    freeze_bottom(model, args.freeze_embeddings, args.freeze_layers)
+    kind.describe(model, args, pairs)  # what serving needs of the job's settings, in config.json
+    freeze_bottom(kind.encoder_of(model), args.freeze_embeddings, args.freeze_layers)
     total, trainable = parameter_millions(model)
     logger.info(
         "model %s (%s): %.1fM parameters, %.1fM trained, %s",
@@ -203,31 +190,7 @@ def load_model(
         trainable,
         kind.head(len(label_names)),
     )
-    return model
-
-
-def _embedding_model(
-    source: ModelSource, args: TrainArguments, scored: bool, kwargs: dict[str, Any], overrides: dict[str, Any]
-) -> torch.nn.Module:
-    """The sentence-transformers model to train, with its loss: CoSENT for `scored` pairs, else in-batch negatives."""
-    from byoc.training import embedding  # sentence-transformers: only an embedding job imports it
-
-    try:
-        model = embedding.build(
-            source.path,
-            scored,
-            args.max_length,
-            kwargs,
-            overrides,
-            trust_remote_code=args.trust_remote_code,
-            world_size=distributed.world_size(),
-        )
-    except Exception as err:
-        raise ModelError(f"cannot load the model from {source.path} ({source.origin}): {brief(err)}") from None
-    freeze_bottom(embedding.encoder_of(model), args.freeze_embeddings, args.freeze_layers)
-    total, trainable = parameter_millions(model)
-    logger.info("model (%s): %.1fM parameters, %.1fM trained", source.origin, total, trainable)
-    return model
+    return cast(PreTrainedModel, model)  # an embedding model: an nn.Module the Trainer trains alike
 
 
 def parameter_millions(model: torch.nn.Module) -> tuple[float, float]:

@@ -57,7 +57,7 @@ class TaskTrainer(Trainer):
         shard_consumers: list[int] | None = None,
         precompile: bool = False,
         compiled: bool = False,
-        task: str = tasks.SINGLE_LABEL,
+        task: str = tasks.DEFAULT,
         train_collator: Any = None,
         **kwargs: Any,
     ) -> None:
@@ -274,7 +274,7 @@ def build_trainer(
     use_xla: bool = False,
     chosen: Precision | None = None,
     shard_consumers: list[int] | None = None,
-    task: str = tasks.SINGLE_LABEL,
+    task: str = tasks.DEFAULT,
     run: tracking.Run | None = None,
 ) -> TaskTrainer:
     """The Trainer for this job; `buckets` (XLA, or torch_compile) switches to fixed-shape batches;

@@ -10,7 +10,8 @@ import serve_helpers
 from byoc.serving.execution import long_texts
 from byoc.serving.protocol.request_errors import InputError
 from byoc.serving.settings import InferenceSettings
-from byoc.serving.user_code import default_handlers, entities
+from byoc.serving.user_code import default_handlers
+from byoc.tasks.token_classification import head as entities
 
 WORDS = [
     "John",
@@ -59,7 +60,7 @@ def test_steps_answer_what_one_call_answers(model, strategy):
     steps = run(work)
     assert steps > 3  # the tokenizer, then the windows (128 tokens in the tiny model) STEP_TOKENS at a time
     answers = work.answers()
-    assert answers == entities.predict(texts, parameters, model)
+    assert answers == default_handlers.predict_fn({"inputs": texts, "parameters": parameters}, model)
     assert answers[0], "the tiny model's random head tags some tokens"
 
 

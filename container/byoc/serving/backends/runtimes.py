@@ -38,7 +38,6 @@ from byoc.serving.backends.backend_choice import (
 from byoc.serving.backends.loaded import LoadedModel
 from byoc.serving.backends.onnx_session import Session
 from byoc.serving.execution import passes
-from byoc.serving.user_code import entities
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +134,7 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None =
         tokenizer=tokenizer,
         encode=encode,
         logits=session.logits,
-        windows=entities.window_encoder(tokenizer, limit, session.inputs) if task.per_token else None,
+        windows=task.window_encoder(tokenizer, limit, session.inputs),
         id2label=labels_of(config),
         activation=tasks.cross_encoder_activation(model_dir, config),
         max_length=limit,
@@ -177,8 +176,9 @@ def load_torch(
     if missing and not untrained_head:
         raise BackendError(untrained_head_message(model_dir, sorted(missing)))
     module = task.output_module(model, model_dir)
-    if task.per_token and not getattr(tokenizer, "is_fast", False):
-        raise BackendError(f"a token classifier needs a fast tokenizer (tokenizer.json) to find words: {model_dir}")
+    problem = task.tokenizer_problem(bool(getattr(tokenizer, "is_fast", False)))
+    if problem:
+        raise BackendError(f"{problem}: {model_dir}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = plan.precision
     if precision == HALF and device.type == "cpu":  # /dev/nvidia0 is there, and torch sees no CUDA
@@ -189,10 +189,9 @@ def load_torch(
     module.to(device=device, dtype=dtype).eval()
     positions = getattr(model.config, "max_position_embeddings", None)
     limit = model_folder.max_length(tokenizer.model_max_length, positions, facts.get("max_seq_length"))
-    windows = None
-    if task.per_token:
-        names = [n for n in tokenizer.model_input_names if n in ("input_ids", "attention_mask", "token_type_ids")]
-        windows = entities.window_encoder(tokenizer.backend_tokenizer, limit, names)
+    names = [n for n in tokenizer.model_input_names if n in ("input_ids", "attention_mask", "token_type_ids")]
+    backend = getattr(tokenizer, "backend_tokenizer", None)  # (a slow tokenizer has none: no task windows it)
+    windows = task.window_encoder(backend, limit, names) if backend is not None else None
     shapes = passes.gpu(limit) if device.type == "cuda" else passes.CPU
     forward: Any = module
     if compiled:

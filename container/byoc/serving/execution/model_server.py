@@ -269,7 +269,7 @@ class ModelServer:
         inputs is refused as soon as the count passes the limit, not after a full parse."""
         if bodies.too_many_inputs(body, content_type, self.settings.max_inputs):
             self._check_count(self.settings.max_inputs + 1, counted=False)
-        return default_handlers.input_fn(body, content_type, one_text=long_texts.token_classifier(self.model))
+        return default_handlers.input_fn(body, content_type, one_text=long_texts.reads_whole(self.model))
 
     def _check_count(self, count: int, counted: bool = True) -> None:
         """413 past BYOC_MAX_INPUTS_PER_REQUEST (`counted`: the exact count is known, not just that it is over)."""

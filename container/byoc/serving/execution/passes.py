@@ -15,7 +15,9 @@ that no row is fully masked; their answers are dropped.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -87,3 +89,18 @@ def pad(
     if height > len(rows) and "attention_mask" in batch:
         batch["attention_mask"][len(rows) :, 0] = 1  # a filler row attends to its one token: never all masked
     return batch
+
+
+def run(encoded: list[dict[str, list[int]]], model: Mapping[str, Any], transform: Any) -> list[np.ndarray]:
+    """Each input's output, in input order: the inputs sorted by length, cut into passes (`model["passes"]`,
+    the CPU's plan by default), each pass padded, run (`model["logits"]`) and its output put through
+    `transform` (a task's `scores`: a softmax...). An output with a row per token is cut to its input's
+    tokens."""
+    plan = model.get("passes", CPU)
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]["input_ids"]))
+    out: list[Any] = [None] * len(encoded)
+    for chunk in batches(order, encoded, plan):
+        result = transform(model["logits"](pad(chunk, encoded, model["pad_id"], plan)))
+        for n, i in enumerate(chunk):
+            out[i] = result[n] if result.ndim < 3 else result[n, : len(encoded[i]["input_ids"])]
+    return out

@@ -13,7 +13,7 @@ from typing import Any
 from byoc import tasks
 from byoc.serving.protocol.request_errors import InputError
 
-KNOWN = ("top_k", "threshold", "aggregation_strategy", "normalize", "dimensions", "prompt_name")  # tasks' own
+KNOWN = tuple(dict.fromkeys(name for task in tasks.TASKS.values() for name in task.parameters))  # tasks' own
 # A rerank request's (TEI's {"query", "texts"}: the body's form makes its shape "rerank",
 # byoc.serving.protocol.bodies), for any task that reranks (`Task.relevance`). TEI's "truncate" is read and
 # needs nothing: byoc always truncates an input at the model's limit, on the right
@@ -22,7 +22,7 @@ RERANK = ("raw_scores", "return_text", "top_n")
 
 
 def check_values(parameters: dict[str, Any]) -> None:
-    """Each parameter byoc knows, whatever the task (aggregation_strategy: byoc.serving.user_code.entities)."""
+    """Each parameter byoc knows, whatever the task (a task's own values: `Task.check_values`)."""
     threshold = parameters.get("threshold")
     for name in ("top_k", "top_n", "dimensions"):
         value = parameters.get(name)
@@ -43,6 +43,11 @@ def check_values(parameters: dict[str, Any]) -> None:
             '"truncation_direction" must be "right": byoc truncates a text past the model\'s length at its end '
             "(left truncation is not supported)"
         )
+    try:
+        for task in tasks.TASKS.values():
+            task.check_values(parameters)
+    except tasks.BadParameter as err:
+        raise InputError(str(err)) from None
 
 
 def check_task(task: tasks.Task | None, parameters: dict[str, Any], shape: str | None = None) -> None:
@@ -53,8 +58,10 @@ def check_task(task: tasks.Task | None, parameters: dict[str, Any], shape: str |
     if task is None:
         return
     reranking = shape == "rerank"
-    if shape == "openai" and not task.vectors:
-        raise InputError(f"an OpenAI embeddings request needs an embedding model; this is {task.described}")
+    try:
+        task.check_shape(shape)
+    except tasks.BadParameter as err:
+        raise InputError(str(err)) from None
     for name in KNOWN:
         if parameters.get(name) is not None and (reranking or name not in task.parameters):
             takes = () if reranking else task.parameters

@@ -14,7 +14,7 @@ own where training chose one; sigmoid scores, best first, possibly empty; "thres
 parameters override); a regression
 model {"score": value} (with "label", the target's name, when the model names it); a token classifier
 its entities, [{"entity_group", "score", "word", "start", "end"}] ("aggregation_strategy" as the
-pipeline's: byoc.serving.user_code.entities). A parameter the model's task does not use is a 400
+pipeline's: byoc.tasks.token_classification.head). A parameter the model's task does not use is a 400
 (byoc.serving.protocol.task_parameters); bodies are parsed by byoc.serving.protocol.bodies.
 """
 
@@ -48,7 +48,6 @@ from byoc.serving.protocol.request_errors import (  # noqa: F401  (NON_FINITE: r
     UnsupportedMediaType,
 )
 from byoc.serving.settings import InferenceSettings
-from byoc.serving.user_code import entities
 
 ACCEPT_TYPES = ("application/json", "text/csv", *JSON_LINES)
 
@@ -151,7 +150,6 @@ def input_fn(body: bytes | str, content_type: str = "application/json", *, one_t
     if not isinstance(parameters, dict):
         raise InputError('"parameters" must be a JSON object')
     task_parameters.check_values(parameters)
-    entities.check_strategy(parameters.get("aggregation_strategy"))
     inputs = parsed.inputs if parsed.checked else _normalise(parsed.inputs, parsed.key)
     data: dict[str, Any] = {"inputs": inputs, "parameters": parameters}
     if parsed.shape is not None:
@@ -190,7 +188,7 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     `envelopes.Embedded` (its vector and the tokens it ran, prompt included): the server builds the
     request's answer from them (byoc.serving.protocol.envelopes)."""
     inputs, parameters, shape = data["inputs"], data.get("parameters", {}), data.get("shape")
-    task = tasks.TASKS.get(model.get("task", tasks.SINGLE_LABEL))  # (the name config.json gave: runtimes)
+    task = tasks.TASKS.get(model.get("task", tasks.DEFAULT))  # (the name config.json gave: runtimes)
     task_parameters.check_values(parameters)
     task_parameters.check_task(task, parameters, shape)  # a 400 for one the task does not use, never ignored
     if task is None:
@@ -200,9 +198,11 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
             task.check_rerank(model)  # before the model runs: a model of single texts, an embedding model...
     except tasks.BadParameter as err:
         raise InputError(str(err)) from None
-    if task.per_token:  # words in, entities out
-        return entities.predict(inputs, parameters, model)
     try:
+        windowed = task.windows(inputs, parameters, model)  # a task that reads each text whole (NER)
+        if windowed is not None:
+            windowed.encode()
+            return windowed.answers(passes.run(windowed.feeds, model, task.scores))
         inputs = task.prepare(inputs, parameters, model)
     except tasks.BadParameter as err:
         raise InputError(str(err)) from None
@@ -214,13 +214,7 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     # Shortest first, cut into batches of a bounded padded size: each batch pads only to its own
     # longest text (tweets of 5 and 60 tokens never share one); answers go back in request order.
     # On a GPU (model["passes"]) the passes are larger and padded to a few length buckets.
-    plan = model.get("passes", passes.CPU)
-    order = sorted(range(len(inputs)), key=lambda i: len(encoded[i]["input_ids"]))
-    scores: list[Any] = [None] * len(inputs)  # each input's scores, filled chunk by chunk
-    for chunk in passes.batches(order, encoded, plan):
-        probs = task.scores(model["logits"](passes.pad(chunk, encoded, model["pad_id"], plan)))
-        for n, i in enumerate(chunk):
-            scores[i] = probs[n]
+    scores = passes.run(encoded, model, task.scores)
     try:
         if shape == RERANK:  # each pair's relevance: the request's list is built once its answers are back
             raw = bool(parameters.get("raw_scores"))

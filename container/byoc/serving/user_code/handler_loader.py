@@ -119,7 +119,7 @@ FULL_IMAGE_MODULES = frozenset(
     ("torch", "transformers", "datasets", "accelerate", "safetensors", "sagemaker_training")
     + ("pandas", "pyarrow", "matplotlib", "tensorboard", "onnx")
     + ("mlflow", "sagemaker_mlflow")  # experiment tracking (byoc.training.tracking)
-    + ("sentence_transformers",)  # training embedding models (byoc.training.embedding)
+    + ("sentence_transformers",)  # training embedding models (byoc.tasks.embedding.model)
 )
 
 

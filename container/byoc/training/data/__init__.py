@@ -72,7 +72,7 @@ def load_task_data(channels: Mapping[str, Path], spec: DataSpec, cache_dir: Path
     rows = not (pretokenized or tokens) and has_rows_layout(sources["train"])
     where, label_columns = sources["train"][0].where, bool(spec.label_columns)
     task = task_choice.check_request(spec.task, where, tokens, pretokenized, label_columns, rows)
-    if task is not None and tasks.get(task).vectors:
+    if task_choice.reads_rows(task):
         splits, label_names, train_labels = build_embedding(sources, spec)
     elif pretokenized:
         splits, label_names, train_labels = build_pretokenized(sources, spec, Path(cache_dir))

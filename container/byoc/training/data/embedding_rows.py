@@ -12,17 +12,15 @@ have the other one (rows trained, scored pairs evaluated: the Spearman of the co
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import datasets
 import numpy as np
 import pandas as pd
 
-from byoc.tasks import REGRESSION
 from byoc.training.data.columns import build_text, text_part, texts_of
 from byoc.training.data.names import ANCHOR_COLUMNS, NEGATIVE_COLUMNS, POSITIVE_COLUMNS
-from byoc.training.data.task_choice import RegressionCodec
+from byoc.training.data.task_choice import RegressionCodec, as_scores
 from byoc.training.data.types import DataError, DataSpec, Source, describe_sources
 
 logger = logging.getLogger(__name__)
@@ -114,7 +112,7 @@ _SCORE = datasets.Value("float32")
 
 def _scored_split(sources: list[Source], spec: DataSpec, role: str) -> datasets.Dataset:
     """An eval or test split of scored pairs beside (anchor, positive) train rows: scored by Spearman."""
-    spec = dataclasses.replace(spec, task=REGRESSION)
+    spec = as_scores(spec)
     parts = [text_part(src, spec, role) for src in sources]
     lone = next((p for p in parts if "text_pair" not in p.frame), None)
     if lone is not None:
@@ -139,7 +137,7 @@ def _scored_pairs(
 ) -> tuple[dict[str, datasets.Dataset], list[str], np.ndarray]:
     """Sentence pairs and their scores: read as a pair regression's data is (its columns, its checks)."""
     try:
-        splits, names, train_labels, _ = build_text(sources, dataclasses.replace(spec, task=REGRESSION))
+        splits, names, train_labels, _ = build_text(sources, as_scores(spec))
     except DataError as err:
         raise DataError(f"{ROWS_HINT}. {str(err).replace('task=regression', 'task=embedding')}") from None
     if "text_pair" not in splits["train"].column_names:

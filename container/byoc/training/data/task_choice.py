@@ -11,6 +11,7 @@ split's labels for the task decided.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import datasets
@@ -19,7 +20,7 @@ import pandas as pd
 
 from byoc.tasks import AUTO, EMBEDDING, MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION
 from byoc.training.data.labels import LabelCodec, as_numbers, row_count, to_float
-from byoc.training.data.types import DataError, Part
+from byoc.training.data.types import DataError, DataSpec, Part
 
 _KINDS = {"list": "lists of labels", "number": "numbers", "text": "names (text)"}
 
@@ -45,6 +46,17 @@ def label_kind(part: Part, role: str) -> str:
             f"{_KINDS[kinds.iloc[row]]} ({part.labels.iloc[row]!r}). Use one kind of label in the column."
         )
     return first
+
+
+def reads_rows(task: str | None) -> bool:
+    """Whether the task's training data are an embedding model's: (anchor, positive[, negative]) rows, or
+    scored pairs (byoc.training.data.embedding_rows)."""
+    return task == EMBEDDING
+
+
+def as_scores(spec: DataSpec) -> DataSpec:
+    """`spec` reading its labels as a score per row (an embedding model's scored pairs: regression's codec)."""
+    return dataclasses.replace(spec, task=REGRESSION)
 
 
 def check_request(

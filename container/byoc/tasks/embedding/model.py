@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from byoc import compat, sentence_folder
-from byoc.tasks import IGNORE_LABEL
+from byoc.tasks.base import IGNORE_LABEL
 
 logger = logging.getLogger(__name__)
 

@@ -1,10 +1,11 @@
 """A tag per token (NER): words in, entities out. Trained on each word's first sub-token (or all of them:
 `label_all_tokens`, saved as config.json's `byoc_word_tags`, which picks serving's default grouping),
 scored by entity (seqeval's rules), answered as the transformers pipeline's entities
-(byoc.serving.user_code.entities)."""
+(byoc.tasks.token_classification.head)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,27 +13,10 @@ import numpy as np
 
 from byoc import model_folder
 from byoc.tasks.base import IGNORE_LABEL, Task
+from byoc.tasks.token_classification import head
+from byoc.tasks.token_classification.head import DEFAULT_STRATEGY, default_strategy  # noqa: F401
 
 NAME = "token_classification"
-
-STRATEGIES = (
-    "none",
-    "simple",
-    "first",
-    "average",
-    "max",
-)  # a request's (the pipeline's: byoc.serving.user_code.entities)
-DEFAULT_STRATEGY = "simple"  # a model that does not say how it was trained: the pipeline's default
-# The default of a model trained on whitespace-separated words (by byoc_word_tags): the same words
-# here, each tagged as it was trained. Not a request's value: a request's strategy is the pipeline's.
-WHITESPACE = "whitespace-words:"
-TRAINED = {"first": WHITESPACE + "first", "all": WHITESPACE + "average"}
-
-
-def default_strategy(word_tags: str | None) -> str:
-    """A token classifier's strategy for requests that name none, from how its words were trained
-    (byoc.model_folder.word_tags_of)."""
-    return DEFAULT_STRATEGY if word_tags is None else TRAINED[word_tags]
 
 
 class TokenClassification(Task):
@@ -41,7 +25,9 @@ class TokenClassification(Task):
     described = "a token classifier"
     parameters = ("aggregation_strategy",)
     auto_class = "AutoModelForTokenClassification"
-    per_token = True
+    row_unit = "sentences"
+    whole_texts = True
+    output_axes = {0: "batch", 1: "length"}  # a row of tag logits per token
     metrics = ("precision", "recall", "f1", "accuracy")  # over entities (accuracy: over tokens)
     small_batches = True  # wnut17, 1 epoch: entity F1 0.014 at batch 32, 0.271 at 16
 
@@ -55,6 +41,30 @@ class TokenClassification(Task):
     def configure(self, config: Any, args: Any) -> None:
         """Which sub-tokens learned a word's tag: serving groups words the same way."""
         setattr(config, model_folder.WORD_TAGS_KEY, "all" if args.label_all_tokens else "first")
+
+    def tokenizer_problem(self, fast: bool) -> str | None:
+        if fast:
+            return None
+        return "a token classifier needs a fast tokenizer (tokenizer.json) to put each word's tag on its sub-tokens"
+
+    def encoder(
+        self, tokenizer: Any, max_length: int, padding: Any, label_names: list[str], label_all_tokens: bool, train: bool
+    ) -> Any:
+        """Words -> tags on their sub-tokens. Training covers a long sentence in windows (no word goes unlearned);
+        evaluation cuts it, as the predictions are one row per sentence, and says how much was cut."""
+        from byoc.tasks.token_classification.tagging import tag_encoder  # (kept apart: training's alone)
+
+        return tag_encoder(tokenizer, max_length, padding, label_names, label_all_tokens, windows=train)
+
+    def check_values(self, parameters: Mapping[str, Any]) -> None:
+        head.check_strategy(parameters.get("aggregation_strategy"))
+
+    def window_encoder(self, tokenizer: Any, limit: int, names: list[str]) -> Any:
+        return head.window_encoder(tokenizer, limit, names)
+
+    def windows(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> Any:
+        """Every window of every text: a long text is covered whole, never cut (.entities)."""
+        return head.Windowed(inputs, parameters, model)
 
     def collator(self, tokenizer: Any, pad_to_multiple_of: int | None) -> Any:
         from transformers import DataCollatorForTokenClassification  # training's: serving has no transformers

@@ -15,12 +15,12 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from tasks.test_embedding import THEIR_NAMES, TIES, information_retrieval_evaluator, shared_header_rows
 
 from byoc import compat, sentence_folder, tasks
 from byoc.tasks import EMBEDDING
+from byoc.tasks.embedding import model as embedding
 from byoc.tasks.regression import regression_metrics
-from byoc.training import embedding, entry
+from byoc.training import entry
 from byoc.training.arguments import HyperparameterError
 from byoc.training.data import DataError, TaskData
 from byoc.training.job import check_in_batch_negatives
@@ -39,6 +39,7 @@ from helpers import (
     write_jsonl,
     write_pairs,
 )
+from tasks.test_embedding import THEIR_NAMES, TIES, information_retrieval_evaluator, shared_header_rows
 
 pytestmark = pytest.mark.integration  # real jobs: not in make test-fast
 

@@ -7,7 +7,7 @@ Matryoshka `dimensions` and prompts are the request's (`normalize`, default true
 `dimensions`, the first N components, normalized again; `prompt_name`, one of the folder's prompts,
 else its default prompt), so they cost nothing in the graph and a request may turn them off.
 
-Trained (byoc.training.embedding) on scored pairs or on (anchor, positive[, negative]) rows; an evaluation
+Trained (byoc.tasks.embedding.model) on scored pairs or on (anchor, positive[, negative]) rows; an evaluation
 gets each row's two vectors side by side and reports the Spearman (and Pearson) correlation of their
 cosine with the scores, or (rows without scores) how well each anchor finds its own positive among every
 row's: MRR@10, NDCG@10, recall@1 and @10, as sentence-transformers' evaluators compute them.
@@ -38,7 +38,7 @@ class Embedding(Task):
     described = "an embedding model"
     parameters = ("normalize", "dimensions", "prompt_name")
     auto_class = "AutoModel"
-    vectors = True
+    in_metric_definitions = False  # retrieval metrics: metric_definitions("embedding") gives them
     small_batches = True  # in-batch negatives and CoSENT's pairs of pairs: batch 16, sentence-transformers' default
     metrics = ("spearman_cosine", "pearson_cosine", "mrr_at_10", "ndcg_at_10", "recall_at_1", "recall_at_10")
     metric_notes = {
@@ -62,6 +62,66 @@ class Embedding(Task):
 
     def head(self, num_labels: int) -> str:
         return "sentence embeddings, " + ("scored pairs" if num_labels else "(anchor, positive) rows")
+
+    def encoder(
+        self, tokenizer: Any, max_length: int, padding: Any, label_names: list[str], label_all_tokens: bool, train: bool
+    ) -> Any:
+        """A row's texts (a text, its pair, a negative) -> each text's token ids under its group's prefix
+        (TEXT_GROUPS: byoc.tasks.embedding.model runs each group on its own), the row's length (its longest
+        text's) and its score."""
+
+        def encode(batch: dict[str, list]) -> dict[str, list]:
+            out: dict[str, list] = {}
+            for column, prefix in TEXT_GROUPS.items():
+                if column in batch:
+                    enc = tokenizer(batch[column], truncation=True, max_length=max_length, padding=padding)
+                    out.update({prefix + key: values for key, values in enc.items()})
+            masks = [out[prefix + "attention_mask"] for column, prefix in TEXT_GROUPS.items() if column in batch]
+            out["length"] = [max(sum(mask) for mask in row) for row in zip(*masks)]
+            out["labels"] = batch["label"]
+            return out
+
+        return encode
+
+    def training_model(
+        self,
+        path: str,
+        label_names: list[str],
+        kwargs: dict[str, Any],
+        overrides: dict[str, Any],
+        trust_remote_code: bool,
+        max_length: int,
+        world_size: int,
+    ) -> Any:
+        """A sentence-transformers model and its loss: CoSENT for scored pairs (`label_names` names the score),
+        else in-batch negatives (byoc.tasks.embedding.model)."""
+        from byoc.tasks.embedding import model  # sentence-transformers and torch: only an embedding job imports them
+
+        return model.build(
+            path,
+            bool(label_names),
+            max_length,
+            kwargs,
+            overrides,
+            trust_remote_code=trust_remote_code,
+            world_size=world_size,
+        )
+
+    def describe(self, model: Any, args: Any, pairs: bool | None) -> None:
+        """Nothing: the folder written is a sentence-transformers folder, which says what it is."""
+
+    def encoder_of(self, model: Any) -> Any:
+        from byoc.tasks.embedding.model import encoder_of  # (as training_model)
+
+        return encoder_of(model)
+
+    def in_batch_negatives(self, columns: list[str], labelled: bool) -> bool:
+        """(anchor, positive) rows without a negative column: an anchor's negatives are the other positives of
+        its batch (every rank's, gathered). Scored pairs (CoSENT) and rows with their own negative do not."""
+        return not labelled and "text_negative" not in columns
+
+    def check_shape(self, shape: str | None) -> None:
+        """Every body's form: an OpenAI embeddings body too (a rerank body: `check_rerank`)."""
 
     def collator(self, tokenizer: Any, pad_to_multiple_of: int | None) -> Any:
         return GroupCollator(tokenizer, pad_to_multiple_of)

@@ -1,4 +1,4 @@
-"""Token classification (NER) answers: a text as overlapping windows of tokens (a text longer than
+"""A token classifier's serving head (NER answers): a text as overlapping windows of tokens (a text longer than
 the model's window is covered whole, never cut), each token's tag scores from the window where it sits
 furthest from an edge, and the entities the transformers token-classification pipeline would give,
 in its shapes and with its `aggregation_strategy` values:
@@ -23,77 +23,83 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from byoc import tasks
-from byoc.serving.execution import passes
-from byoc.serving.protocol import task_parameters
-from byoc.serving.protocol.request_errors import InputError
-from byoc.tasks.base import softmax
+from byoc.tasks.base import BadParameter
 
-# The strategies, and a model's default one (from how it was trained: the task's serving facts, `aggregation`);
-# re-exported here, where the entities are grouped.
-from byoc.tasks.token_classification import (  # noqa: F401
-    DEFAULT_STRATEGY,
-    STRATEGIES,
-    TRAINED,
-    WHITESPACE,
-    default_strategy,
-)
+STRATEGIES = (
+    "none",
+    "simple",
+    "first",
+    "average",
+    "max",
+)  # a request's (the pipeline's)
+DEFAULT_STRATEGY = "simple"  # a model that does not say how it was trained: the pipeline's default
+# The default of a model trained on whitespace-separated words (by byoc_word_tags): the same words
+# here, each tagged as it was trained. Not a request's value: a request's strategy is the pipeline's.
+WHITESPACE = "whitespace-words:"
+TRAINED = {"first": WHITESPACE + "first", "all": WHITESPACE + "average"}
+
+
+def default_strategy(word_tags: str | None) -> str:
+    """A token classifier's strategy for requests that name none, from how its words were trained
+    (byoc.model_folder.word_tags_of)."""
+    return DEFAULT_STRATEGY if word_tags is None else TRAINED[word_tags]
+
+
+class Windowed:
+    """One request's texts, each read whole as the windows the loaded model's window encoder makes
+    (`model["windows"]`, `window_encoder`): `encode()` makes them, the serving room runs `feeds` (every
+    window's model inputs, in order) through the model in passes of its choosing, at once or a few at a time
+    between other requests' batches, and `answers(scores)` (each window's tag scores, `feeds`' order) gives
+    each text's entities."""
+
+    def __init__(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+        self.strategy = checked(inputs, parameters, model.get("aggregation", DEFAULT_STRATEGY))
+        self.texts: list[str] = inputs
+        self.model = model
+        self.windows: list[list[dict]] = []
+
+    def encode(self) -> None:
+        """The texts' windows (the tokenizer's work)."""
+        self.windows = self.model["windows"](self.texts)
+
+    @property
+    def feeds(self) -> list[dict[str, list[int]]]:
+        return [window["feeds"] for windows in self.windows for window in windows]
+
+    def answers(self, scores: list[np.ndarray]) -> list[list[dict[str, Any]]]:
+        """Each text's entities, from each window's tag scores (a row per token)."""
+        per_text = merged(self.windows, scores)
+        return [
+            answer(text, tokens, self.model["id2label"], self.strategy) for text, tokens in zip(self.texts, per_text)
+        ]
 
 
 def check_strategy(strategy: Any) -> None:
     if strategy is not None and strategy not in STRATEGIES:
-        raise InputError(f'"aggregation_strategy" must be one of {", ".join(STRATEGIES)}, got {strategy!r}')
+        raise BadParameter(f'"aggregation_strategy" must be one of {", ".join(STRATEGIES)}, got {strategy!r}')
 
 
-def predict(inputs: list[Any], parameters: dict[str, Any], model: dict[str, Any]) -> list[Any]:
-    """The default predict_fn of a token classifier: each input's entities. Every window of every text
-    runs in length-sorted, bounded passes, as a classifier's inputs do."""
-    strategy = checked(inputs, parameters, model.get("aggregation", DEFAULT_STRATEGY))
-    per_text = tokens_of(inputs, model)
-    return [answer(text, tokens, model["id2label"], strategy) for text, tokens in zip(inputs, per_text)]
-
-
-def checked(inputs: list[Any], parameters: dict[str, Any], default: str = DEFAULT_STRATEGY) -> str:
+def checked(inputs: list[Any], parameters: Mapping[str, Any], default: str = DEFAULT_STRATEGY) -> str:
     """The request's aggregation strategy (the model's `default` where it names none), once its texts are
-    known to be texts and its parameters a token classifier's (every path to the entities passes here:
-    one call, or a long text's steps)."""
-    task_parameters.check_task(tasks.get(tasks.TOKEN_CLASSIFICATION), parameters)
+    known to be texts (its parameters are checked against the task's by the serving room, before)."""
     asked = parameters.get("aggregation_strategy") or None  # null (or "") counts as not sent
     check_strategy(asked)
     strategy = asked or default
     for index, text in enumerate(inputs):
         if not isinstance(text, str):
-            raise InputError(
+            raise BadParameter(
                 f"input {index}: a token classifier takes one text per input, not a pair: send a text with "
                 'commas as one JSON string, a line of text/plain, or a quoted CSV field ("a, b")'
             )
         if not text.strip():
-            raise InputError(f"input {index} is empty: a token classifier needs a text to find entities in")
+            raise BadParameter(f"input {index} is empty: a token classifier needs a text to find entities in")
     return strategy
-
-
-def tokens_of(texts: list[str], model: dict[str, Any]) -> list[list[dict]]:
-    """Each text's tokens with their tag scores (`merge`), every window of every text run."""
-    per_text = model["windows"](texts)
-    return merged(per_text, scores_of([w["feeds"] for windows in per_text for w in windows], model))
-
-
-def scores_of(feeds: list[dict], model: dict[str, Any]) -> list[np.ndarray]:
-    """Each window's token scores, the windows run in length-sorted, bounded passes."""
-    plan = model.get("passes", passes.CPU)
-    order = sorted(range(len(feeds)), key=lambda i: len(feeds[i]["input_ids"]))
-    scores: list[Any] = [None] * len(feeds)
-    for chunk in passes.batches(order, feeds, plan):
-        logits = model["logits"](passes.pad(chunk, feeds, model["pad_id"], plan))
-        for n, i in enumerate(chunk):
-            scores[i] = softmax(logits[n, : len(feeds[i]["input_ids"])])
-    return scores
 
 
 def merged(per_text: list[list[dict]], scores: list[np.ndarray]) -> list[list[dict]]:

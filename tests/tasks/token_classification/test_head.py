@@ -1,4 +1,4 @@
-"""byoc.serving.user_code.entities: windows that cover a long text whole, and the pipeline's aggregation."""
+"""byoc.tasks.token_classification.head: windows that cover a long text whole, and the pipeline's aggregation."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from byoc import model_folder
-from byoc.serving.user_code import entities
+from byoc.tasks.token_classification import head as entities
 
 ID2LABEL = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
 
@@ -133,19 +133,26 @@ def test_a_model_trained_on_every_sub_token_averages_its_whitespace_words():
     assert answer[0]["score"] == pytest.approx((0.8 + 0.05 + 0.05) / 3)
 
 
+def predict(texts: list[str], parameters: dict, model: dict) -> list:
+    """The entities `Windowed` gives, its windows' tokens as `merged` (patched) makes them."""
+    request = entities.Windowed(texts, parameters, {**model, "windows": lambda texts: [[] for _ in texts]})
+    request.encode()
+    return request.answers([])
+
+
 def test_a_request_without_a_strategy_gets_the_models_default(monkeypatch):
     """The default comes from the model (its config.json's byoc_word_tags, read by the runtimes); a
     model that does not say, and a request that names a strategy, get the pipeline's."""
     text = "Andrew Lloyd-Webber"
     tokens = tokens_of(text, [("Andrew", 0, B_PER), ("Lloyd", 1, I_PER), ("-", 2, OUT), ("Webber", 3, B_LOC)])
-    monkeypatch.setattr(entities, "tokens_of", lambda texts, model: [tokens for _ in texts])
+    monkeypatch.setattr(entities, "merged", lambda windows, scores: [tokens for _ in windows])
     words = {
         "id2label": ID2LABEL,
         "aggregation": entities.default_strategy(model_folder.word_tags_of({"byoc_word_tags": "first"})),
     }
-    answer = entities.predict([text], {}, words)[0]
+    answer = predict([text], {}, words)[0]
     assert [(e["entity_group"], e["word"]) for e in answer] == [("PER", "Andrew Lloyd-Webber")]
-    assert entities.predict([text], {"aggregation_strategy": None}, words)[0] == answer
+    assert predict([text], {"aggregation_strategy": None}, words)[0] == answer
     pipeline_simple = [("PER", "Andrew Lloyd"), ("LOC", "Webber")]
     unknown = {"byoc_word_tags": "every"}  # a value this byoc does not know: the pipeline's default
     for model, parameters in (
@@ -154,7 +161,7 @@ def test_a_request_without_a_strategy_gets_the_models_default(monkeypatch):
         ({"id2label": ID2LABEL}, {}),  # a model dict of a code/inference.py's own model_fn
         (words, {"aggregation_strategy": "simple"}),
     ):
-        answer = entities.predict([text], parameters, model)[0]
+        answer = predict([text], parameters, model)[0]
         assert [(e["entity_group"], e["word"]) for e in answer] == pipeline_simple
 
 
