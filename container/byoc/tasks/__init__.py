@@ -29,6 +29,7 @@ from byoc.tasks.regression import NAME as REGRESSION
 from byoc.tasks.regression import Regression
 from byoc.tasks.single_label import NAME as SINGLE_LABEL
 from byoc.tasks.single_label import SingleLabel
+from byoc.tasks.sparse_embedding import SparseEmbedding
 from byoc.tasks.token_classification import NAME as TOKEN_CLASSIFICATION
 from byoc.tasks.token_classification import TokenClassification
 
@@ -64,7 +65,15 @@ def plugins() -> list[Task]:
 # The registry: a new task's line goes here, or its package's entry point (`plugins`).
 TASKS: dict[str, Task] = {
     task.name: task
-    for task in (SingleLabel(), MultiLabel(), Regression(), TokenClassification(), Embedding(), *plugins())
+    for task in (
+        SingleLabel(),
+        MultiLabel(),
+        Regression(),
+        TokenClassification(),
+        Embedding(),
+        SparseEmbedding(),
+        *plugins(),
+    )
 }
 NAMES = tuple(TASKS)
 AUTO = "auto"  # the `task` hyperparameter's default: decided from the data
@@ -113,14 +122,14 @@ def name_of(value: str) -> str | None:
 
 
 def of_folder(model_dir: Path, config: dict[str, Any], requested: str | None = None) -> Task:
-    """The task of a model folder: `requested` (a canonical name: serving's BYOC_TASK) where given; an
-    embedding model for a sentence-transformers folder (modules.json) of an embedding model; else (a
-    cross-encoder's folder too) what config.json says."""
+    """The task of a model folder: `requested` (a canonical name: serving's BYOC_TASK) where given; for a
+    sentence-transformers folder (modules.json), the task whose `sentence_model_type` is the folder's (an
+    embedding model, a sparse one); else (a cross-encoder's folder too) what config.json says."""
     if requested:
         return TASKS[requested]
-    if sentence_model_type(model_dir) == SENTENCE_TRANSFORMER:
-        return TASKS[EMBEDDING]
-    return of_config(config)
+    kind = sentence_model_type(model_dir)
+    served = [task for task in TASKS.values() if kind is not None and task.sentence_model_type == kind]
+    return served[0] if served else of_config(config)
 
 
 def sentence_model_type(model_dir: Path) -> str | None:
@@ -131,10 +140,11 @@ def sentence_model_type(model_dir: Path) -> str | None:
     if not sentence_folder.is_sentence_folder(model_dir):
         return None
     kind = _sentence_config(model_dir).get("model_type") or SENTENCE_TRANSFORMER
-    if kind not in (SENTENCE_TRANSFORMER, CROSS_ENCODER):
+    known = {CROSS_ENCODER, *(task.sentence_model_type for task in TASKS.values() if task.sentence_model_type)}
+    if kind not in known:
         raise sentence_folder.FolderError(
-            f"{model_dir / SENTENCE_CONFIG} says model_type {kind!r}: byoc serves a sentence-transformers "
-            f"folder of a {SENTENCE_TRANSFORMER} (an embedding model) or a {CROSS_ENCODER} (a reranker)"
+            f"{model_dir / SENTENCE_CONFIG} says model_type {kind!r}: byoc serves a sentence-transformers folder "
+            f"of a {', a '.join(sorted(known))}"
         )
     return str(kind)
 

@@ -41,6 +41,7 @@ class Task:
     # characters are its work (serving's text limit and long-text steps apply).
     whole_texts = False
     output_axes: Mapping[int, str] = {0: "batch"}  # the graph's output's dynamic axes (model.onnx's "logits")
+    sentence_model_type: str | None = None  # the sentence-transformers folders it serves (their model_type)
     in_metric_definitions = True  # its metrics are in METRIC_DEFINITIONS (SageMaker reads 40 a job at most)
     smooths_labels = False  # label_smoothing applies (one class per text)
     small_batches = False  # trains at byoc's small default batch whatever the data's size
@@ -101,6 +102,10 @@ class Task:
         return {}
 
     # -- training ------------------------------------------------------------------------------------
+
+    def untrainable(self) -> str | None:
+        """Why `byoc train` cannot train the task (said when the job starts); None where it can."""
+        return None
 
     def tokenizer_problem(self, fast: bool) -> str | None:
         """Why the model's tokenizer (`fast`: a tokenizer.json's) cannot serve or train the task; None where it can."""

@@ -297,6 +297,11 @@ def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[
                     "a token classifier's answer (entities with their offsets, several per input) does not fit a CSV "
                     "row: ask for application/json or application/jsonlines"
                 )
+            if any(not isinstance(e, dict) or "score" not in e for e in entries):
+                raise NotAcceptable(
+                    "this answer (a sparse embedding's terms, or entries without a score) does not fit a CSV row: "
+                    "ask for application/json or application/jsonlines"
+                )
             if any(not math.isfinite(e["score"]) for e in entries):
                 raise InvalidAnswer(NON_FINITE)
             row = [

@@ -1,0 +1,141 @@
+"""A weight per vocabulary term (SPLADE): a sentence-transformers `SparseEncoder` folder (its `MLMTransformer`
+and `SpladePooling` modules), served as Text Embeddings Inference's `embed_sparse` answers it: each text's
+active terms as `[{"index", "value"}]`, in vocabulary order (with `"token"`, the term itself, where the request
+sets `return_tokens`). The pooling (log(1 + ReLU) of the masked-language-model logits, the max or the sum over
+the text's tokens) runs in the model, inside model.onnx or on torch, so its answers equal `SparseEncoder.encode`'s.
+Serving only: byoc does not train sparse models yet (the job says so at start).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from byoc import sentence_folder
+from byoc.tasks.base import BadParameter, Task
+
+NAME = "sparse_embedding"
+MODEL_TYPE = "SparseEncoder"  # config_sentence_transformers.json's model_type for one
+POOLINGS = ("max", "sum")  # SpladePooling's pooling_strategy
+ACTIVATIONS = ("relu", "log1p_relu")  # its activation_function: log(1 + ReLU), or that logged again
+
+
+class SparseEmbedding(Task):
+    name = NAME
+    aliases = ("sparse", "splade", "sparse_embeddings", "sparse_encoder")
+    described = "a sparse embedding model"
+    parameters = ("return_tokens",)
+    auto_class = "AutoModelForMaskedLM"
+    sentence_model_type = MODEL_TYPE
+    in_metric_definitions = False
+
+    def untrainable(self) -> str | None:
+        return (
+            "byoc serves sparse embedding models (a sentence-transformers SparseEncoder folder) but does not train "
+            "them yet: train one with sentence-transformers' SparseEncoderTrainer, then serve its folder with byoc"
+        )
+
+    def check_values(self, parameters: Mapping[str, Any]) -> None:
+        if parameters.get("return_tokens") is not None and not isinstance(parameters["return_tokens"], bool):
+            raise BadParameter('"return_tokens" must be true or false')
+
+    def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
+        """The pooling the folder's SpladePooling module applies, and the length its MLMTransformer reads."""
+        return {**splade_settings(Path(model_dir)), "max_seq_length": _max_seq_length(Path(model_dir))}
+
+    def load_torch(self, model_dir: Path, **kwargs: Any) -> tuple[Any, list[str]]:
+        """The masked language model; a pooler its checkpoint lacks is not missing (SPLADE never uses it)."""
+        model, missing = super().load_torch(model_dir, **kwargs)
+        return model, [key for key in missing if not key.startswith("pooler.")]
+
+    def output_module(self, model: Any, model_dir: Path) -> Any:
+        """The MLM logits pooled as SpladePooling pools them: one weight per vocabulary term a text."""
+        import torch  # (as load_torch: serving's torch path and the export)
+
+        settings = splade_settings(Path(model_dir))
+
+        class Splade(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = model
+                self.config = model.config
+
+            def forward(
+                self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **rest: torch.Tensor
+            ) -> torch.Tensor:
+                logits = self.model(input_ids=input_ids, attention_mask=attention_mask, **rest).logits
+                weights = torch.log1p(torch.relu(logits * attention_mask.unsqueeze(-1).to(logits.dtype)))
+                if settings["activation"] == "log1p_relu":
+                    weights = torch.log1p(weights)
+                return weights.amax(dim=1) if settings["pooling"] == "max" else weights.sum(dim=1)
+
+        return Splade().eval()
+
+    def scores(self, logits: np.ndarray) -> np.ndarray:
+        return np.asarray(logits, dtype=np.float32)
+
+    def prepare(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> list[Any]:
+        if any(not isinstance(text, str) for text in inputs):
+            raise BadParameter("a sparse embedding model embeds single texts: send texts, not pairs")
+        return inputs
+
+    def answer(
+        self, scores: list[np.ndarray], id2label: Mapping[int, str], parameters: Mapping[str, Any], model: Mapping
+    ) -> list[Any]:
+        """Each text's active terms, `{"index", "value"}` in vocabulary order (`"token"` too with return_tokens)."""
+        vocabulary = _vocabulary(model) if parameters.get("return_tokens") else None
+        out = []
+        for row in scores:
+            active = np.flatnonzero(row)
+            terms = [{"index": int(i), "value": float(row[i])} for i in active]
+            if vocabulary is not None:
+                for term in terms:
+                    term["token"] = vocabulary.get(term["index"], "")
+            out.append(terms)
+        return out
+
+
+def splade_settings(model_dir: Path) -> dict[str, str]:
+    """The folder's SpladePooling settings ({"pooling", "activation"}), read from its module's config.json."""
+    modules = _read(model_dir / sentence_folder.MODULES)
+    modules = modules if isinstance(modules, list) else []
+    found = [m for m in modules if str(m.get("type", "")).rsplit(".", 1)[-1] == "SpladePooling"]
+    if len(found) != 1:
+        raise sentence_folder.FolderError(
+            f"{model_dir / sentence_folder.MODULES}: a SparseEncoder folder byoc serves has one SpladePooling module "
+            f"after an MLMTransformer (found {len(found)}); an inference-free (Router) sparse model is not served yet"
+        )
+    path = model_dir / str(found[0].get("path", "")) / "config.json"
+    config = _read(path) if path.is_file() else {}
+    pooling = config.get("pooling_strategy", "max")
+    activation = config.get("activation_function", "relu")
+    if pooling not in POOLINGS or activation not in ACTIVATIONS:
+        raise sentence_folder.FolderError(
+            f"{path}: pooling_strategy {pooling!r} and activation_function {activation!r}: byoc serves "
+            f"{' or '.join(POOLINGS)} pooling of {' or '.join(ACTIVATIONS)}"
+        )
+    return {"pooling": str(pooling), "activation": str(activation)}
+
+
+def _max_seq_length(model_dir: Path) -> int | None:
+    path = model_dir / "sentence_bert_config.json"
+    value = _read(path).get("max_seq_length") if path.is_file() else None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise sentence_folder.FolderError(f"{path} cannot be read: {err}") from None
+
+
+def _vocabulary(model: Mapping) -> dict[int, str]:
+    """Each term's token: the loaded model's tokenizer (a `tokenizers.Tokenizer` or a transformers one)."""
+    tokenizer = model.get("tokenizer")
+    vocabulary = tokenizer.get_vocab() if tokenizer is not None else {}
+    return {index: token for token, index in vocabulary.items()}

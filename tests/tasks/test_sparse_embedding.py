@@ -1,0 +1,167 @@
+"""byoc.tasks.sparse_embedding: a sentence-transformers SparseEncoder folder (MLMTransformer + SpladePooling)
+served as TEI's embed_sparse answers it, equal to `SparseEncoder.encode`, on torch and on its exported graph."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from byoc import onnx_graph, sentence_folder, tasks
+from byoc.serving.protocol.request_errors import InputError, NotAcceptable
+from byoc.serving.settings import InferenceSettings
+from byoc.serving.user_code import default_handlers
+from byoc.tasks.sparse_embedding import splade_settings
+
+TEXTS = ["A man is playing a guitar.", "the weather is lovely today", "word " * 200]
+
+
+def sparse_classes():
+    """(SparseEncoder, MLMTransformer, SpladePooling) where sentence-transformers 5 and 6 keep them."""
+    from sentence_transformers.sparse_encoder import SparseEncoder
+
+    try:
+        from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+    except ImportError:  # sentence-transformers 5
+        from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling
+    return SparseEncoder, MLMTransformer, SpladePooling
+
+
+def build_sparse(tiny_model_dir: Path, target: Path, pooling: str = "max", activation: str = "relu") -> Path:
+    """A tiny BERT with a masked-language-model head, saved by sentence-transformers as a SparseEncoder."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    SparseEncoder, MLMTransformer, SpladePooling = sparse_classes()
+    mlm = target.parent / f"{target.name}-mlm"
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig.from_pretrained(tiny_model_dir)).save_pretrained(mlm)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (tiny_model_dir / name).exists():
+            shutil.copy(tiny_model_dir / name, mlm / name)
+    encoder = SparseEncoder(
+        modules=[MLMTransformer(str(mlm), max_seq_length=64), SpladePooling(pooling, activation)], device="cpu"
+    )
+    encoder.save(str(target))
+    return target
+
+
+@pytest.fixture(scope="module")
+def sparse(tmp_path_factory, tiny_model_dir) -> Path:
+    return build_sparse(tiny_model_dir, tmp_path_factory.mktemp("sparse") / "model")
+
+
+@pytest.fixture(scope="module")
+def sparse_graph(sparse, tmp_path_factory) -> Path:
+    target = Path(shutil.copytree(sparse, tmp_path_factory.mktemp("sparse-onnx") / "model"))
+    assert onnx_graph.export(target) == target / onnx_graph.GRAPH
+    return target
+
+
+def reference(folder: Path, texts: list[str]) -> np.ndarray:
+    SparseEncoder, _, _ = sparse_classes()
+    encoded = SparseEncoder(str(folder), device="cpu").encode(texts, convert_to_tensor=True)
+    return encoded.to_dense().numpy()
+
+
+def load(folder: Path, backend: str):
+    with default_handlers.serving_with(InferenceSettings(backend=backend, precision="fp32")):
+        return default_handlers.model_fn(str(folder))
+
+
+def ask(model, body: dict):
+    data = default_handlers.input_fn(json.dumps(body))
+    return default_handlers.predict_fn(data, model)
+
+
+def dense(answer: list[dict], width: int) -> np.ndarray:
+    row = np.zeros(width, dtype=np.float32)
+    for term in answer:
+        row[term["index"]] = term["value"]
+    return row
+
+
+def test_a_sparse_encoder_folder_is_a_sparse_embedding_model(sparse):
+    config = json.loads((sparse / "config.json").read_text())
+    assert tasks.of_folder(sparse, config).name == tasks.name_of("splade") == "sparse_embedding"
+    assert splade_settings(sparse) == {"pooling": "max", "activation": "relu"}
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_each_texts_terms_are_sparse_encoders(sparse, sparse_graph, backend):
+    """The same active terms as SparseEncoder.encode, in vocabulary order, values within 1e-4 relative."""
+    model = load(sparse_graph if backend == "onnxruntime" else sparse, backend)
+    assert model["backend"] == backend
+    expected = reference(sparse, TEXTS)
+    answers = ask(model, {"inputs": TEXTS})
+    for answer, row in zip(answers, expected):
+        indices = [term["index"] for term in answer]
+        assert indices == sorted(indices)
+        assert set(indices) == set(np.flatnonzero(row > 1e-4)) | (set(indices) & set(np.flatnonzero(row)))
+        np.testing.assert_allclose(dense(answer, len(row)), row, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("pooling,activation", [("sum", "relu"), ("max", "log1p_relu")])
+def test_the_folders_pooling_and_activation_are_honoured(tiny_model_dir, tmp_path, pooling, activation):
+    folder = build_sparse(tiny_model_dir, tmp_path / "model", pooling, activation)
+    expected = reference(folder, TEXTS[:2])
+    answers = ask(load(folder, "torch"), {"inputs": TEXTS[:2]})
+    for answer, row in zip(answers, expected):
+        np.testing.assert_allclose(dense(answer, len(row)), row, rtol=1e-4, atol=1e-5)
+
+
+def test_return_tokens_names_each_term_and_csv_is_refused(sparse):
+    model = load(sparse, "torch")
+    answer = ask(model, {"inputs": "Paris", "parameters": {"return_tokens": True}})[0]
+    vocabulary = json.loads((sparse / "tokenizer.json").read_text())["model"]["vocab"]
+    assert all(vocabulary[term["token"]] == term["index"] for term in answer)
+    with pytest.raises(InputError, match='"return_tokens" must be true or false'):
+        ask(model, {"inputs": "Paris", "parameters": {"return_tokens": "yes"}})
+    with pytest.raises(InputError, match='"top_k" does not apply to a sparse embedding model'):
+        ask(model, {"inputs": "Paris", "parameters": {"top_k": 2}})
+    with pytest.raises(NotAcceptable, match="application/json"):
+        default_handlers.output_fn([answer], "text/csv")
+
+
+def test_a_sparse_folder_without_splade_pooling_is_refused_naming_it(sparse, tmp_path):
+    folder = Path(shutil.copytree(sparse, tmp_path / "model"))
+    modules = json.loads((folder / "modules.json").read_text())
+    (folder / "modules.json").write_text(json.dumps(modules[:1]))
+    with pytest.raises(sentence_folder.FolderError, match="one SpladePooling module"):
+        splade_settings(folder)
+
+
+def test_training_a_sparse_model_is_refused_at_start():
+    from byoc.training.arguments import HyperparameterError
+    from byoc.training.hyperparameters import parse_hyperparameters
+
+    with pytest.raises(HyperparameterError, match="task=sparse_embedding: byoc serves sparse embedding models"):
+        parse_hyperparameters({"task": "sparse"})
+
+
+@pytest.mark.integration
+def test_a_sparse_graph_serves_over_http_in_every_answer_type(sparse_graph, tmp_path):
+    """`byoc serve` on the exported folder (the slim image's path: no torch in the answer): JSON, JSON Lines,
+    and CSV refused with a 406 that says what to ask for."""
+    from serve_helpers import Server
+
+    target = Path(shutil.copytree(sparse_graph, tmp_path / "m" / "model"))
+    s = Server(target, env={"BYOC_INFERENCE_BACKEND": "onnxruntime", "BYOC_INFERENCE_PRECISION": "fp32"})
+    s.wait_ready()
+    try:
+        expected = reference(sparse_graph, TEXTS[:2])
+        answer = s.invoke({"inputs": TEXTS[:2]})
+        assert answer.status_code == 200, answer.text
+        for terms, row in zip(answer.json(), expected):
+            np.testing.assert_allclose(dense(terms, len(row)), row, rtol=1e-4, atol=1e-5)
+        lines = s.invoke({"inputs": TEXTS[:2]}, accept="application/jsonlines")
+        assert lines.status_code == 200 and [json.loads(line) for line in lines.text.splitlines()] == answer.json()
+        refused = s.invoke({"inputs": TEXTS[:1]}, accept="text/csv")
+        assert refused.status_code == 406 and "application/json" in refused.text
+        openai = s.invoke({"input": TEXTS[:1], "model": "m"})
+        assert openai.status_code == 400 and "needs an embedding model" in openai.text
+    finally:
+        s.stop()
