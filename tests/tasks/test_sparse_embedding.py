@@ -165,3 +165,36 @@ def test_a_sparse_graph_serves_over_http_in_every_answer_type(sparse_graph, tmp_
         assert openai.status_code == 400 and "needs an embedding model" in openai.text
     finally:
         s.stop()
+
+
+@pytest.mark.integration
+def test_a_sparse_model_loads_on_a_multi_model_endpoint(sparse_graph, tmp_path):
+    from serve_helpers import Server
+
+    (tmp_path / "model").mkdir()
+    s = Server(tmp_path / "model", env={"SAGEMAKER_MULTI_MODEL": "true", "BYOC_INFERENCE_PRECISION": "fp32"})
+    try:
+        s.wait_ready()
+        target = Path(shutil.copytree(sparse_graph, tmp_path / "models" / "splade" / "model"))
+        assert s.client.post("/models", json={"model_name": "splade", "url": str(target)}).status_code == 200
+        answer = s.client.post("/models/splade/invoke", json={"inputs": TEXTS[:1]})
+        assert answer.status_code == 200, answer.text
+        row = reference(sparse_graph, TEXTS[:1])[0]
+        np.testing.assert_allclose(dense(answer.json()[0], len(row)), row, rtol=1e-4, atol=1e-5)
+    finally:
+        s.stop()
+
+
+def test_the_int8_graph_keeps_the_terms_that_matter(sparse_graph, tmp_path):
+    """int8 (opt-in) changes the weights a little: the strongest terms stay, and the answer's form is the same."""
+    folder = Path(shutil.copytree(sparse_graph, tmp_path / "model"))
+    assert onnx_graph.export_int8(folder) == folder / onnx_graph.INT8_GRAPH
+    with default_handlers.serving_with(InferenceSettings(backend="onnxruntime", precision="int8")):
+        model = default_handlers.model_fn(str(folder))
+    assert model["precision"] == "int8"
+    expected = reference(sparse_graph, TEXTS[:2])
+    for terms, row in zip(ask(model, {"inputs": TEXTS[:2]}), expected):
+        got = dense(terms, len(row))
+        top = np.argsort(-row)[:20]
+        assert len(set(np.argsort(-got)[:20]) & set(top)) >= 15
+        assert float(got @ row / np.linalg.norm(got) / np.linalg.norm(row)) > 0.99
