@@ -223,6 +223,31 @@ def sentence_transformers_api() -> Any:
     return sentence_transformers.SentenceTransformer, Transformer, Pooling, losses
 
 
+def sparse_encoder_api() -> Any:
+    """sentence-transformers' `(SparseEncoder, MLMTransformer, SpladePooling, losses)`: 6.x keeps the modules
+    in `sparse_encoder.modules`, 5.x in `sparse_encoder.models`."""
+    from sentence_transformers.sparse_encoder import SparseEncoder, losses
+
+    try:
+        from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+    except ImportError:
+        from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling  # type: ignore
+    return SparseEncoder, MLMTransformer, SpladePooling, losses
+
+
+def mlm_module(path: str, max_seq_length: int, model: dict[str, Any], config: dict[str, Any]) -> Any:
+    """A SparseEncoder's masked-language-model module: 6.x's `Transformer(transformer_task="fill-mask")` (its
+    `MLMTransformer` is deprecated and warns), 5.x's `MLMTransformer` (`model_args`/`config_args`)."""
+    try:
+        from sentence_transformers.sparse_encoder.modules import Transformer
+    except ImportError:
+        from sentence_transformers.sparse_encoder.models import MLMTransformer
+
+        return MLMTransformer(path, max_seq_length=max_seq_length, model_args=model, config_args=config)
+    kwargs = sentence_encoder_kwargs(Transformer, model, config)
+    return Transformer(path, max_seq_length=max_seq_length, transformer_task="fill-mask", **kwargs)
+
+
 def cos_sim(a: Any, b: Any) -> Any:
     """Every row of `a` against every row of `b`: sentence-transformers' `util.cos_sim` on dense vectors.
     Theirs ends in `.to_dense()`, which returns a dense tensor itself; torch.compile before torch 2.13

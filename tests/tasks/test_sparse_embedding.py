@@ -134,14 +134,6 @@ def test_a_sparse_folder_without_splade_pooling_is_refused_naming_it(sparse, tmp
         splade_settings(folder)
 
 
-def test_training_a_sparse_model_is_refused_at_start():
-    from byoc.training.arguments import HyperparameterError
-    from byoc.training.hyperparameters import parse_hyperparameters
-
-    with pytest.raises(HyperparameterError, match="task=sparse_embedding: byoc serves sparse embedding models"):
-        parse_hyperparameters({"task": "sparse"})
-
-
 @pytest.mark.integration
 def test_a_sparse_graph_serves_over_http_in_every_answer_type(sparse_graph, tmp_path):
     """`byoc serve` on the exported folder (the slim image's path: no torch in the answer): JSON, JSON Lines,

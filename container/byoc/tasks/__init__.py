@@ -29,6 +29,7 @@ from byoc.tasks.regression import NAME as REGRESSION
 from byoc.tasks.regression import Regression
 from byoc.tasks.single_label import NAME as SINGLE_LABEL
 from byoc.tasks.single_label import SingleLabel
+from byoc.tasks.sparse_embedding import NAME as SPARSE_EMBEDDING
 from byoc.tasks.sparse_embedding import SparseEmbedding
 from byoc.tasks.token_classification import NAME as TOKEN_CLASSIFICATION
 from byoc.tasks.token_classification import TokenClassification
@@ -89,6 +90,7 @@ __all__ = [
     "NAMES",
     "REGRESSION",
     "SINGLE_LABEL",
+    "SPARSE_EMBEDDING",
     "TASKS",
     "TOKEN_CLASSIFICATION",
     "Task",

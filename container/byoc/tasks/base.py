@@ -103,10 +103,6 @@ class Task:
 
     # -- training ------------------------------------------------------------------------------------
 
-    def untrainable(self) -> str | None:
-        """Why `byoc train` cannot train the task (said when the job starts); None where it can."""
-        return None
-
     def tokenizer_problem(self, fast: bool) -> str | None:
         """Why the model's tokenizer (`fast`: a tokenizer.json's) cannot serve or train the task; None where it can."""
         return None

@@ -306,8 +306,6 @@ def _validate(args: TrainArguments) -> None:
     if task is None:
         raise HyperparameterError(f"hyperparameter task must be auto or one of {', '.join(tasks.NAMES)}: {args.task!r}")
     args.task = task
-    if task != tasks.AUTO and (why := tasks.get(task).untrainable()):
-        raise HyperparameterError(f"hyperparameter task={task}: {why}")
     _check_precision(args)
     if args.serving_int8 and not args.serving_graph:
         raise HyperparameterError(

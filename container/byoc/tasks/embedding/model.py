@@ -94,6 +94,9 @@ class EmbeddingModel(torch.nn.Module):
             if not bool(keep.any()):
                 return vectors[0].sum() * 0.0
             vectors, labels = [v[keep] for v in vectors], labels[keep]
+        return self.objective_loss(vectors, labels)
+
+    def objective_loss(self, vectors: list[torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
         objective: Any = self.__dict__["objective"]
         return objective.compute_loss_from_embeddings(vectors, labels)
 

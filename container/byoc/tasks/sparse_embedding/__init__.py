@@ -3,7 +3,8 @@ and `SpladePooling` modules), served as Text Embeddings Inference's `embed_spars
 active terms as `[{"index", "value"}]`, in vocabulary order (with `"token"`, the term itself, where the request
 sets `return_tokens`). The pooling (log(1 + ReLU) of the masked-language-model logits, the max or the sum over
 the text's tokens) runs in the model, inside model.onnx or on torch, so its answers equal `SparseEncoder.encode`'s.
-Serving only: byoc does not train sparse models yet (the job says so at start).
+Trained (`task=sparse_embedding`, byoc.tasks.sparse_embedding.model) on an embedding model's rows, with SPLADE's
+loss; evaluated as the embedding model is, plus `active_dims`: the active terms of an evaluated text, on average.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from byoc import sentence_folder
-from byoc.tasks.base import BadParameter, Task
+from byoc.tasks.base import BadParameter, Task, kept_rows
+from byoc.tasks.embedding import Embedding
 
 NAME = "sparse_embedding"
 MODEL_TYPE = "SparseEncoder"  # config_sentence_transformers.json's model_type for one
@@ -24,20 +26,59 @@ POOLINGS = ("max", "sum")  # SpladePooling's pooling_strategy
 ACTIVATIONS = ("relu", "log1p_relu")  # its activation_function: log(1 + ReLU), or that logged again
 
 
-class SparseEmbedding(Task):
+class SparseEmbedding(Embedding):
+    """Trained as the embedding model is (its rows, batches and metrics); served as TEI serves SPLADE."""
+
     name = NAME
     aliases = ("sparse", "splade", "sparse_embeddings", "sparse_encoder")
     described = "a sparse embedding model"
     parameters = ("return_tokens",)
     auto_class = "AutoModelForMaskedLM"
     sentence_model_type = MODEL_TYPE
-    in_metric_definitions = False
+    metrics = (*Embedding.metrics, "active_dims")
 
-    def untrainable(self) -> str | None:
-        return (
-            "byoc serves sparse embedding models (a sentence-transformers SparseEncoder folder) but does not train "
-            "them yet: train one with sentence-transformers' SparseEncoderTrainer, then serve its folder with byoc"
+    def head(self, num_labels: int) -> str:
+        return "sparse embeddings, " + ("scored pairs" if num_labels else "(anchor, positive) rows")
+
+    def training_model(
+        self,
+        path: str,
+        label_names: list[str],
+        kwargs: dict[str, Any],
+        overrides: dict[str, Any],
+        trust_remote_code: bool,
+        max_length: int,
+        world_size: int,
+    ) -> Any:
+        """A SparseEncoder and SPLADE's loss (byoc.tasks.sparse_embedding.model)."""
+        from byoc.tasks.sparse_embedding import model  # sentence-transformers and torch: only a sparse job imports them
+
+        return model.build(
+            path,
+            bool(label_names),
+            max_length,
+            kwargs,
+            overrides,
+            trust_remote_code=trust_remote_code,
+            world_size=world_size,
         )
+
+    def encoder_of(self, model: Any) -> Any:
+        from byoc.tasks.sparse_embedding.model import encoder_of  # (as training_model)
+
+        return encoder_of(model)
+
+    def evaluate(
+        self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        """The embedding model's metrics (cosine), and the active terms of a text on average."""
+        metrics, details = super().evaluate(logits, labels, names, cut)
+        kept, _ = kept_rows(np.asarray(logits, dtype=np.float32), np.asarray(labels))
+        metrics["active_dims"] = float(np.count_nonzero(kept, axis=1).mean() / 2) if len(kept) else 0.0
+        return metrics, details
+
+    def check_shape(self, shape: str | None) -> None:
+        Task.check_shape(self, shape)  # no OpenAI embeddings body: its vectors are dense
 
     def check_values(self, parameters: Mapping[str, Any]) -> None:
         if parameters.get("return_tokens") is not None and not isinstance(parameters["return_tokens"], bool):

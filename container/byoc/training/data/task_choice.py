@@ -18,10 +18,11 @@ import datasets
 import numpy as np
 import pandas as pd
 
-from byoc.tasks import AUTO, EMBEDDING, MULTI_LABEL, REGRESSION, SINGLE_LABEL, TOKEN_CLASSIFICATION
+from byoc.tasks import AUTO, EMBEDDING, MULTI_LABEL, REGRESSION, SINGLE_LABEL, SPARSE_EMBEDDING, TOKEN_CLASSIFICATION
 from byoc.training.data.labels import LabelCodec, as_numbers, row_count, to_float
 from byoc.training.data.types import DataError, DataSpec, Part
 
+VECTORS = (EMBEDDING, SPARSE_EMBEDDING)  # the tasks that train on an embedding model's rows
 _KINDS = {"list": "lists of labels", "number": "numbers", "text": "names (text)"}
 
 
@@ -51,7 +52,7 @@ def label_kind(part: Part, role: str) -> str:
 def reads_rows(task: str | None) -> bool:
     """Whether the task's training data are an embedding model's: (anchor, positive[, negative]) rows, or
     scored pairs (byoc.training.data.embedding_rows)."""
-    return task == EMBEDDING
+    return task in VECTORS
 
 
 def as_scores(spec: DataSpec) -> DataSpec:
@@ -65,18 +66,20 @@ def check_request(
     """The task the data's form decides (token classification for token data, one class per row for
     pretokenized rows, an embedding model for anchor/positive `rows` or when asked), or None where the
     labels decide (`decide`); a `requested` task (canonical, or auto) that the form contradicts is refused."""
-    if rows and requested not in (AUTO, EMBEDDING):
+    if rows and requested not in (AUTO, *VECTORS):
         raise DataError(
             f"The train data ({where}) has anchor and positive columns, an embedding model's training rows, but "
             f"task={requested}: drop task (or set task=embedding), or name the columns text and label to classify."
         )
-    if requested == EMBEDDING and (tokens or pretokenized):
+    if requested in VECTORS and (tokens or pretokenized):
         raise DataError(
-            f"task=embedding trains on texts, but the train data ({where}) is "
+            f"task={requested} trains on texts, but the train data ({where}) is "
             f"{'token data (a tag per token)' if tokens else 'pretokenized (input_ids)'}: give anchor and "
             "positive columns (a negative column optional), or sentence pairs with a score."
         )
-    if rows or requested == EMBEDDING:
+    if requested in VECTORS:
+        return requested
+    if rows:
         return EMBEDDING
     if tokens and requested not in (AUTO, TOKEN_CLASSIFICATION):
         raise DataError(
