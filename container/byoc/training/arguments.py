@@ -118,10 +118,11 @@ class TrainArguments:
     label_column: str | None = _hp(None, "Label column. Default: detected (label, labels, target, class, ...).")
     task: str = _hp(
         "auto",
-        "single_label_classification, multi_label_classification, regression, token_classification or embedding (or "
-        "single_label, multi_label, ner). auto: CoNLL files or tokens + ner_tags -> token_classification; anchor and "
-        "positive columns -> embedding; lists of labels or 0/1 label columns -> multi-label; numbers not all whole -> "
-        "regression; else single-label. embedding on sentence pairs with a score: CoSENT.",
+        "single_label_classification, multi_label_classification, regression, token_classification, embedding or "
+        "sparse_embedding (or single_label, multi_label, ner, splade). auto: CoNLL files or tokens + ner_tags -> "
+        "token_classification; anchor and positive columns -> embedding; lists of labels or 0/1 label columns -> "
+        "multi-label; numbers not all whole -> regression; else single-label. embedding on sentence pairs with a "
+        "score: CoSENT.",
         ("problem_type",),
     )
     label_columns: str | None = _hp(
@@ -132,6 +133,20 @@ class TrainArguments:
         None, "Multi-label: predict labels at or above this. Default: tuned on eval data, else 0.5.", bound=Bound(0, 1)
     )
     label_all_tokens: bool = _hp(False, "Token classification: tag every sub-token of a word, not only its first.")
+    mine_hard_negatives: bool = _hp(
+        False,
+        "Embedding models on (anchor, positive) rows: before training, give each row a hard negative mined with the "
+        "model as loaded (sentence-transformers' util.mine_hard_negatives).",
+    )
+    negatives_range_min: int = _hp(
+        10, "Mined negatives: skip each anchor's closest N texts (often unlabelled positives).", bound=WHOLE
+    )
+    negatives_range_max: int = _hp(
+        50, "Mined negatives: look no further than each anchor's closest N texts.", bound=COUNT
+    )
+    negatives_margin: float = _hp(
+        0.05, "Mined negatives: at most (1 - margin) as similar to the anchor as its positive.", bound=FRACTION
+    )
     validation_split: float = _hp(
         0.0,
         "Without eval data, hold out this fraction of train (stratified) to evaluate on. 0 = none.",
@@ -306,6 +321,11 @@ def _validate(args: TrainArguments) -> None:
     if task is None:
         raise HyperparameterError(f"hyperparameter task must be auto or one of {', '.join(tasks.NAMES)}: {args.task!r}")
     args.task = task
+    if args.mine_hard_negatives and args.negatives_range_max <= args.negatives_range_min:
+        raise HyperparameterError(
+            f"hyperparameter negatives_range_max={args.negatives_range_max} must be above negatives_range_min="
+            f"{args.negatives_range_min}: the negatives are mined among the texts ranked between them"
+        )
     _check_precision(args)
     if args.serving_int8 and not args.serving_graph:
         raise HyperparameterError(

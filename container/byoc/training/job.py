@@ -29,17 +29,18 @@ from byoc import __version__, tasks
 from byoc.contract import TrainingContract
 from byoc.launch import distributed
 from byoc.training import precision, xla
-from byoc.training.arguments import HyperparameterError, TrainArguments, bucket_sizes, label_column_list
+from byoc.training.arguments import TrainArguments, bucket_sizes, label_column_list
 from byoc.training.artifact import default_code_dir, publish_model, write_predictions
 from byoc.training.buckets import choose_buckets, padding_efficiency
 from byoc.training.checkpoints import StopOnSignal, check_job, common_resume_point, drop_after
 from byoc.training.compiled_steps import persistent_cache, wants_buckets
-from byoc.training.data import DataError, DataSpec, TaskData, load_task_data
+from byoc.training.data import DataSpec, TaskData, load_task_data
 from byoc.training.evaluation import Failures, decision_thresholds, final_evaluation
 from byoc.training.hyperparameters import given_names
 from byoc.training.metrics import metrics_line, write_report
 from byoc.training.model import ModelError, ModelSource, load_tokenizer, model_max_length, resolve_model
 from byoc.training.model import load_model as _load_model  # job.load_model is the step
+from byoc.training.negatives import check_in_batch_negatives, mine_hard_negatives
 from byoc.training.precision import Precision
 from byoc.training.samplers import FixedShapeSampler
 from byoc.training.settings import TrainingSettings
@@ -152,6 +153,7 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
         for name in sorted(set(tasks.get(data.task).training_defaults(len(data.label_names))) - given):
             logger.info("%s: %s (the default for %s)", name, getattr(resolved, name), data.task)
         args = resolved
+        data = mine_hard_negatives(data, source.path, args)  # (mine_hard_negatives=true)
         check_in_batch_negatives(data, args.train_batch_size, distributed.world_size())  # before anything slow
         tokenizer = load_tokenizer(source, args)
         # The one input length every later step uses (tokens, buckets, the saved model): at most the model's.
@@ -194,26 +196,6 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
         chosen,
         run=settings.run,
     )
-
-
-def check_in_batch_negatives(data: TaskData, batch_size: int, world_size: int) -> None:
-    """Refuse (anchor, positive) rows no batch can train: without a negative column an anchor's negatives are the
-    other positives of its batch (every rank's, gathered), and a batch of one row has none: a loss of 0."""
-    if not tasks.get(data.task).in_batch_negatives(data.train.column_names, bool(data.label_names)):
-        return  # scored pairs (CoSENT), each row's own hard negative, or no negatives at all: any batch size trains
-    why = "each anchor is trained against the other positives of its batch (in-batch negatives)"
-    other = "or add a negative column (for each row a hard negative: a text close to the anchor, but wrong)"
-    if len(data.train) < 2:
-        raise DataError(
-            f"The train data has only {len(data.train)} (anchor, positive) row, and {why}: there are none, so "
-            f"nothing would be learned. Give more rows, {other}."
-        )
-    if batch_size * world_size < 2:
-        raise HyperparameterError(
-            f"per_device_train_batch_size={batch_size} on {world_size} process, and {why}: a batch of one row has "
-            "none, so every loss would be 0 and nothing would be learned. Set a larger per_device_train_batch_size "
-            f"(the default is 16; the more rows a batch, the more negatives), {other}."
-        )
 
 
 def load_model(job: Job) -> PreTrainedModel:

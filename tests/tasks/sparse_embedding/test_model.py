@@ -100,3 +100,21 @@ def test_the_loss_is_splades_ranking_loss_plus_its_flops_regularisers(tiny_model
 
 def _feeds(features: dict) -> dict:
     return {"ids": features["input_ids"], "mask": features["attention_mask"], "types": features.get("token_type_ids")}
+
+
+def test_mining_hard_negatives_for_a_sparse_job_is_refused_saying_what_to_do(tiny_model_dir, tmp_path):
+    import datasets
+
+    from byoc.training.arguments import HyperparameterError
+    from byoc.training.data import TaskData
+    from byoc.training.hyperparameters import parse_hyperparameters
+    from byoc.training.negatives import mine_hard_negatives
+
+    rows = topic_rows(8)
+    train = datasets.Dataset.from_dict(
+        {"text": [r["anchor"] for r in rows], "text_pair": [r["positive"] for r in rows]}
+    )
+    data = TaskData(train=train, eval=None, test=None, label_names=[], pretokenized=False, task="sparse_embedding")
+    args = parse_hyperparameters({"mine_hard_negatives": "true", "task": "sparse"})
+    with pytest.raises(HyperparameterError, match="give them as a negative column"):
+        mine_hard_negatives(data, str(mlm_folder(tiny_model_dir, tmp_path / "mlm")), args)

@@ -116,6 +116,15 @@ class Embedding(Task):
 
         return encoder_of(model)
 
+    def mine_negatives(
+        self, model: Any, anchors: list[str], positives: list[str], range_min: int, range_max: int, margin: float
+    ) -> list[str | None]:
+        """Each row's hard negative among the rows' positives, mined with `model` (the training model, as
+        loaded): sentence-transformers' util.mine_hard_negatives; None where none is in range and margin."""
+        from byoc.tasks.embedding.model import mine_negatives  # (as training_model)
+
+        return mine_negatives(model, anchors, positives, range_min, range_max, margin)
+
     def in_batch_negatives(self, columns: list[str], labelled: bool) -> bool:
         """(anchor, positive) rows without a negative column: an anchor's negatives are the other positives of
         its batch (every rank's, gathered). Scored pairs (CoSENT) and rows with their own negative do not."""

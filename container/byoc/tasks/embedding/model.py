@@ -18,6 +18,7 @@ by side, which `byoc.tasks.embedding` scores (Spearman of the cosine; MRR, NDCG 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +174,35 @@ def check_module_code(folder: Path, trust_remote_code: bool) -> None:
 def encoder_of(model: EmbeddingModel) -> Any:
     """The transformers model inside (what freezing and dropout settings apply to)."""
     return model.model[0].auto_model
+
+
+def mine_negatives(
+    model: EmbeddingModel, anchors: list[str], positives: list[str], range_min: int, range_max: int, margin: float
+) -> list[str | None]:
+    """Each (anchor, positive) row's hardest negative among every row's positive: ranked `range_min` to
+    `range_max` by the model's cosine, at most `1 - margin` as close as the row's own positive; None for a
+    row with none (sentence-transformers' util.mine_hard_negatives, one negative a row, the top one)."""
+    import datasets  # training's: serving imports this package without it
+    from sentence_transformers.util import mine_hard_negatives  # (as datasets)
+
+    # At most the corpus (the distinct positives, less an anchor's own): sentence-transformers 5.x asks torch.topk
+    # for more than there are and fails; 6.x caps it.
+    range_max = min(range_max, len(set(positives)) - max(Counter(anchors).values()))
+    if range_max <= range_min:
+        return [None] * len(anchors)  # too few texts to rank past range_min
+    if torch.cuda.is_available():  # the miner is a copy the job drops after: its GPU, while it runs
+        model.model.to("cuda")
+    rows = datasets.Dataset.from_dict({"anchor": anchors, "positive": positives})
+    mined = mine_hard_negatives(
+        rows,
+        model.model,
+        range_min=range_min,
+        range_max=range_max,
+        relative_margin=margin,
+        num_negatives=1,
+        sampling_strategy="top",
+        output_format="triplet",
+        verbose=False,
+    )
+    found = {(a, p): n for a, p, n in zip(mined["anchor"], mined["positive"], mined["negative"])}
+    return [found.get((anchor, positive)) for anchor, positive in zip(anchors, positives)]

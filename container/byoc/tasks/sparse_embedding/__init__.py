@@ -77,6 +77,15 @@ class SparseEmbedding(Embedding):
         metrics["active_dims"] = float(np.count_nonzero(kept, axis=1).mean() / 2) if len(kept) else 0.0
         return metrics, details
 
+    def mine_negatives(
+        self, model: Any, anchors: list[str], positives: list[str], range_min: int, range_max: int, margin: float
+    ) -> list[str | None]:
+        raise BadParameter(
+            "mine_hard_negatives=true mines with a dense embedding model (sentence-transformers' util."
+            "mine_hard_negatives does not take a SparseEncoder): mine the negatives beforehand (with a dense "
+            "model, or a sparse one's index) and give them as a negative column"
+        )
+
     def check_shape(self, shape: str | None) -> None:
         Task.check_shape(self, shape)  # no OpenAI embeddings body: its vectors are dense
 

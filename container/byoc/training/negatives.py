@@ -1,0 +1,97 @@
+"""Negatives for an embedding model's rows: the check that in-batch negatives exist, and hard negatives mined
+before training (`mine_hard_negatives=true`) with sentence-transformers' `util.mine_hard_negatives`.
+
+A hard negative is a text close to the anchor but not its positive: the model learns more from it than from
+the random other rows of a batch. The miner is the model the job trains, as loaded (its own pooling), run
+over the train rows' positives as the corpus: each anchor's candidates are the positives ranked
+`negatives_range_min` to `negatives_range_max` by cosine (the very top ones are often unlabelled positives),
+at most `1 - negatives_margin` as close as its own positive. A row for which none qualifies gets another
+row's positive, chosen at random (seeded): every row keeps its place, and the log says how many.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+
+from byoc import compat, tasks
+from byoc.training.arguments import HyperparameterError, TrainArguments
+from byoc.training.data import DataError, TaskData, task_choice
+
+logger = logging.getLogger(__name__)
+
+NEGATIVE = "text_negative"  # the rows' negative column (byoc.tasks.embedding.TEXT_GROUPS)
+
+
+def check_in_batch_negatives(data: TaskData, batch_size: int, world_size: int) -> None:
+    """Refuse (anchor, positive) rows no batch can train: without a negative column an anchor's negatives are the
+    other positives of its batch (every rank's, gathered), and a batch of one row has none: a loss of 0."""
+    if not tasks.get(data.task).in_batch_negatives(data.train.column_names, bool(data.label_names)):
+        return  # scored pairs (CoSENT), each row's own hard negative, or no negatives at all: any batch size trains
+    why = "each anchor is trained against the other positives of its batch (in-batch negatives)"
+    other = "or add a negative column (for each row a hard negative: a text close to the anchor, but wrong)"
+    if len(data.train) < 2:
+        raise DataError(
+            f"The train data has only {len(data.train)} (anchor, positive) row, and {why}: there are none, so "
+            f"nothing would be learned. Give more rows, {other}."
+        )
+    if batch_size * world_size < 2:
+        raise HyperparameterError(
+            f"per_device_train_batch_size={batch_size} on {world_size} process, and {why}: a batch of one row has "
+            "none, so every loss would be 0 and nothing would be learned. Set a larger per_device_train_batch_size "
+            f"(the default is 16; the more rows a batch, the more negatives), {other}."
+        )
+
+
+def mine_hard_negatives(data: TaskData, source_path: str, args: TrainArguments) -> TaskData:
+    """`data` with a negative for each train row, mined with the model at `source_path` as the job loads it,
+    where the job asks (`mine_hard_negatives=true`); as given otherwise."""
+    if not args.mine_hard_negatives:
+        return data
+    task = tasks.get(data.task)
+    if not task.in_batch_negatives(data.train.column_names, bool(data.label_names)):
+        raise HyperparameterError(
+            "mine_hard_negatives=true mines a negative for each (anchor, positive) row of an embedding model's train "
+            f"data; this job's train data are {_described(data)}: drop mine_hard_negatives, or give (anchor, positive) "
+            "rows without a negative column"
+        )
+    if len(data.train) < 2:
+        raise DataError(
+            f"mine_hard_negatives=true needs two train rows at least (a corpus); the train data has {len(data.train)}"
+        )
+    kwargs = {**compat.fp32_weights(), **task.model_kwargs()}
+    miner = task.training_model(source_path, data.label_names, kwargs, {}, args.trust_remote_code, args.max_length, 1)
+    anchors, positives = list(data.train["text"]), list(data.train["text_pair"])
+    try:
+        mined = task.mine_negatives(
+            miner, anchors, positives, args.negatives_range_min, args.negatives_range_max, args.negatives_margin
+        )
+    except tasks.BadParameter as err:  # a task that mines no negatives says why
+        raise HyperparameterError(str(err)) from None
+    rng = random.Random(args.seed)
+    negatives, missing = [], 0
+    for i, negative in enumerate(mined):
+        if negative is None:  # none in range and margin: another row's positive, as in-batch negatives would give
+            missing += 1
+            other = rng.randrange(len(positives) - 1)
+            negative = positives[other + (other >= i)]
+        negatives.append(negative)
+    logger.info(
+        "hard negatives: mined for %d of %d train rows (ranks %d-%d by cosine, margin %g); %d without one in range "
+        "got another row's positive",
+        len(negatives) - missing,
+        len(negatives),
+        args.negatives_range_min,
+        args.negatives_range_max,
+        args.negatives_margin,
+        missing,
+    )
+    return dataclasses.replace(data, train=data.train.add_column(NEGATIVE, negatives))
+
+
+def _described(data: TaskData) -> str:
+    if NEGATIVE in data.train.column_names:
+        return "(anchor, positive, negative) rows already"
+    kind = tasks.get(data.task).described
+    return f"{kind}'s scored pairs" if task_choice.reads_rows(data.task) else f"the data of {kind}"

@@ -1,0 +1,110 @@
+"""byoc.training.negatives: hard negatives mined before an embedding model's training
+(`mine_hard_negatives=true`, sentence-transformers' util.mine_hard_negatives), and the in-batch check."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import datasets
+import pytest
+
+from byoc import tasks
+from byoc.training import entry
+from byoc.training.arguments import HyperparameterError
+from byoc.training.data import TaskData
+from byoc.training.hyperparameters import parse_hyperparameters
+from byoc.training.model import bundled_model_dir
+from byoc.training.negatives import NEGATIVE, mine_hard_negatives
+from helpers import topic_rows, write_jsonl
+
+ROWS = topic_rows(40)
+
+
+def rows_data(rows: list[dict]) -> TaskData:
+    train = datasets.Dataset.from_dict(
+        {
+            "text": [r["anchor"] for r in rows],
+            "text_pair": [r["positive"] for r in rows],
+            "label": [float("nan")] * len(rows),
+        }
+    )
+    return TaskData(train=train, eval=None, test=None, label_names=[], pretokenized=False, task=tasks.EMBEDDING)
+
+
+def test_each_row_gets_a_negative_that_is_another_rows_positive_within_the_range(caplog):
+    """MiniLM as the miner: every row keeps its place and gets a negative, never its own positive; the mined
+    ones are those util.mine_hard_negatives gives for the same rows."""
+    args = parse_hyperparameters(
+        {"mine_hard_negatives": "true", "negatives_range_min": "1", "negatives_range_max": "10", "max_length": "64"}
+    )
+    data = rows_data(ROWS)
+    with caplog.at_level("INFO", logger="byoc.training.negatives"):
+        mined = mine_hard_negatives(data, str(bundled_model_dir()), args)
+    assert mined.train["text"] == data.train["text"] and mined.train["text_pair"] == data.train["text_pair"]
+    positives = set(data.train["text_pair"])
+    for positive, negative in zip(mined.train["text_pair"], mined.train[NEGATIVE]):
+        assert negative in positives and negative != positive
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("hard negatives"))
+    assert "of 40 train rows (ranks 1-10 by cosine, margin 0.05)" in line, line
+    assert int(line.split("mined for ")[1].split()[0]) > 0, line
+
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.util import mine_hard_negatives as theirs
+
+    rows = datasets.Dataset.from_dict({"anchor": data.train["text"], "positive": data.train["text_pair"]})
+    expected = theirs(
+        rows,
+        SentenceTransformer(str(bundled_model_dir()), device="cpu"),
+        range_min=1,
+        range_max=10,
+        relative_margin=0.05,
+        num_negatives=1,
+        sampling_strategy="top",
+        verbose=False,
+    )
+    by_row = {(a, p): n for a, p, n in zip(expected["anchor"], expected["positive"], expected["negative"])}
+    ours = {(a, p): n for a, p, n in zip(mined.train["text"], mined.train["text_pair"], mined.train[NEGATIVE])}
+    assert by_row and all(ours[key] == negative for key, negative in by_row.items())
+
+
+def test_without_the_setting_the_data_are_as_given():
+    data = rows_data(ROWS[:4])
+    assert mine_hard_negatives(data, "unused", parse_hyperparameters({})) is data
+
+
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        ({"label_names": ["score"]}, "an embedding model's scored pairs"),
+        ({"task": tasks.SINGLE_LABEL, "label_names": ["a", "b"]}, "the data of a single-label classifier"),
+    ],
+)
+def test_data_that_are_no_anchor_positive_rows_are_refused_naming_them(change, words):
+    data = dataclasses.replace(rows_data(ROWS[:4]), **change)
+    with pytest.raises(HyperparameterError, match=words):
+        mine_hard_negatives(data, "unused", parse_hyperparameters({"mine_hard_negatives": "true"}))
+
+
+def test_the_range_must_hold_a_text():
+    with pytest.raises(HyperparameterError, match="negatives_range_max"):
+        parse_hyperparameters({"mine_hard_negatives": "true", "negatives_range_min": "10", "negatives_range_max": "10"})
+    parse_hyperparameters({"negatives_range_min": "10", "negatives_range_max": "10"})  # unused: no matter
+
+
+@pytest.mark.integration
+def test_a_job_mines_then_trains_on_the_mined_triplets(job, tiny_model_dir, caplog):
+    job.hyperparameters(
+        {
+            "max_steps": "4",
+            "per_device_train_batch_size": "8",
+            "mine_hard_negatives": "true",
+            "negatives_range_min": "2",
+        }
+    )
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(32))
+    with caplog.at_level("INFO"):
+        assert entry.train() == 0, job.failure
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("hard negatives: mined for") and "of 32 train rows" in m for m in messages)
+    assert job.metrics["task"] == tasks.EMBEDDING
