@@ -309,10 +309,10 @@ def run_reference(task: str, epochs: float, workdir: Path, seed: int = 42) -> di
         TrainingArguments,
     )
 
+    from byoc.tasks.token_classification.tagging import tag_encoder
     from byoc.training.data import DataSpec, load_task_data
     from byoc.training.metrics import TaskMetrics
     from byoc.training.model import bundled_model_dir
-    from byoc.tasks.token_classification.tagging import tag_encoder
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

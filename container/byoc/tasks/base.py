@@ -163,6 +163,13 @@ class Task:
         """The transformers model under the trained one (whose bottom layers `freeze_*` freeze)."""
         return model
 
+    def mine_negatives(
+        self, model: Any, anchors: list[str], positives: list[str], range_min: int, range_max: int, margin: float
+    ) -> list[str | None]:
+        """Each (anchor, positive) row's hard negative among the rows' positives, mined with `model` (the job's
+        `training_model`, as loaded); None for a row with none in range. BadParameter for a task that mines none."""
+        raise BadParameter(f"{self.described} trains on no (anchor, positive) rows: there are no negatives to mine")
+
     def in_batch_negatives(self, columns: list[str], labelled: bool) -> bool:
         """Whether training on rows of these `columns` (`labelled`: with a label or score) takes each row's
         negatives from the other rows of its batch, so a batch of one row learns nothing."""

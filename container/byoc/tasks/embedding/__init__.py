@@ -36,12 +36,19 @@ class Embedding(Task):
     name = NAME
     aliases = ("embeddings", "sentence_embedding", "sentence_embeddings", "feature_extraction")
     described = "an embedding model"
-    parameters = ("normalize", "dimensions", "prompt_name")
+    parameters: tuple[str, ...] = ("normalize", "dimensions", "prompt_name")
     auto_class = "AutoModel"
     sentence_model_type = "SentenceTransformer"  # (also where an older folder's config leaves model_type out)
     in_metric_definitions = False  # retrieval metrics: metric_definitions("embedding") gives them
     small_batches = True  # in-batch negatives and CoSENT's pairs of pairs: batch 16, sentence-transformers' default
-    metrics = ("spearman_cosine", "pearson_cosine", "mrr_at_10", "ndcg_at_10", "recall_at_1", "recall_at_10")
+    metrics: tuple[str, ...] = (
+        "spearman_cosine",
+        "pearson_cosine",
+        "mrr_at_10",
+        "ndcg_at_10",
+        "recall_at_1",
+        "recall_at_10",
+    )
     metric_notes = {
         "mrr_at_10": "each eval row's anchor ranks every row's positive by cosine; its own is the one relevant; "
         "equal scores rank in the order the rows are evaluated (shortest anchor first), as "

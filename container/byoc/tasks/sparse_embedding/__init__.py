@@ -140,11 +140,12 @@ class SparseEmbedding(Embedding):
         vocabulary = _vocabulary(model) if parameters.get("return_tokens") else None
         out = []
         for row in scores:
-            active = np.flatnonzero(row)
-            terms = [{"index": int(i), "value": float(row[i])} for i in active]
-            if vocabulary is not None:
-                for term in terms:
-                    term["token"] = vocabulary.get(term["index"], "")
+            terms: list[dict[str, Any]] = []
+            for i in np.flatnonzero(row):
+                term: dict[str, Any] = {"index": int(i), "value": float(row[i])}
+                if vocabulary is not None:
+                    term["token"] = vocabulary.get(int(i), "")
+                terms.append(term)
             out.append(terms)
         return out
 
