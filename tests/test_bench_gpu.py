@@ -48,10 +48,11 @@ def test_the_gpu_benchmark_runs_every_kind_of_recipe(tmp_path):
     assert set(served) == {"auto", "torch:fp32"}  # on a GPU: auto and the four CUDA backends
     for name, serving in served.items():
         assert serving["first_answer_s"] > 0 and serving["rss_mib"] > 0, (name, serving)
-        assert all(r["errors"] == 0 and r["sentences_per_second"] > 0 for r in serving["load"].values()), (
-            name,
-            serving,
-        )
+        # Every phase ran without an error; a phase's 2 s window counts the answers that end inside it, and on
+        # a loaded machine the 32 concurrent requests of 16 may all end after it (CI saw 0 there, 2026-11-27):
+        # the speed is the benchmark's to report, so only the single-sentence phase must have answered.
+        assert all(r["errors"] == 0 for r in serving["load"].values()), (name, serving)
+        assert serving["load"]["1x1"]["sentences_per_second"] > 0, (name, serving)
         assert set(serving["meets"]) == set(results["serving"]["targets"])
     assert served["auto"]["served_by"].startswith("onnxruntime on cpu, fp32")  # the CPU default, unchanged
     assert served["torch:fp32"]["served_by"].startswith("torch on cpu, fp32")
