@@ -89,6 +89,20 @@ def build_tiny_bert(target: Path, seed: int = TEST_SEED) -> Path:
     return target
 
 
+def build_tiny_mlm(tiny_model_dir: Path, target: Path) -> Path:
+    """The tiny BERT with a masked-language-model head (seeded): a plain transformers folder, as from the Hub,
+    for sparse (SPLADE) models."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig.from_pretrained(tiny_model_dir)).save_pretrained(target)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (tiny_model_dir / name).exists():
+            shutil.copy(tiny_model_dir / name, target / name)
+    return target
+
+
 def build_classifier_with_graph(target: Path, tiny_model_dir: Path) -> Path:
     """A tiny 3-label classifier saved as byoc publishes it, with its serving graph (model.onnx)."""
     import torch

@@ -70,8 +70,8 @@ def read(model_dir: Path) -> SentenceFolder:
     """The folder's modules (a plain transformers folder: mean pooling, no Dense, no Normalize)."""
     model_dir = Path(model_dir)
     if not is_sentence_folder(model_dir):
-        return SentenceFolder(**_prompts(model_dir), max_seq_length=_max_seq_length(model_dir))
-    modules = _json(model_dir / MODULES)
+        return SentenceFolder(**_prompts(model_dir), max_seq_length=max_seq_length_of(model_dir))
+    modules = read_json(model_dir / MODULES)
     if not isinstance(modules, list):
         raise FolderError(f"{model_dir / MODULES} must be a list of modules")
     pooling: tuple[str, ...] = ("mean",)
@@ -98,7 +98,7 @@ def read(model_dir: Path) -> SentenceFolder:
         tuple(dense),
         normalize,
         **_prompts(model_dir),
-        max_seq_length=_max_seq_length(model_dir),
+        max_seq_length=max_seq_length_of(model_dir),
         sentence_transformers=True,
     )
 
@@ -113,7 +113,7 @@ def foreign_modules(model_dir: Path) -> list[str]:
     not sentence-transformers' own: code that loading the folder would import and run (a `my_pool.Pooling`
     beside a `my_pool.py`). sentence-transformers 5.x imports such code from a local folder without asking
     for trust_remote_code; 6.x refuses it. Read-only, imports nothing."""
-    return _foreign(Path(model_dir), _json(Path(model_dir) / MODULES), MODULES)
+    return _foreign(Path(model_dir), read_json(Path(model_dir) / MODULES), MODULES)
 
 
 def _foreign(model_dir: Path, modules: Any, listed_in: str) -> list[str]:
@@ -134,13 +134,13 @@ def _foreign(model_dir: Path, modules: Any, listed_in: str) -> list[str]:
         elif kind.rsplit(".", 1)[-1] in _ROUTERS:
             where = model_dir / str(module.get("path") or "")
             config = next((where / name for name in _ROUTER_CONFIGS if (where / name).is_file()), None)
-            found += _foreign(where, _json(config), config.name) if config is not None else []
+            found += _foreign(where, read_json(config), config.name) if config is not None else []
     return found
 
 
 def _pooling(config_path: Path) -> tuple[str, ...]:
     """sentence-transformers 6's `pooling_mode` (a mode, or modes in their order), or the flags of earlier versions."""
-    config = _json(config_path)
+    config = read_json(config_path)
     config = config if isinstance(config, dict) else {}
     named = config.get("pooling_mode")
     if named is not None:
@@ -163,7 +163,7 @@ def _pooling(config_path: Path) -> tuple[str, ...]:
 
 
 def _dense(folder: Path) -> Dense:
-    config = _json(folder / "config.json")
+    config = read_json(folder / "config.json")
     activation = str(config.get("activation_function") or "torch.nn.modules.linear.Identity").rsplit(".", 1)[-1]
     if activation not in ACTIVATIONS:
         raise FolderError(f"{folder / 'config.json'}: activation {activation!r} is not one byoc serves ({ACTIVATIONS})")
@@ -177,7 +177,7 @@ def _dense(folder: Path) -> Dense:
 
 def _prompts(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "config_sentence_transformers.json"
-    config = _json(path) if path.is_file() else {}
+    config = read_json(path) if path.is_file() else {}
     prompts = config.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
         raise FolderError(f"{path}: prompts must map names to texts")
@@ -187,13 +187,15 @@ def _prompts(model_dir: Path) -> dict[str, Any]:
     return {"prompts": dict(prompts), "default_prompt_name": default}
 
 
-def _max_seq_length(model_dir: Path) -> int | None:
+def max_seq_length_of(model_dir: Path) -> int | None:
+    """sentence_bert_config.json's max_seq_length (the length the folder's transformer reads), None where unset."""
     path = model_dir / "sentence_bert_config.json"
-    value = _json(path).get("max_seq_length") if path.is_file() else None
+    value = read_json(path).get("max_seq_length") if path.is_file() else None
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
-def _json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
+    """A JSON file of the folder; FolderError naming it where it is missing or unreadable."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

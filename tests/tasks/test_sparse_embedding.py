@@ -10,38 +10,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from byoc import onnx_graph, sentence_folder, tasks
+from byoc import compat, onnx_graph, sentence_folder, tasks
 from byoc.serving.protocol.request_errors import InputError, NotAcceptable
 from byoc.serving.settings import InferenceSettings
 from byoc.serving.user_code import default_handlers
 from byoc.tasks.sparse_embedding import splade_settings
+from helpers import build_tiny_mlm
 
 TEXTS = ["A man is playing a guitar.", "the weather is lovely today", "word " * 200]
 
 
-def sparse_classes():
-    """(SparseEncoder, MLMTransformer, SpladePooling) where sentence-transformers 5 and 6 keep them."""
-    from sentence_transformers.sparse_encoder import SparseEncoder
-
-    try:
-        from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
-    except ImportError:  # sentence-transformers 5
-        from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling
-    return SparseEncoder, MLMTransformer, SpladePooling
-
-
 def build_sparse(tiny_model_dir: Path, target: Path, pooling: str = "max", activation: str = "relu") -> Path:
     """A tiny BERT with a masked-language-model head, saved by sentence-transformers as a SparseEncoder."""
-    import torch
-    from transformers import BertConfig, BertForMaskedLM
-
-    SparseEncoder, MLMTransformer, SpladePooling = sparse_classes()
-    mlm = target.parent / f"{target.name}-mlm"
-    torch.manual_seed(0)
-    BertForMaskedLM(BertConfig.from_pretrained(tiny_model_dir)).save_pretrained(mlm)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        if (tiny_model_dir / name).exists():
-            shutil.copy(tiny_model_dir / name, mlm / name)
+    SparseEncoder, MLMTransformer, SpladePooling, _ = compat.sparse_encoder_api()
+    mlm = build_tiny_mlm(tiny_model_dir, target.parent / f"{target.name}-mlm")
     encoder = SparseEncoder(
         modules=[MLMTransformer(str(mlm), max_seq_length=64), SpladePooling(pooling, activation)], device="cpu"
     )
@@ -62,7 +44,7 @@ def sparse_graph(sparse, tmp_path_factory) -> Path:
 
 
 def reference(folder: Path, texts: list[str]) -> np.ndarray:
-    SparseEncoder, _, _ = sparse_classes()
+    SparseEncoder = compat.sparse_encoder_api()[0]
     encoded = SparseEncoder(str(folder), device="cpu").encode(texts, convert_to_tensor=True)
     return encoded.to_dense().numpy()
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import torch
 from byoc import compat
 from byoc.tasks.sparse_embedding import model as sparse
 from byoc.training import entry
-from helpers import topic_rows, write_jsonl
+from helpers import build_tiny_mlm, topic_rows, write_jsonl
 
 pytestmark = pytest.mark.integration  # a real job: not in make test-fast
 
@@ -29,18 +28,6 @@ QUICK = {"max_steps": "6", "logging_steps": "2", "per_device_train_batch_size": 
 def forget_inference_module():
     yield
     sys.modules.pop("inference", None)
-
-
-def mlm_folder(tiny_model_dir: Path, target: Path) -> Path:
-    """The tiny BERT with a masked-language-model head: a plain transformers folder, as from the Hub."""
-    from transformers import BertConfig, BertForMaskedLM
-
-    torch.manual_seed(0)
-    BertForMaskedLM(BertConfig.from_pretrained(tiny_model_dir)).save_pretrained(target)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        if (tiny_model_dir / name).exists():
-            shutil.copy(tiny_model_dir / name, target / name)
-    return target
 
 
 def served_terms(model_dir: Path, monkeypatch, backend: str, texts: list[str]) -> list[list[dict]]:
@@ -60,7 +47,7 @@ def test_a_sparse_job_trains_splade_and_its_folder_serves_sparse_encoders_terms(
     job, tiny_model_dir, tmp_path, monkeypatch
 ):
     job.hyperparameters({**QUICK, "learning_rate": "1e-3"})
-    job.model_channel(mlm_folder(tiny_model_dir, tmp_path / "mlm"))
+    job.model_channel(build_tiny_mlm(tiny_model_dir, tmp_path / "mlm"))
     write_jsonl(job.channel("train") / "train.jsonl", topic_rows(48, negatives=True))
     write_jsonl(job.channel("validation") / "dev.jsonl", topic_rows(24, seed=1, negatives=True))
     assert entry.train() == 0, job.failure
@@ -86,7 +73,7 @@ def test_a_sparse_job_trains_splade_and_its_folder_serves_sparse_encoders_terms(
 
 def test_the_loss_is_splades_ranking_loss_plus_its_flops_regularisers(tiny_model_dir, tmp_path):
     """objective_loss computes from the vectors what SpladeLoss computes from the texts."""
-    model = sparse.build(str(mlm_folder(tiny_model_dir, tmp_path / "mlm")), False, 32, {}, {})
+    model = sparse.build(str(build_tiny_mlm(tiny_model_dir, tmp_path / "mlm")), False, 32, {}, {})
     model.eval()  # no dropout: both sides see the same vectors
     features = model.model.tokenize(["a cat sat", "dogs bark", "rain falls"])
     pairs = model.model.tokenize(["the cat", "a dog", "the rain"])
@@ -117,4 +104,4 @@ def test_mining_hard_negatives_for_a_sparse_job_is_refused_saying_what_to_do(tin
     data = TaskData(train=train, eval=None, test=None, label_names=[], pretokenized=False, task="sparse_embedding")
     args = parse_hyperparameters({"mine_hard_negatives": "true", "task": "sparse"})
     with pytest.raises(HyperparameterError, match="give them as a negative column"):
-        mine_hard_negatives(data, str(mlm_folder(tiny_model_dir, tmp_path / "mlm")), args)
+        mine_hard_negatives(data, str(build_tiny_mlm(tiny_model_dir, tmp_path / "mlm")), args)

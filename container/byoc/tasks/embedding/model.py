@@ -36,21 +36,22 @@ class EmbeddingModel(torch.nn.Module):
 
     def __init__(self, model: Any, scored: bool, world_size: int = 1) -> None:
         super().__init__()
-        _, _, _, losses = compat.sentence_transformers_api()
         self.model = model  # the SentenceTransformer
         self.config = model[0].auto_model.config  # what byoc's steps read of a transformers model
         self.scored = scored
-        # Their own similarity functions, but ones torch.compile keeps gradients through (compat.cos_sim).
-        objective = (
-            losses.CoSENTLoss(model, similarity_fct=compat.pairwise_cos_sim)
-            if scored
-            else losses.MultipleNegativesRankingLoss(
-                model, similarity_fct=compat.cos_sim, gather_across_devices=world_size > 1
-            )
-        )
         # Held outside the module tree: the loss keeps a reference to the model, which would put every
         # weight in the state dict twice (and safetensors refuses tensors that share memory).
-        self.__dict__["objective"] = objective
+        self.__dict__["objective"] = self.make_objective(model, scored, world_size)
+
+    def make_objective(self, model: Any, scored: bool, world_size: int) -> Any:
+        """CoSENT for scored pairs, else the multiple-negatives ranking loss (gathered across ranks), with their
+        own similarity functions, but ones torch.compile keeps gradients through (compat.cos_sim)."""
+        losses = compat.sentence_transformers_api()[3]
+        if scored:
+            return losses.CoSENTLoss(model, similarity_fct=compat.pairwise_cos_sim)
+        return losses.MultipleNegativesRankingLoss(
+            model, similarity_fct=compat.cos_sim, gather_across_devices=world_size > 1
+        )
 
     @property
     def device(self) -> torch.device:

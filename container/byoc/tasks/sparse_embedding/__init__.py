@@ -9,7 +9,6 @@ loss; evaluated as the embedding model is, plus `active_dims`: the active terms 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -95,7 +94,10 @@ class SparseEmbedding(Embedding):
 
     def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
         """The pooling the folder's SpladePooling module applies, and the length its MLMTransformer reads."""
-        return {**splade_settings(Path(model_dir)), "max_seq_length": _max_seq_length(Path(model_dir))}
+        return {
+            **splade_settings(Path(model_dir)),
+            "max_seq_length": sentence_folder.max_seq_length_of(Path(model_dir)),
+        }
 
     def load_torch(self, model_dir: Path, **kwargs: Any) -> tuple[Any, list[str]]:
         """The masked language model; a pooler its checkpoint lacks is not missing (SPLADE never uses it)."""
@@ -152,7 +154,7 @@ class SparseEmbedding(Embedding):
 
 def splade_settings(model_dir: Path) -> dict[str, str]:
     """The folder's SpladePooling settings ({"pooling", "activation"}), read from its module's config.json."""
-    modules = _read(model_dir / sentence_folder.MODULES)
+    modules = sentence_folder.read_json(model_dir / sentence_folder.MODULES)
     modules = modules if isinstance(modules, list) else []
     found = [m for m in modules if str(m.get("type", "")).rsplit(".", 1)[-1] == "SpladePooling"]
     if len(found) != 1:
@@ -161,7 +163,7 @@ def splade_settings(model_dir: Path) -> dict[str, str]:
             f"after an MLMTransformer (found {len(found)}); an inference-free (Router) sparse model is not served yet"
         )
     path = model_dir / str(found[0].get("path", "")) / "config.json"
-    config = _read(path) if path.is_file() else {}
+    config = sentence_folder.read_json(path) if path.is_file() else {}
     pooling = config.get("pooling_strategy", "max")
     activation = config.get("activation_function", "relu")
     if pooling not in POOLINGS or activation not in ACTIVATIONS:
@@ -170,19 +172,6 @@ def splade_settings(model_dir: Path) -> dict[str, str]:
             f"{' or '.join(POOLINGS)} pooling of {' or '.join(ACTIVATIONS)}"
         )
     return {"pooling": str(pooling), "activation": str(activation)}
-
-
-def _max_seq_length(model_dir: Path) -> int | None:
-    path = model_dir / "sentence_bert_config.json"
-    value = _read(path).get("max_seq_length") if path.is_file() else None
-    return value if isinstance(value, int) and value > 0 else None
-
-
-def _read(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise sentence_folder.FolderError(f"{path} cannot be read: {err}") from None
 
 
 def _vocabulary(model: Mapping) -> dict[int, str]:

@@ -8,14 +8,13 @@ model's (byoc.tasks.embedding.model); `save_pretrained` writes a SparseEncoder f
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from byoc import compat
+from byoc import compat, sentence_folder
 from byoc.tasks.embedding.model import EmbeddingModel, check_module_code
 
 logger = logging.getLogger(__name__)
@@ -28,19 +27,14 @@ class SparseModel(EmbeddingModel):
     """A SparseEncoder and SPLADE's loss, trained as the embedding model is (token columns in, the loss and
     each row's anchor and positive vectors out)."""
 
-    def __init__(self, model: Any, scored: bool, world_size: int = 1) -> None:
-        torch.nn.Module.__init__(self)
+    def make_objective(self, model: Any, scored: bool, world_size: int) -> Any:
         losses = compat.sparse_encoder_api()[3]
-        self.model = model
-        self.config = model[0].auto_model.config
-        self.scored = scored
         ranking = (
             losses.SparseCoSENTLoss(model)
             if scored
             else losses.SparseMultipleNegativesRankingLoss(model, gather_across_devices=world_size > 1)
         )
-        # (held outside the module tree, as the embedding model's: the loss references the model)
-        self.__dict__["objective"] = losses.SpladeLoss(
+        return losses.SpladeLoss(
             model, ranking, document_regularizer_weight=DOCUMENT_WEIGHT, query_regularizer_weight=QUERY_WEIGHT
         )
 
@@ -102,9 +96,4 @@ def encoder_of(model: SparseModel) -> Any:
 
 def _is_sparse_folder(path: Path) -> bool:
     settings = path / "config_sentence_transformers.json"
-    try:
-        return (
-            settings.is_file() and json.loads(settings.read_text(encoding="utf-8")).get("model_type") == "SparseEncoder"
-        )
-    except (OSError, ValueError):
-        return False
+    return settings.is_file() and sentence_folder.read_json(settings).get("model_type") == "SparseEncoder"
