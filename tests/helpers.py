@@ -425,6 +425,25 @@ def write_jsonl(path, rows) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def write_beir(folder: Path, qrels_name: str = "test") -> Path:
+    """A BEIR retrieval set of TOPICS: each sentence a document (titled by its topic on the first), a query per
+    topic relevant to its sentences; a query without a relevant document, and a judgement scored 0."""
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus, qrels = [], ["query-id\tcorpus-id\tscore"]
+    for topic, sentences in sorted(TOPICS.items()):
+        for i, sentence in enumerate(sentences):
+            corpus.append({"_id": f"{topic}-{i}", "title": topic if i == 0 else "", "text": sentence})
+            qrels.append(f"q-{topic}\t{topic}-{i}\t1")
+    qrels.append("q-cooking\tweather-0\t0")
+    queries = [{"_id": f"q-{topic}", "text": f"something about {topic}"} for topic in sorted(TOPICS)]
+    queries.append({"_id": "q-unjudged", "text": "a query nobody judged"})
+    write_jsonl(folder / "corpus.jsonl", corpus)
+    write_jsonl(folder / "queries.jsonl", queries)
+    (folder / "qrels").mkdir(exist_ok=True)
+    (folder / "qrels" / f"{qrels_name}.tsv").write_text("\n".join(qrels) + "\n")
+    return folder
+
+
 def write_pairs(path, rows) -> None:
     lines = ["pair_ID\tsentence_A\tsentence_B\trelatedness_score"]
     lines += [f"{i}\t{a}\t{b}\t{s}" for i, (a, b, s) in enumerate(rows)]

@@ -235,6 +235,20 @@ def sparse_encoder_api() -> Any:
     return SparseEncoder, MLMTransformer, SpladePooling, losses
 
 
+def retrieval_evaluator(kind: str) -> Any:
+    """sentence-transformers' information-retrieval evaluator for a `kind` of model ("dense" or "sparse"): 6.x
+    keeps the dense one in `sentence_transformer.evaluation` (the old path warns), 5.1 only at the old path."""
+    if kind == "sparse":
+        from sentence_transformers.sparse_encoder.evaluation import SparseInformationRetrievalEvaluator
+
+        return SparseInformationRetrievalEvaluator
+    try:
+        from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
+    except ImportError:
+        from sentence_transformers.evaluation import InformationRetrievalEvaluator  # type: ignore[no-redef]
+    return InformationRetrievalEvaluator
+
+
 def mlm_module(path: str, max_seq_length: int, model: dict[str, Any], config: dict[str, Any]) -> Any:
     """A SparseEncoder's masked-language-model module: 6.x's `Transformer(transformer_task="fill-mask")` (its
     `MLMTransformer` is deprecated and warns), 5.x's `MLMTransformer` (`model_args`/`config_args`)."""

@@ -31,6 +31,23 @@ def test_metric_definitions_read_the_log_lines():
     }
 
 
+def test_a_retrieval_models_definitions_read_its_retrieval_set_figures_and_every_tasks_fit_in_forty():
+    from byoc import tasks
+    from byoc.training.metrics import metric_definitions
+
+    final = metrics_line({"test_corpus_ndcg_at_10": 0.61, "test_bm25_ndcg_at_10": 0.42, "eval_mrr_at_10": 0.5})
+    for task in (tasks.EMBEDDING, tasks.SPARSE_EMBEDDING):
+        found = {
+            d["Name"]: float(match.group(1))
+            for d in metric_definitions(task)
+            if (match := re.search(d["Regex"], final))
+        }
+        assert found == {"test:corpus_ndcg_at_10": 0.61, "test:bm25_ndcg_at_10": 0.42, "eval:mrr_at_10": 0.5}
+    for task in (None, *tasks.TASKS):
+        assert len(metric_definitions(task)) <= 40, task  # SageMaker's limit a job
+    assert not any("corpus" in d["Name"] for d in METRIC_DEFINITIONS)  # classifiers rank no corpus
+
+
 def test_plot_is_a_png(tmp_path):
     history = [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5}, {"step": 2, "eval_loss": 0.6, "eval_accuracy": 0.8}]
     plot_history(history, tmp_path / "m.png")

@@ -208,3 +208,24 @@ def test_every_task_trains_on_xla_with_fixed_shapes(tmp_path, tiny_model_dir, ta
     }[task]
     assert headline in xla and headline in cpu
     assert xla["xla_graphs_per_epoch"][1:] == [0]  # no new graph after the first epoch
+
+
+def test_an_embedding_model_trained_on_xla_is_evaluated_on_a_retrieval_set_on_the_host(tmp_path, tiny_model_dir):
+    """A BEIR set in the test channel: the XLA job's figures are sentence-transformers' own for the folder it
+    wrote (encoded on the host, byoc.training.corpus_evaluation), and the model is still saved from the device."""
+    from byoc import compat
+    from byoc.training import corpus_evaluation
+    from byoc.training.data.beir import read_set
+    from helpers import Job, topic_rows, write_beir, write_jsonl
+
+    job = Job(tmp_path / "opt-ml").resources()
+    job.hyperparameters({**CLASSIFICATION_HP, **XLA, "max_steps": "4"})
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "t.jsonl", topic_rows(32))
+    found = read_set(write_beir(job.channel("test")), "test", "test")
+    done = run_train_process(job.root)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    scoring = corpus_evaluation.evaluator(found, "dense")
+    results = scoring(compat.sentence_transformers_api()[0](str(job.model_dir), device="cpu"))
+    assert job.metrics["test_corpus_ndcg_at_10"] == pytest.approx(results["corpus_cosine_ndcg@10"], abs=1e-6)
+    assert job.metrics["device"] == "xla" and "test_bm25_ndcg_at_10" in job.metrics

@@ -49,6 +49,8 @@ class Task:
     tunes_thresholds = False  # chooses its decision thresholds on the eval data
     metrics: tuple[str, ...] = ()  # what `evaluate` reports (the log's eval_<name>, METRIC_DEFINITIONS)
     metric_notes: Mapping[str, str] = {}  # metrics.json's notes on metrics whose convention differs
+    ranks_corpus: str | None = None  # "dense", "sparse": which of sentence-transformers' retrieval evaluators ranks
+    # a corpus with it (a BEIR set in the test channel: byoc.training.corpus_evaluation); None: it retrieves nothing
 
     def training_defaults(self, num_labels: int) -> Mapping[str, Any]:
         """Hyperparameters whose default differs for this task on data of `num_labels` labels (measured:
@@ -169,6 +171,11 @@ class Task:
         """Each (anchor, positive) row's hard negative among the rows' positives, mined with `model` (the job's
         `training_model`, as loaded); None for a row with none in range. BadParameter for a task that mines none."""
         raise BadParameter(f"{self.described} trains on no (anchor, positive) rows: there are no negatives to mine")
+
+    def retriever_of(self, model: Any) -> Any:
+        """The sentence-transformers model inside the trained one that a retrieval evaluator encodes with
+        (`ranks_corpus` tasks only)."""
+        raise BadParameter(f"{self.described} does not rank documents for a query")
 
     def in_batch_negatives(self, columns: list[str], labelled: bool) -> bool:
         """Whether training on rows of these `columns` (`labelled`: with a label or score) takes each row's

@@ -34,7 +34,9 @@ from byoc.training.artifact import default_code_dir, publish_model, write_predic
 from byoc.training.buckets import choose_buckets, padding_efficiency
 from byoc.training.checkpoints import StopOnSignal, check_job, common_resume_point, drop_after
 from byoc.training.compiled_steps import persistent_cache, wants_buckets
+from byoc.training.corpus_evaluation import check_sets, evaluate_sets
 from byoc.training.data import DataSpec, TaskData, load_task_data
+from byoc.training.data.beir import RetrievalSet, split_retrieval_channels
 from byoc.training.evaluation import Failures, decision_thresholds, final_evaluation
 from byoc.training.hyperparameters import given_names
 from byoc.training.metrics import metrics_line, write_report
@@ -69,6 +71,7 @@ class Job:
     precision: Precision  # what the step computes in, and whether it compiles
     failures: Failures = field(default_factory=Failures)  # after training: kept until the model is saved
     run: Any = None  # the MLflow run (TrainingSettings.run), where the job is tracked
+    retrieval: dict[str, RetrievalSet] = field(default_factory=dict)  # BEIR sets by split, evaluated after training
 
     @property
     def label_names(self) -> list[str]:
@@ -138,7 +141,9 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
             max_train_samples=args.max_train_samples,
             max_eval_samples=args.max_eval_samples,
         )
-        data = load_task_data(contract.channel_dirs, spec, cache_dir)
+        channels, retrieval = split_retrieval_channels(contract.channel_dirs)  # BEIR sets: evaluated, not rows
+        data = load_task_data(channels, spec, cache_dir)
+        check_sets(retrieval, data.task)
         # The task's defaults, now that the task is known, where the job gave none.
         given = given_names(contract.hyperparameters)
         resolved = args.for_task(data.task, len(data.train), given, len(data.label_names))
@@ -195,6 +200,7 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
         buckets,
         chosen,
         run=settings.run,
+        retrieval=retrieval if args.do_eval and not args.neuron_precompile else {},
     )
 
 
@@ -280,6 +286,11 @@ def finish(job: Job, trainer: TaskTrainer, metrics: dict[str, Any]) -> dict[str,
             write_predictions(
                 predictions, tokenized["test"], job.label_names, paths.output_data_dir, job.data.task, cuts
             )
+    if job.retrieval and failures.first is None:
+        with failures.kept("the evaluation on the retrieval set"):
+            ranked = evaluate_sets(job.retrieval, job.data.task, trainer.model, args.per_device_eval_batch_size)
+            logger.info(metrics_line(ranked))  # a [metrics] line: what the metric definitions read
+            metrics = {**metrics, **ranked}
     summary = {**metrics, **_job_summary(job, trainer)}
     if failures.first:
         summary["evaluation_failure"] = failures.first

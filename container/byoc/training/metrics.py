@@ -21,6 +21,7 @@ from byoc import tasks
 from byoc.model_folder import DEFAULT_THRESHOLD
 from byoc.tasks import thresholds
 from byoc.tasks.base import kept_rows
+from byoc.training.corpus_evaluation import DEFINED as CORPUS_DEFINED
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ def metric_definitions(task: str | None = None) -> list[dict[str, str]]:
     regression's (38: `METRIC_DEFINITIONS`). An embedding model's: metric_definitions("embedding")."""
     kinds = [tasks.get(task)] if task else [kind for kind in tasks.TASKS.values() if kind.in_metric_definitions]
     names = ("loss", *dict.fromkeys(name for kind in kinds for name in kind.metrics))
+    if any(kind.ranks_corpus for kind in kinds):  # a BEIR set's headline figures (byoc.training.corpus_evaluation)
+        names = (*names, *CORPUS_DEFINED)
     tuned = TUNED if any(kind.tunes_thresholds for kind in kinds) else ()
     return _TRAINING + [
         {"Name": f"{split}:{name}", "Regex": rf"\[metrics\].* {split}_{name}={_NUMBER}"}

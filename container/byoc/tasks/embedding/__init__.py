@@ -40,6 +40,7 @@ class Embedding(Task):
     auto_class = "AutoModel"
     sentence_model_type = "SentenceTransformer"  # (also where an older folder's config leaves model_type out)
     in_metric_definitions = False  # retrieval metrics: metric_definitions("embedding") gives them
+    ranks_corpus = "dense"
     small_batches = True  # in-batch negatives and CoSENT's pairs of pairs: batch 16, sentence-transformers' default
     metrics: tuple[str, ...] = (
         "spearman_cosine",
@@ -122,6 +123,9 @@ class Embedding(Task):
         from byoc.tasks.embedding.model import encoder_of  # (as training_model)
 
         return encoder_of(model)
+
+    def retriever_of(self, model: Any) -> Any:
+        return model.model  # byoc.tasks.embedding.model.EmbeddingModel's SentenceTransformer (or SparseEncoder)
 
     def mine_negatives(
         self, model: Any, anchors: list[str], positives: list[str], range_min: int, range_max: int, margin: float

@@ -35,6 +35,7 @@ class SparseEmbedding(Embedding):
     auto_class = "AutoModelForMaskedLM"
     sentence_model_type = MODEL_TYPE
     metrics = (*Embedding.metrics, "active_dims")
+    ranks_corpus = "sparse"
 
     def head(self, num_labels: int) -> str:
         return "sparse embeddings, " + ("scored pairs" if num_labels else "(anchor, positive) rows")

@@ -1,0 +1,116 @@
+"""Evaluation on a corpus: after training, a retrieval model ranks a BEIR set's documents for each of its
+queries (byoc.training.data.beir: the test or eval channel in BEIR's layout), scored by sentence-transformers'
+own information-retrieval evaluator: NDCG@10, MRR@10, recall@10 and @100, MAP@100, accuracy@1.
+
+Beside it, BM25 (`bm25s`, English stopwords) ranks the same documents and the same evaluator scores its top
+100, so metrics.json says what the model adds over a keyword index: `test_corpus_ndcg_at_10` against
+`test_bm25_ndcg_at_10`. The model's figures are the evaluator's for its own similarity (cosine, or dot
+product for a sparse model), as `SentenceTransformer.evaluate` reports them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from byoc import compat, tasks
+from byoc.training.arguments import HyperparameterError
+from byoc.training.data.beir import RetrievalSet
+
+logger = logging.getLogger(__name__)
+
+AT_K: dict[str, list[int]] = {
+    "mrr_at_k": [10],
+    "ndcg_at_k": [10],
+    "accuracy_at_k": [1],
+    "precision_recall_at_k": [10, 100],
+    "map_at_k": [100],
+}
+REPORTED = {
+    "ndcg@10": "ndcg_at_10",
+    "mrr@10": "mrr_at_10",
+    "recall@10": "recall_at_10",
+    "recall@100": "recall_at_100",
+    "map@100": "map_at_100",
+    "accuracy@1": "accuracy_at_1",
+}
+RANKERS = ("corpus", "bm25")  # the trained model's figures, and BM25's: `<split>_<ranker>_<metric>`
+METRICS = tuple(f"{ranker}_{name}" for ranker in RANKERS for name in REPORTED.values())
+# Those a tuning job may read (metric_definitions: SageMaker reads 40 a job at most).
+DEFINED = ("corpus_ndcg_at_10", "corpus_mrr_at_10", "corpus_recall_at_100", "bm25_ndcg_at_10")
+BM25_DEPTH = 100  # the deepest cut-off evaluated
+
+
+def check_sets(sets: dict[str, RetrievalSet], task: str) -> None:
+    """Refuse, before training, a retrieval set for a model that ranks nothing."""
+    if sets and tasks.get(task).ranks_corpus is None:
+        channels = " and ".join(f"the {'test' if role == 'test' else 'validation'} channel" for role in sets)
+        raise HyperparameterError(
+            f"{channels} holds a BEIR retrieval set (corpus.jsonl, queries.jsonl, qrels), which evaluates a retrieval "
+            f"model (task=embedding or task=sparse_embedding); this job trains {tasks.get(task).described}. Give rows "
+            "to evaluate it on instead (the same columns as the train data), or train a retrieval model"
+        )
+
+
+def evaluate_sets(sets: dict[str, RetrievalSet], task: str, model: Any, batch_size: int) -> dict[str, float]:
+    """Each set's figures for the trained `model` and for BM25, under `<role>_corpus_...` and `<role>_bm25_...`."""
+    kind = tasks.get(task)
+    metrics: dict[str, float] = {}
+    for role, found in sets.items():
+        logger.info("evaluating on the %s retrieval set: %s", role, found.describe())
+        ranked = {"corpus": model_scores(found, kind.ranks_corpus or "dense", kind.retriever_of(model), batch_size)}
+        ranked["bm25"] = bm25_scores(found)
+        for ranker, scores in ranked.items():
+            metrics.update({f"{role}_{ranker}_{name}": value for name, value in scores.items()})
+        logger.info(
+            "%s retrieval set: NDCG@10 %.4f (BM25 %.4f), MRR@10 %.4f (BM25 %.4f), recall@100 %.4f (BM25 %.4f)",
+            role,
+            *(ranked[ranker][name] for name in ("ndcg_at_10", "mrr_at_10", "recall_at_100") for ranker in RANKERS),
+        )
+    return metrics
+
+
+def evaluator(found: RetrievalSet, kind: str, batch_size: int = 32) -> Any:
+    """sentence-transformers' evaluator (`kind`: "dense" or "sparse") over the set, at byoc's cut-offs."""
+    return compat.retrieval_evaluator(kind)(
+        found.queries, found.corpus, found.relevant, batch_size=batch_size, name="corpus", write_csv=False, **AT_K
+    )
+
+
+def model_scores(found: RetrievalSet, kind: str, retriever: Any, batch_size: int) -> dict[str, float]:
+    """The evaluator's figures for the sentence-transformers model `retriever`, at its own similarity. On the XLA
+    path it encodes on the host: every length of text would compile a graph of its own on a NeuronCore."""
+    scoring = evaluator(found, kind, batch_size)
+    device = retriever.device
+    if device.type == "xla":
+        retriever.to("cpu")
+    try:
+        results = scoring(retriever)
+    finally:
+        retriever.to(device)
+    prefix = scoring.primary_metric.removesuffix("ndcg@10")  # "corpus_cosine_": the model's own similarity's
+    return {REPORTED[key]: float(results[prefix + key]) for key in REPORTED}
+
+
+def bm25_scores(found: RetrievalSet) -> dict[str, float]:
+    """BM25's top 100 documents a query (bm25s; English stopwords, no stemming), scored by the same evaluator.
+    A document sharing no term with the query scores 0 and is not retrieved."""
+    import bm25s  # training's alone (the slim serving image has none)
+
+    ids = list(found.corpus)
+    index = bm25s.BM25()
+    index.index(_tokens(bm25s, [found.corpus[doc] for doc in ids]), show_progress=False)
+    scoring = evaluator(found, "dense")
+    asked = _tokens(bm25s, [found.queries[query] for query in scoring.queries_ids])
+    docs, scores = index.retrieve(asked, k=min(BM25_DEPTH, len(ids)), show_progress=False)
+    hits = [
+        [{"corpus_id": ids[int(doc)], "score": float(score)} for doc, score in zip(row_docs, row_scores) if score > 0]
+        for row_docs, row_scores in zip(docs, scores)
+    ]
+    computed = scoring.compute_metrics(hits)  # {"ndcg@k": {10: ...}, ...}
+    flat = {f"{name.removesuffix('k')}{k}": value for name, by_k in computed.items() for k, value in by_k.items()}
+    return {REPORTED[key]: float(flat[key]) for key in REPORTED}
+
+
+def _tokens(bm25s: Any, texts: list[str]) -> Any:
+    return bm25s.tokenize(texts, stopwords="en", show_progress=False)

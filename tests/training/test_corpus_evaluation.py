@@ -1,0 +1,114 @@
+"""byoc.training.corpus_evaluation: a retrieval model evaluated on a BEIR set after training, by
+sentence-transformers' own evaluators, with BM25 beside it."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+from byoc import compat, tasks
+from byoc.training import corpus_evaluation, entry
+from byoc.training.corpus_evaluation import REPORTED, bm25_scores, check_sets, model_scores
+from byoc.training.data.beir import read_set
+from byoc.training.metrics import metric_definitions
+from helpers import build_tiny_mlm, topic_rows, write_beir, write_jsonl
+
+QUICK = {"max_steps": "4", "logging_steps": "2", "per_device_train_batch_size": "8"}
+
+
+def test_bm25_ranks_by_shared_terms_and_the_evaluator_scores_its_hits(tmp_path):
+    """Each query ("something about <topic>") shares one term with one document (the topic's titled one): that
+    document first, the topic's two others not retrieved at all (they share no term with it)."""
+    scores = bm25_scores(read_set(write_beir(tmp_path / "test"), "test", "test"))
+    assert scores["mrr_at_10"] == scores["accuracy_at_1"] == 1.0
+    assert scores["recall_at_10"] == scores["recall_at_100"] == pytest.approx(1 / 3)
+    ideal = sum(1 / math.log2(rank + 2) for rank in range(3))
+    assert scores["ndcg_at_10"] == pytest.approx(1 / ideal)
+    assert scores["map_at_100"] == pytest.approx(1 / 3)
+
+
+def test_a_set_for_a_model_that_ranks_nothing_is_refused_naming_the_task(tmp_path):
+    found = {"test": read_set(write_beir(tmp_path / "test"), "test", "test")}
+    check_sets(found, tasks.EMBEDDING)
+    check_sets({}, tasks.DEFAULT)
+    with pytest.raises(ValueError, match=r"test channel holds a BEIR retrieval set .* trains a single-label"):
+        check_sets(found, tasks.DEFAULT)
+
+
+def test_on_the_xla_path_the_model_encodes_on_the_host_then_goes_back(tmp_path, monkeypatch):
+    class Retriever:
+        def __init__(self) -> None:
+            self.device, self.moves = torch.device("xla"), []
+
+        def to(self, device):
+            self.moves.append(str(device))
+            self.device = torch.device(device)
+            return self
+
+    class Scoring:
+        primary_metric = "corpus_cosine_ndcg@10"
+
+        def __call__(self, retriever):
+            assert retriever.device.type == "cpu"
+            return {f"corpus_cosine_{key}": 0.5 for key in REPORTED}
+
+    monkeypatch.setattr(corpus_evaluation, "evaluator", lambda *args: Scoring())
+    retriever = Retriever()
+    found = read_set(write_beir(tmp_path / "test"), "test", "test")
+    assert model_scores(found, "dense", retriever, 8) == dict.fromkeys(REPORTED.values(), 0.5)
+    assert retriever.moves == ["cpu", "xla"]
+
+
+def evaluated(kind: str, folder, found) -> dict[str, float]:
+    """sentence-transformers' own figures for the folder the job wrote, loaded afresh."""
+    model_class = compat.sparse_encoder_api()[0] if kind == "sparse" else compat.sentence_transformers_api()[0]
+    scoring = corpus_evaluation.evaluator(found, kind)
+    results = scoring(model_class(str(folder), device="cpu"))
+    prefix = scoring.primary_metric.removesuffix("ndcg@10")
+    return {name: results[prefix + key] for key, name in REPORTED.items()}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["dense", "sparse"])
+def test_a_job_reports_the_written_models_figures_on_the_test_set_and_bm25s(
+    job, tiny_model_dir, tmp_path, kind, caplog
+):
+    hyperparameters = {**QUICK, "task": "sparse_embedding" if kind == "sparse" else "embedding"}
+    job.hyperparameters(hyperparameters)
+    job.model_channel(build_tiny_mlm(tiny_model_dir, tmp_path / "mlm") if kind == "sparse" else tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(32))
+    test_set = write_beir(job.channel("test") / "topics")
+    with caplog.at_level("INFO"):
+        assert entry.train() == 0, job.failure
+
+    metrics = job.metrics
+    logged = {  # what a tuning job's metric definitions read of the log
+        d["Name"]: float(match.group(1))
+        for d in metric_definitions(hyperparameters["task"])
+        for record in caplog.records
+        if (match := re.search(d["Regex"], record.getMessage()))
+    }
+    assert logged["test:corpus_ndcg_at_10"] == pytest.approx(metrics["test_corpus_ndcg_at_10"], abs=1e-5)
+    assert logged["test:bm25_ndcg_at_10"] == pytest.approx(metrics["test_bm25_ndcg_at_10"], abs=1e-5)
+    found = read_set(test_set, "test", "test")
+    expected = evaluated(kind, job.model_dir, found)
+    for name, value in expected.items():
+        assert metrics[f"test_corpus_{name}"] == pytest.approx(value, abs=1e-6), name
+    assert {key.removeprefix("test_bm25_"): value for key, value in metrics.items() if "_bm25_" in key} == (
+        pytest.approx(bm25_scores(found))
+    )
+    assert not any(key.startswith("test_") and "corpus" not in key and "bm25" not in key for key in metrics)
+
+
+@pytest.mark.integration
+def test_a_classifier_job_with_a_retrieval_set_fails_before_training(job, tiny_model_dir):
+    job.hyperparameters(QUICK)
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", [{"text": f"text {i}", "label": i % 2} for i in range(16)])
+    write_beir(job.channel("test"))
+    assert entry.train() != 0
+    assert "holds a BEIR retrieval set" in job.failure and "task=embedding" in job.failure
+    assert not (job.model_dir / "config.json").exists()
