@@ -49,6 +49,7 @@ class Task:
     tunes_thresholds = False  # chooses its decision thresholds on the eval data
     metrics: tuple[str, ...] = ()  # what `evaluate` reports (the log's eval_<name>, METRIC_DEFINITIONS)
     metric_notes: Mapping[str, str] = {}  # metrics.json's notes on metrics whose convention differs
+    recipe_settings: tuple[str, ...] = ()  # hyperparameters of its own training recipe (`apply_recipe`)
     ranks_corpus: str | None = None  # "dense", "sparse": which of sentence-transformers' retrieval evaluators ranks
     # a corpus with it (a BEIR set in the test channel: byoc.training.corpus_evaluation); None: it retrieves nothing
 
@@ -171,6 +172,10 @@ class Task:
         """Each (anchor, positive) row's hard negative among the rows' positives, mined with `model` (the job's
         `training_model`, as loaded); None for a row with none in range. BadParameter for a task that mines none."""
         raise BadParameter(f"{self.described} trains on no (anchor, positive) rows: there are no negatives to mine")
+
+    def apply_recipe(self, model: Any, settings: Mapping[str, Any]) -> None:
+        """The job's `recipe_settings` (those given) onto its training model; BadParameter for a value it cannot
+        train with."""
 
     def retriever_of(self, model: Any) -> Any:
         """The sentence-transformers model inside the trained one that a retrieval evaluator encodes with

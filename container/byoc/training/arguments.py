@@ -147,6 +147,7 @@ class TrainArguments:
     negatives_margin: float = _hp(
         0.05, "Mined negatives: at most (1 - margin) as similar to the anchor as its positive.", bound=FRACTION
     )
+    matryoshka_dims: str = _hp("", "Embedding models: also train these leading dimensions alone (768,256,64).")
     validation_split: float = _hp(
         0.0,
         "Without eval data, hold out this fraction of train (stratified) to evaluate on. 0 = none.",
@@ -316,7 +317,7 @@ def _validate(args: TrainArguments) -> None:
         raise HyperparameterError(
             "hyperparameter do_train=false: `byoc train` always trains; remove it or set it to true"
         )
-    bucket_sizes(args)  # a bad list fails here, before any work
+    bucket_sizes(args), matryoshka_sizes(args)  # a bad list fails here, before any work
     task = tasks.AUTO if args.task.strip().lower() == tasks.AUTO else tasks.name_of(args.task)
     if task is None:
         raise HyperparameterError(f"hyperparameter task must be auto or one of {', '.join(tasks.NAMES)}: {args.task!r}")
@@ -355,8 +356,7 @@ def _check_bounds(args: TrainArguments) -> None:
 
 
 def _check_precision(args: TrainArguments) -> None:
-    """precision, bf16, fp16 and tf32 must not contradict each other (tf32 beside bf16/fp16 says
-    whether what autocast leaves in fp32 may use TF32)."""
+    """precision, bf16, fp16 and tf32 must agree (tf32 beside bf16/fp16: may autocast's fp32 ops use TF32)."""
     wanted = ({args.precision} - {"auto"}) | {name for name in ("bf16", "fp16") if getattr(args, name)}
     full = {"tf32" if args.tf32 else "fp32"} if args.tf32 is not None else set()
     if len(wanted) > 1 or (full and wanted & {"fp32", "tf32"} and wanted != full):
@@ -375,20 +375,26 @@ def label_column_list(args: TrainArguments) -> list[str] | None:
 
 def bucket_sizes(args: TrainArguments) -> list[int] | None:
     """The `buckets` hyperparameter as ascending sizes, or None for auto. Takes 32,64 and [32, 64]."""
-    text = str(args.buckets).strip().strip("[]()").strip()
-    if text.lower() in ("", "auto"):
-        return None
-    try:
-        sizes = sorted({int(part) for part in text.replace(";", ",").split(",") if part.strip()})
-    except ValueError:
-        sizes = []
-    if not sizes or sizes[0] < 1:
-        raise HyperparameterError(
-            f"hyperparameter buckets must be auto or a list of positive sizes such as 32,64,128, got {args.buckets!r}"
-        )
-    if sizes[-1] > args.max_length:
+    sizes = _sizes(args.buckets, "buckets", "auto or a list of positive sizes such as 32,64,128")
+    if sizes and sizes[-1] > args.max_length:
         raise HyperparameterError(
             f"hyperparameter buckets has {sizes[-1]}, above max_length={args.max_length}: "
             "texts are cut at max_length, so no bucket needs to be longer; lower it or raise max_length"
         )
+    return sizes or None
+
+
+def matryoshka_sizes(args: TrainArguments) -> list[int]:
+    """The `matryoshka_dims` hyperparameter, largest first ([] for none). Takes 256,64 and [256, 64]."""
+    return _sizes(args.matryoshka_dims, "matryoshka_dims", "a list of vector sizes such as 768,256,64")[::-1]
+
+
+def _sizes(value: Any, name: str, expected: str) -> list[int]:
+    """Positive whole numbers written as a list ([] for none, or auto), ascending, each once."""
+    parts = [part.strip() for part in str(value or "").strip("[]() ").replace(";", ",").split(",") if part.strip()]
+    if parts == ["auto"] or not parts:
+        return []
+    sizes = sorted({int(part) for part in parts}) if all(part.isdigit() for part in parts) else [0]
+    if sizes[0] < 1:
+        raise HyperparameterError(f"hyperparameter {name} must be {expected}, got {value!r}")
     return sizes

@@ -19,7 +19,7 @@ from byoc.contract import TrainingContract
 from byoc.errors import UserError, brief
 from byoc.launch import distributed
 from byoc.safe_files import UnsafeArchive, extract_archive
-from byoc.training.arguments import TrainArguments
+from byoc.training.arguments import HyperparameterError, TrainArguments, matryoshka_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +164,7 @@ def load_model(
             if getattr(config, key, None) is not None:
                 overrides[key] = args.dropout
     kind = tasks.get(task)
+    recipe = recipe_settings(args, kind)
     kwargs = {**compat.fp32_weights(), **kind.model_kwargs()}
     if args.attn_implementation or use_xla:
         kwargs["attn_implementation"] = args.attn_implementation or "eager"
@@ -179,6 +180,10 @@ def load_model(
         )
     except Exception as err:
         raise ModelError(f"cannot load the model from {source.path} ({source.origin}): {brief(err)}") from None
+    try:
+        kind.apply_recipe(model, recipe)
+    except tasks.BadParameter as err:
+        raise HyperparameterError(str(err)) from None
     kind.describe(model, args, pairs)  # what serving needs of the job's settings, in config.json
     freeze_bottom(kind.encoder_of(model), args.freeze_embeddings, args.freeze_layers)
     total, trainable = parameter_millions(model)
@@ -191,6 +196,20 @@ def load_model(
         kind.head(len(label_names)),
     )
     return cast(PreTrainedModel, model)  # an embedding model: an nn.Module the Trainer trains alike
+
+
+def recipe_settings(args: TrainArguments, kind: tasks.Task) -> dict[str, Any]:
+    """The settings of a task's own training recipe the job gives (`Task.recipe_settings`); refused, before the
+    model loads, for a task whose recipe has none of them."""
+    given = {name: value for name, value in {"matryoshka_dims": matryoshka_sizes(args)}.items() if value}
+    for name in given:
+        if name not in kind.recipe_settings:
+            takers = [task.described for task in tasks.TASKS.values() if name in task.recipe_settings]
+            raise HyperparameterError(
+                f"hyperparameter {name} is a setting of {' and '.join(takers)}; this job trains {kind.described}: "
+                f"drop {name}"
+            )
+    return given
 
 
 def parameter_millions(model: torch.nn.Module) -> tuple[float, float]:

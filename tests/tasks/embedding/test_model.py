@@ -349,3 +349,72 @@ def test_sigterm_saves_and_the_rerun_resumes_an_embedding_job_exactly(tmp_path, 
     assert f"resuming from {job.root / 'checkpoints' / f'checkpoint-{step}'}" in log
     assert (job.model_dir / "modules.json").exists()
     assert_same_losses(job, one_rank_reference, after=step)
+
+
+# --- Matryoshka: leading dimensions trained to stand alone ------------------------------------------------
+
+
+@pytest.mark.parametrize("scored", [True, False], ids=["cosent", "in-batch-negatives"])
+def test_matryoshka_loss_is_sentence_transformers_matryoshka_loss(tiny_model_dir, scored):
+    model = embedding.build(str(tiny_model_dir), scored=scored, max_length=32, model_kwargs={}, config_kwargs={})
+    embedding.train_leading_dimensions(model, [32, 16, 4])
+    model.eval()  # no dropout: the two computations draw none
+    tokenizer = model.model.tokenizer
+    first = tokenizer([r["anchor"] for r in topic_rows(6)], padding=True, return_tensors="pt")
+    second = tokenizer([r["positive"] for r in topic_rows(6)], padding=True, return_tensors="pt")
+    labels = torch.tensor([0.1, 0.9, 0.4, 0.6, 0.2, 0.8])
+    ours = model(
+        **first, pair_input_ids=second["input_ids"], pair_attention_mask=second["attention_mask"], labels=labels
+    )["loss"]
+    losses_module = compat.sentence_transformers_api()[3]
+    base = model.make_objective(model.model, scored, 1)
+    theirs = losses_module.MatryoshkaLoss(model.model, base, matryoshka_dims=[32, 16, 4])(
+        [dict(first), dict(second)], labels
+    )
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-5)
+    full_size_only = base([dict(first), dict(second)], labels)
+    assert ours.item() != pytest.approx(full_size_only.item(), rel=1e-3)  # the sum over the three sizes
+
+
+def test_matryoshka_sizes_above_the_models_are_refused(tiny_model_dir):
+    model = embedding.build(str(tiny_model_dir), scored=False, max_length=32, model_kwargs={}, config_kwargs={})
+    with pytest.raises(tasks.BadParameter, match="matryoshka_dims has 64, above the model's 32 dimensions"):
+        embedding.train_leading_dimensions(model, [64, 8])
+
+
+def test_a_matryoshka_job_trains_and_its_cut_vectors_serve_as_sentence_transformers_cuts_them(
+    job, tiny_model_dir, monkeypatch, caplog
+):
+    job.hyperparameters({**QUICK, "matryoshka_dims": "8,32,16"})
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(32))
+    with caplog.at_level("INFO"):
+        assert entry.train() == 0, job.failure
+    assert any("Matryoshka: the loss over the leading 32, 16, 8 of 32" in r.getMessage() for r in caplog.records)
+    texts = ["a recipe for bread", "snow storms in the north"]
+    SentenceTransformer = compat.sentence_transformers_api()[0]
+    expected = SentenceTransformer(str(job.model_dir), device="cpu").encode(
+        texts, truncate_dim=8, normalize_embeddings=True
+    )
+    monkeypatch.setenv("BYOC_PRECISION", "fp32")
+    monkeypatch.setattr("byoc.serving.user_code.default_handlers.nvidia_gpu", lambda: False)
+    monkeypatch.syspath_prepend(str(job.model_dir / "code"))
+    inference = importlib.reload(importlib.import_module("inference"))
+    model = inference.model_fn(str(job.model_dir))
+    data = inference.input_fn(json.dumps({"inputs": texts, "dimensions": 8}), "application/json")
+    served = np.asarray(json.loads(inference.output_fn(inference.predict_fn(data, model), "application/json")[0]))
+    assert served.shape == (2, 8)
+    np.testing.assert_allclose(served, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("task", ["single_label_classification", "sparse_embedding"])
+def test_matryoshka_dims_for_a_task_without_it_fails_at_start_naming_who_takes_it(job, tiny_model_dir, tmp_path, task):
+    from helpers import build_tiny_mlm
+
+    job.hyperparameters({**QUICK, "task": task, "matryoshka_dims": "16"})
+    sparse = task == "sparse_embedding"
+    job.model_channel(build_tiny_mlm(tiny_model_dir, tmp_path / "mlm") if sparse else tiny_model_dir)
+    rows = topic_rows(16) if sparse else [{"text": f"text {i}", "label": i % 2} for i in range(16)]
+    write_jsonl(job.channel("train") / "train.jsonl", rows)
+    assert entry.train() != 0
+    assert "hyperparameter matryoshka_dims is a setting of an embedding model; this job trains" in job.failure

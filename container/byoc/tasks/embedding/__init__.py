@@ -41,6 +41,7 @@ class Embedding(Task):
     sentence_model_type = "SentenceTransformer"  # (also where an older folder's config leaves model_type out)
     in_metric_definitions = False  # retrieval metrics: metric_definitions("embedding") gives them
     ranks_corpus = "dense"
+    recipe_settings: tuple[str, ...] = ("matryoshka_dims",)
     small_batches = True  # in-batch negatives and CoSENT's pairs of pairs: batch 16, sentence-transformers' default
     metrics: tuple[str, ...] = (
         "spearman_cosine",
@@ -123,6 +124,13 @@ class Embedding(Task):
         from byoc.tasks.embedding.model import encoder_of  # (as training_model)
 
         return encoder_of(model)
+
+    def apply_recipe(self, model: Any, settings: Mapping[str, Any]) -> None:
+        """Matryoshka: the loss also over each of `matryoshka_dims` leading dimensions (byoc.tasks.embedding.model)."""
+        from byoc.tasks.embedding.model import train_leading_dimensions  # (as training_model)
+
+        if settings.get("matryoshka_dims"):
+            train_leading_dimensions(model, settings["matryoshka_dims"])
 
     def retriever_of(self, model: Any) -> Any:
         return model.model  # byoc.tasks.embedding.model.EmbeddingModel's SentenceTransformer (or SparseEncoder)

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.functional import normalize
 
 from byoc import compat, sentence_folder
-from byoc.tasks.base import IGNORE_LABEL
+from byoc.tasks.base import IGNORE_LABEL, BadParameter
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class EmbeddingModel(torch.nn.Module):
         self.model = model  # the SentenceTransformer
         self.config = model[0].auto_model.config  # what byoc's steps read of a transformers model
         self.scored = scored
+        self.matryoshka_dims: tuple[int, ...] = ()  # leading dimensions also trained alone (train_leading_dimensions)
         # Held outside the module tree: the loss keeps a reference to the model, which would put every
         # weight in the state dict twice (and safetensors refuses tensors that share memory).
         self.__dict__["objective"] = self.make_objective(model, scored, world_size)
@@ -99,8 +101,17 @@ class EmbeddingModel(torch.nn.Module):
         return self.objective_loss(vectors, labels)
 
     def objective_loss(self, vectors: list[torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+        """The loss; with `matryoshka_dims`, sentence-transformers' MatryoshkaLoss's sum: the loss over each size's
+        leading dimensions, normalized, weight 1 each (its ForwardDecorator swaps the model's forward, which
+        byoc's steps run themselves, so its arithmetic is done here on the vectors)."""
         objective: Any = self.__dict__["objective"]
-        return objective.compute_loss_from_embeddings(vectors, labels)
+        if not self.matryoshka_dims:
+            return objective.compute_loss_from_embeddings(vectors, labels)
+        losses = [
+            objective.compute_loss_from_embeddings([normalize(v[..., :size], dim=-1) for v in vectors], labels)
+            for size in self.matryoshka_dims
+        ]
+        return torch.stack(losses).sum()
 
     def save_pretrained(self, folder: Path | str, **_: Any) -> None:
         """The sentence-transformers folder: the encoder at its root, its modules beside it (modules.json)."""
@@ -152,6 +163,16 @@ def build(
         "CoSENT (scored pairs)" if scored else "multiple-negatives ranking (in-batch negatives)",
     )
     return EmbeddingModel(model, scored, world_size)
+
+
+def train_leading_dimensions(model: EmbeddingModel, sizes: list[int]) -> None:
+    """Matryoshka training: the loss over each of `sizes` leading dimensions of the vectors (largest first), so a
+    vector cut to any of them (`dimensions` in a request) still embeds well."""
+    width = compat.embedding_dimension(model.model)
+    if sizes[0] > width:
+        raise BadParameter(f"matryoshka_dims has {sizes[0]}, above the model's {width} dimensions: lower it")
+    model.matryoshka_dims = tuple(sizes)
+    logger.info("Matryoshka: the loss over the leading %s of %d dimensions", ", ".join(map(str, sizes)), width)
 
 
 def check_module_code(folder: Path, trust_remote_code: bool) -> None:

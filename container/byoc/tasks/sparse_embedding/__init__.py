@@ -36,6 +36,7 @@ class SparseEmbedding(Embedding):
     sentence_model_type = MODEL_TYPE
     metrics = (*Embedding.metrics, "active_dims")
     ranks_corpus = "sparse"
+    recipe_settings = ()  # (no Matryoshka: a sparse vector's dimensions are the vocabulary's terms)
 
     def head(self, num_labels: int) -> str:
         return "sparse embeddings, " + ("scored pairs" if num_labels else "(anchor, positive) rows")
