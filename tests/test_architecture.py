@@ -194,7 +194,15 @@ def test_the_model_side_of_the_server_knows_nothing_of_http():
 TASK_DECISIONS = ("tasks/", "training/data/task_choice.py")
 
 
-TASK_CONSTANTS = {"SINGLE_LABEL", "MULTI_LABEL", "REGRESSION", "TOKEN_CLASSIFICATION", "EMBEDDING", "SPARSE_EMBEDDING"}
+TASK_CONSTANTS = {
+    "SINGLE_LABEL",
+    "MULTI_LABEL",
+    "REGRESSION",
+    "TOKEN_CLASSIFICATION",
+    "EMBEDDING",
+    "SPARSE_EMBEDDING",
+    "RERANKER",
+}
 TASK_FLAGS = {"per_token", "vectors"}  # the flags a room once branched on (a task's methods replace them)
 
 

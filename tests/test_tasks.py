@@ -29,7 +29,9 @@ from byoc.training import metrics
         ("single_label_classification", tasks.SINGLE_LABEL),
         ("embedding", tasks.EMBEDDING),
         ("feature-extraction", tasks.EMBEDDING),
-        ("reranking", None),
+        ("reranking", tasks.RERANKER),
+        ("cross-encoder", tasks.RERANKER),
+        ("ranking", None),
     ],
 )
 def test_names_and_aliases(written, name):
@@ -69,6 +71,7 @@ def test_each_task_says_what_it_is_and_what_it_reports():
         *("pearson", "spearmanr", "mse", "mae"),
         *("spearman_cosine", "pearson_cosine", "mrr_at_10", "ndcg_at_10", "recall_at_1", "recall_at_10"),
         "active_dims",
+        "average_precision",
     )
     assert len(metrics.METRIC_DEFINITIONS) <= 40
     for name in tasks.NAMES:  # each task's own list: what a job of it reports, under the limit too

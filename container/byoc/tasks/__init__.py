@@ -27,6 +27,8 @@ from byoc.tasks.multi_label import NAME as MULTI_LABEL
 from byoc.tasks.multi_label import MultiLabel
 from byoc.tasks.regression import NAME as REGRESSION
 from byoc.tasks.regression import Regression
+from byoc.tasks.reranker import NAME as RERANKER
+from byoc.tasks.reranker import Reranker
 from byoc.tasks.single_label import NAME as SINGLE_LABEL
 from byoc.tasks.single_label import SingleLabel
 from byoc.tasks.sparse_embedding import NAME as SPARSE_EMBEDDING
@@ -73,6 +75,7 @@ TASKS: dict[str, Task] = {
         TokenClassification(),
         Embedding(),
         SparseEmbedding(),
+        Reranker(),
         *plugins(),
     )
 }
@@ -89,6 +92,7 @@ __all__ = [
     "MULTI_LABEL",
     "NAMES",
     "REGRESSION",
+    "RERANKER",
     "SINGLE_LABEL",
     "SPARSE_EMBEDDING",
     "TASKS",

@@ -49,6 +49,10 @@ class Task:
     tunes_thresholds = False  # chooses its decision thresholds on the eval data
     metrics: tuple[str, ...] = ()  # what `evaluate` reports (the log's eval_<name>, METRIC_DEFINITIONS)
     metric_notes: Mapping[str, str] = {}  # metrics.json's notes on metrics whose convention differs
+    mined_by: str | None = (
+        None  # the task whose model mines its hard negatives (byoc.training.negatives); None: its own
+    )
+    evaluates_negatives = False  # an eval split's negative column is kept where train has none (a reranker)
     recipe_settings: tuple[str, ...] = ()  # hyperparameters of its own training recipe (`apply_recipe`)
     ranks_corpus: str | None = None  # "dense", "sparse": which of sentence-transformers' retrieval evaluators ranks
     # a corpus with it (a BEIR set in the test channel: byoc.training.corpus_evaluation); None: it retrieves nothing
@@ -181,6 +185,15 @@ class Task:
         """The sentence-transformers model inside the trained one that a retrieval evaluator encodes with
         (`ranks_corpus` tasks only)."""
         raise BadParameter(f"{self.described} does not rank documents for a query")
+
+    def takes_mined_negatives(self, columns: list[str], labelled: bool) -> bool:
+        """Whether rows of these `columns` (`labelled`: with a score) may get a mined negative each."""
+        return self.in_batch_negatives(columns, labelled)
+
+    def pairs_of_rows(self, table: Any, split: str) -> Any:
+        """A split's rows as the task trains on them (a reranker's pairs of an embedding model's rows); BadParameter
+        for rows it cannot train on."""
+        return table
 
     def in_batch_negatives(self, columns: list[str], labelled: bool) -> bool:
         """Whether training on rows of these `columns` (`labelled`: with a label or score) takes each row's

@@ -15,10 +15,10 @@ NAME = "regression"
 
 class Regression(Task):
     name = NAME
-    aliases = ("regress",)
+    aliases: tuple[str, ...] = ("regress",)
     described = "a regression model"
     masks_rows = True
-    metrics = ("pearson", "spearmanr", "mse", "mae")
+    metrics: tuple[str, ...] = ("pearson", "spearmanr", "mse", "mae")
 
     def head(self, num_labels: int) -> str:
         return "one output (regression)"

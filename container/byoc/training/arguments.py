@@ -118,11 +118,11 @@ class TrainArguments:
     label_column: str | None = _hp(None, "Label column. Default: detected (label, labels, target, class, ...).")
     task: str = _hp(
         "auto",
-        "single_label_classification, multi_label_classification, regression, token_classification, embedding or "
-        "sparse_embedding (or single_label, multi_label, ner, splade). auto: CoNLL files or tokens + ner_tags -> "
-        "token_classification; anchor and positive columns -> embedding; lists of labels or 0/1 label columns -> "
-        "multi-label; numbers not all whole -> regression; else single-label. embedding on sentence pairs with a "
-        "score: CoSENT.",
+        "single_label_classification, multi_label_classification, regression, token_classification, embedding, "
+        "sparse_embedding or reranker (or single_label, multi_label, ner, splade). auto: CoNLL files or tokens + "
+        "ner_tags -> token_classification; anchor and positive columns -> embedding; lists of labels or 0/1 label "
+        "columns -> multi-label; numbers not all whole -> regression; else single-label. embedding on sentence pairs "
+        "with a score: CoSENT.",
         ("problem_type",),
     )
     label_columns: str | None = _hp(
@@ -135,8 +135,8 @@ class TrainArguments:
     label_all_tokens: bool = _hp(False, "Token classification: tag every sub-token of a word, not only its first.")
     mine_hard_negatives: bool = _hp(
         False,
-        "Embedding models on (anchor, positive) rows: before training, give each row a hard negative mined with the "
-        "model as loaded (sentence-transformers' util.mine_hard_negatives).",
+        "Embedding models and rerankers on (anchor, positive) rows: before training, give each row a hard negative "
+        "mined with an embedding model (sentence-transformers' util.mine_hard_negatives; docs/training.md).",
     )
     negatives_range_min: int = _hp(
         10, "Mined negatives: skip each anchor's closest N texts (often unlabelled positives).", bound=WHOLE

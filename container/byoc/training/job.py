@@ -42,7 +42,7 @@ from byoc.training.hyperparameters import given_names
 from byoc.training.metrics import metrics_line, write_report
 from byoc.training.model import ModelError, ModelSource, load_tokenizer, model_max_length, resolve_model
 from byoc.training.model import load_model as _load_model  # job.load_model is the step
-from byoc.training.negatives import check_in_batch_negatives, mine_hard_negatives
+from byoc.training.negatives import as_pairs, check_in_batch_negatives, mine_hard_negatives
 from byoc.training.precision import Precision
 from byoc.training.samplers import FixedShapeSampler
 from byoc.training.settings import TrainingSettings
@@ -158,7 +158,8 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
         for name in sorted(set(tasks.get(data.task).training_defaults(len(data.label_names))) - given):
             logger.info("%s: %s (the default for %s)", name, getattr(resolved, name), data.task)
         args = resolved
-        data = mine_hard_negatives(data, source.path, args)  # (mine_hard_negatives=true)
+        data = mine_hard_negatives(data, source.path, args, contract.channel_dirs.get("miner"))  # (when asked)
+        data = as_pairs(data)  # a reranker's pairs of an embedding model's rows
         check_in_batch_negatives(data, args.train_batch_size, distributed.world_size())  # before anything slow
         tokenizer = load_tokenizer(source, args)
         # The one input length every later step uses (tokens, buckets, the saved model): at most the model's.

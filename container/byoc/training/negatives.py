@@ -14,10 +14,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+from pathlib import Path
+
+import numpy as np
 
 from byoc import compat, tasks
 from byoc.training.arguments import HyperparameterError, TrainArguments
 from byoc.training.data import DataError, TaskData, task_choice
+from byoc.training.model import bundled_model_dir
 
 logger = logging.getLogger(__name__)
 
@@ -44,27 +48,33 @@ def check_in_batch_negatives(data: TaskData, batch_size: int, world_size: int) -
         )
 
 
-def mine_hard_negatives(data: TaskData, source_path: str, args: TrainArguments) -> TaskData:
-    """`data` with a negative for each train row, mined with the model at `source_path` as the job loads it,
-    where the job asks (`mine_hard_negatives=true`); as given otherwise."""
+def mine_hard_negatives(
+    data: TaskData, source_path: str, args: TrainArguments, miner_dir: Path | None = None
+) -> TaskData:
+    """`data` with a negative for each train row, mined where the job asks (`mine_hard_negatives=true`) with the
+    model the task mines with (`Task.mined_by`: the job's own model for an embedding model; for a reranker an
+    embedding model: the `miner` channel's, else the bundled one); as given otherwise."""
     if not args.mine_hard_negatives:
         return data
     task = tasks.get(data.task)
-    if not task.in_batch_negatives(data.train.column_names, bool(data.label_names)):
+    if not task.takes_mined_negatives(data.train.column_names, bool(data.label_names)):
         raise HyperparameterError(
-            "mine_hard_negatives=true mines a negative for each (anchor, positive) row of an embedding model's train "
-            f"data; this job's train data are {_described(data)}: drop mine_hard_negatives, or give (anchor, positive) "
-            "rows without a negative column"
+            "mine_hard_negatives=true mines a negative for each (anchor, positive) row of an embedding model's or a "
+            f"reranker's train data; this job's train data are {_described(data)}: drop mine_hard_negatives, or give "
+            "(anchor, positive) rows without a negative column"
         )
     if len(data.train) < 2:
         raise DataError(
             f"mine_hard_negatives=true needs two train rows at least (a corpus); the train data has {len(data.train)}"
         )
-    kwargs = {**compat.fp32_weights(), **task.model_kwargs()}
-    miner = task.training_model(source_path, data.label_names, kwargs, {}, args.trust_remote_code, args.max_length, 1)
+    miner_task = tasks.get(task.mined_by) if task.mined_by else task
+    path = source_path if miner_task is task else _miner_path(miner_dir)
+    kwargs = {**compat.fp32_weights(), **miner_task.model_kwargs()}
+    labels = data.label_names if miner_task is task else []
+    miner = miner_task.training_model(path, labels, kwargs, {}, args.trust_remote_code, args.max_length, 1)
     anchors, positives = list(data.train["text"]), list(data.train["text_pair"])
     try:
-        mined = task.mine_negatives(
+        mined = miner_task.mine_negatives(
             miner, anchors, positives, args.negatives_range_min, args.negatives_range_max, args.negatives_margin
         )
     except tasks.BadParameter as err:  # a task that mines no negatives says why
@@ -88,6 +98,43 @@ def mine_hard_negatives(data: TaskData, source_path: str, args: TrainArguments) 
         missing,
     )
     return dataclasses.replace(data, train=data.train.add_column(NEGATIVE, negatives))
+
+
+def _miner_path(miner_dir: Path | None) -> str:
+    """The embedding model that mines a reranker's negatives: the `miner` channel's folder, else the bundled one."""
+    if miner_dir is not None:
+        logger.info("hard negatives: mined with the embedding model of the miner channel (%s)", miner_dir)
+        return str(miner_dir)
+    bundled = bundled_model_dir()
+    if bundled is None:
+        raise HyperparameterError(
+            "mine_hard_negatives=true for a reranker mines with an embedding model (a cross-encoder cannot search a "
+            "corpus), and none was given: pass a sentence-transformers folder as the `miner` input channel"
+        )
+    logger.info("hard negatives: mined with the bundled embedding model (%s); a `miner` channel overrides it", bundled)
+    return str(bundled)
+
+
+def as_pairs(data: TaskData) -> TaskData:
+    """Each split as the task trains on it (`Task.pairs_of_rows`: a reranker's (query, document, label) pairs from
+    an embedding model's rows); as it is for every other task."""
+    task = tasks.get(data.task)
+    try:
+        train = task.pairs_of_rows(data.train, "train")
+        held = [
+            None if table is None else task.pairs_of_rows(table, split)
+            for split, table in (("eval", data.eval), ("test", data.test))
+        ]
+    except tasks.BadParameter as err:
+        message = str(err)
+        raise DataError(message[0].upper() + message[1:]) from None
+    if train is data.train:
+        return data
+    logger.info("train: %d pairs; %s", len(train), task.label_summary(np.asarray(train["label"])))
+    # Rows name no output; the pairs' one output is each pair's relevance.
+    return dataclasses.replace(
+        data, train=train, eval=held[0], test=held[1], label_names=data.label_names or ["relevance"]
+    )
 
 
 def _described(data: TaskData) -> str:

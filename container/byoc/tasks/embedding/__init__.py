@@ -41,6 +41,7 @@ class Embedding(Task):
     sentence_model_type = "SentenceTransformer"  # (also where an older folder's config leaves model_type out)
     in_metric_definitions = False  # retrieval metrics: metric_definitions("embedding") gives them
     ranks_corpus = "dense"
+    mined_by: str | None = NAME  # by the model the job trains, as loaded
     recipe_settings: tuple[str, ...] = ("matryoshka_dims",)
     small_batches = True  # in-batch negatives and CoSENT's pairs of pairs: batch 16, sentence-transformers' default
     metrics: tuple[str, ...] = (

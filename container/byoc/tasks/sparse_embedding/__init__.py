@@ -36,6 +36,7 @@ class SparseEmbedding(Embedding):
     sentence_model_type = MODEL_TYPE
     metrics = (*Embedding.metrics, "active_dims")
     ranks_corpus = "sparse"
+    mined_by = None  # (its own: sentence-transformers' miner takes dense models, so mine_negatives refuses)
     recipe_settings = ()  # (no Matryoshka: a sparse vector's dimensions are the vocabulary's terms)
 
     def head(self, num_labels: int) -> str:

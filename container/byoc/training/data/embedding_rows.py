@@ -18,6 +18,7 @@ import datasets
 import numpy as np
 import pandas as pd
 
+from byoc import tasks
 from byoc.training.data.columns import build_text, text_part, texts_of
 from byoc.training.data.names import ANCHOR_COLUMNS, NEGATIVE_COLUMNS, POSITIVE_COLUMNS
 from byoc.training.data.task_choice import RegressionCodec, as_scores
@@ -57,8 +58,13 @@ def build_embedding(
         splits.update({role: _rows(sources[role], role, negatives=False) for role in rows})
         return splits, names, train_labels
     negatives = layout(sources["train"][0])[2] is not None  # type: ignore[index]
+    # An evaluation's negatives: dropped where train has none (an embedding model ranks every row's positive),
+    # kept where the task evaluates them (a reranker's pairs).
+    evaluated = spec.task != tasks.AUTO and tasks.get(spec.task).evaluates_negatives
     splits = {
-        role: _rows(srcs, role, negatives) if role in rows else _scored_split(srcs, spec, role)
+        role: _rows(srcs, role, negatives or (evaluated and role != "train"))
+        if role in rows
+        else _scored_split(srcs, spec, role)
         for role, srcs in sources.items()
     }
     return splits, [], np.zeros(len(splits["train"]), dtype=np.int64)

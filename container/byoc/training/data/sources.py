@@ -18,7 +18,7 @@ from byoc.training.data.types import DataError, Source, class_names_of
 
 logger = logging.getLogger(__name__)
 
-IGNORED_CHANNELS = frozenset({"model", "code", "checkpoints", "sm_drivers"})
+IGNORED_CHANNELS = frozenset({"model", "code", "checkpoints", "sm_drivers", "miner"})  # miner: training.negatives
 CHANNEL_ALIASES = {"training": "train", "testing": "test"}
 EVAL_NAMES = ("validation", "valid", "val", "eval", "dev", "evaluation")
 # A file name (or folder) that says which split it holds: train.csv, val.txt, test-00000.parquet.

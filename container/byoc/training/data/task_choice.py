@@ -18,11 +18,21 @@ import datasets
 import numpy as np
 import pandas as pd
 
-from byoc.tasks import AUTO, EMBEDDING, MULTI_LABEL, REGRESSION, SINGLE_LABEL, SPARSE_EMBEDDING, TOKEN_CLASSIFICATION
+from byoc.tasks import (
+    AUTO,
+    EMBEDDING,
+    MULTI_LABEL,
+    REGRESSION,
+    RERANKER,
+    SINGLE_LABEL,
+    SPARSE_EMBEDDING,
+    TOKEN_CLASSIFICATION,
+)
 from byoc.training.data.labels import LabelCodec, as_numbers, row_count, to_float
 from byoc.training.data.types import DataError, DataSpec, Part
 
-VECTORS = (EMBEDDING, SPARSE_EMBEDDING)  # the tasks that train on an embedding model's rows
+# The tasks read from an embedding model's rows (a reranker's become pairs: byoc.training.negatives.as_pairs).
+VECTORS = (EMBEDDING, SPARSE_EMBEDDING, RERANKER)
 _KINDS = {"list": "lists of labels", "number": "numbers", "text": "names (text)"}
 
 

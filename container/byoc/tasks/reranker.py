@@ -1,0 +1,115 @@
+"""A reranker trained as sentence-transformers' CrossEncoder trainer trains one: a (query, document) pair in, one
+relevance logit out, binary cross-entropy against a 0/1 label (its `BinaryCrossEntropyLoss`).
+
+Trained from an embedding model's data: (query, positive[, negative]) rows, each row giving a positive pair
+(label 1) and, per negative, a negative pair (label 0); the negatives given, or mined before training with an
+embedding model (`mine_hard_negatives=true`: byoc.training.negatives); or from pairs with a 0..1 relevance
+(`query, document, label`). Evaluated as sentence-transformers' CrossEncoderClassificationEvaluator scores
+binary pairs: accuracy and F1 at a probability of 0.5, and average precision over every pair.
+
+Saved as a transformers sequence classifier with one output: sentence-transformers' `CrossEncoder` loads the
+folder as it is (a sigmoid over the logit, its default for one output) and `byoc serve` serves it as it serves
+any one-output cross-encoder (byoc.tasks.regression: the rerank body, pairs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from byoc.tasks.base import BadParameter, kept_rows
+from byoc.tasks.regression import Regression
+
+NAME = "reranker"
+RELEVANCE = "relevance"  # the one output's name, where the data name none (rows)
+
+
+class Reranker(Regression):
+    name = NAME
+    aliases: tuple[str, ...] = ("cross_encoder", "rerank", "reranking")
+    described = "a reranker (cross-encoder)"
+    row_unit = "(query, document) pairs"
+    in_metric_definitions = False  # metric_definitions("reranker") gives them
+    metrics: tuple[str, ...] = ("accuracy", "f1", "average_precision")
+    evaluates_negatives = True  # an eval row's negative is an irrelevant pair
+    mined_by = "embedding"  # an embedding model mines its negatives (a cross-encoder cannot index a corpus)
+
+    def head(self, num_labels: int) -> str:
+        return "one relevance logit (binary cross-entropy)"
+
+    def row_loss(self, logits: Any, labels: Any) -> Any:
+        """sentence-transformers' BinaryCrossEntropyLoss for a cross-encoder, a loss a row."""
+        import torch  # training's: serving imports tasks without torch on the slim image
+
+        rows = labels.shape[0]
+        return torch.nn.functional.binary_cross_entropy_with_logits(
+            logits.float().reshape(rows), labels.float().reshape(rows).clamp(0, 1), reduction="none"
+        )
+
+    def takes_mined_negatives(self, columns: list[str], labelled: bool) -> bool:
+        return not labelled and "text_negative" not in columns
+
+    def pairs_of_rows(self, table: Any, split: str) -> Any:
+        """An embedding model's rows as this task's pairs: (text, text_pair, label) with label 1 for each positive
+        and 0 for each negative; scored pairs keep their score, which must be a relevance in 0..1."""
+        import datasets  # training's (as row_loss)
+
+        scores = np.asarray(table["label"], dtype=np.float64)
+        scored = np.isfinite(scores)
+        if scored.any():
+            if (scores[scored] < 0).any() or (scores[scored] > 1).any():
+                raise BadParameter(
+                    f"the {split} pairs' scores run {scores[scored].min():g}..{scores[scored].max():g}, and a "
+                    "reranker learns a relevance from 0 to 1 (binary cross-entropy): scale them to 0..1, or train "
+                    "task=regression"
+                )
+            return table
+        texts, others, labels = [], [], []
+        negatives = table["text_negative"] if "text_negative" in table.column_names else [None] * len(table)
+        for query, positive, negative in zip(table["text"], table["text_pair"], negatives):
+            for document, label in ((positive, 1.0), (negative, 0.0)):
+                if document is not None:
+                    texts.append(query)
+                    others.append(document)
+                    labels.append(label)
+        if split == "train" and min(labels, default=1.0) == 1.0:
+            raise BadParameter(
+                "the train rows have no negative, and a reranker learns from negatives: set mine_hard_negatives=true "
+                "(an embedding model mines one for each row), or add a negative column"
+            )
+        features = datasets.Features(
+            text=datasets.Value("string"), text_pair=datasets.Value("string"), label=datasets.Value("float32")
+        )
+        return datasets.Dataset.from_dict({"text": texts, "text_pair": others, "label": labels}, features=features)
+
+    def label_summary(self, labels: np.ndarray) -> str:
+        values = np.asarray(labels, dtype=np.float64).reshape(-1)
+        return f"{int((values >= 0.5).sum())} relevant and {int((values < 0.5).sum())} irrelevant pairs"
+
+    def evaluate(
+        self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        """Binary metrics of the pairs, as CrossEncoderClassificationEvaluator computes them (a label of 0.5 or
+        more is relevant)."""
+        from sklearn.metrics import average_precision_score  # (as row_loss; sentence-transformers' dependency)
+
+        logits, labels = kept_rows(np.asarray(logits, dtype=np.float64), np.asarray(labels))
+        scores = logits.reshape(-1)
+        relevant = np.asarray(labels, dtype=np.float64).reshape(-1) >= 0.5
+        predicted = scores >= 0.0  # a probability of 0.5
+        hits = int((predicted & relevant).sum())
+        wrong = int((predicted != relevant).sum())
+        return {
+            "accuracy": float((predicted == relevant).mean()) if len(scores) else 0.0,
+            "f1": 2 * hits / (2 * hits + wrong) if hits else 0.0,
+            "average_precision": float(average_precision_score(relevant, scores)) if relevant.any() else 0.0,
+        }, {}
+
+    def prediction(self, row: np.ndarray, label: np.ndarray, names: list[str], cuts: np.ndarray) -> dict[str, Any]:
+        logit = float(row.reshape(-1)[0])
+        return {"label": round(float(label.reshape(-1)[0]), 6), "score": round(float(1 / (1 + np.exp(-logit))), 6)}
+
+    def training_defaults(self, num_labels: int) -> Mapping[str, Any]:
+        return {}
