@@ -121,7 +121,7 @@ def test_a_reranker_trains_on_mined_negatives_and_serves_as_cross_encoder_predic
     with caplog.at_level("INFO"):
         assert entry.train() == 0, job.failure
     messages = [r.getMessage() for r in caplog.records]
-    assert any(m.startswith("hard negatives: mined with the bundled embedding model") for m in messages)
+    assert any(m.startswith("mining the reranker's hard negatives: the bundled embedding model") for m in messages)
     assert any(m.startswith("train: 64 pairs; 32 relevant and 32 irrelevant pairs") for m in messages)
 
     metrics = job.metrics
@@ -146,7 +146,7 @@ def test_the_miner_channel_mines_a_rerankers_negatives(job, tiny_model_dir, capl
     write_jsonl(job.channel("train") / "train.jsonl", topic_rows(24))
     with caplog.at_level("INFO"):
         assert entry.train() == 0, job.failure
-    assert any("mined with the embedding model of the miner channel" in r.getMessage() for r in caplog.records)
+    assert any("hard negatives: the embedding model of the miner channel" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.integration

@@ -112,3 +112,36 @@ def test_a_classifier_job_with_a_retrieval_set_fails_before_training(job, tiny_m
     assert entry.train() != 0
     assert "holds a BEIR retrieval set" in job.failure and "task=embedding" in job.failure
     assert not (job.model_dir / "config.json").exists()
+
+
+@pytest.mark.integration
+def test_a_reranker_is_evaluated_reordering_the_embedding_models_top_100(job, tiny_model_dir, caplog):
+    """The bundled embedding model retrieves (it mined the negatives too); the reranker's figures are its order of
+    that model's top 100 as CrossEncoder.predict scores it; the embedding model's own are reported beside."""
+    from sentence_transformers.cross_encoder import CrossEncoder
+
+    from byoc.training.model import bundled_model_dir
+
+    job.hyperparameters({**QUICK, "task": "reranker", "mine_hard_negatives": "true", "negatives_range_min": "2"})
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(32))
+    found = read_set(write_beir(job.channel("test")), "test", "test")
+    with caplog.at_level("INFO"):
+        assert entry.train() == 0, job.failure
+    assert any(
+        r.getMessage().startswith("retrieving the retrieval set's top 100 for the reranker: the bundled embedding")
+        for r in caplog.records
+    )
+    metrics = job.metrics
+    assert {key: metrics[f"test_retriever_{key}"] for key in REPORTED.values()} == pytest.approx(
+        evaluated("dense", bundled_model_dir(), found), abs=1e-6
+    )
+    scoring = corpus_evaluation.evaluator(found, "dense")
+    cross_encoder = CrossEncoder(str(job.model_dir), device="cpu")  # every document is in the top 100 of 12
+    hits = []
+    for query in scoring.queries_ids:
+        scores = cross_encoder.predict([(found.queries[query], found.corpus[doc]) for doc in scoring.corpus_ids])
+        hits.append([{"corpus_id": doc, "score": float(s)} for doc, s in zip(scoring.corpus_ids, scores)])
+    expected = corpus_evaluation._flat(scoring.compute_metrics(hits))
+    assert {key: metrics[f"test_corpus_{key}"] for key in REPORTED.values()} == pytest.approx(expected, abs=1e-6)
+    assert "test_bm25_ndcg_at_10" in metrics

@@ -34,6 +34,7 @@ class Reranker(Regression):
     in_metric_definitions = False  # metric_definitions("reranker") gives them
     metrics: tuple[str, ...] = ("accuracy", "f1", "average_precision")
     evaluates_negatives = True  # an eval row's negative is an irrelevant pair
+    ranks_corpus = "rerank"  # an embedding model's top 100 (byoc.training.corpus_evaluation)
     mined_by = "embedding"  # an embedding model mines its negatives (a cross-encoder cannot index a corpus)
 
     def head(self, num_labels: int) -> str:
@@ -47,6 +48,9 @@ class Reranker(Regression):
         return torch.nn.functional.binary_cross_entropy_with_logits(
             logits.float().reshape(rows), labels.float().reshape(rows).clamp(0, 1), reduction="none"
         )
+
+    def retriever_of(self, model: Any) -> Any:
+        return model  # the cross-encoder itself: it scores the pairs an embedding model retrieved
 
     def takes_mined_negatives(self, columns: list[str], labelled: bool) -> bool:
         return not labelled and "text_negative" not in columns

@@ -6,16 +6,23 @@ Beside it, BM25 (`bm25s`, English stopwords) ranks the same documents and the sa
 100, so metrics.json says what the model adds over a keyword index: `test_corpus_ndcg_at_10` against
 `test_bm25_ndcg_at_10`. The model's figures are the evaluator's for its own similarity (cosine, or dot
 product for a sparse model), as `SentenceTransformer.evaluate` reports them.
+
+A reranker cannot search a corpus: an embedding model (the `miner` channel's, else the bundled one) retrieves
+each query's top 100, the reranker orders them, and the evaluator scores that order (`test_corpus_...`);
+the embedding model's own order is reported beside it (`test_retriever_...`), so the figures say what the
+reranker adds over the search it reorders.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from byoc import compat, tasks
 from byoc.training.arguments import HyperparameterError
 from byoc.training.data.beir import RetrievalSet
+from byoc.training.model import embedder_path
 
 logger = logging.getLogger(__name__)
 
@@ -35,33 +42,62 @@ REPORTED = {
     "accuracy@1": "accuracy_at_1",
 }
 RANKERS = ("corpus", "bm25")  # the trained model's figures, and BM25's: `<split>_<ranker>_<metric>`
-METRICS = tuple(f"{ranker}_{name}" for ranker in RANKERS for name in REPORTED.values())
+RETRIEVER = "retriever"  # a reranker's: the embedding model whose top 100 it reorders
+RERANKED = 100  # the top documents a reranker reorders
 # Those a tuning job may read (metric_definitions: SageMaker reads 40 a job at most).
 DEFINED = ("corpus_ndcg_at_10", "corpus_mrr_at_10", "corpus_recall_at_100", "bm25_ndcg_at_10")
 BM25_DEPTH = 100  # the deepest cut-off evaluated
 
 
-def check_sets(sets: dict[str, RetrievalSet], task: str) -> None:
-    """Refuse, before training, a retrieval set for a model that ranks nothing."""
-    if sets and tasks.get(task).ranks_corpus is None:
+def check_sets(sets: dict[str, RetrievalSet], task: str, miner_dir: Path | None = None) -> str | None:
+    """Refuse, before training, a retrieval set for a model that ranks nothing; for a reranker, the embedding
+    model that retrieves what it reranks (byoc.training.model.embedder_path), else None."""
+    kind = tasks.get(task)
+    if sets and kind.ranks_corpus is None:
         channels = " and ".join(f"the {'test' if role == 'test' else 'validation'} channel" for role in sets)
         raise HyperparameterError(
             f"{channels} holds a BEIR retrieval set (corpus.jsonl, queries.jsonl, qrels), which evaluates a retrieval "
-            f"model (task=embedding or task=sparse_embedding); this job trains {tasks.get(task).described}. Give rows "
+            f"model (task=embedding, sparse_embedding or reranker); this job trains {kind.described}. Give rows "
             "to evaluate it on instead (the same columns as the train data), or train a retrieval model"
         )
+    if sets and kind.ranks_corpus == "rerank":
+        return embedder_path(miner_dir, f"retrieving the retrieval set's top {RERANKED} for the reranker")
+    return None
 
 
-def evaluate_sets(sets: dict[str, RetrievalSet], task: str, model: Any, batch_size: int) -> dict[str, float]:
-    """Each set's figures for the trained `model` and for BM25, under `<role>_corpus_...` and `<role>_bm25_...`."""
+def evaluate_sets(
+    sets: dict[str, RetrievalSet],
+    task: str,
+    model: Any,
+    batch_size: int,
+    tokenizer: Any = None,
+    retriever: str | None = None,
+    max_length: int = 512,
+) -> dict[str, float]:
+    """Each set's figures for the trained `model` and for BM25, under `<role>_corpus_...` and `<role>_bm25_...`;
+    for a reranker (its `tokenizer`) over the top 100 of the embedding model at `retriever`, whose own figures
+    are `<role>_retriever_...`."""
     kind = tasks.get(task)
     metrics: dict[str, float] = {}
     for role, found in sets.items():
         logger.info("evaluating on the %s retrieval set: %s", role, found.describe())
-        ranked = {"corpus": model_scores(found, kind.ranks_corpus or "dense", kind.retriever_of(model), batch_size)}
+        if kind.ranks_corpus == "rerank":
+            reranker = kind.retriever_of(model)
+            ranked = reranked_scores(found, reranker, tokenizer, retriever or "", batch_size, max_length)
+        else:
+            ranked = {"corpus": model_scores(found, kind.ranks_corpus or "dense", kind.retriever_of(model), batch_size)}
         ranked["bm25"] = bm25_scores(found)
         for ranker, scores in ranked.items():
             metrics.update({f"{role}_{ranker}_{name}": value for name, value in scores.items()})
+        if RETRIEVER in ranked:
+            logger.info(
+                "%s retrieval set: the reranker over the embedding model's top %d: NDCG@10 %.4f (the embedding model "
+                "alone %.4f)",
+                role,
+                RERANKED,
+                ranked["corpus"]["ndcg_at_10"],
+                ranked[RETRIEVER]["ndcg_at_10"],
+            )
         logger.info(
             "%s retrieval set: NDCG@10 %.4f (BM25 %.4f), MRR@10 %.4f (BM25 %.4f), recall@100 %.4f (BM25 %.4f)",
             role,
@@ -92,6 +128,68 @@ def model_scores(found: RetrievalSet, kind: str, retriever: Any, batch_size: int
     return {REPORTED[key]: float(results[prefix + key]) for key in REPORTED}
 
 
+def reranked_scores(
+    found: RetrievalSet, model: Any, tokenizer: Any, retriever: str, batch_size: int, max_length: int
+) -> dict[str, dict[str, float]]:
+    """The cross-encoder `model`'s order of each query's top 100 by the embedding model at `retriever` (pairs cut
+    at `max_length` tokens, as served), and the embedding model's own order, both scored by the evaluator."""
+    from sentence_transformers.util import semantic_search  # training's alone
+
+    embedder = compat.sentence_transformers_api()[0](retriever, device="cpu")
+    scoring = evaluator(found, "dense", batch_size)
+    queries = [found.queries[query] for query in scoring.queries_ids]
+    ids = list(found.corpus)
+    encoded = [
+        embedder.encode(texts, batch_size=batch_size, convert_to_tensor=True) for texts in (queries, scoring.corpus)
+    ]
+    top = semantic_search(encoded[0], encoded[1], top_k=min(RERANKED, len(ids)))
+    retrieved = [
+        [{"corpus_id": scoring.corpus_ids[hit["corpus_id"]], "score": hit["score"]} for hit in hits] for hits in top
+    ]
+    pairs = [(query, found.corpus[hit["corpus_id"]]) for query, hits in zip(queries, retrieved) for hit in hits]
+    scores = iter(_pair_logits(model, tokenizer, pairs, batch_size, max_length))
+    reranked = [[{**hit, "score": next(scores)} for hit in hits] for hits in retrieved]
+    return {"corpus": _flat(scoring.compute_metrics(reranked)), RETRIEVER: _flat(scoring.compute_metrics(retrieved))}
+
+
+def _pair_logits(
+    model: Any, tokenizer: Any, pairs: list[tuple[str, str]], batch_size: int, max_length: int
+) -> list[float]:
+    """The cross-encoder's logit for each pair, in batches; on the host where the model sits on XLA (as
+    model_scores)."""
+    import torch  # (as semantic_search)
+
+    device = model.device
+    host = torch.device("cpu") if device.type == "xla" else device
+    model.to(host)
+    was_training = model.training
+    model.eval()
+    logits: list[float] = []
+    try:
+        with torch.no_grad():
+            for start in range(0, len(pairs), batch_size):
+                batch = pairs[start : start + batch_size]
+                encoded = tokenizer(
+                    [query for query, _ in batch],
+                    [text for _, text in batch],
+                    truncation=True,
+                    max_length=max_length,
+                    padding=True,
+                    return_tensors="pt",
+                ).to(host)
+                logits.extend(model(**encoded).logits.float().reshape(-1).tolist())
+    finally:
+        model.train(was_training)
+        model.to(device)
+    return logits
+
+
+def _flat(computed: dict[str, dict[int, float]]) -> dict[str, float]:
+    """The evaluator's compute_metrics ({"ndcg@k": {10: ...}}) as byoc's names ({"ndcg_at_10": ...})."""
+    flat = {f"{name.removesuffix('k')}{k}": value for name, by_k in computed.items() for k, value in by_k.items()}
+    return {REPORTED[key]: float(flat[key]) for key in REPORTED}
+
+
 def bm25_scores(found: RetrievalSet) -> dict[str, float]:
     """BM25's top 100 documents a query (bm25s; English stopwords, no stemming), scored by the same evaluator.
     A document sharing no term with the query scores 0 and is not retrieved."""
@@ -107,9 +205,7 @@ def bm25_scores(found: RetrievalSet) -> dict[str, float]:
         [{"corpus_id": ids[int(doc)], "score": float(score)} for doc, score in zip(row_docs, row_scores) if score > 0]
         for row_docs, row_scores in zip(docs, scores)
     ]
-    computed = scoring.compute_metrics(hits)  # {"ndcg@k": {10: ...}, ...}
-    flat = {f"{name.removesuffix('k')}{k}": value for name, by_k in computed.items() for k, value in by_k.items()}
-    return {REPORTED[key]: float(flat[key]) for key in REPORTED}
+    return _flat(scoring.compute_metrics(hits))
 
 
 def _tokens(bm25s: Any, texts: list[str]) -> Any:

@@ -72,6 +72,7 @@ class Job:
     failures: Failures = field(default_factory=Failures)  # after training: kept until the model is saved
     run: Any = None  # the MLflow run (TrainingSettings.run), where the job is tracked
     retrieval: dict[str, RetrievalSet] = field(default_factory=dict)  # BEIR sets by split, evaluated after training
+    retriever: str | None = None  # a reranker's: the embedding model retrieving what it reranks in those sets
 
     @property
     def label_names(self) -> list[str]:
@@ -143,7 +144,7 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
         )
         channels, retrieval = split_retrieval_channels(contract.channel_dirs)  # BEIR sets: evaluated, not rows
         data = load_task_data(channels, spec, cache_dir)
-        check_sets(retrieval, data.task)
+        retriever = check_sets(retrieval, data.task, contract.channel_dirs.get("miner"))  # a reranker's searcher
         # The task's defaults, now that the task is known, where the job gave none.
         given = given_names(contract.hyperparameters)
         resolved = args.for_task(data.task, len(data.train), given, len(data.label_names))
@@ -202,6 +203,7 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
         chosen,
         run=settings.run,
         retrieval=retrieval if args.do_eval and not args.neuron_precompile else {},
+        retriever=retriever,
     )
 
 
@@ -289,7 +291,15 @@ def finish(job: Job, trainer: TaskTrainer, metrics: dict[str, Any]) -> dict[str,
             )
     if job.retrieval and failures.first is None:
         with failures.kept("the evaluation on the retrieval set"):
-            ranked = evaluate_sets(job.retrieval, job.data.task, trainer.model, args.per_device_eval_batch_size)
+            ranked = evaluate_sets(
+                job.retrieval,
+                job.data.task,
+                trainer.model,
+                args.per_device_eval_batch_size,
+                tokenizer=job.tokenizer,
+                retriever=job.retriever,
+                max_length=args.max_length,
+            )
             logger.info(metrics_line(ranked))  # a [metrics] line: what the metric definitions read
             metrics = {**metrics, **ranked}
     summary = {**metrics, **_job_summary(job, trainer)}

@@ -47,6 +47,22 @@ def bundled_model_dir() -> Path | None:
     return path if (path / "config.json").exists() else None
 
 
+def embedder_path(miner_dir: Path | None, purpose: str) -> str:
+    """The embedding model a reranker's job searches with (mining its negatives; retrieving a BEIR set's top 100
+    for it to rerank): the `miner` channel's folder, else the bundled one. `purpose` names the search."""
+    if miner_dir is not None:
+        logger.info("%s: the embedding model of the miner channel (%s)", purpose, miner_dir)
+        return str(miner_dir)
+    bundled = bundled_model_dir()
+    if bundled is None:
+        raise HyperparameterError(
+            f"{purpose} takes an embedding model (a cross-encoder cannot search a corpus), and none was given: pass "
+            "a sentence-transformers folder as the `miner` input channel"
+        )
+    logger.info("%s: the bundled embedding model (%s); a `miner` channel overrides it", purpose, bundled)
+    return str(bundled)
+
+
 def resolve_model(args: TrainArguments, contract: TrainingContract, cache_dir: Path) -> ModelSource:
     """Where the model comes from: an explicit path, the `model` channel, a Hub id, or the bundled default."""
     name = args.model_name_or_path

@@ -21,7 +21,7 @@ import numpy as np
 from byoc import compat, tasks
 from byoc.training.arguments import HyperparameterError, TrainArguments
 from byoc.training.data import DataError, TaskData, task_choice
-from byoc.training.model import bundled_model_dir
+from byoc.training.model import embedder_path
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def mine_hard_negatives(
             f"mine_hard_negatives=true needs two train rows at least (a corpus); the train data has {len(data.train)}"
         )
     miner_task = tasks.get(task.mined_by) if task.mined_by else task
-    path = source_path if miner_task is task else _miner_path(miner_dir)
+    path = source_path if miner_task is task else embedder_path(miner_dir, "mining the reranker's hard negatives")
     kwargs = {**compat.fp32_weights(), **miner_task.model_kwargs()}
     labels = data.label_names if miner_task is task else []
     miner = miner_task.training_model(path, labels, kwargs, {}, args.trust_remote_code, args.max_length, 1)
@@ -98,21 +98,6 @@ def mine_hard_negatives(
         missing,
     )
     return dataclasses.replace(data, train=data.train.add_column(NEGATIVE, negatives))
-
-
-def _miner_path(miner_dir: Path | None) -> str:
-    """The embedding model that mines a reranker's negatives: the `miner` channel's folder, else the bundled one."""
-    if miner_dir is not None:
-        logger.info("hard negatives: mined with the embedding model of the miner channel (%s)", miner_dir)
-        return str(miner_dir)
-    bundled = bundled_model_dir()
-    if bundled is None:
-        raise HyperparameterError(
-            "mine_hard_negatives=true for a reranker mines with an embedding model (a cross-encoder cannot search a "
-            "corpus), and none was given: pass a sentence-transformers folder as the `miner` input channel"
-        )
-    logger.info("hard negatives: mined with the bundled embedding model (%s); a `miner` channel overrides it", bundled)
-    return str(bundled)
 
 
 def as_pairs(data: TaskData) -> TaskData:
