@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from byoc import compat, tasks
-from byoc.training.arguments import HyperparameterError
+from byoc.training.arguments import HyperparameterError, TrainArguments
 from byoc.training.data.beir import RetrievalSet
 from byoc.training.model import embedder_path
 
@@ -69,14 +69,14 @@ def evaluate_sets(
     sets: dict[str, RetrievalSet],
     task: str,
     model: Any,
-    batch_size: int,
+    args: TrainArguments,
     tokenizer: Any = None,
     retriever: str | None = None,
-    max_length: int = 512,
 ) -> dict[str, float]:
     """Each set's figures for the trained `model` and for BM25, under `<role>_corpus_...` and `<role>_bm25_...`;
     for a reranker (its `tokenizer`) over the top 100 of the embedding model at `retriever`, whose own figures
-    are `<role>_retriever_...`."""
+    are `<role>_retriever_...`. Texts go in batches of the job's eval batch size, cut at its max_length."""
+    batch_size, max_length = args.per_device_eval_batch_size, args.max_length
     kind = tasks.get(task)
     metrics: dict[str, float] = {}
     for role, found in sets.items():

@@ -291,15 +291,7 @@ def finish(job: Job, trainer: TaskTrainer, metrics: dict[str, Any]) -> dict[str,
             )
     if job.retrieval and failures.first is None:
         with failures.kept("the evaluation on the retrieval set"):
-            ranked = evaluate_sets(
-                job.retrieval,
-                job.data.task,
-                trainer.model,
-                args.per_device_eval_batch_size,
-                tokenizer=job.tokenizer,
-                retriever=job.retriever,
-                max_length=args.max_length,
-            )
+            ranked = evaluate_sets(job.retrieval, job.data.task, trainer.model, args, job.tokenizer, job.retriever)
             logger.info(metrics_line(ranked))  # a [metrics] line: what the metric definitions read
             metrics = {**metrics, **ranked}
     summary = {**metrics, **_job_summary(job, trainer)}
