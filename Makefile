@@ -16,7 +16,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-embed-vs bench-embed-train bench-long-text bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-embed-vs bench-embed-train bench-retrieval bench-long-text bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
 
 venv: $(STAMP)
 
@@ -126,6 +126,10 @@ bench-embed-vs: venv $(COMPETITORS)
 # Training embedding models: byoc's defaults against sentence-transformers' own trainer on SICK (docs/benchmarks.md).
 bench-embed-train: venv
 	$(PY) benchmarks/bench_embed_train.py --shapes scored,pairs --epochs 1
+
+# Retrieval on a BEIR set built from SICK: BM25, byoc's dense job against sentence-transformers' own, a reranker.
+bench-retrieval: venv
+	$(PY) benchmarks/bench_retrieval.py --runs dense,reranker --json benchmarks/results/retrieval.json
 
 # One long text beside small requests on a token classifier (docs/benchmarks.md); --container for a before-and-after.
 bench-long-text: venv

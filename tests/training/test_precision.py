@@ -110,3 +110,12 @@ def test_agreeing_precision_settings_are_accepted():
         parse_hyperparameters(hyperparameters)
     with pytest.raises(HyperparameterError, match="must be one of auto, fp32, tf32, bf16, fp16"):
         parse_hyperparameters({"precision": "int8"})
+
+
+@pytest.mark.parametrize("hardware", [H100, CPU])
+def test_the_cached_loss_runs_eager_whatever_would_compile(hardware):
+    """mini_batch_size's cached loss embeds the batch itself, a mini-batch at a time, and replays it in the backward
+    pass: the step is not compiled (bf16=true on a GPU would compile it)."""
+    assert decide(hardware, bf16="true", mini_batch_size="4")[1] is False
+    assert decide(hardware, torch_compile="true", mini_batch_size="4")[1] is False
+    assert decide(hardware, torch_compile="true")[1] is True

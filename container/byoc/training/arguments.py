@@ -148,6 +148,7 @@ class TrainArguments:
         0.05, "Mined negatives: at most (1 - margin) as similar to the anchor as its positive.", bound=FRACTION
     )
     matryoshka_dims: str = _hp("", "Embedding models: also train these leading dimensions alone (768,256,64).")
+    mini_batch_size: int | None = _hp(None, "In-batch negatives: embed N rows a pass, gradients cached.", bound=COUNT)
     validation_split: float = _hp(
         0.0,
         "Without eval data, hold out this fraction of train (stratified) to evaluate on. 0 = none.",
@@ -361,9 +362,8 @@ def _check_precision(args: TrainArguments) -> None:
     full = {"tf32" if args.tf32 else "fp32"} if args.tf32 is not None else set()
     if len(wanted) > 1 or (full and wanted & {"fp32", "tf32"} and wanted != full):
         raise HyperparameterError(
-            "hyperparameters precision, bf16, fp16 and tf32 disagree "
-            f"(they ask for {' and '.join(sorted(wanted | full))}): "
-            "set precision alone, to one of auto, fp32, tf32, bf16, fp16"
+            f"hyperparameters precision, bf16, fp16 and tf32 disagree ({' and '.join(sorted(wanted | full))}): set "
+            "precision alone, to one of auto, fp32, tf32, bf16, fp16"
         )
 
 

@@ -16,6 +16,7 @@ reranker adds over the search it reorders.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ REPORTED = {
 RANKERS = ("corpus", "bm25")  # the trained model's figures, and BM25's: `<split>_<ranker>_<metric>`
 RETRIEVER = "retriever"  # a reranker's: the embedding model whose top 100 it reorders
 RERANKED = 100  # the top documents a reranker reorders
+PROGRESS_EVERY = 30.0  # seconds between progress lines of a long reranking
 # Those a tuning job may read (metric_definitions: SageMaker reads 40 a job at most).
 DEFINED = ("corpus_ndcg_at_10", "corpus_mrr_at_10", "corpus_recall_at_100", "bm25_ndcg_at_10")
 BM25_DEPTH = 100  # the deepest cut-off evaluated
@@ -155,8 +157,8 @@ def reranked_scores(
 def _pair_logits(
     model: Any, tokenizer: Any, pairs: list[tuple[str, str]], batch_size: int, max_length: int
 ) -> list[float]:
-    """The cross-encoder's logit for each pair, in batches; on the host where the model sits on XLA (as
-    model_scores)."""
+    """The cross-encoder's logit for each pair, in batches of similar lengths (as CrossEncoder.predict sorts
+    them: little padding), progress logged; on the host where the model sits on XLA (as model_scores)."""
     import torch  # (as semantic_search)
 
     device = model.device
@@ -164,11 +166,14 @@ def _pair_logits(
     model.to(host)
     was_training = model.training
     model.eval()
-    logits: list[float] = []
+    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
+    logits = [0.0] * len(pairs)
+    logger.info("reranking %d (query, document) pairs", len(pairs))
+    started, reported = time.monotonic(), time.monotonic()
     try:
         with torch.no_grad():
-            for start in range(0, len(pairs), batch_size):
-                batch = pairs[start : start + batch_size]
+            for start in range(0, len(order), batch_size):
+                batch = [pairs[i] for i in order[start : start + batch_size]]
                 encoded = tokenizer(
                     [query for query, _ in batch],
                     [text for _, text in batch],
@@ -177,7 +182,13 @@ def _pair_logits(
                     padding=True,
                     return_tensors="pt",
                 ).to(host)
-                logits.extend(model(**encoded).logits.float().reshape(-1).tolist())
+                scores = model(**encoded).logits.float().reshape(-1).tolist()
+                for i, score in zip(order[start : start + batch_size], scores):
+                    logits[i] = score
+                if time.monotonic() - reported > PROGRESS_EVERY:
+                    reported = time.monotonic()
+                    done = min(start + batch_size, len(order))
+                    logger.info("reranked %d of %d pairs (%.0f s)", done, len(order), reported - started)
     finally:
         model.train(was_training)
         model.to(device)

@@ -180,7 +180,7 @@ def load_model(
             if getattr(config, key, None) is not None:
                 overrides[key] = args.dropout
     kind = tasks.get(task)
-    recipe = recipe_settings(args, kind)
+    recipe = recipe_settings(args, kind, use_xla)
     kwargs = {**compat.fp32_weights(), **kind.model_kwargs()}
     if args.attn_implementation or use_xla:
         kwargs["attn_implementation"] = args.attn_implementation or "eager"
@@ -214,10 +214,11 @@ def load_model(
     return cast(PreTrainedModel, model)  # an embedding model: an nn.Module the Trainer trains alike
 
 
-def recipe_settings(args: TrainArguments, kind: tasks.Task) -> dict[str, Any]:
+def recipe_settings(args: TrainArguments, kind: tasks.Task, use_xla: bool = False) -> dict[str, Any]:
     """The settings of a task's own training recipe the job gives (`Task.recipe_settings`); refused, before the
     model loads, for a task whose recipe has none of them."""
-    given = {name: value for name, value in {"matryoshka_dims": matryoshka_sizes(args)}.items() if value}
+    asked = {"matryoshka_dims": matryoshka_sizes(args), "mini_batch_size": args.mini_batch_size}
+    given = {name: value for name, value in asked.items() if value}
     for name in given:
         if name not in kind.recipe_settings:
             takers = [task.described for task in tasks.TASKS.values() if name in task.recipe_settings]
@@ -225,6 +226,11 @@ def recipe_settings(args: TrainArguments, kind: tasks.Task) -> dict[str, Any]:
                 f"hyperparameter {name} is a setting of {' and '.join(takers)}; this job trains {kind.described}: "
                 f"drop {name}"
             )
+    if "mini_batch_size" in given and (use_xla or distributed.world_size() > 1):
+        raise HyperparameterError(
+            "mini_batch_size (cached in-batch negatives) trains in one process on a CPU or a GPU for now, not "
+            f"{'on XLA' if use_xla else f'in {distributed.world_size()} processes'}: drop it, or train on one device"
+        )
     return given
 
 

@@ -86,9 +86,11 @@ def choose(args: TrainArguments, hardware: Hardware) -> Precision:
     asked = requested(args)
     if hardware.device == "xla":
         return _xla(asked)
+    chosen = _cpu(asked, args.torch_compile) if hardware.device == "cpu" else _cuda(asked, args, hardware)
+    if chosen.compile and args.mini_batch_size:  # the cached loss runs the model itself, in mini-batches
+        chosen = dataclasses.replace(chosen, compile=False, reason=f"{chosen.reason}; eager: mini_batch_size")
     if hardware.device == "cpu":
-        return _cpu(asked, args.torch_compile)
-    chosen = _cuda(asked, args, hardware)
+        return chosen
     tf32 = chosen.name == "tf32" or (chosen.name in ("bf16", "fp16") and hardware.ampere and args.tf32 is not False)
     return dataclasses.replace(chosen, tf32=tf32)
 

@@ -418,3 +418,73 @@ def test_matryoshka_dims_for_a_task_without_it_fails_at_start_naming_who_takes_i
     write_jsonl(job.channel("train") / "train.jsonl", rows)
     assert entry.train() != 0
     assert "hyperparameter matryoshka_dims is a setting of an embedding model; this job trains" in job.failure
+
+
+# --- cached in-batch negatives: any batch in a mini-batch's memory --------------------------------------------
+
+NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+
+
+def test_the_cached_loss_gives_the_uncached_losss_gradients(tiny_model_dir):
+    """GradCache: the batch of 8 rows embedded 3 rows at a time, the loss's gradients at the vectors replayed a
+    mini-batch at a time, end in the gradients of the uncached loss over the whole batch."""
+    rows = topic_rows(8, negatives=True)
+    models = []
+    for cached in (False, True):
+        model = embedding.build(str(tiny_model_dir), False, 32, model_kwargs={}, config_kwargs=NO_DROPOUT)
+        if cached:
+            embedding.cache_negatives(model, 3)
+        model.train()
+        tokenizer = model.model.tokenizer
+        batch = {}
+        for prefix, column in (("", "anchor"), ("pair_", "positive"), ("negative_", "negative")):
+            encoded = tokenizer([r[column] for r in rows], padding=True, return_tensors="pt")
+            batch.update({prefix + key: value for key, value in encoded.items()})
+        loss = model(**batch, labels=torch.full((8,), float("nan")))["loss"]
+        loss.backward()
+        models.append((loss.item(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (plain_loss, plain), (cached_loss, cached) = models
+    assert cached_loss == pytest.approx(plain_loss, rel=1e-5)
+    assert plain.keys() == cached.keys() and plain
+    for name, grad in plain.items():
+        torch.testing.assert_close(cached[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_job_with_cached_negatives_trains_and_evaluates(job, tiny_model_dir, caplog):
+    job.hyperparameters({**QUICK, "per_device_train_batch_size": "16", "mini_batch_size": "4"})
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(48))
+    write_jsonl(job.channel("validation") / "dev.jsonl", topic_rows(16, seed=1))
+    with caplog.at_level("INFO"):
+        assert entry.train() == 0, job.failure
+    assert any(r.getMessage().startswith("cached in-batch negatives: 4 rows a pass") for r in caplog.records)
+    assert 0 <= job.metrics["eval_mrr_at_10"] <= 1 and job.metrics["hyperparameters"]["mini_batch_size"] == 4
+
+
+@pytest.mark.parametrize(
+    "hyperparameters, message",
+    [
+        ({"task": "embedding"}, "these are scored pairs, trained with CoSENT: drop mini_batch_size"),
+        ({"matryoshka_dims": "16,8"}, "mini_batch_size and matryoshka_dims are not combined yet"),
+    ],
+    ids=["scored-pairs", "matryoshka"],
+)
+def test_cached_negatives_where_they_do_not_apply_fail_at_start(job, tiny_model_dir, hyperparameters, message):
+    job.hyperparameters({**QUICK, "mini_batch_size": "4", **hyperparameters})
+    job.model_channel(tiny_model_dir)
+    if "task" in hyperparameters:
+        write_pairs(job.channel("train") / "train.tsv", score_rows(16))
+    else:
+        write_jsonl(job.channel("train") / "train.jsonl", topic_rows(16))
+    assert entry.train() != 0
+    assert message in job.failure
+
+
+def test_cached_negatives_on_xla_or_several_processes_are_refused_by_name():
+    from byoc.training.hyperparameters import parse_hyperparameters
+    from byoc.training.model import recipe_settings
+
+    args = parse_hyperparameters({"mini_batch_size": "4"})
+    assert recipe_settings(args, tasks.get(EMBEDDING)) == {"mini_batch_size": 4}
+    with pytest.raises(HyperparameterError, match="one process on a CPU or a GPU for now, not on XLA"):
+        recipe_settings(args, tasks.get(EMBEDDING), use_xla=True)

@@ -42,7 +42,7 @@ class Embedding(Task):
     in_metric_definitions = False  # retrieval metrics: metric_definitions("embedding") gives them
     ranks_corpus = "dense"
     mined_by: str | None = NAME  # by the model the job trains, as loaded
-    recipe_settings: tuple[str, ...] = ("matryoshka_dims",)
+    recipe_settings: tuple[str, ...] = ("matryoshka_dims", "mini_batch_size")
     small_batches = True  # in-batch negatives and CoSENT's pairs of pairs: batch 16, sentence-transformers' default
     metrics: tuple[str, ...] = (
         "spearman_cosine",
@@ -127,11 +127,14 @@ class Embedding(Task):
         return encoder_of(model)
 
     def apply_recipe(self, model: Any, settings: Mapping[str, Any]) -> None:
-        """Matryoshka: the loss also over each of `matryoshka_dims` leading dimensions (byoc.tasks.embedding.model)."""
-        from byoc.tasks.embedding.model import train_leading_dimensions  # (as training_model)
+        """Matryoshka (the loss also over each of `matryoshka_dims` leading dimensions) and cached in-batch negatives
+        (`mini_batch_size`): byoc.tasks.embedding.model."""
+        from byoc.tasks.embedding.model import cache_negatives, train_leading_dimensions  # (as training_model)
 
         if settings.get("matryoshka_dims"):
             train_leading_dimensions(model, settings["matryoshka_dims"])
+        if settings.get("mini_batch_size"):
+            cache_negatives(model, settings["mini_batch_size"])
 
     def retriever_of(self, model: Any) -> Any:
         return model.model  # byoc.tasks.embedding.model.EmbeddingModel's SentenceTransformer (or SparseEncoder)

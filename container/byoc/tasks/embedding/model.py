@@ -41,6 +41,7 @@ class EmbeddingModel(torch.nn.Module):
         self.config = model[0].auto_model.config  # what byoc's steps read of a transformers model
         self.scored = scored
         self.matryoshka_dims: tuple[int, ...] = ()  # leading dimensions also trained alone (train_leading_dimensions)
+        self.mini_batch_size: int | None = None  # training's in-batch negatives embedded this many rows a pass (cache)
         # Held outside the module tree: the loss keeps a reference to the model, which would put every
         # weight in the state dict twice (and safetensors refuses tensors that share memory).
         self.__dict__["objective"] = self.make_objective(model, scored, world_size)
@@ -77,15 +78,24 @@ class EmbeddingModel(torch.nn.Module):
             (pair_input_ids, pair_attention_mask, pair_token_type_ids),
             (negative_input_ids, negative_attention_mask, negative_token_type_ids),
         )
+        if self.mini_batch_size and self.training and labels is not None:
+            return {"loss": self.cached_loss(groups, labels)}
         vectors = [self.embed(ids, mask, types) for ids, mask, types in groups if ids is not None and mask is not None]
         loss = self.loss(vectors, labels) if labels is not None and len(vectors) > 1 else None
         return {"loss": loss, "logits": torch.cat(vectors[:2], dim=-1)}
 
     def embed(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
-        features = {"input_ids": ids, "attention_mask": mask}
-        if types is not None:
-            features["token_type_ids"] = types
-        return self.model(features)["sentence_embedding"]
+        return self.model(features_of(ids, mask, types))["sentence_embedding"]
+
+    def cached_loss(self, groups: Any, labels: torch.Tensor) -> torch.Tensor:
+        """sentence-transformers' CachedMultipleNegativesRankingLoss over the batch's groups: it embeds them
+        `mini_batch_size` rows at a time without gradients, takes the loss's gradients at the vectors, and
+        replays each mini-batch with gradients in the backward pass (GradCache): the uncached loss's gradients
+        in a mini-batch's memory. Training only: an evaluation has no backward pass to replay in."""
+        features = [
+            features_of(ids, mask, types) for ids, mask, types in groups if ids is not None and mask is not None
+        ]
+        return self.__dict__["cached"](features, labels)
 
     def loss(self, vectors: list[torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
         """The objective over the batch's rows. An evaluation drops the filler rows of a fixed-shape batch
@@ -163,6 +173,33 @@ def build(
         "CoSENT (scored pairs)" if scored else "multiple-negatives ranking (in-batch negatives)",
     )
     return EmbeddingModel(model, scored, world_size)
+
+
+def features_of(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """A group's token columns as sentence-transformers' features."""
+    features = {"input_ids": ids, "attention_mask": mask}
+    if types is not None:
+        features["token_type_ids"] = types
+    return features
+
+
+def cache_negatives(model: EmbeddingModel, mini_batch_size: int) -> None:
+    """Cached in-batch negatives (`mini_batch_size`): any batch trains in the memory of a mini-batch, with the
+    gradients of the uncached loss (EmbeddingModel.cached_loss)."""
+    if model.scored:
+        raise BadParameter(
+            "mini_batch_size caches the gradients of in-batch negatives ((anchor, positive) rows); these are scored "
+            "pairs, trained with CoSENT: drop mini_batch_size"
+        )
+    if model.matryoshka_dims:
+        raise BadParameter("mini_batch_size and matryoshka_dims are not combined yet: drop one of them")
+    losses = compat.sentence_transformers_api()[3]
+    cached = losses.CachedMultipleNegativesRankingLoss(
+        model.model, similarity_fct=compat.cos_sim, mini_batch_size=mini_batch_size
+    )
+    model.__dict__["cached"] = cached  # (outside the module tree, as the objective)
+    model.mini_batch_size = mini_batch_size
+    logger.info("cached in-batch negatives: %d rows a pass, gradients cached (GradCache)", mini_batch_size)
 
 
 def train_leading_dimensions(model: EmbeddingModel, sizes: list[int]) -> None:
