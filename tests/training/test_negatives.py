@@ -108,3 +108,16 @@ def test_a_job_mines_then_trains_on_the_mined_triplets(job, tiny_model_dir, capl
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("hard negatives: mined for") and "of 32 train rows" in m for m in messages)
     assert job.metrics["task"] == tasks.EMBEDDING
+
+
+def test_a_rerankers_rows_beside_scored_train_pairs_become_pairs_too():
+    """Scored train pairs stay as they are; eval rows beside them still become labelled pairs (they were left
+    as rows without labels, which a reranker's evaluation cannot score)."""
+    from byoc.training.negatives import as_pairs
+
+    train = datasets.Dataset.from_dict({"text": ["a", "b"], "text_pair": ["c", "d"], "label": [0.0, 1.0]})
+    rows = {"text": ["q"], "text_pair": ["p"], "text_negative": ["n"], "label": [float("nan")]}
+    data = TaskData(train, datasets.Dataset.from_dict(rows), None, ["score"], False, tasks.RERANKER)
+    paired = as_pairs(data)
+    assert paired.train is train and paired.label_names == ["score"]
+    assert list(zip(paired.eval["text_pair"], paired.eval["label"])) == [("p", 1.0), ("n", 0.0)]

@@ -113,7 +113,7 @@ def as_pairs(data: TaskData) -> TaskData:
     except tasks.BadParameter as err:
         message = str(err)
         raise DataError(message[0].upper() + message[1:]) from None
-    if train is data.train:
+    if train is data.train and held[0] is data.eval and held[1] is data.test:
         return data
     logger.info("train: %d pairs; %s", len(train), task.label_summary(np.asarray(train["label"])))
     # Rows name no output; the pairs' one output is each pair's relevance.
