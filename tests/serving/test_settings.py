@@ -193,5 +193,6 @@ def test_byoc_task_is_read_as_a_task_name_and_a_wrong_one_stops_the_server():
 
     assert InferenceSettings.from_env({}).task is None
     assert InferenceSettings.from_env({"BYOC_TASK": "Feature-Extraction"}).task == "embedding"
-    with pytest.raises(ServeSettingsError, match="BYOC_TASK='rerank' names no task: set one of .*embedding"):
-        InferenceSettings.from_env({"BYOC_TASK": "rerank"})
+    assert InferenceSettings.from_env({"BYOC_TASK": "rerank"}).task == "reranker"
+    with pytest.raises(ServeSettingsError, match="BYOC_TASK='ranking' names no task: set one of .*embedding"):
+        InferenceSettings.from_env({"BYOC_TASK": "ranking"})

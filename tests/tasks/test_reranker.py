@@ -173,3 +173,8 @@ def test_an_eval_splits_negatives_are_kept_for_a_reranker_where_train_has_none(t
     data = load_task_data(channels, DataSpec(task=task), tmp_path / "cache")
     assert ("text_negative" in data.eval.column_names) == (task == tasks.RERANKER)
     assert "text_negative" not in data.train.column_names
+
+
+def test_a_two_label_model_served_as_a_reranker_is_refused_rather_than_scored_by_its_first_logit():
+    with pytest.raises(BadParameter, match="one output .* this model has 2: serve it without BYOC_TASK"):
+        RERANKER.check_rerank({"id2label": {0: "irrelevant", 1: "relevant"}, "pairs": True})

@@ -49,6 +49,17 @@ class Reranker(Regression):
             logits.float().reshape(rows), labels.float().reshape(rows).clamp(0, 1), reduction="none"
         )
 
+    def check_rerank(self, model: Mapping) -> None:
+        """One output: a model of more (a two-label pair classifier, served with BYOC_TASK naming this task) is
+        refused rather than scored by its first logit."""
+        outputs = len(model.get("id2label") or {}) or 1
+        if outputs != 1:
+            raise BadParameter(
+                f"{self.described} has one output (a relevance logit); this model has {outputs}: serve it without "
+                "BYOC_TASK (a two-label pair classifier reranks by its second label's probability)"
+            )
+        super().check_rerank(model)
+
     def retriever_of(self, model: Any) -> Any:
         return model  # the cross-encoder itself: it scores the pairs an embedding model retrieved
 

@@ -120,6 +120,7 @@ FULL_IMAGE_MODULES = frozenset(
     + ("pandas", "pyarrow", "matplotlib", "tensorboard", "onnx")
     + ("mlflow", "sagemaker_mlflow")  # experiment tracking (byoc.training.tracking)
     + ("sentence_transformers",)  # training embedding models (byoc.tasks.embedding.model)
+    + ("bm25s",)  # BM25 beside a retrieval model on a BEIR set (byoc.training.corpus_evaluation)
 )
 
 
