@@ -16,7 +16,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-embed-vs bench-embed-train bench-retrieval bench-cached-loss bench-long-text bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-embed-vs bench-embed-train bench-retrieval bench-sparse bench-cached-loss bench-long-text bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
 
 venv: $(STAMP)
 
@@ -130,6 +130,10 @@ bench-embed-train: venv
 # Retrieval on a BEIR set built from SICK: BM25, byoc's dense job against sentence-transformers' own, a reranker.
 bench-retrieval: venv
 	$(PY) benchmarks/bench_retrieval.py --runs dense,reranker --json benchmarks/results/retrieval.json
+
+# A sparse (SPLADE) model served against a dense one on the same encoder, and against sentence-transformers.
+bench-sparse: venv
+	$(PY) benchmarks/bench_sparse.py --json benchmarks/results/sparse.json
 
 # Cached in-batch negatives (mini_batch_size) against the plain loss: samples/s and peak memory a batch size.
 bench-cached-loss: venv
