@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -105,6 +106,13 @@ def test_the_process_count_is_the_supervisor_and_its_workers_never_a_helper():
     helper = subprocess.Popen(child, stdin=subprocess.PIPE)
     worker = subprocess.Popen([*child, "--multiprocessing-fork"], stdin=subprocess.PIPE)  # as spawn starts one
     try:
+        # A child shows its parent's command line until it has exec'd its own (CI once counted the worker
+        # before then): wait for both command lines, not a guessed time.
+        for process, marker in ((helper, b"sys.stdin.read()"), (worker, b"--multiprocessing-fork")):
+            cmdline = Path(f"/proc/{process.pid}/cmdline")
+            deadline = time.monotonic() + 60
+            while marker not in cmdline.read_bytes() and time.monotonic() < deadline:
+                time.sleep(0.01)
         alone = samples_of(ServerProcesses(os.getpid()))
         supervisor = samples_of(ServerProcesses(os.getpid(), supervisor=True))
     finally:
