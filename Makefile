@@ -129,7 +129,7 @@ bench-embed-train: venv
 
 # Retrieval on a BEIR set built from SICK: BM25, byoc's dense job against sentence-transformers' own, a reranker.
 bench-retrieval: venv
-	$(PY) benchmarks/bench_retrieval.py --runs dense,reranker --json benchmarks/results/retrieval.json
+	$(PY) benchmarks/bench_retrieval.py --runs dense,reranker,int8 --json benchmarks/results/retrieval.json
 
 # A sparse (SPLADE) model served against a dense one on the same encoder, and against sentence-transformers.
 bench-sparse: venv

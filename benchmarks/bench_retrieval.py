@@ -13,10 +13,12 @@ retrieval model evaluated on a corpus, against sentence-transformers' own traini
                           MultipleNegativesRankingLoss in SentenceTransformerTrainer (batch 16, 5e-5, warmup 10%)
             reranker/byoc `byoc train task=reranker` from the bundled model on mined negatives, evaluated over
                           the bundled embedding model's top 100 (byoc's own figures: reranker and embedder)
+            served/fp32, served/int8   the bundled model's vectors as `byoc serve` answers them (its graph
+                          and int8 graph, written by byoc's own export), ranked by cosine, scored by the evaluator
 
 Every model ranks by sentence-transformers' InformationRetrievalEvaluator (NDCG@10, MRR@10, recall@100).
 
-    .venv/bin/python benchmarks/bench_retrieval.py [--runs dense,reranker] [--epochs 1]
+    .venv/bin/python benchmarks/bench_retrieval.py [--runs dense,reranker,int8] [--epochs 1]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench_embed_train import BATCH, LR, sick  # benchmarks/, beside this script
 from child_process import byoc_train, exit_on_sigterm
@@ -140,6 +143,34 @@ def evaluated(folder: Path, test_set: Path) -> dict[str, float]:
     return {name: float(results[prefix + key]) for key, name in corpus_evaluation.REPORTED.items()}
 
 
+def served(precision: str, found: Any, workdir: Path) -> dict[str, float]:
+    """The set ranked with the vectors byoc's default predict_fn answers for the bundled model at `precision`."""
+    import shutil
+
+    import numpy as np
+    from bench_embed import load, vectors  # (the dense serving benchmark's loaders)
+
+    from byoc import onnx_graph
+
+    folder = workdir / "served-model"
+    if not (folder / onnx_graph.INT8_GRAPH).exists():
+        shutil.copytree(bundled_model_dir(), folder)
+        assert onnx_graph.export(folder) and onnx_graph.export_int8(folder)
+    model = load(folder, precision)
+    scoring = corpus_evaluation.evaluator(found, "dense")
+    queries = vectors(model, [found.queries[query] for query in scoring.queries_ids])
+    documents = vectors(model, scoring.corpus)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    documents /= np.linalg.norm(documents, axis=1, keepdims=True)
+    similarity = queries @ documents.T
+    top = np.argsort(-similarity, axis=1)[:, : corpus_evaluation.BM25_DEPTH]
+    hits = [
+        [{"corpus_id": scoring.corpus_ids[d], "score": float(similarity[q, d])} for d in row]
+        for q, row in enumerate(top)
+    ]
+    return corpus_evaluation._flat(scoring.compute_metrics(hits))
+
+
 def shown(figures: dict[str, float]) -> str:
     return ", ".join(f"{name} {figures[name]:.4f}" for name in FIGURES)
 
@@ -147,7 +178,7 @@ def shown(figures: dict[str, float]) -> str:
 def main() -> int:
     exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", default="dense,reranker")
+    parser.add_argument("--runs", default="dense,reranker,int8")
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "retrieval.json")
     parser.add_argument("--byoc", default="", help="byoc hyperparameters beyond its defaults: key=value,...")
@@ -171,6 +202,13 @@ def main() -> int:
             folder, seconds = run_reference(options.epochs, Path(tmp) / "dense-st")
             results["dense/st"] = {**evaluated(folder, test_set), "train_seconds": round(seconds, 1)}
             print(f"dense/st            {shown(results['dense/st'])}  ({seconds:.0f} s, mining, training)", flush=True)
+        if "int8" in options.runs:
+            for precision in ("fp32", "int8"):
+                results[f"served/{precision}"] = served(precision, found, Path(tmp))
+                print(f"served/{precision:5s}       {shown(results[f'served/{precision}'])}", flush=True)
+            drop = results["served/fp32"]["recall_at_10"] - results["served/int8"]["recall_at_10"]
+            results["int8_recall_at_10_drop"] = round(drop, 4)
+            print(f"int8 recall@10 below fp32's by {drop:.4f}", flush=True)
         if "reranker" in options.runs:
             metrics, seconds = run_byoc("reranker", options.epochs, test_set, Path(tmp) / "reranker-byoc")
             for ranker in ("corpus", "retriever"):
