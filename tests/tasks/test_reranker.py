@@ -45,7 +45,8 @@ def test_each_row_gives_a_relevant_pair_and_an_irrelevant_one_per_negative():
         ("q2", "p2", 1.0),
         ("q2", "n2", 0.0),
     ]
-    assert RERANKER.pairs_of_rows(rows(negatives=False), "eval")["label"] == [1.0, 1.0]  # an eval split may
+    # An eval split may have no negative: its positive pairs are still scored.
+    assert RERANKER.pairs_of_rows(rows(negatives=False), "eval")["label"] == [1.0, 1.0]
     with pytest.raises(BadParameter, match="no negative, and a reranker learns from negatives: set mine_hard_neg"):
         RERANKER.pairs_of_rows(rows(negatives=False), "train")
 

@@ -16,7 +16,9 @@ from byoc.training.data.beir import read_set
 from byoc.training.metrics import metric_definitions
 from helpers import build_tiny_mlm, topic_rows, write_beir, write_jsonl
 
-QUICK = {"max_steps": "4", "logging_steps": "2", "per_device_train_batch_size": "8"}
+# The job evaluates where it trains: on the CPU, as the evaluator run here on the folder it wrote (a GPU's TF32
+# could reorder near ties).
+QUICK = {"max_steps": "4", "logging_steps": "2", "per_device_train_batch_size": "8", "device": "cpu"}
 
 
 def test_bm25_ranks_by_shared_terms_and_the_evaluator_scores_its_hits(tmp_path):

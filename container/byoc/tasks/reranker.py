@@ -23,7 +23,6 @@ from byoc.tasks.base import BadParameter, kept_rows
 from byoc.tasks.regression import Regression
 
 NAME = "reranker"
-RELEVANCE = "relevance"  # the one output's name, where the data name none (rows)
 
 
 class Reranker(Regression):
@@ -125,6 +124,3 @@ class Reranker(Regression):
     def prediction(self, row: np.ndarray, label: np.ndarray, names: list[str], cuts: np.ndarray) -> dict[str, Any]:
         logit = float(row.reshape(-1)[0])
         return {"label": round(float(label.reshape(-1)[0]), 6), "score": round(float(1 / (1 + np.exp(-logit))), 6)}
-
-    def training_defaults(self, num_labels: int) -> Mapping[str, Any]:
-        return {}
