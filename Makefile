@@ -16,7 +16,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-embed-vs bench-embed-train bench-retrieval bench-sparse bench-cached-loss bench-long-text bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-embed-vs bench-embed-train bench-retrieval bench-sparse bench-multi-vector bench-cached-loss bench-long-text bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
 
 venv: $(STAMP)
 
@@ -134,6 +134,10 @@ bench-retrieval: venv
 # A sparse (SPLADE) model served against a dense one on the same encoder, and against sentence-transformers.
 bench-sparse: venv
 	$(PY) benchmarks/bench_sparse.py --json benchmarks/results/sparse.json
+
+# A multi-vector (ColBERT) model served against a dense one on the same encoder, and against sentence-transformers.
+bench-multi-vector: venv
+	$(PY) benchmarks/bench_multi_vector.py --queries --json benchmarks/results/multi-vector.json
 
 # Cached in-batch negatives (mini_batch_size) against the plain loss: samples/s and peak memory a batch size.
 bench-cached-loss: venv

@@ -137,3 +137,13 @@ def test_module_types_of_the_folders_own_are_found_in_modules_json_and_in_its_ro
     write(tmp_path, {"modules.json": {"not": "a list"}})
     with pytest.raises(sentence_folder.FolderError, match="must list the modules"):
         sentence_folder.foreign_modules(tmp_path)
+
+
+def test_a_dense_module_that_names_no_activation_has_sentence_transformers_default_tanh(tmp_path):
+    """sentence-transformers' Dense loads a config without activation_function with Tanh, its default: byoc read
+    Identity there, and served such a folder's vectors without the Tanh."""
+    write(tmp_path, {"2_Dense/config.json": {"in_features": 8, "out_features": 4}})
+    assert sentence_folder.dense_module(tmp_path / "2_Dense").activation == "Tanh"
+    write(tmp_path, {"2_Dense/config.json": {"in_features": 8, "out_features": 4, "use_residual": True}})
+    with pytest.raises(sentence_folder.FolderError, match="use_residual"):
+        sentence_folder.dense_module(tmp_path / "2_Dense")

@@ -70,7 +70,7 @@ def read(model_dir: Path) -> SentenceFolder:
     """The folder's modules (a plain transformers folder: mean pooling, no Dense, no Normalize)."""
     model_dir = Path(model_dir)
     if not is_sentence_folder(model_dir):
-        return SentenceFolder(**_prompts(model_dir), max_seq_length=max_seq_length_of(model_dir))
+        return SentenceFolder(**prompts_of(model_dir), max_seq_length=max_seq_length_of(model_dir))
     modules = read_json(model_dir / MODULES)
     if not isinstance(modules, list):
         raise FolderError(f"{model_dir / MODULES} must be a list of modules")
@@ -85,7 +85,7 @@ def read(model_dir: Path) -> SentenceFolder:
         if kind == "Pooling":
             pooling = _pooling(where / "config.json")
         elif kind == "Dense":
-            dense.append(_dense(where))
+            dense.append(dense_module(where))
         elif kind == "Normalize":
             normalize = True
         else:
@@ -97,7 +97,7 @@ def read(model_dir: Path) -> SentenceFolder:
         pooling,
         tuple(dense),
         normalize,
-        **_prompts(model_dir),
+        **prompts_of(model_dir),
         max_seq_length=max_seq_length_of(model_dir),
         sentence_transformers=True,
     )
@@ -162,9 +162,13 @@ def _pooling(config_path: Path) -> tuple[str, ...]:
     return modes
 
 
-def _dense(folder: Path) -> Dense:
+def dense_module(folder: Path) -> Dense:
+    """A Dense module's settings (its folder's config.json), its weights left where they are. A config that names
+    no activation gets sentence-transformers' default, Tanh (as its Dense module loads one)."""
     config = read_json(folder / "config.json")
-    activation = str(config.get("activation_function") or "torch.nn.modules.linear.Identity").rsplit(".", 1)[-1]
+    if config.get("use_residual"):
+        raise FolderError(f"{folder / 'config.json'}: use_residual (a Dense module adding its input) is not served")
+    activation = str(config.get("activation_function") or "torch.nn.modules.activation.Tanh").rsplit(".", 1)[-1]
     if activation not in ACTIVATIONS:
         raise FolderError(f"{folder / 'config.json'}: activation {activation!r} is not one byoc serves ({ACTIVATIONS})")
     try:
@@ -175,7 +179,8 @@ def _dense(folder: Path) -> Dense:
         raise FolderError(f"{folder / 'config.json'}: a Dense module needs in_features and out_features") from None
 
 
-def _prompts(model_dir: Path) -> dict[str, Any]:
+def prompts_of(model_dir: Path) -> dict[str, Any]:
+    """config_sentence_transformers.json's prompts and default prompt ({"prompts", "default_prompt_name"})."""
     path = model_dir / "config_sentence_transformers.json"
     config = read_json(path) if path.is_file() else {}
     prompts = config.get("prompts") or {}

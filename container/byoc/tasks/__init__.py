@@ -25,6 +25,8 @@ from byoc.tasks.embedding import NAME as EMBEDDING
 from byoc.tasks.embedding import Embedding
 from byoc.tasks.multi_label import NAME as MULTI_LABEL
 from byoc.tasks.multi_label import MultiLabel
+from byoc.tasks.multi_vector import NAME as MULTI_VECTOR
+from byoc.tasks.multi_vector import MultiVector
 from byoc.tasks.regression import NAME as REGRESSION
 from byoc.tasks.regression import Regression
 from byoc.tasks.reranker import NAME as RERANKER
@@ -76,6 +78,7 @@ TASKS: dict[str, Task] = {
         Embedding(),
         SparseEmbedding(),
         Reranker(),
+        MultiVector(),
         *plugins(),
     )
 }
@@ -90,6 +93,7 @@ __all__ = [
     "DEFAULT",
     "IGNORE_LABEL",
     "MULTI_LABEL",
+    "MULTI_VECTOR",
     "NAMES",
     "REGRESSION",
     "RERANKER",

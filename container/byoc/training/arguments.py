@@ -278,9 +278,8 @@ class TrainArguments:
         return self.per_device_train_batch_size or DEFAULT_BATCH_SIZE
 
     def run_rows(self, train_rows: int) -> float:
-        """The rows the whole run sees at the default batch: `max_steps` batches of 32, else every training
-        row `epochs` times. A short run learns more from twice the steps at 16 (rte's 2,490 pairs: 1 epoch
-        at 16 beats 32), a longer one from the larger batch (3 epochs at 32 beat 16 by 0.023 over four seeds)."""
+        """The rows the whole run sees at the default batch: `max_steps` batches of 32, else every row `epochs` times.
+        A short run learns more from twice the steps at 16 (rte, 1 epoch), a longer one from 32 (3 epochs: +0.023)."""
         return self.max_steps * DEFAULT_BATCH_SIZE if self.max_steps > 0 else train_rows * self.epochs
 
     def for_task(self, task: str, train_rows: int, given: Collection[str] = (), num_labels: int = 0) -> TrainArguments:
@@ -315,13 +314,13 @@ def _validate(args: TrainArguments) -> None:
             f"hyperparameter epochs must be greater than 0 (or set max_steps), got {args.epochs!r}"
         )
     if not args.do_train:
-        raise HyperparameterError(
-            "hyperparameter do_train=false: `byoc train` always trains; remove it or set it to true"
-        )
+        raise HyperparameterError("hyperparameter do_train=false: `byoc train` always trains; remove it or set it true")
     bucket_sizes(args), matryoshka_sizes(args)  # a bad list fails here, before any work
     task = tasks.AUTO if args.task.strip().lower() == tasks.AUTO else tasks.name_of(args.task)
     if task is None:
         raise HyperparameterError(f"hyperparameter task must be auto or one of {', '.join(tasks.NAMES)}: {args.task!r}")
+    if task != tasks.AUTO and tasks.get(task).untrained_why:  # a task byoc serves and does not train (yet)
+        raise HyperparameterError(tasks.get(task).untrained_why)
     args.task = task
     if args.mine_hard_negatives and args.negatives_range_max <= args.negatives_range_min:
         raise HyperparameterError(

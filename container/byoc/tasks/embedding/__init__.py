@@ -308,9 +308,9 @@ class GroupCollator:
         return batch
 
 
-def pooled(model: Any, folder: sentence_folder.SentenceFolder) -> Any:
-    """`model` (a transformers encoder) with the folder's pooling and Dense layers: token ids in, one
-    vector per text out (not normalized). A torch module: exported into model.onnx, or served on torch."""
+def dense_stack(specs: tuple[sentence_folder.Dense, ...]) -> Any:
+    """The folder's Dense modules as one torch module (each a linear layer with its weights, then its activation),
+    applied to the last axis: a text's vector here, each token's vector in a multi-vector model."""
     # Imported here: training's and the full image's (the slim serving image runs the exported graph).
     import torch
 
@@ -327,11 +327,19 @@ def pooled(model: Any, folder: sentence_folder.SentenceFolder) -> Any:
         linear.load_state_dict({k.removeprefix("linear."): v for k, v in _dense_weights(spec.path).items()})
         return torch.nn.Sequential(linear, activations[spec.activation]())
 
+    return torch.nn.Sequential(*(dense(spec) for spec in specs))
+
+
+def pooled(model: Any, folder: sentence_folder.SentenceFolder) -> Any:
+    """`model` (a transformers encoder) with the folder's pooling and Dense layers: token ids in, one
+    vector per text out (not normalized). A torch module: exported into model.onnx, or served on torch."""
+    import torch  # (as dense_stack)
+
     class Pooled(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.model = model
-            self.dense = torch.nn.Sequential(*(dense(spec) for spec in folder.dense))
+            self.dense = dense_stack(folder.dense)
             self.config = model.config
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **rest: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,269 @@
+"""byoc.tasks.multi_vector: a sentence-transformers MultiVectorEncoder folder (Transformer, Dense, MultiVectorMask,
+Normalize) served as `MultiVectorEncoder.encode_query` / `encode_document` give its token vectors, on torch and on
+its exported graph, and a rerank body scored as its `similarity` (MaxSim) scores."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import string
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from byoc import onnx_graph, sentence_folder, tasks
+from byoc.serving.protocol.request_errors import InputError
+from byoc.serving.settings import InferenceSettings
+from byoc.serving.user_code import default_handlers
+from byoc.tasks.multi_vector import settings
+from byoc.training.arguments import HyperparameterError
+from byoc.training.hyperparameters import parse_hyperparameters
+
+TEXTS = ["A man is playing a guitar.", "the weather, is lovely today!", "word " * 60, ""]
+FIXED = {"strategy": "fixed", "length": 12}
+TOKENS = {"module_input_name": "token_embeddings", "module_output_name": "token_embeddings"}  # what 6.2 writes
+
+
+def multi_vector_api():
+    """sentence-transformers' MultiVectorEncoder and its modules (6.2 on): the references. The images' tier holds
+    5.1, which has none: its tests serve a folder written as 6.2 writes one (`write_folder`)."""
+    try:
+        from sentence_transformers import MultiVectorEncoder
+        from sentence_transformers.base.modules import Dense, Normalize, Transformer
+        from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+    except ImportError:
+        return None
+    return MultiVectorEncoder, Transformer, Dense, MultiVectorMask, Normalize
+
+
+def build(tiny_model_dir: Path, target: Path, expansion=FIXED, prompts=None, similarity="maxsim") -> Path:
+    """The tiny BERT as a ColBERT: a 16-wide projection, punctuation skipped in documents, documents cut at 24
+    tokens, queries expanded (`expansion`), [unused0] / [unused1] prompts unless `prompts` says otherwise."""
+    import torch
+
+    api = multi_vector_api()
+    if api is None:
+        return write_folder(tiny_model_dir, target, expansion, prompts, similarity)
+    MultiVectorEncoder, Transformer, Dense, MultiVectorMask, Normalize = api
+    from tokenizers import AddedToken
+
+    torch.manual_seed(1)
+    encoder = Transformer(str(tiny_model_dir), document_length=24, query_expansion=expansion)
+    # ColBERT checkpoints make their prefixes single tokens: tokenizer.json's added tokens, which byoc reads too
+    prefixes = [AddedToken(token, normalized=False, special=True) for token in ("[unused0]", "[unused1]")]
+    encoder.tokenizer.add_special_tokens({"additional_special_tokens": prefixes})
+    projection = Dense(
+        32, 16, bias=False, activation_function=torch.nn.Identity(), module_input_name="token_embeddings"
+    )
+    model = MultiVectorEncoder(
+        modules=[
+            encoder,
+            projection,
+            MultiVectorMask(skiplist_words=list(string.punctuation)),
+            Normalize("token_embeddings"),
+        ],
+        prompts={"query": "[unused0] ", "document": "[unused1] "} if prompts is None else prompts,
+        similarity_fn_name=similarity,
+        device="cpu",
+    )
+    model.save(str(target))
+    return target
+
+
+def write_folder(tiny_model_dir: Path, target: Path, expansion, prompts, similarity) -> Path:
+    """The folder `build` makes, written file by file as sentence-transformers 6.2 saves it."""
+    import torch
+    from safetensors.torch import save_file
+
+    shutil.copytree(tiny_model_dir, target)
+    modules = [("", "base.modules.transformer.Transformer"), ("1_Dense", "base.modules.dense.Dense")]
+    modules += [("2_MultiVectorMask", "multi_vector_encoder.modules.multi_vector_mask.MultiVectorMask")]
+    modules += [("3_Normalize", "base.modules.normalize.Normalize")]
+    listed = [
+        {"idx": i, "name": str(i), "path": p, "type": "sentence_transformers." + t} for i, (p, t) in enumerate(modules)
+    ]
+    files = {
+        "modules.json": listed,
+        "sentence_bert_config.json": {"document_length": 24, "query_expansion": expansion},
+        "config_sentence_transformers.json": {
+            "model_type": "MultiVectorEncoder",
+            "prompts": {"query": "[unused0] ", "document": "[unused1] "} if prompts is None else prompts,
+            "default_prompt_name": None,
+            "similarity_fn_name": similarity,
+        },
+        "1_Dense/config.json": {"in_features": 32, "out_features": 16, "bias": False, **TOKENS},
+        "2_MultiVectorMask/config.json": {"skiplist_words": list(string.punctuation), "skiplist_tasks": ["document"]},
+        "3_Normalize/config.json": TOKENS,
+    }
+    for name, content in files.items():
+        (target / name).parent.mkdir(exist_ok=True)
+        (target / name).write_text(json.dumps(content))
+    torch.manual_seed(1)
+    save_file({"linear.weight": torch.randn(16, 32) / 6}, str(target / "1_Dense" / "model.safetensors"))
+    return target
+
+
+@pytest.fixture(scope="module")
+def colbert(tmp_path_factory, tiny_model_dir) -> Path:
+    return build(tiny_model_dir, tmp_path_factory.mktemp("colbert") / "model")
+
+
+@pytest.fixture(scope="module")
+def colbert_graph(colbert, tmp_path_factory) -> Path:
+    target = Path(shutil.copytree(colbert, tmp_path_factory.mktemp("colbert-onnx") / "model"))
+    assert onnx_graph.export(target) == target / onnx_graph.GRAPH
+    return target
+
+
+def reference(folder: Path):
+    api = multi_vector_api()
+    if api is None:
+        pytest.skip("sentence-transformers before 6.2 has no MultiVectorEncoder (the reference)")
+    return api[0](str(folder), device="cpu")
+
+
+def load(folder: Path, backend: str, precision: str = "fp32"):
+    with default_handlers.serving_with(InferenceSettings(backend=backend, precision=precision)):
+        return default_handlers.model_fn(str(folder))
+
+
+def ask(model, body: dict):
+    return default_handlers.predict_fn(default_handlers.input_fn(json.dumps(body)), model)
+
+
+def test_a_multi_vector_encoder_folder_is_a_multi_vector_model(colbert):
+    config = json.loads((colbert / "config.json").read_text())
+    assert tasks.of_folder(colbert, config).name == tasks.name_of("colbert") == tasks.MULTI_VECTOR
+    found = settings(colbert)
+    assert found["prompts"] == {"query": "[unused0] ", "document": "[unused1] "}
+    assert (found["document_length"], found["query_length"], found["similarity"]) == (24, None, "maxsim")
+    assert found["query_expansion"] == {"strategy": "fixed", "attend": False, "token": None, "length": 12}
+    assert "," in found["skiplist_words"] and found["skiplist_tasks"] == ["document"]
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_queries_and_documents_get_the_vectors_multi_vector_encoder_gives(colbert, colbert_graph, backend):
+    """Each text's token vectors as encode_query and encode_document give them (prompts, query expansion, the
+    document length, punctuation skipped in documents), within 1e-5."""
+    model = load(colbert_graph if backend == "onnxruntime" else colbert, backend)
+    assert model["backend"] == backend
+    ref = reference(colbert)
+    for side, encode in (("query", ref.encode_query), ("document", ref.encode_document)):
+        expected = encode(TEXTS, convert_to_numpy=True)
+        served = ask(model, {"inputs": TEXTS, "parameters": {"prompt_name": side}})
+        for got, want in zip(served, expected):
+            assert np.asarray(got).shape == want.shape, side
+            np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+    assert ask(model, {"inputs": TEXTS[:1], "parameters": {"output": "token_embeddings"}}) == ask(
+        model, {"inputs": TEXTS[:1], "parameters": {"prompt_name": "document"}}
+    )
+
+
+@pytest.mark.parametrize(
+    "expansion, prompts, similarity",
+    [({"strategy": "min", "length": 8, "attend": True}, {}, "meanmaxsim"), (None, {"query": "query: "}, "maxsim")],
+    ids=["min-attend-meanmaxsim", "no-expansion"],
+)
+def test_the_folders_expansion_prompts_and_similarity_are_honoured(
+    tiny_model_dir, tmp_path, expansion, prompts, similarity
+):
+    folder = build(tiny_model_dir, tmp_path / "model", expansion, prompts, similarity)
+    ref = reference(folder)
+    model = load(folder, "torch")
+    for got, want in zip(
+        ask(model, {"inputs": TEXTS, "parameters": {"prompt_name": "query"}}),
+        ref.encode_query(TEXTS, convert_to_numpy=True),
+    ):
+        np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+    scores = ask(model, {"query": TEXTS[0], "texts": TEXTS})
+    expected = ref.similarity(ref.encode_query(TEXTS[:1]), ref.encode_document(TEXTS))[0].numpy()
+    np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_a_rerank_body_is_scored_by_maxsim(colbert, colbert_graph, backend):
+    model = load(colbert_graph if backend == "onnxruntime" else colbert, backend)
+    scores = ask(model, {"query": TEXTS[0], "texts": TEXTS})
+    queries = ask(model, {"inputs": TEXTS[:1], "parameters": {"prompt_name": "query"}})
+    documents = ask(model, {"inputs": TEXTS})
+    by_hand = [float((np.asarray(queries[0]) @ np.asarray(d).T).max(axis=1).sum()) for d in documents]
+    np.testing.assert_allclose(scores, by_hand, rtol=1e-5)
+    if backend == "torch":
+        ref = reference(colbert)
+        expected = ref.similarity(ref.encode_query(TEXTS[:1]), ref.encode_document(TEXTS))[0].numpy()
+        np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ({"inputs": ["a"], "parameters": {"prompt_name": "passage"}}, '"prompt_name" is the side a text is encoded as'),
+        ({"inputs": ["a"], "parameters": {"output": "sparse"}}, '"output": "token_embeddings" only'),
+        ({"inputs": ["a", ["q", "d"]]}, "send all of one kind"),
+        ({"input": ["a"], "model": "m"}, "needs an embedding model"),
+    ],
+)
+def test_requests_it_cannot_answer_are_refused_saying_why(colbert, body, words):
+    model = load(colbert, "torch")
+    with pytest.raises(InputError, match=words):
+        ask(model, body)
+
+
+def test_a_folder_with_modules_byoc_does_not_serve_is_refused_naming_the_file(colbert, tmp_path):
+    target = Path(shutil.copytree(colbert, tmp_path / "model"))
+    (target / "2_MultiVectorMask" / "config.json").write_text(json.dumps({"keep_only_token_ids": [5]}))
+    with pytest.raises(sentence_folder.FolderError, match="2_MultiVectorMask/config.json: keep_only_token_ids"):
+        settings(target)
+    modules = json.loads((target / "modules.json").read_text())
+    modules.insert(
+        3, {"idx": 9, "name": "9", "path": "9_Pool", "type": "sentence_transformers.HierarchicalTokenPooling"}
+    )
+    (target / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(sentence_folder.FolderError, match="token pooling and other modules are not served"):
+        settings(target)
+
+
+def test_byoc_train_refuses_the_task_at_start_saying_how_to_train_one():
+    with pytest.raises(HyperparameterError, match="does not train them yet: train one with sentence-transformers"):
+        parse_hyperparameters({"task": "colbert"})
+
+
+@pytest.mark.integration
+def test_byoc_serve_answers_token_vectors_and_teis_rerank_body(colbert_graph, tmp_path):
+    """`byoc serve` on the exported folder (the slim image's path): token vectors, and TEI's rerank answer."""
+    from serve_helpers import Server
+
+    target = Path(shutil.copytree(colbert_graph, tmp_path / "m" / "model"))
+    s = Server(target, env={"BYOC_INFERENCE_BACKEND": "onnxruntime", "BYOC_INFERENCE_PRECISION": "fp32"})
+    s.wait_ready()
+    try:
+        model = load(colbert_graph, "onnxruntime")
+        vectors = s.invoke({"inputs": TEXTS[:2], "parameters": {"prompt_name": "query"}})
+        assert vectors.status_code == 200, vectors.text
+        expected = ask(model, {"inputs": TEXTS[:2], "parameters": {"prompt_name": "query"}})
+        for got, want in zip(vectors.json(), expected):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
+        ranked = s.invoke({"query": TEXTS[0], "texts": TEXTS[:3], "return_text": True})
+        assert ranked.status_code == 200, ranked.text
+        scores = ask(model, {"query": TEXTS[0], "texts": TEXTS[:3]})
+        assert [item["index"] for item in ranked.json()] == list(np.argsort(scores)[::-1])
+        assert ranked.json()[0]["text"] == TEXTS[int(np.argmax(scores))]
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("normalize", [TOKENS, {}], ids=["tokens-normalized", "normalize-of-sentence-vectors"])
+def test_the_folder_written_by_hand_for_the_images_tier_is_one_sentence_transformers_loads(
+    tiny_model_dir, tmp_path, normalize
+):
+    """As written by sentence-transformers 6.2; and with a Normalize that names no input, which normalises a
+    sentence vector (its default), not the token vectors: MultiVectorEncoder leaves them as they are, so does byoc."""
+    folder = write_folder(tiny_model_dir, tmp_path / "model", FIXED, None, "maxsim")
+    (folder / "3_Normalize" / "config.json").write_text(json.dumps(normalize))
+    ref = reference(folder)
+    model = load(folder, "torch")
+    for side, encode in (("query", ref.encode_query), ("document", ref.encode_document)):
+        served = ask(model, {"inputs": TEXTS, "parameters": {"prompt_name": side}})
+        for got, want in zip(served, encode(TEXTS, convert_to_numpy=True)):
+            np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
