@@ -267,3 +267,16 @@ def test_the_folder_written_by_hand_for_the_images_tier_is_one_sentence_transfor
         served = ask(model, {"inputs": TEXTS, "parameters": {"prompt_name": side}})
         for got, want in zip(served, encode(TEXTS, convert_to_numpy=True)):
             np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+
+
+def test_the_int8_graph_keeps_each_tokens_direction(colbert_graph, tmp_path):
+    """int8 (dynamic quantisation of the exported graph): the same tokens scored, each vector close to fp32's."""
+    target = Path(shutil.copytree(colbert_graph, tmp_path / "model"))
+    assert onnx_graph.export_int8(target) == target / "model.int8.onnx"
+    full, int8 = load(target, "onnxruntime"), load(target, "onnxruntime", "int8")
+    assert int8["precision"] == "int8"
+    for side in ("query", "document"):
+        body = {"inputs": TEXTS, "parameters": {"prompt_name": side}}
+        for a, b in zip(ask(full, body), ask(int8, body)):
+            a, b = np.asarray(a), np.asarray(b)
+            assert a.shape == b.shape and (a * b).sum(axis=1).mean() > 0.95, side
