@@ -16,9 +16,7 @@ from byoc import onnx_graph, sentence_folder, tasks
 from byoc.serving.protocol.request_errors import InputError
 from byoc.serving.settings import InferenceSettings
 from byoc.serving.user_code import default_handlers
-from byoc.tasks.multi_vector import settings
-from byoc.training.arguments import HyperparameterError
-from byoc.training.hyperparameters import parse_hyperparameters
+from byoc.tasks.multi_vector.folder import settings
 
 TEXTS = ["A man is playing a guitar.", "the weather, is lovely today!", "word " * 60, ""]
 FIXED = {"strategy": "fixed", "length": 12}
@@ -222,11 +220,6 @@ def test_a_folder_with_modules_byoc_does_not_serve_is_refused_naming_the_file(co
     (target / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(sentence_folder.FolderError, match="token pooling and other modules are not served"):
         settings(target)
-
-
-def test_byoc_train_refuses_the_task_at_start_saying_how_to_train_one():
-    with pytest.raises(HyperparameterError, match="does not train them yet: train one with sentence-transformers"):
-        parse_hyperparameters({"task": "colbert"})
 
 
 @pytest.mark.integration

@@ -119,3 +119,11 @@ def test_the_cached_loss_runs_eager_whatever_would_compile(hardware):
     assert decide(hardware, bf16="true", mini_batch_size="4")[1] is False
     assert decide(hardware, torch_compile="true", mini_batch_size="4")[1] is False
     assert decide(hardware, torch_compile="true")[1] is True
+
+
+@pytest.mark.parametrize("hardware", [H100, CPU])
+def test_a_task_whose_loss_runs_the_model_runs_eager_whatever_would_compile(hardware):
+    """A multi-vector model's loss (sentence-transformers') embeds the query and document columns itself."""
+    assert decide(hardware, bf16="true", task="colbert")[1] is False
+    assert decide(hardware, torch_compile="true", task="multi_vector")[1] is False
+    assert decide(hardware, torch_compile="true", task="embedding")[1] is True

@@ -54,7 +54,7 @@ class Task:
     )
     evaluates_negatives = False  # an eval split's negative column is kept where train has none (a reranker)
     recipe_settings: tuple[str, ...] = ()  # hyperparameters of its own training recipe (`apply_recipe`)
-    untrained_why = ""  # why `byoc train` refuses the task (a task byoc serves only); empty: it trains it
+    loss_runs_model = False  # its loss embeds the batch's columns itself: the step is never compiled (precision)
     ranks_corpus: str | None = None  # "dense", "sparse": which of sentence-transformers' retrieval evaluators ranks
     # a corpus with it (a BEIR set in the test channel: byoc.training.corpus_evaluation); None: it retrieves nothing
 

@@ -319,8 +319,6 @@ def _validate(args: TrainArguments) -> None:
     task = tasks.AUTO if args.task.strip().lower() == tasks.AUTO else tasks.name_of(args.task)
     if task is None:
         raise HyperparameterError(f"hyperparameter task must be auto or one of {', '.join(tasks.NAMES)}: {args.task!r}")
-    if task != tasks.AUTO and tasks.get(task).untrained_why:  # a task byoc serves and does not train (yet)
-        raise HyperparameterError(tasks.get(task).untrained_why)
     args.task = task
     if args.mine_hard_negatives and args.negatives_range_max <= args.negatives_range_min:
         raise HyperparameterError(

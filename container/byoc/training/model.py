@@ -143,7 +143,7 @@ def load_tokenizer(source: ModelSource, args: TrainArguments) -> PreTrainedToken
     # A sentence-transformers folder states the length its embeddings were trained at (max_seq_length).
     folder = Path(source.path)
     if sentence_folder.is_sentence_folder(folder):
-        stated = sentence_folder.read(folder).max_seq_length
+        stated = sentence_folder.max_seq_length_of(folder)  # (any kind of folder: its modules are not read here)
         if stated and stated < model_max_length(tokenizer):
             tokenizer.model_max_length = stated
     return tokenizer

@@ -59,16 +59,17 @@ def mine_hard_negatives(
     task = tasks.get(data.task)
     if not task.takes_mined_negatives(data.train.column_names, bool(data.label_names)):
         raise HyperparameterError(
-            "mine_hard_negatives=true mines a negative for each (anchor, positive) row of an embedding model's or a "
-            f"reranker's train data; this job's train data are {_described(data)}: drop mine_hard_negatives, or give "
-            "(anchor, positive) rows without a negative column"
+            "mine_hard_negatives=true mines a negative for each (anchor, positive) row of a retrieval model's "
+            f"(embedding, reranker, multi-vector) train data; this job's train data are {_described(data)}: drop "
+            "mine_hard_negatives, or give (anchor, positive) rows without a negative column"
         )
     if len(data.train) < 2:
         raise DataError(
             f"mine_hard_negatives=true needs two train rows at least (a corpus); the train data has {len(data.train)}"
         )
     miner_task = tasks.get(task.mined_by) if task.mined_by else task
-    path = source_path if miner_task is task else embedder_path(miner_dir, "mining the reranker's hard negatives")
+    purpose = f"mining the {task.name.replace('_', '-')}'s hard negatives"  # ("the reranker's", "the multi-vector's")
+    path = source_path if miner_task is task else embedder_path(miner_dir, purpose)
     kwargs = {**compat.fp32_weights(), **miner_task.model_kwargs()}
     labels = data.label_names if miner_task is task else []
     miner = miner_task.training_model(path, labels, kwargs, {}, args.trust_remote_code, args.max_length, 1)

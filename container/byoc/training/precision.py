@@ -22,6 +22,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from byoc import tasks
 from byoc.training.arguments import TrainArguments
 
 logger = logging.getLogger(__name__)
@@ -89,6 +90,8 @@ def choose(args: TrainArguments, hardware: Hardware) -> Precision:
     chosen = _cpu(asked, args.torch_compile) if hardware.device == "cpu" else _cuda(asked, args, hardware)
     if chosen.compile and args.mini_batch_size:  # the cached loss runs the model itself, in mini-batches
         chosen = dataclasses.replace(chosen, compile=False, reason=f"{chosen.reason}; eager: mini_batch_size")
+    if chosen.compile and args.task in tasks.TASKS and tasks.get(args.task).loss_runs_model:
+        chosen = dataclasses.replace(chosen, compile=False, reason=f"{chosen.reason}; eager: the {args.task} loss")
     if hardware.device == "cpu":
         return chosen
     tf32 = chosen.name == "tf32" or (chosen.name in ("bf16", "fp16") and hardware.ampere and args.tf32 is not False)

@@ -40,7 +40,7 @@ class Embedding(Task):
     auto_class = "AutoModel"
     sentence_model_type = "SentenceTransformer"  # (also where an older folder's config leaves model_type out)
     in_metric_definitions = False  # retrieval metrics: metric_definitions("embedding") gives them
-    ranks_corpus = "dense"
+    ranks_corpus: str | None = "dense"
     mined_by: str | None = NAME  # by the model the job trains, as loaded
     recipe_settings: tuple[str, ...] = ("matryoshka_dims", "mini_batch_size")
     small_batches = True  # in-batch negatives and CoSENT's pairs of pairs: batch 16, sentence-transformers' default
@@ -270,7 +270,11 @@ def retrieval_metrics(queries: np.ndarray, documents: np.ndarray, block: int = 1
         own = similarity[torch.arange(len(similarity)), rows][:, None]
         before = (similarity > own) | ((similarity == own) & (position[None, :] < rows[:, None]))
         found.append(before.sum(dim=1) + 1)  # 1 = first
-    ranks = torch.cat(found).numpy() if found else np.zeros(0, dtype=np.int64)
+    return rank_metrics(torch.cat(found).numpy() if found else np.zeros(0, dtype=np.int64))
+
+
+def rank_metrics(ranks: np.ndarray) -> dict[str, float]:
+    """MRR@10, NDCG@10, recall@1 and @10 of each query's one relevant document at `ranks` (1 = first)."""
     if not len(ranks):
         return {"mrr_at_10": 0.0, "ndcg_at_10": 0.0, "recall_at_1": 0.0, "recall_at_10": 0.0}
     top = ranks <= 10

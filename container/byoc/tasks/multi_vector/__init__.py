@@ -9,7 +9,10 @@ The projection and normalisation run in the model (inside model.onnx, or on torc
 queries and documents runs here, as sentence-transformers runs it (byoc.tasks.multi_vector.head): the
 folder's prompts, the per-side length, query expansion (a query padded to a fixed length with [MASK] tokens,
 which the scoring keeps) and the skiplist (tokens, punctuation mostly, a document's scoring drops).
-Serving only, for now: `byoc train` refuses the task at start (train with sentence-transformers in script mode).
+Trained (`task=multi_vector`, byoc.tasks.multi_vector.model) on an embedding model's (query, positive[, negative])
+rows with sentence-transformers' multi-vector in-batch negatives loss, each row tokenized as a query and its
+documents (byoc.tasks.multi_vector.rows); evaluated as the embedding model is (MRR@10, NDCG@10, recall@1 and
+@10 over the eval rows' documents), ranked by MaxSim.
 """
 
 from __future__ import annotations
@@ -20,18 +23,21 @@ from typing import Any
 
 import numpy as np
 
-from byoc import sentence_folder
 from byoc.tasks.base import BadParameter, Task
+from byoc.tasks.embedding import NAME as EMBEDDING
+from byoc.tasks.embedding import Embedding
+from byoc.tasks.multi_vector import rows
+from byoc.tasks.multi_vector.folder import MODEL_TYPE, projection, settings, transformer_config
 from byoc.tasks.multi_vector.head import SIDES, LateInteraction, TokenEncoder
 
 NAME = "multi_vector"
-MODEL_TYPE = "MultiVectorEncoder"  # config_sentence_transformers.json's model_type for one
-SIMILARITIES = ("maxsim", "meanmaxsim")
-EXPANSION_STRATEGIES = ("fixed", "min")
 OUTPUTS = ("token_embeddings",)  # a request's "output": what MultiVectorEncoder.encode's output_value takes
 
 
-class MultiVector(Task):
+class MultiVector(Embedding):
+    """Trained as the embedding model is (its rows, batches, mined negatives and metrics), each row as a query
+    and its documents; served as MultiVectorEncoder encodes."""
+
     name = NAME
     aliases = ("colbert", "multi_vector_embedding", "multivector", "late_interaction")
     described = "a multi-vector (ColBERT) model"
@@ -39,18 +45,74 @@ class MultiVector(Task):
     auto_class = "AutoModel"
     output_axes = {0: "batch", 1: "length"}  # a vector per token
     sentence_model_type = MODEL_TYPE
-    in_metric_definitions = False
-    untrained_why = (
-        "byoc serves multi-vector (ColBERT) models but does not train them yet: train one with sentence-"
-        "transformers' MultiVectorEncoder trainer in script mode (code/train.py), then serve its folder"
-    )
+    row_unit = "(query, document) rows"
+    metrics = ("mrr_at_10", "ndcg_at_10", "recall_at_1", "recall_at_10")
+    metric_notes = {
+        "mrr_at_10": "each eval row's query ranks every row's document by MaxSim; its own is the relevant one"
+    }
+    mined_by = EMBEDDING  # a dense model mines (sentence-transformers' miner takes one): the bundled one, or `miner`
+    recipe_settings = ()  # (no Matryoshka, no cached loss: sentence-transformers' multi-vector ones are not wired)
+    ranks_corpus: str | None = None  # (a BEIR set: not evaluated for this task yet)
+    loss_runs_model = True  # sentence-transformers' multi-vector loss embeds the query and document columns
 
     def head(self, num_labels: int) -> str:
-        return "a vector per token (late interaction)"
+        return "a vector per token (late interaction), (query, positive) rows"
+
+    def encoder(
+        self, tokenizer: Any, max_length: int, padding: Any, label_names: list[str], label_all_tokens: bool, train: bool
+    ) -> Any:
+        """Each row's anchor as a query, its positive and negative as documents (byoc.tasks.multi_vector.rows)."""
+        return rows.row_encoder(tokenizer, max_length)
+
+    def training_model(
+        self,
+        path: str,
+        label_names: list[str],
+        kwargs: dict[str, Any],
+        overrides: dict[str, Any],
+        trust_remote_code: bool,
+        max_length: int,
+        world_size: int,
+    ) -> Any:
+        """A MultiVectorEncoder and its in-batch negatives loss (byoc.tasks.multi_vector.model)."""
+        from byoc.tasks.multi_vector import model  # sentence-transformers and torch: only this task's job imports them
+
+        return model.build(
+            path,
+            bool(label_names),
+            max_length,
+            kwargs,
+            overrides,
+            trust_remote_code=trust_remote_code,
+            world_size=world_size,
+        )
+
+    def encoder_of(self, model: Any) -> Any:
+        from byoc.tasks.multi_vector.model import encoder_of  # (as training_model)
+
+        return encoder_of(model)
+
+    def collator(self, tokenizer: Any, pad_to_multiple_of: int | None) -> Any:
+        return rows.RowCollator(tokenizer, pad_to_multiple_of)
+
+    def evaluate(
+        self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        """`logits`: each row's packed query and document token vectors (byoc.tasks.multi_vector.model)."""
+        return rows.maxsim_metrics(logits, labels), {}
+
+    def predictions(
+        self, logits: np.ndarray, labels: np.ndarray, names: list[str], cuts: np.ndarray
+    ) -> list[dict[str, Any]]:
+        """Each test row's MaxSim between its query and its document."""
+        return [{"maxsim": round(float(score), 6)} for score in rows.own_scores(logits, labels)]
+
+    def check_shape(self, shape: str | None) -> None:
+        Task.check_shape(self, shape)  # no OpenAI embeddings body: a text has many vectors
 
     def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
         """How the folder encodes a query and a document (`settings`), and the length its Transformer reads."""
-        return {"multi_vector": settings(Path(model_dir)), "max_seq_length": _transformer_config(model_dir)[0]}
+        return {"multi_vector": settings(Path(model_dir)), "max_seq_length": transformer_config(model_dir)[0]}
 
     def load_torch(self, model_dir: Path, **kwargs: Any) -> tuple[Any, list[str]]:
         """The encoder; a pooler its checkpoint lacks is not missing (token vectors never use it)."""
@@ -63,14 +125,14 @@ class MultiVector(Task):
 
         from byoc.tasks.embedding import dense_stack  # (torch, as above)
 
-        dense, normalize = _projection(Path(model_dir))
-        projection = dense_stack(dense)
+        dense, normalize = projection(Path(model_dir))
+        layers = dense_stack(dense)
 
         class TokenVectors(torch.nn.Module):
             def __init__(self) -> None:
                 super().__init__()
                 self.model = model
-                self.projection = projection
+                self.projection = layers
                 self.config = model.config
 
             def forward(
@@ -104,103 +166,3 @@ class MultiVector(Task):
 
     def windows(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> Any:
         return LateInteraction(inputs, parameters, model)
-
-
-def settings(model_dir: Path) -> dict[str, Any]:
-    """What the folder's modules do outside the model's forward pass, as JSON values: its prompts
-    ({"query", "document"} where set), `query_length` and `document_length`, `query_expansion` (or None),
-    the skiplist (`skiplist_words`, `skiplist_tasks`) and `similarity`. FolderError where a module or a setting
-    is one byoc does not serve, naming the file."""
-    _projection(model_dir)  # (the module list checked here too, before anything is loaded)
-    _, query_length, document_length, expansion = _transformer_config(model_dir)
-    mask = _mask_config(model_dir)
-    config_path = model_dir / "config_sentence_transformers.json"
-    config = sentence_folder.read_json(config_path) if config_path.is_file() else {}
-    similarity = config.get("similarity_fn_name") or "maxsim"
-    if similarity not in SIMILARITIES:
-        raise sentence_folder.FolderError(
-            f"{config_path}: similarity_fn_name {similarity!r}; a multi-vector model scores by "
-            f"{' or '.join(SIMILARITIES)}"
-        )
-    return {
-        "prompts": {side: text for side, text in sentence_folder.prompts_of(model_dir)["prompts"].items() if text},
-        "query_length": query_length,
-        "document_length": document_length,
-        "query_expansion": expansion,
-        "skiplist_words": mask["skiplist_words"],
-        "skiplist_tasks": mask["skiplist_tasks"],
-        "similarity": similarity,
-    }
-
-
-def _modules(model_dir: Path) -> list[tuple[str, Path]]:
-    """modules.json's (type name, folder) of each module, checked: a Transformer, then Dense projections,
-    one MultiVectorMask, and a Normalize or not."""
-    listed = sentence_folder.read_json(model_dir / sentence_folder.MODULES)
-    listed = listed if isinstance(listed, list) else []
-    found = [(str(m.get("type", "")).rsplit(".", 1)[-1], model_dir / str(m.get("path", ""))) for m in listed]
-    kinds = [kind for kind, _ in found]
-    served = {"Transformer", "Dense", "MultiVectorMask", "Normalize"}
-    if not kinds or kinds[0] != "Transformer" or kinds.count("MultiVectorMask") != 1 or set(kinds) - served:
-        raise sentence_folder.FolderError(
-            f"{model_dir / sentence_folder.MODULES} lists {kinds}: byoc serves a MultiVectorEncoder of a Transformer, "
-            "Dense projections, one MultiVectorMask and Normalize (token pooling and other modules are not served "
-            "yet; a PyLate or Stanford ColBERT folder: load it with sentence-transformers 6.2 and save it again)"
-        )
-    return found
-
-
-def _projection(model_dir: Path) -> tuple[tuple[sentence_folder.Dense, ...], bool]:
-    """The Dense modules (in order) and whether the folder normalises the token vectors: a Normalize module
-    whose input is `token_embeddings` (without the name it normalises a sentence vector, as in a dense model:
-    MultiVectorEncoder then leaves the token vectors as they are; a Dense module's input is the tokens' anyway)."""
-    found = _modules(model_dir)
-    dense = tuple(sentence_folder.dense_module(where) for kind, where in found if kind == "Dense")
-    normalize = False
-    for kind, where in found:
-        config = sentence_folder.read_json(where / "config.json") if (where / "config.json").is_file() else {}
-        normalize |= kind == "Normalize" and config.get("module_input_name") == "token_embeddings"
-    return dense, normalize
-
-
-def _transformer_config(model_dir: Path) -> tuple[int | None, int | None, int | None, dict[str, Any] | None]:
-    """sentence_bert_config.json's (max_seq_length, query_length, document_length, query_expansion)."""
-    path = Path(model_dir) / "sentence_bert_config.json"
-    config = sentence_folder.read_json(path) if path.is_file() else {}
-
-    def length(key: str) -> int | None:
-        value = config.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise sentence_folder.FolderError(f"{path}: {key} must be a positive number of tokens, not {value!r}")
-        return value
-
-    expansion = config.get("query_expansion")
-    if expansion is not None:
-        if not isinstance(expansion, dict) or expansion.get("strategy") not in EXPANSION_STRATEGIES:
-            raise sentence_folder.FolderError(
-                f"{path}: query_expansion {expansion!r}: byoc serves the strategies {', '.join(EXPANSION_STRATEGIES)}"
-            )
-        width = expansion.get("length")
-        if not isinstance(width, int) or isinstance(width, bool) or width < 1:
-            raise sentence_folder.FolderError(f"{path}: query_expansion needs a length (a positive number of tokens)")
-        expansion = {
-            "strategy": expansion["strategy"],
-            "attend": bool(expansion.get("attend", False)),
-            "token": expansion.get("token"),
-            "length": width,
-        }
-    return length("max_seq_length"), length("query_length"), length("document_length"), expansion
-
-
-def _mask_config(model_dir: Path) -> dict[str, Any]:
-    """The MultiVectorMask module's skiplist; FolderError for an allowlist (keep_only_token_ids: image patches)."""
-    where = next(where for kind, where in _modules(model_dir) if kind == "MultiVectorMask")
-    path = where / "config.json"
-    config = sentence_folder.read_json(path) if path.is_file() else {}
-    if config.get("keep_only_token_ids"):
-        raise sentence_folder.FolderError(f"{path}: keep_only_token_ids (image-patch documents) is not served by byoc")
-    tasks = config.get("skiplist_tasks") or ["document"]
-    return {
-        "skiplist_words": [str(word) for word in config.get("skiplist_words") or []],
-        "skiplist_tasks": [tasks] if isinstance(tasks, str) else [str(task) for task in tasks],
-    }

@@ -22,6 +22,7 @@ from byoc.tasks import (
     AUTO,
     EMBEDDING,
     MULTI_LABEL,
+    MULTI_VECTOR,
     REGRESSION,
     RERANKER,
     SINGLE_LABEL,
@@ -32,7 +33,7 @@ from byoc.training.data.labels import LabelCodec, as_numbers, row_count, to_floa
 from byoc.training.data.types import DataError, DataSpec, Part
 
 # The tasks read from an embedding model's rows (a reranker's become pairs: byoc.training.negatives.as_pairs).
-VECTORS = (EMBEDDING, SPARSE_EMBEDDING, RERANKER)
+VECTORS = (EMBEDDING, SPARSE_EMBEDDING, RERANKER, MULTI_VECTOR)
 _KINDS = {"list": "lists of labels", "number": "numbers", "text": "names (text)"}
 
 

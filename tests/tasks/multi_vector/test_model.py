@@ -1,0 +1,146 @@
+"""Multi-vector (ColBERT) models trained end to end: the real `byoc train` (task=colbert) on (anchor, positive,
+negative) rows, from a ColBERT folder (prompts, query expansion, a skiplist) and from a plain encoder; the
+folder it writes (code/ included) is a MultiVectorEncoder folder that sentence-transformers loads, `byoc serve`
+answers its token vectors as `encode_query` / `encode_document` give them, on torch and on the graph the job
+exported, and the job's evaluation is what the served vectors rank."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import string
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from byoc.tasks.embedding import rank_metrics
+from byoc.training import entry
+from helpers import topic_rows, write_jsonl
+
+pytestmark = pytest.mark.integration  # a real job: not in make test-fast
+
+QUICK = {"max_steps": "6", "logging_steps": "2", "per_device_train_batch_size": "8", "task": "colbert"}
+TEXTS = ["how to bake bread", "the team won the final, again!", ""]
+
+
+@pytest.fixture(autouse=True)
+def forget_inference_module():
+    yield
+    sys.modules.pop("inference", None)
+
+
+def api():
+    try:
+        from sentence_transformers import MultiVectorEncoder
+        from sentence_transformers.base.modules import Dense, Normalize, Transformer
+        from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+    except ImportError:
+        pytest.skip("sentence-transformers before 6.2 has no MultiVectorEncoder: a multi-vector job needs 6.2")
+    return MultiVectorEncoder, Transformer, Dense, MultiVectorMask, Normalize
+
+
+def colbert_folder(tiny_model_dir: Path, target: Path) -> Path:
+    import torch
+
+    MultiVectorEncoder, Transformer, Dense, MultiVectorMask, Normalize = api()
+    torch.manual_seed(1)
+    encoder = Transformer(str(tiny_model_dir), document_length=24, query_expansion={"strategy": "fixed", "length": 12})
+    projection = Dense(
+        32, 16, bias=False, activation_function=torch.nn.Identity(), module_input_name="token_embeddings"
+    )
+    modules = [encoder, projection, MultiVectorMask(list(string.punctuation)), Normalize("token_embeddings")]
+    model = MultiVectorEncoder(modules=modules, prompts={"query": "query: ", "document": "passage: "}, device="cpu")
+    model.save(str(target))
+    return target
+
+
+def served(model_dir: Path, monkeypatch, backend: str, body: dict) -> list:
+    """The answers of the model's own code/inference.py (as SageMaker loads it) to `body`."""
+    monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
+    monkeypatch.setenv("BYOC_PRECISION", "fp32")
+    monkeypatch.setattr("byoc.serving.user_code.default_handlers.nvidia_gpu", lambda: False)
+    monkeypatch.syspath_prepend(str(model_dir / "code"))
+    inference = importlib.reload(importlib.import_module("inference"))
+    model = inference.model_fn(str(model_dir))
+    assert model["backend"] == backend
+    data = inference.input_fn(json.dumps(body), "application/json")
+    return json.loads(inference.output_fn(inference.predict_fn(data, model), "application/json")[0])
+
+
+def maxsim(query: np.ndarray, document: np.ndarray) -> float:
+    return float((query @ document.T).max(axis=1).sum()) if len(query) and len(document) else 0.0
+
+
+@pytest.mark.parametrize("source", ["colbert", "plain"])
+def test_a_multi_vector_job_trains_and_its_folder_serves_as_multi_vector_encoder_encodes(
+    job, tiny_model_dir, tmp_path, monkeypatch, caplog, source
+):
+    MultiVectorEncoder = api()[0]
+    job.hyperparameters({**QUICK, "learning_rate": "1e-3", "do_predict": "true"})
+    job.model_channel(colbert_folder(tiny_model_dir, tmp_path / "colbert") if source == "colbert" else tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(48, negatives=True))
+    # Each dev document once: equal scores rank by the evaluation's row order, which the served check below lacks
+    dev = list({row["positive"]: row for row in topic_rows(24, seed=1, negatives=True)}.values())
+    write_jsonl(job.channel("validation") / "dev.jsonl", dev)
+    test = topic_rows(8, seed=2)
+    write_jsonl(job.channel("test") / "test.jsonl", test)
+    with caplog.at_level("INFO"):
+        assert entry.train() == 0, job.failure
+    assert any("multi-vector model: " in r.getMessage() for r in caplog.records)
+    lines = [json.loads(line) for line in (job.root / "output/data/test_predictions.jsonl").read_text().splitlines()]
+    assert [line["index"] for line in lines] == list(range(8)) and 0 <= job.metrics["test_mrr_at_10"] <= 1
+
+    metrics = job.metrics
+    assert metrics["task"] == "multi_vector" and 0 < metrics["eval_mrr_at_10"] <= 1
+    folder = job.model_dir
+    assert json.loads((folder / "config_sentence_transformers.json").read_text())["model_type"] == "MultiVectorEncoder"
+    reference = MultiVectorEncoder(str(folder), device="cpu")
+    assert (reference.prompts.get("query") == "query: ") == (source == "colbert")
+    for backend in ("torch", "onnxruntime"):
+        for side, encode in (("query", reference.encode_query), ("document", reference.encode_document)):
+            answers = served(folder, monkeypatch, backend, {"inputs": TEXTS, "parameters": {"prompt_name": side}})
+            for got, want in zip(answers, encode(TEXTS, convert_to_numpy=True)):
+                np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+
+    # Each test row's MaxSim in test_predictions.jsonl is its served vectors'.
+    test_queries = {"inputs": [r["anchor"] for r in test], "parameters": {"prompt_name": "query"}}
+    pairs = zip(
+        served(folder, monkeypatch, "torch", test_queries),
+        served(folder, monkeypatch, "torch", {"inputs": [r["positive"] for r in test]}),
+    )
+    expected = [maxsim(np.asarray(q), np.asarray(d)) for q, d in pairs]
+    assert [line["maxsim"] for line in lines] == pytest.approx(expected, rel=1e-4)
+
+    # The job's evaluation ranked each dev query's document among all of theirs by MaxSim: so do the served vectors.
+    queries = served(
+        folder, monkeypatch, "torch", {"inputs": [r["anchor"] for r in dev], "parameters": {"prompt_name": "query"}}
+    )
+    documents = served(folder, monkeypatch, "torch", {"inputs": [r["positive"] for r in dev]})
+    ranks = []
+    for i, query in enumerate(queries):
+        scores = [maxsim(np.asarray(query), np.asarray(d)) for d in documents]
+        ranks.append(1 + sum(s > scores[i] + 1e-6 for s in scores))
+    assert rank_metrics(np.asarray(ranks))["mrr_at_10"] == pytest.approx(metrics["eval_mrr_at_10"], abs=1e-6)
+
+
+def test_scored_pairs_are_refused_saying_what_rows_a_multi_vector_model_takes(job, tiny_model_dir):
+    api()
+    job.hyperparameters(QUICK)
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.csv.jsonl", [{"sentence1": "a", "sentence2": "b", "score": 0.5}] * 8)
+    assert entry.train() != 0
+    assert "trains on (query, positive[, negative]) rows" in job.failure
+
+
+def test_a_multi_vector_jobs_negatives_are_mined_by_the_bundled_embedding_model(job, tiny_model_dir, caplog):
+    api()
+    job.hyperparameters({**QUICK, "mine_hard_negatives": "true", "negatives_range_min": "2"})
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(32))
+    with caplog.at_level("INFO"):
+        assert entry.train() == 0, job.failure
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("mining the multi-vector's hard negatives: the bundled embedding model") for m in messages)
+    assert job.metrics["task"] == "multi_vector"
