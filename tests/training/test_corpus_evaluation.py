@@ -66,7 +66,10 @@ def test_on_the_xla_path_the_model_encodes_on_the_host_then_goes_back(tmp_path, 
 
 def evaluated(kind: str, folder, found) -> dict[str, float]:
     """sentence-transformers' own figures for the folder the job wrote, loaded afresh."""
-    model_class = compat.sparse_encoder_api()[0] if kind == "sparse" else compat.sentence_transformers_api()[0]
+    if kind == "multi_vector":
+        from sentence_transformers import MultiVectorEncoder as model_class  # (6.2 on: the test skips before)
+    else:
+        model_class = compat.sparse_encoder_api()[0] if kind == "sparse" else compat.sentence_transformers_api()[0]
     scoring = corpus_evaluation.evaluator(found, kind)
     results = scoring(model_class(str(folder), device="cpu"))
     prefix = scoring.primary_metric.removesuffix("ndcg@10")
@@ -74,11 +77,16 @@ def evaluated(kind: str, folder, found) -> dict[str, float]:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("kind", ["dense", "sparse"])
+@pytest.mark.parametrize("kind", ["dense", "sparse", "multi_vector"])
 def test_a_job_reports_the_written_models_figures_on_the_test_set_and_bm25s(
     job, tiny_model_dir, tmp_path, kind, caplog
 ):
-    hyperparameters = {**QUICK, "task": "sparse_embedding" if kind == "sparse" else "embedding"}
+    if kind == "multi_vector":
+        pytest.importorskip("sentence_transformers.multi_vector_encoder", reason="multi-vector models: 6.2 on")
+    hyperparameters = {
+        **QUICK,
+        "task": {"sparse": "sparse_embedding", "multi_vector": "multi_vector"}.get(kind, "embedding"),
+    }
     job.hyperparameters(hyperparameters)
     job.model_channel(build_tiny_mlm(tiny_model_dir, tmp_path / "mlm") if kind == "sparse" else tiny_model_dir)
     write_jsonl(job.channel("train") / "train.jsonl", topic_rows(32))

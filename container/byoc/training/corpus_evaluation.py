@@ -59,8 +59,8 @@ def check_sets(sets: dict[str, RetrievalSet], task: str, miner_dir: Path | None 
         channels = " and ".join(f"the {'test' if role == 'test' else 'validation'} channel" for role in sets)
         raise HyperparameterError(
             f"{channels} holds a BEIR retrieval set (corpus.jsonl, queries.jsonl, qrels), which evaluates a retrieval "
-            f"model (task=embedding, sparse_embedding or reranker); this job trains {kind.described}. Give rows "
-            "to evaluate it on instead (the same columns as the train data), or train a retrieval model"
+            f"model (task=embedding, sparse_embedding, multi_vector or reranker); this job trains {kind.described}. "
+            "Give rows to evaluate it on instead (the same columns as the train data), or train a retrieval model"
         )
     if sets and kind.ranks_corpus == "rerank":
         return embedder_path(miner_dir, f"retrieving the retrieval set's top {RERANKED} for the reranker")
@@ -109,7 +109,7 @@ def evaluate_sets(
 
 
 def evaluator(found: RetrievalSet, kind: str, batch_size: int = 32) -> Any:
-    """sentence-transformers' evaluator (`kind`: "dense" or "sparse") over the set, at byoc's cut-offs."""
+    """sentence-transformers' evaluator (`kind`: "dense", "sparse", "multi_vector") over the set, at byoc's cut-offs."""
     return compat.retrieval_evaluator(kind)(
         found.queries, found.corpus, found.relevant, batch_size=batch_size, name="corpus", write_csv=False, **AT_K
     )
