@@ -127,9 +127,11 @@ bench-embed-vs: venv $(COMPETITORS)
 bench-embed-train: venv
 	$(PY) benchmarks/bench_embed_train.py --shapes scored,pairs --epochs 1
 
-# Retrieval on a BEIR set built from SICK: BM25, byoc's dense job against sentence-transformers' own, a reranker.
+# Retrieval on a BEIR set built from SICK: BM25, byoc's dense job against sentence-transformers' own, a reranker
+# (then a multi-vector job, in a JSON of its own).
 bench-retrieval: venv
 	$(PY) benchmarks/bench_retrieval.py --runs dense,reranker,int8 --json benchmarks/results/retrieval.json
+	$(PY) benchmarks/bench_retrieval.py --runs multi_vector --json benchmarks/results/retrieval-multi-vector.json
 
 # A sparse (SPLADE) model served against a dense one on the same encoder, and against sentence-transformers.
 bench-sparse: venv

@@ -13,12 +13,14 @@ retrieval model evaluated on a corpus, against sentence-transformers' own traini
                           MultipleNegativesRankingLoss in SentenceTransformerTrainer (batch 16, 5e-5, warmup 10%)
             reranker/byoc `byoc train task=reranker` from the bundled model on mined negatives, evaluated over
                           the bundled embedding model's top 100 (byoc's own figures: reranker and embedder)
+            multi_vector/byoc  `byoc train task=multi_vector` from the bundled model (sentence-transformers makes it a
+                          ColBERT: a 128-wide projection drawn at random), mined negatives, ranked by MaxSim
             served/fp32, served/int8   the bundled model's vectors as `byoc serve` answers them (its graph
                           and int8 graph, written by byoc's own export), ranked by cosine, scored by the evaluator
 
 Every model ranks by sentence-transformers' InformationRetrievalEvaluator (NDCG@10, MRR@10, recall@100).
 
-    .venv/bin/python benchmarks/bench_retrieval.py [--runs dense,reranker,int8] [--epochs 1]
+    .venv/bin/python benchmarks/bench_retrieval.py [--runs dense,reranker,int8,multi_vector] [--epochs 1]
 """
 
 from __future__ import annotations
@@ -209,6 +211,11 @@ def main() -> int:
             drop = results["served/fp32"]["recall_at_10"] - results["served/int8"]["recall_at_10"]
             results["int8_recall_at_10_drop"] = round(drop, 4)
             print(f"int8 recall@10 below fp32's by {drop:.4f}", flush=True)
+        if "multi_vector" in options.runs:
+            metrics, seconds = run_byoc("multi_vector", options.epochs, test_set, Path(tmp) / "multi-vector-byoc")
+            results["multi_vector/byoc"] = {n: metrics[f"test_corpus_{n}"] for n in corpus_evaluation.REPORTED.values()}
+            results["multi_vector/byoc"]["job_seconds"] = round(seconds, 1)
+            print(f"multi_vector/byoc   {shown(results['multi_vector/byoc'])}  ({seconds:.0f} s)", flush=True)
         if "reranker" in options.runs:
             metrics, seconds = run_byoc("reranker", options.epochs, test_set, Path(tmp) / "reranker-byoc")
             for ranker in ("corpus", "retriever"):
