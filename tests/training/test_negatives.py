@@ -45,7 +45,7 @@ def test_each_row_gets_a_negative_that_is_another_rows_positive_within_the_range
     for positive, negative in zip(mined.train["text_pair"], mined.train[NEGATIVE]):
         assert negative in positives and negative != positive
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("hard negatives"))
-    assert "of 40 train rows (ranks 1-10 by cosine, margin 0.05)" in line, line
+    assert "of 40 train rows (ranks 1-10 by cosine, margin 0.05, 1 a row at most" in line, line
     assert int(line.split("mined for ")[1].split()[0]) > 0, line
 
     from sentence_transformers import SentenceTransformer
@@ -121,3 +121,53 @@ def test_a_rerankers_rows_beside_scored_train_pairs_become_pairs_too():
     paired = as_pairs(data)
     assert paired.train is train and paired.label_names == ["score"]
     assert list(zip(paired.eval["text_pair"], paired.eval["label"])) == [("p", 1.0), ("n", 0.0)]
+
+
+def test_a_rerankers_rows_get_several_negatives_each_the_hardest_first_and_each_its_own_pair(caplog):
+    """num_negatives=3: util.mine_hard_negatives' three top ones a row (fewer where fewer are in range), in
+    text_negative, text_negative_2, text_negative_3; the reranker makes each an irrelevant pair."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.util import mine_hard_negatives as theirs
+
+    hyperparameters = {"mine_hard_negatives": "true", "negatives_range_min": "1", "negatives_range_max": "10"}
+    args = parse_hyperparameters({**hyperparameters, "num_negatives": "3", "max_length": "64"})
+    data = dataclasses.replace(rows_data(ROWS), task=tasks.RERANKER)
+    mined = mine_hard_negatives(data, str(bundled_model_dir()), args)
+    columns = [NEGATIVE, NEGATIVE + "_2", NEGATIVE + "_3"]
+    assert all(column in mined.train.column_names for column in columns)
+    rows = datasets.Dataset.from_dict({"anchor": data.train["text"], "positive": data.train["text_pair"]})
+    expected = theirs(
+        rows,
+        SentenceTransformer(str(bundled_model_dir()), device="cpu"),
+        range_min=1,
+        range_max=10,
+        relative_margin=0.05,
+        num_negatives=3,
+        sampling_strategy="top",
+        output_format="triplet",
+        verbose=False,
+    )
+    by_row: dict = {}
+    for a, p, n in zip(expected["anchor"], expected["positive"], expected["negative"]):
+        by_row.setdefault((a, p), []).append(n)
+    for row in mined.train:
+        own = [row[column] for column in columns if row[column] is not None]
+        if (row["text"], row["text_pair"]) in by_row:
+            assert own == by_row[(row["text"], row["text_pair"])][:3]
+    pairs = tasks.get(tasks.RERANKER).pairs_of_rows(mined.train, "train")
+    negatives = sum(row[column] is not None for row in mined.train for column in columns)
+    assert len(pairs) == len(ROWS) + negatives > 2 * len(ROWS)
+    assert sum(label == 0.0 for label in pairs["label"]) == negatives
+
+
+@pytest.mark.parametrize(
+    "hyperparameters, task, words",
+    [
+        ({"num_negatives": "2"}, tasks.RERANKER, "set mine_hard_negatives=true too"),
+        ({"num_negatives": "2", "mine_hard_negatives": "true"}, tasks.EMBEDDING, "trains on one negative a row"),
+    ],
+)
+def test_several_negatives_are_refused_where_nothing_would_mine_or_use_them(hyperparameters, task, words):
+    data = dataclasses.replace(rows_data(ROWS), task=task)
+    with pytest.raises(HyperparameterError, match=words):
+        mine_hard_negatives(data, str(bundled_model_dir()), parse_hyperparameters(hyperparameters))

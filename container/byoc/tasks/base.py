@@ -53,6 +53,7 @@ class Task:
         None  # the task whose model mines its hard negatives (byoc.training.negatives); None: its own
     )
     evaluates_negatives = False  # an eval split's negative column is kept where train has none (a reranker)
+    several_negatives = False  # its rows may hold several negatives (num_negatives): a reranker's become pairs
     recipe_settings: tuple[str, ...] = ()  # hyperparameters of its own training recipe (`apply_recipe`)
     loss_runs_model = False  # its loss embeds the batch's columns itself: the step is never compiled (precision)
     ranks_corpus: str | None = None  # "dense", "sparse": which of sentence-transformers' retrieval evaluators ranks
@@ -172,10 +173,18 @@ class Task:
         return model
 
     def mine_negatives(
-        self, model: Any, anchors: list[str], positives: list[str], range_min: int, range_max: int, margin: float
-    ) -> list[str | None]:
-        """Each (anchor, positive) row's hard negative among the rows' positives, mined with `model` (the job's
-        `training_model`, as loaded); None for a row with none in range. BadParameter for a task that mines none."""
+        self,
+        model: Any,
+        anchors: list[str],
+        positives: list[str],
+        range_min: int,
+        range_max: int,
+        margin: float,
+        count: int = 1,
+    ) -> list[list[str]]:
+        """Each (anchor, positive) row's hard negatives (`count` at most, hardest first) among the rows' positives,
+        mined with `model` (the job's `training_model`, as loaded); none for a row with none in range. BadParameter
+        for a task that mines none."""
         raise BadParameter(f"{self.described} trains on no (anchor, positive) rows: there are no negatives to mine")
 
     def apply_recipe(self, model: Any, settings: Mapping[str, Any]) -> None:

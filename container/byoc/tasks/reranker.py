@@ -34,6 +34,7 @@ class Reranker(Regression):
     metrics: tuple[str, ...] = ("accuracy", "f1", "average_precision")
     evaluates_negatives = True  # an eval row's negative is an irrelevant pair
     ranks_corpus = "rerank"  # an embedding model's top 100 (byoc.training.corpus_evaluation)
+    several_negatives = True  # each becomes a pair of its own (num_negatives)
     mined_by = "embedding"  # an embedding model mines its negatives (a cross-encoder cannot index a corpus)
 
     def head(self, num_labels: int) -> str:
@@ -81,9 +82,12 @@ class Reranker(Regression):
                 )
             return table
         texts, others, labels = [], [], []
-        negatives = table["text_negative"] if "text_negative" in table.column_names else [None] * len(table)
-        for query, positive, negative in zip(table["text"], table["text_pair"], negatives):
-            for document, label in ((positive, 1.0), (negative, 0.0)):
+        # text_negative, then text_negative_2... (num_negatives mined a row: byoc.training.negatives), None past a
+        # row's own
+        columns = sorted((c for c in table.column_names if c.startswith("text_negative")), key=lambda c: (len(c), c))
+        negatives = list(zip(*(table[c] for c in columns))) if columns else [()] * len(table)
+        for query, positive, own in zip(table["text"], table["text_pair"], negatives):
+            for document, label in ((positive, 1.0), *((negative, 0.0) for negative in own)):
                 if document is not None:
                     texts.append(query)
                     others.append(document)

@@ -147,6 +147,7 @@ class TrainArguments:
     negatives_margin: float = _hp(
         0.05, "Mined negatives: at most (1 - margin) as similar to the anchor as its positive.", bound=FRACTION
     )
+    num_negatives: int = _hp(1, "Mined negatives: how many a row (rerankers: several; the others: 1).", bound=COUNT)
     matryoshka_dims: str = _hp("", "Embedding models: also train these leading dimensions alone (768,256,64).")
     mini_batch_size: int | None = _hp(None, "In-batch negatives: embed N rows a pass, gradients cached.", bound=COUNT)
     validation_split: float = _hp(

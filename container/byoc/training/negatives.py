@@ -55,8 +55,18 @@ def mine_hard_negatives(
     model the task mines with (`Task.mined_by`: the job's own model for an embedding model; for a reranker an
     embedding model: the `miner` channel's, else the bundled one); as given otherwise."""
     if not args.mine_hard_negatives:
+        if args.num_negatives != 1:
+            raise HyperparameterError(
+                f"hyperparameter num_negatives={args.num_negatives} sets how many negatives are mined a row: set "
+                "mine_hard_negatives=true too, or drop num_negatives"
+            )
         return data
     task = tasks.get(data.task)
+    if args.num_negatives > 1 and not task.several_negatives:
+        raise HyperparameterError(
+            f"num_negatives={args.num_negatives}: {task.described} trains on one negative a row (its in-batch "
+            "negatives add the rest); several train a reranker (task=reranker). Drop num_negatives"
+        )
     if not task.takes_mined_negatives(data.train.column_names, bool(data.label_names)):
         raise HyperparameterError(
             "mine_hard_negatives=true mines a negative for each (anchor, positive) row of a retrieval model's "
@@ -76,29 +86,44 @@ def mine_hard_negatives(
     anchors, positives = list(data.train["text"]), list(data.train["text_pair"])
     try:
         mined = miner_task.mine_negatives(
-            miner, anchors, positives, args.negatives_range_min, args.negatives_range_max, args.negatives_margin
+            miner,
+            anchors,
+            positives,
+            args.negatives_range_min,
+            args.negatives_range_max,
+            args.negatives_margin,
+            args.num_negatives,
         )
     except tasks.BadParameter as err:  # a task that mines no negatives says why
         raise HyperparameterError(str(err)) from None
     rng = random.Random(args.seed)
-    negatives, missing = [], 0
-    for i, negative in enumerate(mined):
-        if negative is None:  # none in range and margin: another row's positive, as in-batch negatives would give
+    missing = 0
+    for i, found in enumerate(mined):
+        if not found:  # none in range and margin: another row's positive, as in-batch negatives would give
             missing += 1
             other = rng.randrange(len(positives) - 1)
-            negative = positives[other + (other >= i)]
-        negatives.append(negative)
+            mined[i] = [positives[other + (other >= i)]]
     logger.info(
-        "hard negatives: mined for %d of %d train rows (ranks %d-%d by cosine, margin %g); %d without one in range "
-        "got another row's positive",
-        len(negatives) - missing,
-        len(negatives),
+        "hard negatives: mined for %d of %d train rows (ranks %d-%d by cosine, margin %g, %d a row at most, %.2f on "
+        "average); %d without one in range got another row's positive",
+        len(mined) - missing,
+        len(mined),
         args.negatives_range_min,
         args.negatives_range_max,
         args.negatives_margin,
+        args.num_negatives,
+        sum(len(found) for found in mined) / max(len(mined), 1),
         missing,
     )
-    return dataclasses.replace(data, train=data.train.add_column(NEGATIVE, negatives))
+    train = data.train
+    for n in range(args.num_negatives):  # text_negative, then text_negative_2...: None where a row has fewer
+        train = train.add_column(negative_column(n), [found[n] if n < len(found) else None for found in mined])
+    return dataclasses.replace(data, train=train)
+
+
+def negative_column(n: int) -> str:
+    """The column of a row's `n`-th negative (from 0): the one an embedding model reads, then a reranker's others."""
+    return NEGATIVE if n == 0 else f"{NEGATIVE}_{n + 1}"
 
 
 def as_pairs(data: TaskData) -> TaskData:

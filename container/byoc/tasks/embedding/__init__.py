@@ -140,13 +140,21 @@ class Embedding(Task):
         return model.model  # byoc.tasks.embedding.model.EmbeddingModel's SentenceTransformer (or SparseEncoder)
 
     def mine_negatives(
-        self, model: Any, anchors: list[str], positives: list[str], range_min: int, range_max: int, margin: float
-    ) -> list[str | None]:
-        """Each row's hard negative among the rows' positives, mined with `model` (the training model, as
-        loaded): sentence-transformers' util.mine_hard_negatives; None where none is in range and margin."""
+        self,
+        model: Any,
+        anchors: list[str],
+        positives: list[str],
+        range_min: int,
+        range_max: int,
+        margin: float,
+        count: int = 1,
+    ) -> list[list[str]]:
+        """Each row's hard negatives (`count` at most, hardest first) among the rows' positives, mined with `model`
+        (the training model, as loaded): sentence-transformers' util.mine_hard_negatives; none where none is in
+        range and margin."""
         from byoc.tasks.embedding.model import mine_negatives  # (as training_model)
 
-        return mine_negatives(model, anchors, positives, range_min, range_max, margin)
+        return mine_negatives(model, anchors, positives, range_min, range_max, margin, count)
 
     def in_batch_negatives(self, columns: list[str], labelled: bool) -> bool:
         """(anchor, positive) rows without a negative column: an anchor's negatives are the other positives of

@@ -236,11 +236,17 @@ def encoder_of(model: EmbeddingModel) -> Any:
 
 
 def mine_negatives(
-    model: EmbeddingModel, anchors: list[str], positives: list[str], range_min: int, range_max: int, margin: float
-) -> list[str | None]:
-    """Each (anchor, positive) row's hardest negative among every row's positive: ranked `range_min` to
-    `range_max` by the model's cosine, at most `1 - margin` as close as the row's own positive; None for a
-    row with none (sentence-transformers' util.mine_hard_negatives, one negative a row, the top one)."""
+    model: EmbeddingModel,
+    anchors: list[str],
+    positives: list[str],
+    range_min: int,
+    range_max: int,
+    margin: float,
+    count: int = 1,
+) -> list[list[str]]:
+    """Each (anchor, positive) row's hardest negatives among every row's positive, `count` at most, hardest first:
+    ranked `range_min` to `range_max` by the model's cosine, at most `1 - margin` as close as the row's own
+    positive; none for a row with none (sentence-transformers' util.mine_hard_negatives, the top ones)."""
     import datasets  # training's: serving imports this package without it
     from sentence_transformers.util import mine_hard_negatives  # (as datasets)
 
@@ -248,7 +254,7 @@ def mine_negatives(
     # for more than there are and fails; 6.x caps it.
     range_max = min(range_max, len(set(positives)) - max(Counter(anchors).values()))
     if range_max <= range_min:
-        return [None] * len(anchors)  # too few texts to rank past range_min
+        return [[] for _ in anchors]  # too few texts to rank past range_min
     if torch.cuda.is_available():  # the miner is a copy the job drops after: its GPU, while it runs
         model.model.to("cuda")
     rows = datasets.Dataset.from_dict({"anchor": anchors, "positive": positives})
@@ -258,10 +264,12 @@ def mine_negatives(
         range_min=range_min,
         range_max=range_max,
         relative_margin=margin,
-        num_negatives=1,
+        num_negatives=count,
         sampling_strategy="top",
-        output_format="triplet",
+        output_format="triplet",  # (a row a negative, hardest first: a row's fewer than `count` are all kept)
         verbose=False,
     )
-    found = {(a, p): n for a, p, n in zip(mined["anchor"], mined["positive"], mined["negative"])}
-    return [found.get((anchor, positive)) for anchor, positive in zip(anchors, positives)]
+    found: dict[tuple[str, str], list[str]] = {}
+    for a, p, n in zip(mined["anchor"], mined["positive"], mined["negative"]):
+        found.setdefault((a, p), []).append(n)
+    return [found.get((anchor, positive), [])[:count] for anchor, positive in zip(anchors, positives)]

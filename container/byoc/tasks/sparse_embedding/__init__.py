@@ -80,8 +80,15 @@ class SparseEmbedding(Embedding):
         return metrics, details
 
     def mine_negatives(
-        self, model: Any, anchors: list[str], positives: list[str], range_min: int, range_max: int, margin: float
-    ) -> list[str | None]:
+        self,
+        model: Any,
+        anchors: list[str],
+        positives: list[str],
+        range_min: int,
+        range_max: int,
+        margin: float,
+        count: int = 1,
+    ) -> list[list[str]]:
         raise BadParameter(
             "mine_hard_negatives=true mines with a dense embedding model (sentence-transformers' util."
             "mine_hard_negatives does not take a SparseEncoder): mine the negatives beforehand (with a dense "
