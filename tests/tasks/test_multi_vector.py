@@ -160,8 +160,12 @@ def test_queries_and_documents_get_the_vectors_multi_vector_encoder_gives(colber
 
 @pytest.mark.parametrize(
     "expansion, prompts, similarity",
-    [({"strategy": "min", "length": 8, "attend": True}, {}, "meanmaxsim"), (None, {"query": "query: "}, "maxsim")],
-    ids=["min-attend-meanmaxsim", "no-expansion"],
+    [
+        ({"strategy": "min", "length": 8, "attend": True}, {}, "meanmaxsim"),
+        # sentence-transformers adds an empty "document" prompt on load, so encode_document never picks "passage"
+        (None, {"query": "query: ", "passage": "passage: ", "title": "title: "}, "maxsim"),
+    ],
+    ids=["min-attend-meanmaxsim", "no-expansion-passage-prompt"],
 )
 def test_the_folders_expansion_prompts_and_similarity_are_honoured(
     tiny_model_dir, tmp_path, expansion, prompts, similarity
@@ -169,11 +173,11 @@ def test_the_folders_expansion_prompts_and_similarity_are_honoured(
     folder = build(tiny_model_dir, tmp_path / "model", expansion, prompts, similarity)
     ref = reference(folder)
     model = load(folder, "torch")
-    for got, want in zip(
-        ask(model, {"inputs": TEXTS, "parameters": {"prompt_name": "query"}}),
-        ref.encode_query(TEXTS, convert_to_numpy=True),
-    ):
-        np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+    for side, encode in (("query", ref.encode_query), ("document", ref.encode_document)):
+        served = ask(model, {"inputs": TEXTS, "parameters": {"prompt_name": side}})
+        for got, want in zip(served, encode(TEXTS, convert_to_numpy=True)):
+            assert np.asarray(got).shape == want.shape, side
+            np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
     scores = ask(model, {"query": TEXTS[0], "texts": TEXTS})
     expected = ref.similarity(ref.encode_query(TEXTS[:1]), ref.encode_document(TEXTS))[0].numpy()
     np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-5)
