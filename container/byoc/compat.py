@@ -237,13 +237,13 @@ def sparse_encoder_api() -> Any:
 
 def retrieval_evaluator(kind: str) -> Any:
     """sentence-transformers' information-retrieval evaluator for a `kind` of model ("dense", "sparse" or
-    "multi_vector", MaxSim's): 6.x keeps the dense one in `sentence_transformer.evaluation` (the old path
+    "maxsim": a multi-vector model's): 6.x keeps the dense one in `sentence_transformer.evaluation` (the old path
     warns), 5.1 only at the old path."""
     if kind == "sparse":
         from sentence_transformers.sparse_encoder.evaluation import SparseInformationRetrievalEvaluator
 
         return SparseInformationRetrievalEvaluator
-    if kind == "multi_vector":  # (sentence-transformers 6.2 on, as the multi-vector model itself)
+    if kind == "maxsim":  # (sentence-transformers 6.2 on, as the multi-vector model itself)
         from sentence_transformers.multi_vector_encoder.evaluation import MultiVectorInformationRetrievalEvaluator
 
         return MultiVectorInformationRetrievalEvaluator

@@ -66,7 +66,7 @@ def test_on_the_xla_path_the_model_encodes_on_the_host_then_goes_back(tmp_path, 
 
 def evaluated(kind: str, folder, found) -> dict[str, float]:
     """sentence-transformers' own figures for the folder the job wrote, loaded afresh."""
-    if kind == "multi_vector":
+    if kind == "maxsim":
         from sentence_transformers import MultiVectorEncoder as model_class  # (6.2 on: the test skips before)
     else:
         model_class = compat.sparse_encoder_api()[0] if kind == "sparse" else compat.sentence_transformers_api()[0]
@@ -77,15 +77,15 @@ def evaluated(kind: str, folder, found) -> dict[str, float]:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("kind", ["dense", "sparse", "multi_vector"])
+@pytest.mark.parametrize("kind", ["dense", "sparse", "maxsim"])
 def test_a_job_reports_the_written_models_figures_on_the_test_set_and_bm25s(
     job, tiny_model_dir, tmp_path, kind, caplog
 ):
-    if kind == "multi_vector":
+    if kind == "maxsim":  # a multi-vector model's
         pytest.importorskip("sentence_transformers.multi_vector_encoder", reason="multi-vector models: 6.2 on")
     hyperparameters = {
         **QUICK,
-        "task": {"sparse": "sparse_embedding", "multi_vector": "multi_vector"}.get(kind, "embedding"),
+        "task": {"sparse": "sparse_embedding", "maxsim": "multi_vector"}.get(kind, "embedding"),
     }
     job.hyperparameters(hyperparameters)
     job.model_channel(build_tiny_mlm(tiny_model_dir, tmp_path / "mlm") if kind == "sparse" else tiny_model_dir)

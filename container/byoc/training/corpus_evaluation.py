@@ -109,7 +109,7 @@ def evaluate_sets(
 
 
 def evaluator(found: RetrievalSet, kind: str, batch_size: int = 32) -> Any:
-    """sentence-transformers' evaluator (`kind`: "dense", "sparse", "multi_vector") over the set, at byoc's cut-offs."""
+    """sentence-transformers' evaluator (`kind`: "dense", "sparse", "maxsim") over the set, at byoc's cut-offs."""
     return compat.retrieval_evaluator(kind)(
         found.queries, found.corpus, found.relevant, batch_size=batch_size, name="corpus", write_csv=False, **AT_K
     )

@@ -52,7 +52,7 @@ class MultiVector(Embedding):
     }
     mined_by = EMBEDDING  # a dense model mines (sentence-transformers' miner takes one): the bundled one, or `miner`
     recipe_settings = ()  # (no Matryoshka, no cached loss: sentence-transformers' multi-vector ones are not wired)
-    ranks_corpus: str | None = "multi_vector"  # a BEIR set: MultiVectorInformationRetrievalEvaluator (MaxSim)
+    ranks_corpus: str | None = "maxsim"  # a BEIR set: MultiVectorInformationRetrievalEvaluator (MaxSim)
     loss_runs_model = True  # sentence-transformers' multi-vector loss embeds the query and document columns
 
     def head(self, num_labels: int) -> str:
