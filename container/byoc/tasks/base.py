@@ -135,6 +135,11 @@ class Task:
 
         return encode
 
+    def encoding_key(self, tokenizer: Any) -> str:
+        """What, beside the tokenizer and the job's settings, decides how `encoder` tokenizes (a multi-vector model's
+        folder settings): part of the tokenized data's cache key."""
+        return ""
+
     def training_model(
         self,
         path: str,

@@ -40,9 +40,9 @@ def tokenize_splits(
     tokenizer_id = hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()[:12]
     out = {}
     for name, ds in splits.items():
-        key = hashlib.sha256(
+        key = hashlib.sha256(  # the task's too: the same rows tokenize otherwise for another task, or its settings
             f"{ds._fingerprint}:{tokenizer_id}:{type(tokenizer).__name__}:{max_length}:{padding}:"
-            f"{args.label_all_tokens}:windows".encode()
+            f"{args.label_all_tokens}:windows:{task.name}:{task.encoding_key(tokenizer)}".encode()
         ).hexdigest()[:16]
         cache_file = cache_dir / "tokenized" / f"{name}-{key}.arrow"
         cache_file.parent.mkdir(parents=True, exist_ok=True)

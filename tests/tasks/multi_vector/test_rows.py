@@ -46,3 +46,24 @@ def test_the_anchor_is_a_query_and_the_others_documents_with_the_expansion_posit
     batch = RowCollator(tokenizer, None)(features)
     assert batch["query_expansion"].shape == batch["input_ids"].shape == (2, 4)
     assert batch["pair_input_ids"].shape == (2, 5) and torch.isnan(batch["labels"]).all()
+
+
+def test_rows_tokenized_for_another_task_in_the_same_cache_are_tokenized_again(tiny_model_dir, tmp_path):
+    """The tokenized-data cache (keyed by the rows and the tokenizer) once handed a multi-vector job the rows an
+    embedding job had tokenized: no query expansion column, the documents without their prompt."""
+    import dataclasses
+
+    import datasets
+
+    from byoc import tasks
+    from byoc.training.data import TaskData
+    from byoc.training.hyperparameters import parse_hyperparameters
+    from byoc.training.tokenization import tokenize_splits
+
+    train = datasets.Dataset.from_dict({"text": ["a b", "c"], "text_pair": ["d", "e"], "label": [float("nan")] * 2})
+    data = TaskData(train=train, eval=None, test=None, label_names=[], pretokenized=False, task=tasks.EMBEDDING)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    args = parse_hyperparameters({"max_length": "16"})
+    assert "query_expansion" not in tokenize_splits(data, tokenizer, args, tmp_path)["train"].column_names
+    multi_vector = dataclasses.replace(data, task=tasks.MULTI_VECTOR)
+    assert "query_expansion" in tokenize_splits(multi_vector, tokenizer, args, tmp_path)["train"].column_names

@@ -17,6 +17,7 @@ documents (byoc.tasks.multi_vector.rows); evaluated as the embedding model is (M
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,10 @@ class MultiVector(Embedding):
     ) -> Any:
         """Each row's anchor as a query, its positive and negative as documents (byoc.tasks.multi_vector.rows)."""
         return rows.row_encoder(tokenizer, max_length)
+
+    def encoding_key(self, tokenizer: Any) -> str:
+        """The folder's prompts, lengths and query expansion: a change re-tokenizes the rows."""
+        return json.dumps(rows.folder_settings(tokenizer), sort_keys=True)
 
     def training_model(
         self,
