@@ -462,3 +462,16 @@ def conll_sentences(n: int, seed: int = 0, iob1: bool = False) -> str:
         first = "I" if iob1 else "B"
         lines += [f"{person}\t{first}-PER", "smith\tI-PER", "lives\tO", "in\tO", f"{place}\t{first}-LOC", "now\tO", ""]
     return "\n".join(lines) + "\n"
+
+
+def own_inference(model_dir: Path, monkeypatch, backend: str) -> tuple:
+    """The model folder's own code/inference.py, as SageMaker loads it, and its model_fn's model on `backend`
+    (fp32, the CPU): (the module, the model). The test removes `inference` from sys.modules after."""
+    import importlib
+
+    monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
+    monkeypatch.setenv("BYOC_PRECISION", "fp32")
+    monkeypatch.setattr("byoc.serving.user_code.default_handlers.nvidia_gpu", lambda: False)
+    monkeypatch.syspath_prepend(str(Path(model_dir) / "code"))
+    inference = importlib.reload(importlib.import_module("inference"))
+    return inference, inference.model_fn(str(model_dir))

@@ -4,7 +4,6 @@ cross-entropy on positive pairs and mined or given negatives), written as a fold
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 
@@ -18,7 +17,7 @@ from byoc.serving.protocol import envelopes
 from byoc.tasks.base import BadParameter
 from byoc.training import entry
 from byoc.training.trainer import masked_loss
-from helpers import build_tiny_bert, topic_rows, write_jsonl
+from helpers import build_tiny_bert, own_inference, topic_rows, write_jsonl
 
 RERANKER = tasks.get(tasks.RERANKER)
 QUICK = {"max_steps": "6", "logging_steps": "2", "per_device_train_batch_size": "8", "task": "reranker"}
@@ -98,12 +97,7 @@ def test_evaluation_is_accuracy_f1_and_average_precision_at_a_probability_of_a_h
 
 def reranked(model_dir, monkeypatch, backend: str, query: str, texts: list[str]) -> list[float]:
     """The model's own code/inference.py's TEI rerank answer, as scores in the texts' order."""
-    monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
-    monkeypatch.setenv("BYOC_PRECISION", "fp32")
-    monkeypatch.setattr("byoc.serving.user_code.default_handlers.nvidia_gpu", lambda: False)
-    monkeypatch.syspath_prepend(str(model_dir / "code"))
-    inference = importlib.reload(importlib.import_module("inference"))
-    model = inference.model_fn(str(model_dir))
+    inference, model = own_inference(model_dir, monkeypatch, backend)
     data = inference.input_fn(json.dumps({"query": query, "texts": texts}), "application/json")
     answer = envelopes.shaped(data, inference.predict_fn(data, model))  # as `byoc serve` answers: TEI's rerank
     return [item["score"] for item in sorted(answer, key=lambda item: item["index"])]

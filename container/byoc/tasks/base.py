@@ -56,10 +56,9 @@ class Task:
     several_negatives = False  # its rows may hold several negatives (num_negatives): a reranker's become pairs
     recipe_settings: tuple[str, ...] = ()  # hyperparameters of its own training recipe (`apply_recipe`)
     loss_runs_model = False  # its loss embeds the batch's columns itself: the step is never compiled (precision)
-    ranks_corpus: str | None = (
-        None  # "dense", "sparse", "maxsim": which of sentence-transformers' retrieval evaluators ranks
-    )
-    # a corpus with it (a BEIR set in the test channel: byoc.training.corpus_evaluation); None: it retrieves nothing
+    # "dense", "sparse", "maxsim": which of sentence-transformers' retrieval evaluators ranks a corpus with it (a
+    # BEIR set in the test channel: byoc.training.corpus_evaluation); None: it retrieves nothing
+    ranks_corpus: str | None = None
 
     def training_defaults(self, num_labels: int) -> Mapping[str, Any]:
         """Hyperparameters whose default differs for this task on data of `num_labels` labels (measured:

@@ -38,11 +38,12 @@ def tokenize_splits(
         raise ModelError(f"{problem}; {type(tokenizer).__name__} is not one: use a model folder with a tokenizer.json")
     padding = "max_length" if args.pad_to_max_length else False
     tokenizer_id = hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()[:12]
+    encoding = f"{task.name}:{task.encoding_key(tokenizer)}"  # the same rows tokenize otherwise for another task
     out = {}
     for name, ds in splits.items():
-        key = hashlib.sha256(  # the task's too: the same rows tokenize otherwise for another task, or its settings
+        key = hashlib.sha256(
             f"{ds._fingerprint}:{tokenizer_id}:{type(tokenizer).__name__}:{max_length}:{padding}:"
-            f"{args.label_all_tokens}:windows:{task.name}:{task.encoding_key(tokenizer)}".encode()
+            f"{args.label_all_tokens}:windows:{encoding}".encode()
         ).hexdigest()[:16]
         cache_file = cache_dir / "tokenized" / f"{name}-{key}.arrow"
         cache_file.parent.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ from helpers import (
     Job,
     assert_same_losses,
     losses,
+    own_inference,
     rerun,
     run_until,
     score_rows,
@@ -53,12 +54,7 @@ def forget_inference_module():
 
 
 def served_vectors(model_dir, monkeypatch, backend: str, texts: list[str]) -> np.ndarray:
-    monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
-    monkeypatch.setenv("BYOC_PRECISION", "fp32")
-    monkeypatch.setattr("byoc.serving.user_code.default_handlers.nvidia_gpu", lambda: False)
-    monkeypatch.syspath_prepend(str(model_dir / "code"))
-    inference = importlib.reload(importlib.import_module("inference"))
-    model = inference.model_fn(str(model_dir))
+    inference, model = own_inference(model_dir, monkeypatch, backend)
     data = inference.input_fn(json.dumps({"inputs": texts}), "application/json")
     answer = inference.output_fn(inference.predict_fn(data, model), "application/json")[0]
     return np.asarray(json.loads(answer), dtype=np.float32)

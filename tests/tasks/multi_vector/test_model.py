@@ -6,7 +6,6 @@ exported, and the job's evaluation is what the served vectors rank."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import string
 import sys
@@ -17,7 +16,7 @@ import pytest
 
 from byoc.tasks.embedding import rank_metrics
 from byoc.training import entry
-from helpers import topic_rows, write_jsonl
+from helpers import own_inference, topic_rows, write_jsonl
 
 pytestmark = pytest.mark.integration  # a real job: not in make test-fast
 
@@ -58,12 +57,7 @@ def colbert_folder(tiny_model_dir: Path, target: Path) -> Path:
 
 def served(model_dir: Path, monkeypatch, backend: str, body: dict) -> list:
     """The answers of the model's own code/inference.py (as SageMaker loads it) to `body`."""
-    monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
-    monkeypatch.setenv("BYOC_PRECISION", "fp32")
-    monkeypatch.setattr("byoc.serving.user_code.default_handlers.nvidia_gpu", lambda: False)
-    monkeypatch.syspath_prepend(str(model_dir / "code"))
-    inference = importlib.reload(importlib.import_module("inference"))
-    model = inference.model_fn(str(model_dir))
+    inference, model = own_inference(model_dir, monkeypatch, backend)
     assert model["backend"] == backend
     data = inference.input_fn(json.dumps(body), "application/json")
     return json.loads(inference.output_fn(inference.predict_fn(data, model), "application/json")[0])
@@ -144,3 +138,15 @@ def test_a_multi_vector_jobs_negatives_are_mined_by_the_bundled_embedding_model(
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("mining the multi-vector's hard negatives: the bundled embedding model") for m in messages)
     assert job.metrics["task"] == "multi_vector"
+
+
+def test_a_sentence_transformers_without_multi_vector_models_is_named_in_the_refusal(monkeypatch, tiny_model_dir):
+    """The images' tier holds 5.1, which has no MultiVectorEncoder: the job says which version it needs."""
+    import sentence_transformers
+
+    from byoc.tasks.base import BadParameter
+    from byoc.tasks.multi_vector import model
+
+    monkeypatch.delattr(sentence_transformers, "MultiVectorEncoder", raising=False)
+    with pytest.raises(BadParameter, match=f"6.2 or newer .* has {sentence_transformers.__version__}"):
+        model.build(str(tiny_model_dir), False, 32, {}, {})

@@ -5,7 +5,6 @@ SparseEncoder folder that sentence-transformers loads, and `byoc serve` answers 
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ import torch
 from byoc import compat
 from byoc.tasks.sparse_embedding import model as sparse
 from byoc.training import entry
-from helpers import build_tiny_mlm, topic_rows, write_jsonl
+from helpers import build_tiny_mlm, own_inference, topic_rows, write_jsonl
 
 pytestmark = pytest.mark.integration  # a real job: not in make test-fast
 
@@ -32,12 +31,7 @@ def forget_inference_module():
 
 def served_terms(model_dir: Path, monkeypatch, backend: str, texts: list[str]) -> list[list[dict]]:
     """The answers of the model's own code/inference.py (as SageMaker loads it) to `{"inputs": texts}`."""
-    monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
-    monkeypatch.setenv("BYOC_PRECISION", "fp32")
-    monkeypatch.setattr("byoc.serving.user_code.default_handlers.nvidia_gpu", lambda: False)
-    monkeypatch.syspath_prepend(str(model_dir / "code"))
-    inference = importlib.reload(importlib.import_module("inference"))
-    model = inference.model_fn(str(model_dir))
+    inference, model = own_inference(model_dir, monkeypatch, backend)
     assert model["backend"] == backend
     data = inference.input_fn(json.dumps({"inputs": texts}), "application/json")
     return json.loads(inference.output_fn(inference.predict_fn(data, model), "application/json")[0])

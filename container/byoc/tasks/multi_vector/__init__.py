@@ -26,7 +26,7 @@ import numpy as np
 
 from byoc.tasks.base import BadParameter, Task
 from byoc.tasks.embedding import NAME as EMBEDDING
-from byoc.tasks.embedding import Embedding
+from byoc.tasks.embedding import Embedding, dense_stack
 from byoc.tasks.multi_vector import rows
 from byoc.tasks.multi_vector.folder import MODEL_TYPE, projection, settings, transformer_config
 from byoc.tasks.multi_vector.head import SIDES, LateInteraction, TokenEncoder
@@ -92,11 +92,6 @@ class MultiVector(Embedding):
             world_size=world_size,
         )
 
-    def encoder_of(self, model: Any) -> Any:
-        from byoc.tasks.multi_vector.model import encoder_of  # (as training_model)
-
-        return encoder_of(model)
-
     def collator(self, tokenizer: Any, pad_to_multiple_of: int | None) -> Any:
         return rows.RowCollator(tokenizer, pad_to_multiple_of)
 
@@ -119,16 +114,9 @@ class MultiVector(Embedding):
         """How the folder encodes a query and a document (`settings`), and the length its Transformer reads."""
         return {"multi_vector": settings(Path(model_dir)), "max_seq_length": transformer_config(model_dir)[0]}
 
-    def load_torch(self, model_dir: Path, **kwargs: Any) -> tuple[Any, list[str]]:
-        """The encoder; a pooler its checkpoint lacks is not missing (token vectors never use it)."""
-        model, missing = super().load_torch(model_dir, **kwargs)
-        return model, [key for key in missing if not key.startswith("pooler.")]
-
     def output_module(self, model: Any, model_dir: Path) -> Any:
         """Each token's state through the folder's Dense projections, then normalised where it ends in Normalize."""
-        import torch  # (as load_torch: serving's torch path and the export)
-
-        from byoc.tasks.embedding import dense_stack  # (torch, as above)
+        import torch  # serving's torch path and the export: the slim image never calls this
 
         dense, normalize = projection(Path(model_dir))
         layers = dense_stack(dense)
@@ -148,9 +136,6 @@ class MultiVector(Embedding):
                 return torch.nn.functional.normalize(vectors, p=2, dim=-1) if normalize else vectors
 
         return TokenVectors().eval()
-
-    def scores(self, logits: np.ndarray) -> np.ndarray:
-        return np.asarray(logits, dtype=np.float32)
 
     def check_rerank(self, model: Mapping) -> None:
         """A rerank body is scored by MaxSim: nothing to refuse."""

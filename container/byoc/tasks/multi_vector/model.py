@@ -63,8 +63,8 @@ class MultiVectorModel(EmbeddingModel):
             )
             if ids is not None and mask is not None
         ]
-        # The loss embeds the columns itself (sentence-transformers' own loop); filler rows of an evaluation's
-        # last batch (labels IGNORE_LABEL) only touch the reported loss, as for the dense model's.
+        # The loss embeds the columns itself (sentence-transformers' own loop). An evaluation's filler rows (labels
+        # IGNORE_LABEL) count in its reported loss, which the dense model drops; the metrics drop them (kept_rows).
         loss = self.__dict__["objective"]([query, *documents], labels) if documents and labels is not None else None
         if self.training:
             return {"loss": loss}
@@ -127,8 +127,3 @@ def build(
         model.get_embedding_dimension() or 0,
     )
     return trained
-
-
-def encoder_of(model: MultiVectorModel) -> Any:
-    """The transformer inside (what freezing and dropout settings apply to)."""
-    return model.model[0].auto_model
