@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from byoc.serving.protocol import envelopes
+from byoc.serving.protocol.request_errors import InputError
 from byoc.tasks.embedding import rank_metrics
 from byoc.training import entry
 from helpers import own_inference, topic_rows, write_jsonl
@@ -104,8 +106,20 @@ def test_a_multi_vector_job_trains_and_its_folder_serves_as_multi_vector_encoder
         served(folder, monkeypatch, "torch", test_queries),
         served(folder, monkeypatch, "torch", {"inputs": [r["positive"] for r in test]}),
     )
+    pairs = list(pairs)
     expected = [maxsim(np.asarray(q), np.asarray(d)) for q, d in pairs]
+    expected_all = [maxsim(np.asarray(pairs[0][0]), np.asarray(d)) for _, d in pairs]  # the first query, every text
     assert [line["maxsim"] for line in lines] == pytest.approx(expected, rel=1e-4)
+
+    # TEI's rerank body through the same code/inference.py: each text's MaxSim, best first; OpenAI's is refused.
+    inference, model = own_inference(folder, monkeypatch, "torch")  # (the backend the scores above came from)
+    data = inference.input_fn(
+        json.dumps({"query": test[0]["anchor"], "texts": [r["positive"] for r in test]}), "application/json"
+    )
+    ranked = envelopes.shaped(data, inference.predict_fn(data, model))
+    assert [item["index"] for item in ranked] == sorted(range(8), key=lambda i: (-expected_all[i], i))[: len(ranked)]
+    with pytest.raises(InputError, match="needs an embedding model"):
+        inference.predict_fn(inference.input_fn(json.dumps({"input": ["a"], "model": "m"}), "application/json"), model)
 
     # The job's evaluation ranked each dev query's document among all of theirs by MaxSim: so do the served vectors.
     queries = served(
