@@ -289,3 +289,53 @@ def test_rerank_on_cuda_ranks_by_the_pairs_scores(tmp_path_factory, tmp_path, ti
     scores = [a["score"] for a in pairs]
     assert [r["index"] for r in ranked] == sorted(range(4), key=lambda i: -scores[i])[:3]
     assert [r["score"] for r in ranked] == pytest.approx(sorted(scores, reverse=True)[:3], abs=1e-5)
+
+
+# --- retrieval jobs ------------------------------------------------------------------------------------
+
+RETRIEVAL_JOBS = {  # each family as a user starts it on one GPU: negatives mined there, a BEIR test set after
+    "embedding": {"mine_hard_negatives": "true", "negatives_range_min": "1", "mini_batch_size": "4"},
+    "reranker": {"mine_hard_negatives": "true", "negatives_range_min": "1", "num_negatives": "2"},
+    "sparse_embedding": {},
+    "multi_vector": {"mine_hard_negatives": "true", "negatives_range_min": "1"},
+}
+
+
+@pytest.mark.parametrize("task", sorted(RETRIEVAL_JOBS))
+def test_a_retrieval_job_on_cuda_mines_trains_and_reports_its_figures_on_a_beir_set(tmp_path, tiny_model_dir, task):
+    """Mining (the bundled embedding model on cuda), the cached loss, and sentence-transformers' evaluators on a
+    BEIR test channel, all on the GPU: the figures written are those of the folder the job wrote, loaded afresh."""
+    from byoc import compat
+    from byoc.training import corpus_evaluation
+    from byoc.training.data.beir import read_set
+    from helpers import build_tiny_mlm, write_beir
+
+    if task == "multi_vector":
+        pytest.importorskip("sentence_transformers.multi_vector_encoder", reason="multi-vector models: 6.2 on")
+    job = Job(tmp_path / "opt-ml").resources()
+    job.hyperparameters({**HP, "task": task, "max_steps": "6", "logging_steps": "2", **RETRIEVAL_JOBS[task]})
+    sparse = task == "sparse_embedding"  # a SPLADE model starts from a masked-language model
+    job.model_channel(build_tiny_mlm(tiny_model_dir, tmp_path / "mlm") if sparse else tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(32))
+    test_set = write_beir(job.channel("test") / "topics")
+    done = run_train_process(job.root)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    metrics = job.metrics
+    assert metrics["device"] == "cuda" and metrics["task"] == task
+    assert 0 <= metrics["test_bm25_ndcg_at_10"] <= 1
+
+    kind = {"sparse_embedding": "sparse", "multi_vector": "maxsim"}.get(task, "dense")
+    if task == "reranker":  # re-ranks the bundled embedder's top 100: its own figures are checked on the CPU
+        assert 0 <= metrics["test_corpus_ndcg_at_10"] <= 1 and "test_retriever_ndcg_at_10" in metrics
+        return
+    if kind == "maxsim":
+        from sentence_transformers import MultiVectorEncoder as model_class
+    else:
+        model_class = compat.sparse_encoder_api()[0] if kind == "sparse" else compat.sentence_transformers_api()[0]
+    found = read_set(test_set, "test", "test")
+    scoring = corpus_evaluation.evaluator(found, kind)
+    results = scoring(model_class(str(job.model_dir), device="cuda"))
+    prefix = scoring.primary_metric.removesuffix("ndcg@10")
+    # On cuda in this process (no TF32) against the job's (TF32): a near tie may swap one pair of 15 documents.
+    for key, name in corpus_evaluation.REPORTED.items():
+        assert metrics[f"test_corpus_{name}"] == pytest.approx(results[prefix + key], abs=0.05), name
