@@ -118,6 +118,19 @@ def test_a_task_registered_in_the_package_is_served_with_no_edit_elsewhere(monke
         default_handlers.predict_fn({"inputs": ["bad"], "parameters": {"top_k": 2}}, model)
 
 
+def test_a_tasks_own_values_are_checked_for_that_tasks_models_only():
+    """The same parameter takes other values in other tasks: an embedding model's "prompt_name" is any of its
+    prompts (e5's "passage"), a multi-vector model's "query" or "document". Before, every task's check ran on
+    every request, so an embedding model's "passage" prompt was refused by the multi-vector check."""
+    parameters = {"prompt_name": "passage"}
+    task_parameters.check_values(parameters)  # (the body read: no task yet)
+    task_parameters.check_task(tasks.get(tasks.EMBEDDING), parameters)
+    with pytest.raises(task_parameters.InputError, match='"prompt_name" is the side a text is encoded as'):
+        task_parameters.check_task(tasks.get(tasks.MULTI_VECTOR), parameters)
+    with pytest.raises(task_parameters.InputError, match='"return_tokens" must be true or false'):
+        task_parameters.check_task(tasks.get(tasks.SPARSE_EMBEDDING), {"return_tokens": "yes"})
+
+
 def sentence_folder_of(tmp_path, settings: dict | None) -> Path:
     """A sentence-transformers folder's two files as sentence-transformers 6 writes them: modules.json (a
     CrossEncoder's too) and, where `settings` is given, config_sentence_transformers.json."""

@@ -22,7 +22,9 @@ RERANK = ("raw_scores", "return_text", "top_n")
 
 
 def check_values(parameters: dict[str, Any]) -> None:
-    """Each parameter byoc knows, whatever the task (a task's own values: `Task.check_values`)."""
+    """Each parameter byoc knows, whatever the task. A task's own values (`Task.check_values`) are checked by
+    `check_task` once the model's task is known: the same name may take other values in another task (a
+    multi-vector model's "prompt_name" is "query" or "document"; an embedding model's, any of its prompts)."""
     threshold = parameters.get("threshold")
     for name in ("top_k", "top_n", "dimensions"):
         value = parameters.get(name)
@@ -43,18 +45,13 @@ def check_values(parameters: dict[str, Any]) -> None:
             '"truncation_direction" must be "right": byoc truncates a text past the model\'s length at its end '
             "(left truncation is not supported)"
         )
-    try:
-        for task in tasks.TASKS.values():
-            task.check_values(parameters)
-    except tasks.BadParameter as err:
-        raise InputError(str(err)) from None
 
 
 def check_task(task: tasks.Task | None, parameters: dict[str, Any], shape: str | None = None) -> None:
-    """A 400 for a parameter of byoc's that `task` does not take (null counts as not sent), for a rerank
-    parameter outside a rerank request, and for a body's form (`shape`: the request's, from
-    byoc.serving.protocol.bodies) the task cannot answer. No task: a model of the user's own making, whose
-    parameters are its code's business."""
+    """A 400 for a parameter of byoc's that `task` does not take (null counts as not sent) or a value of one
+    it does not take (`Task.check_values`), for a rerank parameter outside a rerank request, and for a body's
+    form (`shape`: the request's, from byoc.serving.protocol.bodies) the task cannot answer. No task: a model of
+    the user's own making, whose parameters are its code's business."""
     if task is None:
         return
     reranking = shape == "rerank"
@@ -72,3 +69,7 @@ def check_task(task: tasks.Task | None, parameters: dict[str, Any], shape: str |
     for name in RERANK:
         if parameters.get(name) is not None and not reranking:
             raise InputError(f'"{name}" applies to rerank requests ({{"query": ..., "texts": [...]}}) only')
+    try:
+        task.check_values(parameters)
+    except tasks.BadParameter as err:
+        raise InputError(str(err)) from None
