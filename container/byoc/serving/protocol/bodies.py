@@ -154,7 +154,8 @@ def _json_shapes(payload: dict[str, Any]) -> Parsed:
         beside = {k: payload[k] for k in (*TEI_KEYS, *RERANK_KEYS) if k in payload}
         return Parsed(payload["inputs"], {**given, **beside})
     if "query" in payload and "texts" in payload:
-        rerank = {k: payload[k] for k in RERANK_KEYS if k in payload}
+        # A task's own rerank parameters (a hybrid model's "weights") come in "parameters", as in any request.
+        rerank = {**given, **{k: payload[k] for k in RERANK_KEYS if k in payload}} if isinstance(given, dict) else given
         return Parsed(_rerank_pairs(payload["query"], payload["texts"]), rerank, RERANK, checked=True, key="texts")
     if "input" in payload:
         encoding = payload.get("encoding_format") or "float"

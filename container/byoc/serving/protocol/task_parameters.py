@@ -59,9 +59,9 @@ def check_task(task: tasks.Task | None, parameters: dict[str, Any], shape: str |
         task.check_shape(shape)
     except tasks.BadParameter as err:
         raise InputError(str(err)) from None
+    takes = task.rerank_parameters if reranking else task.parameters
     for name in KNOWN:
-        if parameters.get(name) is not None and (reranking or name not in task.parameters):
-            takes = () if reranking else task.parameters
+        if parameters.get(name) is not None and name not in takes:
             accepted = f"its parameters are {', '.join(takes)}" if takes else "it takes no parameters"
             raise InputError(
                 f'"{name}" does not apply to {"a rerank request" if reranking else task.described}: {accepted}'
