@@ -23,11 +23,10 @@ import os
 import shutil
 import string
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_embed import load, sick_pairs  # noqa: E402  (the dense benchmark's loading and data)
+from bench_embed import ceiling, load, rate, sick_pairs  # noqa: E402  (the dense benchmark's loading and data)
 from child_process import exit_on_sigterm  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,15 +69,7 @@ def folders() -> dict[str, Path]:
 
 def byoc_rate(model: dict, texts: list[str], side: str, seconds: float) -> float:
     """Sentences/s of the default predict_fn, 32 a call, texts encoded as `side`, in this process."""
-    from byoc.serving.user_code import default_handlers
-
-    parameters = {"prompt_name": side} if model["task"] == "multi_vector" else {}
-    done, started, i = 0, time.monotonic(), 0
-    while time.monotonic() - started < seconds:
-        batch = texts[i : i + BATCH] or texts[:BATCH]
-        default_handlers.predict_fn({"inputs": batch, "parameters": parameters}, model)
-        done, i = done + len(batch), (i + BATCH) % len(texts)
-    return done / (time.monotonic() - started)
+    return ceiling(model, texts, seconds, {"prompt_name": side} if model["task"] == "multi_vector" else {})
 
 
 def reference_rate(folder: Path, multi_vector: bool, texts: list[str], side: str, seconds: float) -> float:
@@ -91,12 +82,7 @@ def reference_rate(folder: Path, multi_vector: bool, texts: list[str], side: str
     else:
         encode = SentenceTransformer(str(folder), device="cpu").encode
     encode(texts[:BATCH], batch_size=BATCH, convert_to_numpy=True)  # warm-up
-    done, started, i = 0, time.monotonic(), 0
-    while time.monotonic() - started < seconds:
-        batch = texts[i : i + BATCH] or texts[:BATCH]
-        encode(batch, batch_size=BATCH, convert_to_numpy=True)
-        done, i = done + len(batch), (i + BATCH) % len(texts)
-    return done / (time.monotonic() - started)
+    return rate(lambda batch: encode(batch, batch_size=BATCH, convert_to_numpy=True), texts, seconds, BATCH)
 
 
 def main() -> int:

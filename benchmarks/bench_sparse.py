@@ -22,12 +22,11 @@ import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_embed import ceiling, load, sick_pairs  # noqa: E402  (the dense benchmark's model-alone loop)
+from bench_embed import ceiling, load, rate, sick_pairs  # noqa: E402  (the dense benchmark's model-alone loop)
 from child_process import exit_on_sigterm  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,12 +83,7 @@ def reference_rate(folder: Path, sparse: bool, texts: list[str], seconds: float)
     model_class = compat.sparse_encoder_api()[0] if sparse else compat.sentence_transformers_api()[0]
     model = model_class(str(folder), device="cpu")
     model.encode(texts[:BATCH], batch_size=BATCH)  # warm-up
-    done, started, i = 0, time.monotonic(), 0
-    while time.monotonic() - started < seconds:
-        batch = texts[i : i + BATCH] or texts[:BATCH]
-        model.encode(batch, batch_size=BATCH)
-        done, i = done + len(batch), (i + BATCH) % len(texts)
-    return done / (time.monotonic() - started)
+    return rate(lambda batch: model.encode(batch, batch_size=BATCH), texts, seconds, BATCH)
 
 
 def main() -> int:
