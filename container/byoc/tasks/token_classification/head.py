@@ -118,12 +118,18 @@ def window_encoder(tokenizer: Tokenizer, limit: int, names: list[str]) -> Callab
     offsets, word ids and special-token mask of its tokens."""
     windows = Tokenizer.from_str(tokenizer.to_str())  # a copy: truncation is the tokenizer's state
     windows.no_padding()
-    windows.enable_truncation(limit, stride=min(64, limit // 4))
+    windows.no_truncation()
+    content, stride = limit - windows.num_special_tokens_to_add(False), min(64, limit // 4)
     fields = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
 
     def encode(texts: list[str]) -> list[list[dict]]:
         out = []
-        for encoding in windows.encode_batch(texts):
+        for encoding in windows.encode_batch(texts, add_special_tokens=False):
+            # Cut here, then the special tokens added to each window: what truncation with a stride does inside
+            # encode, except that tokenizers 0.23.1 and 0.23.2 stop tokenizing a text at the limit there, so that
+            # its overflowing windows miss most of a long text (huggingface/tokenizers#2091).
+            encoding.truncate(content, stride=stride)
+            encoding = windows.post_process(encoding)
             out.append(
                 [
                     {
