@@ -858,3 +858,13 @@ def test_scored_pairs_train_an_embedding_model_when_asked(tmp_path):
 def test_embedding_data_that_cannot_train_says_what_to_change(tmp_path, files, task, expected):
     channels = {role: write(tmp_path / role / name, text).parent for role, (name, text) in files.items()}
     assert expected in error(tmp_path, DataSpec(task=task), **channels)
+
+
+def test_an_integer_past_float64s_range_is_an_infinite_label_whatever_pandas_makes_of_it():
+    """pandas 3 keeps a 400-digit integer a Python int (an object column), which every float conversion after
+    fails on: the GPU machine's job failed with "unexpected error: OverflowError" instead of naming the row."""
+    from byoc.training.data.labels import as_numbers
+
+    numbers = as_numbers(pd.Series(["1", "9" * 400]))
+    assert numbers is not None and numbers.dtype == np.float64
+    assert numbers.tolist() == [1.0, float("inf")]

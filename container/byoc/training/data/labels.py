@@ -95,9 +95,14 @@ def as_numbers(values: pd.Series) -> pd.Series | None:
     if not is_number.all():
         return None
     try:
-        return pd.to_numeric(stripped)
-    except OverflowError:  # an integer past float64's range (hundreds of digits): infinite, refused by row later
+        numbers = pd.to_numeric(stripped)
+    except OverflowError:
+        numbers = None
+    # An integer past float64's range (hundreds of digits): pandas raises, or keeps it a Python int (an object
+    # column, which every float conversion after would fail on); infinite here, refused by row later.
+    if numbers is None or numbers.dtype == object:
         return stripped.map(to_float).astype(np.float64)
+    return numbers
 
 
 def to_float(value: object) -> float:
