@@ -63,6 +63,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.once)
 
 
+@pytest.fixture(autouse=True)
+def _the_cpu_where_a_test_means_it(request, monkeypatch) -> None:
+    """A test marked `cpu` means the CPU (its answers are compared with a reference's on the CPU, at fp32's
+    tolerances): on a machine with a GPU, the GPU is hidden from it. Its processes get CUDA_VISIBLE_DEVICES
+    empty; in this process torch sees no CUDA and serving no NVIDIA device. Elsewhere this changes nothing."""
+    if request.node.get_closest_marker("cpu") is None:
+        return
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("byoc.serving.user_code.default_handlers.nvidia_gpu", lambda: False)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """The tiny BERT (build_tiny_bert): trains in seconds on CPU."""

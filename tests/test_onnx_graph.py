@@ -130,6 +130,7 @@ TEXTS = ["i love this so much", "rude people and cold food", ["is it good?", "ye
 
 
 @pytest.mark.integration  # byoc in processes of its own
+@pytest.mark.cpu  # torch's answers on the CPU, to 1e-5
 def test_default_handlers_serve_the_graph_without_torch_and_agree_with_torch(classifier_dir):
     # The CPU default (auto picks it where there is no GPU: test_backend_choice), asked for by name
     # so that it runs the same with a GPU present.

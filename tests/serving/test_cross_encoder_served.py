@@ -18,7 +18,7 @@ from byoc.serving.protocol import envelopes
 from byoc.serving.settings import InferenceSettings
 from byoc.serving.user_code import default_handlers
 
-pytestmark = pytest.mark.integration  # real models
+pytestmark = [pytest.mark.integration, pytest.mark.cpu]  # real models, compared with CrossEncoder on the CPU
 
 # The folder format under test is sentence-transformers 6's (5.x, the images' tier, saves a CrossEncoder
 # without modules.json: byoc reads it by its config.json, as tests/test_tasks.py checks).

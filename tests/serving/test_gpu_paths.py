@@ -6,6 +6,7 @@ can show (CUDA kernels, speed) is in tests/test_gpu.py and make bench-gpu."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,8 @@ from byoc.serving.backends.backend_choice import Plan
 from byoc.serving.execution import passes
 from byoc.serving.user_code import default_handlers
 from helpers import build_classifier_with_graph
+
+pytestmark = pytest.mark.cpu  # (the GPU's own runs: tests/test_gpu.py)
 
 TEXTS = [
     "i love this",
@@ -177,3 +180,9 @@ def test_torch_compile_per_shape_gives_the_eager_answers(classifier_dir):
     compiled["passes"] = eager["passes"] = passes.gpu(eager["max_length"])
     texts = TEXTS[:4]  # one shape
     assert_same_answers(answers(compiled, texts), answers(eager, texts), 1e-4)
+
+
+def test_a_test_that_means_the_cpu_sees_no_gpu_even_on_a_gpu_machine():
+    """This module is marked `cpu` (conftest): its processes and byoc's choices here see no GPU."""
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    assert not torch.cuda.is_available() and not default_handlers.nvidia_gpu()

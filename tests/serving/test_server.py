@@ -21,6 +21,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from byoc.serving.user_code import default_handlers, handler_loader
 from byoc.serving.user_code.handler_loader import load_handlers
+from helpers import CPU_ONLY
 
 pytestmark = pytest.mark.integration  # servers in processes: not in make test-fast
 
@@ -35,7 +36,7 @@ def trained_model(tmp_path_factory, tiny_model_dir) -> Path:
 
 @pytest.fixture(scope="module")
 def server(trained_model):
-    s = Server(trained_model)
+    s = Server(trained_model, env=CPU_ONLY)  # its answers are compared with torch's on the CPU
     s.wait_ready()
     yield s
     s.stop()

@@ -18,7 +18,8 @@ from byoc.tasks import MULTI_LABEL, REGRESSION, TOKEN_CLASSIFICATION
 from byoc.training import entry
 from helpers import conll_sentences, emotion_rows, score_rows, write_jsonl, write_pairs
 
-pytestmark = pytest.mark.integration  # real jobs: not in make test-fast
+# Real jobs (not in make test-fast); each job's served answers compared with transformers' on the CPU.
+pytestmark = [pytest.mark.integration, pytest.mark.cpu]
 
 QUICK = {"max_steps": "30", "logging_steps": "10", "learning_rate": "5e-3", "per_device_train_batch_size": "8"}
 

@@ -18,7 +18,8 @@ from byoc.tasks.sparse_embedding import model as sparse
 from byoc.training import entry
 from helpers import build_tiny_mlm, own_inference, topic_rows, write_jsonl
 
-pytestmark = pytest.mark.integration  # a real job: not in make test-fast
+# A real job (not in make test-fast); the served terms compared with SparseEncoder's on the CPU.
+pytestmark = [pytest.mark.integration, pytest.mark.cpu]
 
 QUICK = {"max_steps": "6", "logging_steps": "2", "per_device_train_batch_size": "8", "task": "sparse"}
 
