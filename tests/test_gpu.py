@@ -1,6 +1,7 @@
 """The CUDA path on a real GPU: training (fp32, bf16, fp16; compiled with CUDA graphs), a job through
 the launcher with NCCL, SIGTERM and exact resume on cuda, serving on cuda; an embedding model trained
-on cuda (eager and compiled) and served there as sentence-transformers encodes it; TEI's rerank on cuda.
+on cuda (eager and compiled) and served there as sentence-transformers encodes it; TEI's rerank on cuda; a job
+of each retrieval family (mined negatives, the cached loss, a BEIR test set) on cuda.
 
 `make test-gpu` runs these on a machine with an NVIDIA GPU (BYOC_REQUIRE_GPU=1 makes a missing GPU
 a failure there). Everywhere else they skip, with that reason; the rest of the suite says which
