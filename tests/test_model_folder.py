@@ -3,8 +3,11 @@ model folder, serving truncates there: serving/test_under_fire.py's 5.8 MB text 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from byoc import model_folder
 from byoc.model_folder import DEFAULT_MAX_LENGTH, max_length
 
 
@@ -23,3 +26,16 @@ from byoc.model_folder import DEFAULT_MAX_LENGTH, max_length
 )
 def test_the_smallest_known_limit_wins(limits, expected):
     assert max_length(*limits) == expected
+
+
+def test_a_router_folders_transformer_is_its_document_routes(tmp_path):
+    """An inference-free sparse model: the transformer byoc runs is in the document route's first folder that
+    holds a config.json; any other folder is its own."""
+    (tmp_path / "document_0_MLMTransformer").mkdir()
+    (tmp_path / "document_0_MLMTransformer" / "config.json").write_text("{}")
+    structure = {"query": ["query_0_SparseStaticEmbedding"], "document": ["document_0_MLMTransformer", "x"]}
+    (tmp_path / "router_config.json").write_text(json.dumps({"structure": structure}))
+    assert model_folder.router_routes(tmp_path) == structure
+    assert model_folder.weights_dir(tmp_path) == tmp_path / "document_0_MLMTransformer"
+    (tmp_path / "config.json").write_text("{}")  # a transformer at the top: no Router folder
+    assert model_folder.router_routes(tmp_path) == {} and model_folder.weights_dir(tmp_path) == tmp_path

@@ -18,6 +18,7 @@ folder (it does not exist; it holds no config.json or no weights), before any lo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,36 @@ def word_tags_of(config: dict[str, Any]) -> str | None:
     where the model does not say (trained before byoc saved it, or by another tool)."""
     value = config.get(WORD_TAGS_KEY)
     return value if value in WORD_TAGS else None
+
+
+ROUTER_CONFIG = "router_config.json"  # a sentence-transformers Router's: each route's modules (their folders)
+DOCUMENT_ROUTE = "document"
+
+
+def weights_dir(model_dir: Path) -> Path:
+    """The folder holding the transformer byoc runs (config.json, the weights, the tokenizer, model.onnx):
+    `model_dir` itself, or, for a sentence-transformers folder whose one module is a Router (an inference-free
+    sparse model: a lookup table for queries, a transformer for documents), the document route's transformer
+    folder inside it (`document_0_MLMTransformer/` as sentence-transformers 6 saves one)."""
+    model_dir = Path(model_dir)
+    route = router_routes(model_dir).get(DOCUMENT_ROUTE) or []
+    inner = next((model_dir / name for name in route if (model_dir / name / CONFIG).is_file()), None)
+    return inner if inner is not None else model_dir
+
+
+def router_routes(model_dir: Path) -> dict[str, list[str]]:
+    """A Router folder's routes (router_config.json's `structure`: each route's module folders, in order); {}
+    for any other folder."""
+    path = Path(model_dir) / ROUTER_CONFIG
+    if not path.is_file() or (Path(model_dir) / CONFIG).is_file():
+        return {}
+    try:
+        structure = json.loads(path.read_text(encoding="utf-8")).get("structure")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    if not isinstance(structure, dict):
+        return {}
+    return {str(k): [str(m) for m in v] for k, v in structure.items() if isinstance(v, list)}
 
 
 def missing_folder(model_dir: Path) -> str | None:

@@ -83,7 +83,7 @@ def export(model_dir: Path) -> Path | None:
             type(err).__name__,
             err,
         )
-        (model_dir / GRAPH).unlink(missing_ok=True)
+        (model_folder.weights_dir(model_dir) / GRAPH).unlink(missing_ok=True)
         return None
     logger.info("serving graph written to %s (weights stay in %s)", target, WEIGHTS)
     return target
@@ -98,12 +98,13 @@ def _export(model_dir: Path) -> Path:
     # task's output module is what serving runs: a classifier's logits, an embedding model's pooled
     # vectors (byoc.tasks: `Task.output_module`), named "logits" in the graph either way.
     # A cross-encoder saved by sentence-transformers 6 (modules.json) is its classifier: of_folder knows it.
-    problem = model_folder.unloadable(model_dir)
+    files = model_folder.weights_dir(model_dir)  # (an inference-free sparse model's document transformer)
+    problem = model_folder.unloadable(files)
     if problem:
         raise GraphError(problem)
-    task = tasks.of_folder(model_dir, json.loads((model_dir / CONFIG).read_text(encoding="utf-8")))
+    task = tasks.of_folder(model_dir, json.loads((files / CONFIG).read_text(encoding="utf-8")))
     loaded, _ = task.load_torch(
-        model_dir, attn_implementation="eager", use_safetensors=True, trust_remote_code=False, **fp32_weights()
+        files, attn_implementation="eager", use_safetensors=True, trust_remote_code=False, **fp32_weights()
     )
     model = task.output_module(loaded.eval(), model_dir)
     accepted = inspect.signature(loaded.forward).parameters
@@ -144,10 +145,10 @@ def _export(model_dir: Path) -> Path:
             do_constant_folding=False,
         )
         graph = onnx.load(str(path))
-    _point_weights_at_safetensors(graph, model_dir / WEIGHTS)
-    target = model_dir / GRAPH
+    _point_weights_at_safetensors(graph, files / WEIGHTS)
+    target = files / GRAPH
     onnx.save(graph, str(target))
-    _check_against_torch(model, names, model_dir)
+    _check_against_torch(model, names, files)
     return target
 
 
@@ -294,7 +295,7 @@ def export_int8(model_dir: Path) -> Path | None:
     self-contained (about a quarter of the fp32 weights' size) and records which weights it was
     made from: after the weights change it is ignored, with a warning. None, after a warning, where
     it cannot be made (int8 serving then quantizes at start, or says why it cannot)."""
-    model_dir = Path(model_dir)
+    model_dir = model_folder.weights_dir(Path(model_dir))  # where model.onnx is
     try:
         with tempfile.TemporaryDirectory(prefix="byoc-int8-", dir=model_dir) as scratch:
             made = quantize(model_dir, Path(scratch))

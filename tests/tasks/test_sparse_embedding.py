@@ -1,5 +1,7 @@
 """byoc.tasks.sparse_embedding: a sentence-transformers SparseEncoder folder (MLMTransformer + SpladePooling)
-served as TEI's embed_sparse answers it, equal to `SparseEncoder.encode`, on torch and on its exported graph."""
+served as TEI's embed_sparse answers it, equal to `SparseEncoder.encode`, on torch and on its exported graph; and
+the inference-free kind (a Router: a term-weight table for queries, the transformer for documents), equal to
+`encode_query` and `encode_document`."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from byoc.tasks.sparse_embedding import splade_settings
 from helpers import build_tiny_mlm
 
 TEXTS = ["A man is playing a guitar.", "the weather is lovely today", "word " * 200]
+QUERIES = ["a man plays the guitar", "lovely weather, lovely day", "", "word " * 300]
 
 
 def build_sparse(tiny_model_dir: Path, target: Path, pooling: str = "max", activation: str = "relu") -> Path:
@@ -172,3 +175,97 @@ def test_the_int8_graph_keeps_the_terms_that_matter(sparse_graph, tmp_path):
         top = np.argsort(-row)[:20]
         assert len(set(np.argsort(-got)[:20]) & set(top)) >= 15
         assert float(got @ row / np.linalg.norm(got) / np.linalg.norm(row)) > 0.99
+
+
+# --- the inference-free kind ------------------------------------------------------------------------------
+
+
+def build_inference_free(tiny_model_dir: Path, target: Path) -> Path:
+    """A Router as sentence-transformers saves an inference-free SPLADE: queries through a SparseStaticEmbedding
+    (its weights drawn at random, some zero), documents through the tiny MLM and SpladePooling."""
+    import torch
+
+    SparseEncoder, MLMTransformer, SpladePooling, _ = compat.sparse_encoder_api()
+    from sentence_transformers.sparse_encoder.models import SparseStaticEmbedding
+
+    try:
+        from sentence_transformers.sparse_encoder.models import Router
+    except ImportError:  # sentence-transformers 5 (the images' tier)
+        from sentence_transformers.models import Router
+
+    mlm = build_tiny_mlm(tiny_model_dir, target.parent / f"{target.name}-mlm")
+    document = MLMTransformer(str(mlm), max_seq_length=64)
+    static = SparseStaticEmbedding(tokenizer=document.tokenizer, frozen=False)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        static.weight.copy_(torch.rand(static.weight.shape) * (torch.rand(static.weight.shape) > 0.3))
+    router = Router.for_query_document(query_modules=[static], document_modules=[document, SpladePooling("max")])
+    SparseEncoder(modules=[router], similarity_fn_name="dot", device="cpu").save(str(target))
+    return target
+
+
+@pytest.fixture(scope="module")
+def inference_free(tmp_path_factory, tiny_model_dir) -> Path:
+    target = build_inference_free(tiny_model_dir, tmp_path_factory.mktemp("inference-free") / "model")
+    assert onnx_graph.export(target) == target / "document_0_MLMTransformer" / onnx_graph.GRAPH
+    return target
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_an_inference_free_model_serves_queries_from_its_table_and_documents_through_its_transformer(
+    inference_free, backend
+):
+    SparseEncoder = compat.sparse_encoder_api()[0]
+    ref = SparseEncoder(str(inference_free), device="cpu")
+    model = load(inference_free, backend)
+    assert model["task"] == tasks.SPARSE_EMBEDDING and model["backend"] == backend
+    for side, encode, texts in (("query", ref.encode_query, QUERIES), ("document", ref.encode_document, TEXTS)):
+        expected = encode(texts, convert_to_tensor=True).to_dense().numpy()
+        served = ask(model, {"inputs": texts, "parameters": {"prompt_name": side}})
+        for answer, row in zip(served, expected):
+            assert [t["index"] for t in answer] == np.flatnonzero(row).tolist(), side
+            np.testing.assert_allclose(dense(answer, len(row)), row, rtol=1e-4, atol=1e-5, err_msg=side)
+    assert ask(model, {"inputs": TEXTS}) == ask(model, {"inputs": TEXTS, "parameters": {"prompt_name": "document"}})
+    (terms,) = ask(model, {"inputs": QUERIES[:1], "parameters": {"prompt_name": "query", "return_tokens": True}})
+    assert terms and all(t["token"] in QUERIES[0] for t in terms)  # the query's own words, weighed by the table
+
+
+def test_a_router_byoc_does_not_serve_is_refused_naming_its_config(inference_free, tmp_path):
+    folder = Path(shutil.copytree(inference_free, tmp_path / "model"))
+    config = json.loads((folder / "router_config.json").read_text())
+    config["structure"]["query"] = config["structure"]["document"]  # queries through the transformer too
+    (folder / "router_config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        sentence_folder.FolderError, match="router_config.json: routes .* byoc serves an inference-free"
+    ):
+        load(folder, "torch")
+
+
+@pytest.mark.integration
+def test_byoc_serve_and_a_multi_model_endpoint_serve_an_inference_free_model(inference_free, tmp_path):
+    """The exported folder (its graph inside the document transformer's folder) as the slim image serves it: one
+    model, and loaded by name on a multi-model endpoint."""
+    from serve_helpers import Server
+
+    target = Path(shutil.copytree(inference_free, tmp_path / "one" / "model"))
+    model = load(inference_free, "onnxruntime")
+    bodies = [{"inputs": QUERIES[:2], "parameters": {"prompt_name": "query"}}, {"inputs": TEXTS[:2]}]
+    s = Server(target, env={"BYOC_INFERENCE_BACKEND": "onnxruntime", "BYOC_INFERENCE_PRECISION": "fp32"})
+    try:
+        s.wait_ready()
+        for body in bodies:
+            answer = s.invoke(body)
+            assert answer.status_code == 200, answer.text
+            assert answer.json() == json.loads(json.dumps(ask(model, body)))
+    finally:
+        s.stop()
+    (tmp_path / "mme" / "model").mkdir(parents=True)
+    s = Server(tmp_path / "mme" / "model", env={"SAGEMAKER_MULTI_MODEL": "true", "BYOC_INFERENCE_PRECISION": "fp32"})
+    try:
+        s.wait_ready()
+        loaded = s.client.post("/models", json={"model_name": "free", "url": str(target)})
+        assert loaded.status_code == 200, loaded.text
+        answer = s.client.post("/models/free/invoke", json=bodies[0])
+        assert answer.status_code == 200 and answer.json() == json.loads(json.dumps(ask(model, bodies[0])))
+    finally:
+        s.stop()

@@ -87,6 +87,7 @@ def estimate_bytes(folder: Path, int8: bool = False) -> int:
     holds its own; or the graph alone), the tokenizer (about three times its file in memory), a
     session's overhead."""
     candidates = ((onnx_graph.INT8_GRAPH,) if int8 else ()) + MODEL_FILES
+    folder = model_folder.weights_dir(folder)  # (an inference-free sparse model's transformer is inside it)
     weights = next((folder / name for name in candidates if (folder / name).is_file()), None)
     tokenizer = folder / model_folder.TOKENIZER
     size = lambda path: path.stat().st_size if path is not None and path.exists() else 0
@@ -102,7 +103,8 @@ def check_request(name: str, url: str, program: str) -> Path:
         raise LoadRefused(400, f"the url {url} is a file: it must be the folder of an unpacked model.tar.gz")
     if not folder.is_dir():
         raise LoadRefused(404, f"the model folder {url} does not exist (an unpacked model.tar.gz)")
-    if not any((folder / name).is_file() for name in MODEL_FILES) and not (folder / "code" / program).is_file():
+    files = model_folder.weights_dir(folder)
+    if not any((files / name).is_file() for name in MODEL_FILES) and not (folder / "code" / program).is_file():
         raise LoadRefused(
             400,
             f"no model in {url}: it holds none of {', '.join(MODEL_FILES)} (as byoc train writes them), nor a "

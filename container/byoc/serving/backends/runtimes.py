@@ -48,12 +48,13 @@ def describe(model_dir: Path, gpu: bool) -> Host:
     BackendError, in a sentence naming the folder, where it holds no model to load (`check_folder`)."""
     check_folder(model_dir)
     installed = importlib.util.find_spec("onnxruntime") is not None
+    files = model_folder.weights_dir(model_dir)
     return Host(
         gpu=gpu,
         providers=cuda_provider.available_providers() if gpu and installed else (cuda_provider.CPU_EP,),
         onnxruntime=installed,
-        graph=(model_dir / GRAPH).exists(),
-        tokenizer=(model_dir / "tokenizer.json").exists(),
+        graph=(files / GRAPH).exists(),
+        tokenizer=(files / "tokenizer.json").exists(),
     )
 
 
@@ -61,7 +62,7 @@ def check_folder(model_dir: Path) -> None:
     """A BackendError saying what is missing where `model_dir` holds no model the loaders can read (it does
     not exist, or has no config.json or no weights: byoc.model_folder.unloadable), before a loader reads it:
     transformers would take a missing folder for a Hub repository's name and fail on that."""
-    problem = model_folder.unloadable(Path(model_dir))
+    problem = model_folder.unloadable(model_folder.weights_dir(Path(model_dir)))
     if problem:
         raise BackendError(problem)
 
@@ -92,17 +93,18 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None =
     """The model on ONNX Runtime, its session running `threads` threads (`inference_threads`); `task_name`:
     the task asked for (BYOC_TASK), else the folder's (byoc.tasks.of_folder)."""
     check_folder(model_dir)
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    files = model_folder.weights_dir(model_dir)  # (an inference-free sparse model's document transformer)
+    config = json.loads((files / "config.json").read_text(encoding="utf-8"))
     task = tasks.of_folder(model_dir, config, task_name)
     facts = task.serving_facts(model_dir, config)
-    tokenizer_config_path = model_dir / "tokenizer_config.json"
+    tokenizer_config_path = files / "tokenizer_config.json"
     tokenizer_config = (
         json.loads(tokenizer_config_path.read_text(encoding="utf-8")) if tokenizer_config_path.exists() else {}
     )
     limit = model_folder.max_length(
         tokenizer_config.get("model_max_length"), config.get("max_position_embeddings"), facts.get("max_seq_length")
     )
-    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(files / "tokenizer.json"))
     tokenizer.no_padding()  # batches are padded here, per length-sorted chunk
     # longest_first, as transformers' truncation=True, on the side the tokenizer was saved with
     side = tokenizer_config.get("truncation_side") or "right"
@@ -110,7 +112,7 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None =
     pad = tokenizer_config.get("pad_token") or "[PAD]"
     pad_id = tokenizer.token_to_id(pad["content"] if isinstance(pad, dict) else pad) or 0
     session = Session(
-        model_dir,
+        files,
         threads,
         int8=plan.precision == "int8",
         device=plan.device,
@@ -167,12 +169,13 @@ def load_torch(
             raise
         raise BackendError(needs_full_image(plan, err.name)) from None
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    files = model_folder.weights_dir(model_dir)  # (as load_onnx)
+    tokenizer = AutoTokenizer.from_pretrained(files)
+    config = json.loads((files / "config.json").read_text(encoding="utf-8"))
     task = tasks.of_folder(model_dir, config, task_name)
     facts = task.serving_facts(model_dir, config)
     activation = tasks.cross_encoder_activation(model_dir, config)
-    model, missing = task.load_torch(model_dir, use_safetensors=True, trust_remote_code=False, **compat.fp32_weights())
+    model, missing = task.load_torch(files, use_safetensors=True, trust_remote_code=False, **compat.fp32_weights())
     if missing and not untrained_head:
         raise BackendError(untrained_head_message(model_dir, sorted(missing)))
     module = task.output_module(model, model_dir)

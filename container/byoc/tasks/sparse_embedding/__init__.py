@@ -3,6 +3,8 @@ and `SpladePooling` modules), served as Text Embeddings Inference's `embed_spars
 active terms as `[{"index", "value"}]`, in vocabulary order (with `"token"`, the term itself, where the request
 sets `return_tokens`). The pooling (log(1 + ReLU) of the masked-language-model logits, the max or the sum over
 the text's tokens) runs in the model, inside model.onnx or on torch, so its answers equal `SparseEncoder.encode`'s.
+The inference-free kind (a Router: byoc.tasks.sparse_embedding.folder) encodes documents so, and queries
+(`"prompt_name": "query"`) with no model: each of the query's tokens weighs its term's weight in the folder's table.
 Trained (`task=sparse_embedding`, byoc.tasks.sparse_embedding.model) on an embedding model's rows, with SPLADE's
 loss; evaluated as the embedding model is, plus `active_dims`: the active terms of an evaluated text, on average.
 """
@@ -15,14 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from byoc import sentence_folder
+from byoc import model_folder, sentence_folder
 from byoc.tasks.base import BadParameter, Task, kept_rows
 from byoc.tasks.embedding import Embedding
+from byoc.tasks.sparse_embedding.folder import QUERY, query_table, splade_settings
 
 NAME = "sparse_embedding"
 MODEL_TYPE = "SparseEncoder"  # config_sentence_transformers.json's model_type for one
-POOLINGS = ("max", "sum")  # SpladePooling's pooling_strategy
-ACTIVATIONS = ("relu", "log1p_relu")  # its activation_function: log(1 + ReLU), or that logged again
 
 
 class SparseEmbedding(Embedding):
@@ -31,7 +32,7 @@ class SparseEmbedding(Embedding):
     name = NAME
     aliases = ("sparse", "splade", "sparse_embeddings", "sparse_encoder")
     described = "a sparse embedding model"
-    parameters = ("return_tokens",)
+    parameters = ("return_tokens", "prompt_name")
     auto_class = "AutoModelForMaskedLM"
     sentence_model_type = MODEL_TYPE
     metrics = (*Embedding.metrics, "active_dims")
@@ -103,10 +104,16 @@ class SparseEmbedding(Embedding):
             raise BadParameter('"return_tokens" must be true or false')
 
     def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
-        """The pooling the folder's SpladePooling module applies, and the length its MLMTransformer reads."""
+        """The pooling the folder's SpladePooling module applies, the length its MLMTransformer reads, its
+        prompts, and an inference-free model's query side (byoc.tasks.sparse_embedding.folder)."""
+        model_dir = Path(model_dir)
+        settings = splade_settings(model_dir)  # (first: it checks a Router's modules before its table is read)
+        table = query_table(model_dir)
         return {
-            **splade_settings(Path(model_dir)),
-            "max_seq_length": sentence_folder.max_seq_length_of(Path(model_dir)),
+            **settings,
+            **sentence_folder.prompts_of(model_dir),
+            "max_seq_length": sentence_folder.max_seq_length_of(model_folder.weights_dir(model_dir)),
+            "queries": StaticQueries.encoder(table) if table is not None else None,
         }
 
     def load_torch(self, model_dir: Path, **kwargs: Any) -> tuple[Any, list[str]]:
@@ -118,7 +125,7 @@ class SparseEmbedding(Embedding):
         """The MLM logits pooled as SpladePooling pools them: one weight per vocabulary term a text."""
         import torch  # (as load_torch: serving's torch path and the export)
 
-        settings = splade_settings(Path(model_dir))
+        settings = splade_settings(Path(model_dir))  # (a Router folder's document route)
 
         class Splade(torch.nn.Module):
             def __init__(self) -> None:
@@ -141,9 +148,17 @@ class SparseEmbedding(Embedding):
         return np.asarray(logits, dtype=np.float32)
 
     def prepare(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> list[Any]:
+        """The texts, each after the request's prompt (`prompt_name`) or the folder's default one."""
         if any(not isinstance(text, str) for text in inputs):
             raise BadParameter("a sparse embedding model embeds single texts: send texts, not pairs")
-        return inputs
+        return super().prepare(inputs, parameters, model)
+
+    def windows(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> Any:
+        """An inference-free model's queries (`"prompt_name": "query"`): no model runs, each token weighs its
+        term's weight in the query side's table. Anything else runs the model (None)."""
+        if parameters.get("prompt_name") != QUERY or model.get("queries") is None:
+            return None
+        return StaticQueries(self.prepare(inputs, parameters, model), parameters, model, self)
 
     def answer(
         self, scores: list[np.ndarray], id2label: Mapping[int, str], parameters: Mapping[str, Any], model: Mapping
@@ -162,26 +177,36 @@ class SparseEmbedding(Embedding):
         return out
 
 
-def splade_settings(model_dir: Path) -> dict[str, str]:
-    """The folder's SpladePooling settings ({"pooling", "activation"}), read from its module's config.json."""
-    modules = sentence_folder.read_json(model_dir / sentence_folder.MODULES)
-    modules = modules if isinstance(modules, list) else []
-    found = [m for m in modules if str(m.get("type", "")).rsplit(".", 1)[-1] == "SpladePooling"]
-    if len(found) != 1:
-        raise sentence_folder.FolderError(
-            f"{model_dir / sentence_folder.MODULES}: a SparseEncoder folder byoc serves has one SpladePooling module "
-            f"after an MLMTransformer (found {len(found)}); an inference-free (Router) sparse model is not served yet"
-        )
-    path = model_dir / str(found[0].get("path", "")) / "config.json"
-    config = sentence_folder.read_json(path) if path.is_file() else {}
-    pooling = config.get("pooling_strategy", "max")
-    activation = config.get("activation_function", "relu")
-    if pooling not in POOLINGS or activation not in ACTIVATIONS:
-        raise sentence_folder.FolderError(
-            f"{path}: pooling_strategy {pooling!r} and activation_function {activation!r}: byoc serves "
-            f"{' or '.join(POOLINGS)} pooling of {' or '.join(ACTIVATIONS)}"
-        )
-    return {"pooling": str(pooling), "activation": str(activation)}
+class StaticQueries:
+    """An inference-free model's queries, as its SparseStaticEmbedding encodes them: the query's tokens (no
+    special tokens, cut at the table's length), each distinct token's weight, the zero ones left out."""
+
+    def __init__(self, texts: list[str], parameters: Mapping[str, Any], model: Mapping, task: SparseEmbedding) -> None:
+        self.texts, self.parameters, self.model, self.task = texts, parameters, model, task
+        self.rows: list[np.ndarray] = []
+        self.feeds: list[dict[str, list[int]]] = []  # (no model runs)
+
+    @staticmethod
+    def encoder(table: Mapping[str, Any]) -> dict[str, Any]:
+        """The query side's tokenizer (no padding; cut at its length) and its weights."""
+        from tokenizers import Tokenizer  # (serving's: training never serves queries)
+
+        tokenizer = Tokenizer.from_file(table["tokenizer"])
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(table["max_length"])
+        return {"tokenizer": tokenizer, "weights": table["weights"]}
+
+    def encode(self) -> None:
+        queries = self.model["queries"]
+        weights = queries["weights"]
+        for encoding in queries["tokenizer"].encode_batch(self.texts, add_special_tokens=False):
+            row = np.zeros_like(weights)
+            ids = np.unique(np.asarray(encoding.ids, dtype=np.int64))
+            row[ids] = weights[ids]
+            self.rows.append(row)
+
+    def answers(self, scores: list[np.ndarray]) -> list[Any]:
+        return self.task.answer(self.rows, {}, self.parameters, self.model)
 
 
 def _vocabulary(model: Mapping) -> dict[int, str]:
