@@ -25,6 +25,8 @@ from byoc.tasks.embedding import NAME as EMBEDDING
 from byoc.tasks.embedding import Embedding
 from byoc.tasks.hybrid import NAME as HYBRID
 from byoc.tasks.hybrid import Hybrid
+from byoc.tasks.listwise_reranker import NAME as LISTWISE_RERANKER
+from byoc.tasks.listwise_reranker import ListwiseReranker
 from byoc.tasks.multi_label import NAME as MULTI_LABEL
 from byoc.tasks.multi_label import MultiLabel
 from byoc.tasks.multi_vector import NAME as MULTI_VECTOR
@@ -80,6 +82,7 @@ TASKS: dict[str, Task] = {
         Embedding(),
         SparseEmbedding(),
         Reranker(),
+        ListwiseReranker(),
         MultiVector(),
         Hybrid(),
         *plugins(),
@@ -96,6 +99,7 @@ __all__ = [
     "DEFAULT",
     "HYBRID",
     "IGNORE_LABEL",
+    "LISTWISE_RERANKER",
     "MULTI_LABEL",
     "MULTI_VECTOR",
     "NAMES",

@@ -60,6 +60,7 @@ class Task:
     several_negatives = False  # its rows may hold several negatives (num_negatives): a reranker's become pairs
     recipe_settings: tuple[str, ...] = ()  # hyperparameters of its own training recipe (`apply_recipe`)
     loss_runs_model = False  # its loss embeds the batch's columns itself: the step is never compiled (precision)
+    any_columns = False  # its training model takes token columns of any name (**columns): the Trainer keeps them all
     # "dense", "sparse", "maxsim": which of sentence-transformers' retrieval evaluators ranks a corpus with it (a
     # BEIR set in the test channel: byoc.training.corpus_evaluation); None: it retrieves nothing
     ranks_corpus: str | None = None

@@ -57,9 +57,7 @@ class TrainArguments:
         "else the bundled all-MiniLM-L6-v2 when installed.",
         ("model_id", "model_name", "model"),
     )
-    tokenizer_name_or_path: str | None = _hp(
-        None, "Tokenizer, when not stored with the model.", ("tokenizer_name", "tokenizer")
-    )
+    tokenizer_name_or_path: str | None = _hp(None, "Tokenizer, if not with the model.", ("tokenizer_name", "tokenizer"))
     trust_remote_code: bool = _hp(False, "Allow model code shipped with the checkpoint to run. Off unless asked.")
     # Schedule
     epochs: float = _hp(
@@ -150,10 +148,11 @@ class TrainArguments:
     num_negatives: int = _hp(1, "Mined negatives: how many a row (rerankers: several; the others: 1).", bound=COUNT)
     matryoshka_dims: str = _hp("", "Embedding models: also train these leading dimensions alone (768,256,64).")
     mini_batch_size: int | None = _hp(None, "In-batch negatives: embed N rows a pass, gradients cached.", bound=COUNT)
+    listwise_loss: str | None = _hp(
+        None, "Listwise rerankers: lambdaloss (default) or listnet.", (), ("lambdaloss", "listnet")
+    )
     validation_split: float = _hp(
-        0.0,
-        "Without eval data, hold out this fraction of train (stratified) to evaluate on. 0 = none.",
-        bound=FRACTION,
+        0.0, "No eval data: hold out this fraction of train (stratified); 0: none.", bound=FRACTION
     )
     max_train_samples: int | None = _hp(None, "Use only the first N training examples (quick runs).", bound=COUNT)
     max_eval_samples: int | None = _hp(None, "Use only the first N eval and test examples.", bound=COUNT)

@@ -217,7 +217,11 @@ def load_model(
 def recipe_settings(args: TrainArguments, kind: tasks.Task, use_xla: bool = False) -> dict[str, Any]:
     """The settings of a task's own training recipe the job gives (`Task.recipe_settings`); refused, before the
     model loads, for a task whose recipe has none of them."""
-    asked = {"matryoshka_dims": matryoshka_sizes(args), "mini_batch_size": args.mini_batch_size}
+    asked = {
+        "matryoshka_dims": matryoshka_sizes(args),
+        "mini_batch_size": args.mini_batch_size,
+        "listwise_loss": args.listwise_loss,
+    }
     given = {name: value for name, value in asked.items() if value}
     for name in given:
         if name not in kind.recipe_settings:

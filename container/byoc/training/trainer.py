@@ -322,6 +322,8 @@ def build_trainer(
         # mean. (transformers would otherwise scale the loss by the world size for token-count losses.)
         average_tokens_across_devices=False,
         ddp_find_unused_parameters=False,  # every trainable parameter of a classifier is used
+        # (the Trainer would keep only the columns its model's forward names: a listwise reranker's takes any)
+        remove_unused_columns=not kind.any_columns,
         **compat.sampling_arguments(
             args.group_by_length and not args.pad_to_max_length and not use_xla,
             args.warmup_steps,
