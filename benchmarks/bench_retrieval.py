@@ -15,12 +15,19 @@ retrieval model evaluated on a corpus, against sentence-transformers' own traini
                           the bundled embedding model's top 100 (byoc's own figures: reranker and embedder)
             multi_vector/byoc  `byoc train task=multi_vector` from the bundled model (sentence-transformers makes it a
                           ColBERT: a 128-wide projection drawn at random), mined negatives, ranked by MaxSim
+            listwise/byoc `byoc train task=listwise_reranker` (LambdaLoss) from the bundled model, five mined
+                          negatives a row (num_negatives=5), evaluated as reranker/byoc is
+            sparse/byoc   `byoc train task=sparse_embedding` from the bundled model under a masked-language-model
+                          head (its decoder tied to the word embeddings, its transform drawn at random: no
+                          pretrained SPLADE or MLM is available offline), in-batch negatives (sentence-transformers'
+                          miner takes dense models only), ranked by the sparse evaluator (dot product)
             served/fp32, served/int8   the bundled model's vectors as `byoc serve` answers them (its graph
                           and int8 graph, written by byoc's own export), ranked by cosine, scored by the evaluator
 
 Every model ranks by sentence-transformers' InformationRetrievalEvaluator (NDCG@10, MRR@10, recall@100).
 
-    .venv/bin/python benchmarks/bench_retrieval.py [--runs dense,reranker,int8,multi_vector] [--epochs 1]
+    .venv/bin/python benchmarks/bench_retrieval.py [--runs dense,reranker,int8,multi_vector,sparse,listwise]
+        [--epochs 1]
 """
 
 from __future__ import annotations
@@ -76,13 +83,22 @@ def train_rows() -> list[dict]:
     ]
 
 
-def run_byoc(task: str, epochs: float, test_set: Path, workdir: Path) -> tuple[dict, float]:
-    """A real `byoc train` job with the set as its test channel; its metrics.json."""
+def run_byoc(
+    task: str, epochs: float, test_set: Path, workdir: Path, mine: bool = True, extra: dict | None = None
+) -> tuple[dict, float]:
+    """A real `byoc train` job with the set as its test channel (its negatives mined unless `mine` is false); its
+    metrics.json."""
     root = workdir / "opt-ml"
     for folder in ("input/config", "input/data/train"):
         (root / folder).mkdir(parents=True)
     (root / "input/data/test").symlink_to(test_set, target_is_directory=True)
-    hyperparameters = {"epochs": str(epochs), "task": task, "mine_hard_negatives": "true", **BYOC_EXTRA}
+    hyperparameters = {
+        "epochs": str(epochs),
+        "task": task,
+        "mine_hard_negatives": str(mine).lower(),
+        **(extra or {}),
+        **BYOC_EXTRA,
+    }
     (root / "input/config/hyperparameters.json").write_text(json.dumps(hyperparameters))
     (root / "input/config/resourceconfig.json").write_text(json.dumps({"current_host": "algo-1", "hosts": ["algo-1"]}))
     with (root / "input/data/train/train.jsonl").open("w") as f:
@@ -216,6 +232,22 @@ def main() -> int:
             results["multi_vector/byoc"] = {n: metrics[f"test_corpus_{n}"] for n in corpus_evaluation.REPORTED.values()}
             results["multi_vector/byoc"]["job_seconds"] = round(seconds, 1)
             print(f"multi_vector/byoc   {shown(results['multi_vector/byoc'])}  ({seconds:.0f} s)", flush=True)
+        if "sparse" in options.runs:
+            metrics, seconds = run_byoc("sparse_embedding", options.epochs, test_set, Path(tmp) / "sparse", mine=False)
+            results["sparse/byoc"] = {n: metrics[f"test_corpus_{n}"] for n in corpus_evaluation.REPORTED.values()}
+            results["sparse/byoc"]["job_seconds"] = round(seconds, 1)
+            results["sparse/byoc"]["eval_active_dims"] = metrics.get("eval_active_dims")
+            print(f"sparse/byoc         {shown(results['sparse/byoc'])}  ({seconds:.0f} s)", flush=True)
+        if "listwise" in options.runs:
+            metrics, seconds = run_byoc(
+                "listwise_reranker", options.epochs, test_set, Path(tmp) / "listwise", extra={"num_negatives": "5"}
+            )
+            for ranker in ("corpus", "retriever"):
+                results[f"listwise/byoc/{ranker}"] = {
+                    n: metrics[f"test_{ranker}_{n}"] for n in corpus_evaluation.REPORTED.values()
+                }
+            print(f"listwise/byoc       {shown(results['listwise/byoc/corpus'])}  ({seconds:.0f} s)", flush=True)
+            print(f"  its retriever     {shown(results['listwise/byoc/retriever'])}", flush=True)
         if "reranker" in options.runs:
             metrics, seconds = run_byoc("reranker", options.epochs, test_set, Path(tmp) / "reranker-byoc")
             for ranker in ("corpus", "retriever"):
