@@ -161,6 +161,8 @@ def test_sparse_terms_name_their_tokens_when_asked(m3):
         ({"inputs": [["q", "d"]], "parameters": {"weights": {"lexical": 1}}}, '"weights" weighs a pair'),
         ({"inputs": [["q", "d"]], "parameters": {"weights": {"dense": 0}}}, "not all 0"),
         ({"inputs": ["a"], "parameters": {"dimensions": 8}}, '"dimensions" does not apply to a hybrid'),
+        ({"inputs": ["a"], "parameters": {"normalize": False}}, '"normalize": false: a hybrid model'),
+        ({"inputs": [["q", "d"]], "parameters": {"weights": [float("inf"), 1, 1]}}, "finite numbers"),
         ({"query": "q", "texts": ["d"], "parameters": {"output": "dense"}}, '"output" does not apply to a rerank'),
         ({"inputs": ["a", ["q", "d"]]}, "send one kind"),
     ],
@@ -217,6 +219,12 @@ def test_byoc_serve_answers_every_output_and_a_weighted_rerank(m3_graph, tmp_pat
         assert ranked.status_code == 200, ranked.text
         scores = ask(model, {"query": TEXTS[0], "texts": TEXTS, **weights})
         assert [item["index"] for item in ranked.json()] == list(np.argsort(scores, kind="stable")[::-1])
+        openai = s.invoke({"input": TEXTS[:2], "model": "bge-m3"})  # OpenAI's (and LangChain's) body: dense vectors
+        assert openai.status_code == 200, openai.text
+        dense = ask(model, {"inputs": TEXTS[:2], "parameters": {"normalize": True}})
+        for got, want in zip(openai.json()["data"], dense):
+            np.testing.assert_allclose(got["embedding"], want, atol=1e-6)
+        assert openai.json()["usage"]["prompt_tokens"] > 0
         refused = s.invoke({"inputs": ["a"], "parameters": {"output": "lexical"}})
         assert refused.status_code == 400 and refused.json()["error"].startswith('"output" is one of')
     finally:

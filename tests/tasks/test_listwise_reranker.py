@@ -84,6 +84,23 @@ def test_evaluation_scores_every_listed_pair_and_the_positives_rank_in_its_list(
     )
     assert {k: metrics[k] for k in pairwise} == pytest.approx(pairwise)
     assert metrics["mrr_at_10"] == pytest.approx((1 + 1 / 2 + 1 / 2) / 3)  # the padded negative is no competitor
+    alike, _ = LISTWISE.evaluate(np.zeros((2, 3)), labels[:2], ["relevance"], 0.5)
+    assert alike["mrr_at_10"] == pytest.approx((1 / 3 + 1 / 2) / 2)  # a tie counts against the positive
+
+
+def test_the_trainer_divides_the_lists_loss_by_the_accumulated_steps(tmp_path):
+    """The model's forward takes **columns, which the Trainer would read as taking loss arguments, and then not
+    divide its loss by gradient_accumulation_steps: the model says it takes none."""
+    import transformers
+
+    from byoc.tasks.listwise_reranker.model import ListwiseModel
+
+    classifier = transformers.AutoModelForSequenceClassification.from_pretrained(
+        build_tiny_bert(tmp_path / "t"), num_labels=1
+    )
+    arguments = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), report_to="none")
+    trainer = transformers.Trainer(model=ListwiseModel(classifier), args=arguments)
+    assert trainer.model_accepts_loss_kwargs is False
 
 
 def test_scored_pairs_are_refused_saying_what_a_list_is():

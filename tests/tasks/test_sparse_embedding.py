@@ -230,6 +230,19 @@ def test_an_inference_free_model_serves_queries_from_its_table_and_documents_thr
     assert terms and all(t["token"] in QUERIES[0] for t in terms)  # the query's own words, weighed by the table
 
 
+def test_queries_route_to_the_table_though_the_folder_has_no_query_prompt(inference_free, tmp_path):
+    """sentence-transformers' encode_query routes a query to its side, prompt or not."""
+    folder = Path(shutil.copytree(inference_free, tmp_path / "model"))
+    settings = json.loads((folder / "config_sentence_transformers.json").read_text())
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({**settings, "prompts": {}}))
+    expected = compat.sparse_encoder_api()[0](str(folder), device="cpu").encode_query(
+        QUERIES[:2], convert_to_tensor=True
+    )
+    served = ask(load(folder, "torch"), {"inputs": QUERIES[:2], "parameters": {"prompt_name": "query"}})
+    for answer, row in zip(served, expected.to_dense().numpy()):
+        np.testing.assert_allclose(dense(answer, len(row)), row, rtol=1e-4, atol=1e-5)
+
+
 def test_a_router_byoc_does_not_serve_is_refused_naming_its_config(inference_free, tmp_path):
     folder = Path(shutil.copytree(inference_free, tmp_path / "model"))
     config = json.loads((folder / "router_config.json").read_text())

@@ -158,7 +158,7 @@ def load_torch(
     model_dir: Path, plan: Plan, compiled: bool = False, untrained_head: bool = False, task_name: str | None = None
 ) -> LoadedModel:
     check_folder(model_dir)
-    if GRAPH in plan.why and not (model_dir / GRAPH).exists():  # torch because the graph is missing
+    if GRAPH in plan.why and not (model_folder.weights_dir(model_dir) / GRAPH).exists():  # torch: no graph
         logger.info(export_hint(model_dir))
     # Imported only here: the ONNX Runtime path starts in about a second because it never imports them.
     try:

@@ -202,7 +202,10 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
         windowed = task.windows(inputs, parameters, model)  # a task that reads each text whole (NER)
         if windowed is not None:
             windowed.encode()
-            return windowed.answers(passes.run(windowed.feeds, model, task.scores))
+            answers = windowed.answers(passes.run(windowed.feeds, model, task.scores))
+            if shape == OPENAI:  # (a hybrid model's dense vectors: each text its own feed, prompt none)
+                return [envelopes.Embedded(vector, len(f["input_ids"])) for vector, f in zip(answers, windowed.feeds)]
+            return answers
         inputs = task.prepare(inputs, parameters, model)
     except tasks.BadParameter as err:
         raise InputError(str(err)) from None

@@ -38,7 +38,7 @@ class Hybrid(Task):
     name = NAME
     aliases = ("bge_m3", "m3", "hybrid_embedding")
     described = "a hybrid (dense, sparse and multi-vector) model"
-    parameters = ("output", "return_tokens", "weights")
+    parameters = ("output", "return_tokens", "weights", "normalize")
     rerank_parameters = ("weights",)
     folder_files = (COLBERT, SPARSE)
     auto_class = "AutoModel"
@@ -89,7 +89,13 @@ class Hybrid(Task):
     def scores(self, logits: np.ndarray) -> np.ndarray:
         return np.asarray(logits, dtype=np.float32)  # the rows as the model gives them (the head cuts them up)
 
+    def check_shape(self, shape: str | None) -> None:
+        """Every body's form: an OpenAI embeddings body gets the dense vectors (TEI's and OpenAI's clients send
+        bge-m3 those), a rerank body the weighted scores."""
+
     def check_values(self, parameters: Mapping[str, Any]) -> None:
+        if parameters.get("normalize") is False:
+            raise BadParameter("\"normalize\": false: a hybrid model's vectors are normalised, as BGEM3FlagModel's")
         outputs_of(parameters.get("output"))
         weights_of(parameters.get("weights"))
         if parameters.get("return_tokens") is not None and not isinstance(parameters["return_tokens"], bool):

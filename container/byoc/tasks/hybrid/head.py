@@ -16,6 +16,7 @@ weight over the text's tokens, above 0, leaving out the tokenizer's [CLS]/<s>, e
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,12 +62,13 @@ def weights_of(value: Any) -> dict[str, float]:
         isinstance(value, dict)
         and set(value) <= set(MODES)
         and all(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in value.values())
+        and math.isfinite(sum(value.values()))  # (JSON's 1e999 is infinite: a score of inf/inf)
         and sum(value.values()) > 0
     ):
         return {mode: float(value.get(mode, 0.0)) for mode in MODES}
     raise BadParameter(
         '"weights" weighs a pair\'s dense, sparse and colbert scores: {"dense": 0.4, "sparse": 0.2, "colbert": 0.4} '
-        f"or [0.4, 0.2, 0.4], numbers of at least 0, not all 0; got {value!r}"
+        f"or [0.4, 0.2, 0.4], finite numbers of at least 0, not all 0; got {value!r}"
     )
 
 

@@ -116,7 +116,9 @@ class ListwiseReranker(Reranker):
         logits, labels = _lists(logits, labels)
         listed = labels >= 0
         metrics, _ = super().evaluate(logits[listed].reshape(-1, 1), labels[listed].reshape(-1, 1), names, cut)
-        ahead = ((logits > logits[:, :1]) & listed).sum(axis=1)  # documents scored above the positive (column 0)
+        # the listed negatives scored at or above the positive (column 0): a tie counts against it, so that a model
+        # that scores every document alike is not ranked perfect
+        ahead = ((logits >= logits[:, :1]) & listed)[:, 1:].sum(axis=1)
         rank = ahead + 1
         metrics["mrr_at_10"] = float(np.where(rank <= 10, 1.0 / rank, 0.0).mean()) if len(rank) else 0.0
         return metrics, {}

@@ -87,6 +87,10 @@ class ListwiseModel(torch.nn.Module):
     and the loss of the rows' lists (filler rows and missing documents left out). `save_pretrained` writes the
     classifier: the folder is the pairwise reranker's."""
 
+    # Its loss is a mean over the micro-batch's lists: the Trainer divides it by gradient_accumulation_steps only
+    # where the model says it takes no loss arguments (a forward of **columns would be read as taking them).
+    accepts_loss_kwargs = False
+
     def __init__(self, classifier: Any) -> None:
         super().__init__()
         self.classifier = classifier

@@ -158,7 +158,10 @@ class SparseEmbedding(Embedding):
         term's weight in the query side's table. Anything else runs the model (None)."""
         if parameters.get("prompt_name") != QUERY or model.get("queries") is None:
             return None
-        return StaticQueries(self.prepare(inputs, parameters, model), parameters, model, self)
+        if any(not isinstance(text, str) for text in inputs):
+            raise BadParameter("a sparse embedding model embeds single texts: send texts, not pairs")
+        prompt = (model.get("prompts") or {}).get(QUERY, "")  # (the route is the query's, prompt or not)
+        return StaticQueries([prompt + text for text in inputs], parameters, model, self)
 
     def answer(
         self, scores: list[np.ndarray], id2label: Mapping[int, str], parameters: Mapping[str, Any], model: Mapping
