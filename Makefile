@@ -137,6 +137,8 @@ bench-embed-train: venv
 bench-retrieval: venv
 	$(PY) benchmarks/bench_retrieval.py --runs dense,reranker,int8 --json benchmarks/results/retrieval.json
 	$(PY) benchmarks/bench_retrieval.py --runs multi_vector --json benchmarks/results/retrieval-multi-vector.json
+	$(PY) benchmarks/bench_retrieval.py --runs sparse --json benchmarks/results/retrieval-sparse.json
+	$(PY) benchmarks/bench_retrieval.py --runs listwise --json benchmarks/results/retrieval-listwise.json
 
 # A sparse (SPLADE) model served against a dense one on the same encoder, and against sentence-transformers.
 bench-sparse: venv
