@@ -24,6 +24,7 @@ import numpy as np
 
 from byoc.tasks.base import BadParameter
 from byoc.tasks.multi_vector.head import TokenEncoder, maxsim
+from byoc.tasks.sparse_embedding import vocabulary_of
 
 OFFSET = 1  # the term weight's column
 MODES = ("dense", "sparse", "colbert")  # FlagEmbedding's order (`weights_for_different_modes`)
@@ -141,7 +142,7 @@ class HybridRequest:
         }
         if self.pairs is not None:
             return [self.score(texts[query], texts[text]) for query, text in self.pairs]
-        vocabulary = _vocabulary(self.model) if self.return_tokens else None
+        vocabulary = vocabulary_of(self.model) if self.return_tokens else None
         if not self.several:
             return [texts[text].answer(self.outputs[0], vocabulary) for text in self.texts]
         return [{name: texts[text].answer(name, vocabulary) for name in self.outputs} for text in self.texts]
@@ -156,9 +157,3 @@ def _pair(index: int, item: Any) -> tuple[str, str]:
     if isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(text, str) for text in item):
         return item[0], item[1]
     raise BadParameter(f"input {index}: a hybrid model scores (query, text) pairs or encodes texts; send one kind")
-
-
-def _vocabulary(model: Mapping[str, Any]) -> dict[int, str]:
-    tokenizer = model.get("tokenizer")
-    vocabulary = tokenizer.get_vocab() if tokenizer is not None else {}
-    return {index: token for token, index in vocabulary.items()}

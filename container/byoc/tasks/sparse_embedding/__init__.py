@@ -167,7 +167,7 @@ class SparseEmbedding(Embedding):
         self, scores: list[np.ndarray], id2label: Mapping[int, str], parameters: Mapping[str, Any], model: Mapping
     ) -> list[Any]:
         """Each text's active terms, `{"index", "value"}` in vocabulary order (`"token"` too with return_tokens)."""
-        vocabulary = _vocabulary(model) if parameters.get("return_tokens") else None
+        vocabulary = vocabulary_of(model) if parameters.get("return_tokens") else None
         out = []
         for row in scores:
             terms: list[dict[str, Any]] = []
@@ -212,7 +212,7 @@ class StaticQueries:
         return self.task.answer(self.rows, {}, self.parameters, self.model)
 
 
-def _vocabulary(model: Mapping) -> dict[int, str]:
+def vocabulary_of(model: Mapping) -> dict[int, str]:
     """Each term's token: the loaded model's tokenizer (a `tokenizers.Tokenizer` or a transformers one)."""
     tokenizer = model.get("tokenizer")
     vocabulary = tokenizer.get_vocab() if tokenizer is not None else {}
