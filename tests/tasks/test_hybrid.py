@@ -19,6 +19,8 @@ from byoc.serving.settings import InferenceSettings
 from byoc.serving.user_code import default_handlers
 from byoc.tasks.hybrid import COLBERT, SPARSE
 
+pytestmark = pytest.mark.cpu  # answers compared with BGEM3FlagModel's on the CPU at fp32's tolerances
+
 TEXTS = ["A man is playing a guitar.", "the weather, is lovely today!", "word " * 80, "", "a man plays music"]
 LENGTH = 64  # the folder's max_seq_length (sentence_bert_config.json): the third text is cut there
 PAIRS = [(TEXTS[0], TEXTS[4]), (TEXTS[0], TEXTS[1]), (TEXTS[4], TEXTS[4]), (TEXTS[1], TEXTS[2])]

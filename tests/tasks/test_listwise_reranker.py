@@ -16,6 +16,8 @@ from byoc.tasks.base import IGNORE_LABEL, BadParameter
 from byoc.training import entry
 from helpers import build_tiny_bert, own_inference, topic_rows, write_jsonl
 
+pytestmark = pytest.mark.cpu  # losses and scores compared with sentence-transformers' on the CPU
+
 LISTWISE = tasks.get(tasks.LISTWISE_RERANKER)
 QUICK = {"max_steps": "6", "logging_steps": "2", "per_device_train_batch_size": "4", "task": "listwise_reranker"}
 QUICK["device"] = "cpu"  # the served scores compared with CrossEncoder.predict's on the CPU

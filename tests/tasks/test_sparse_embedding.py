@@ -19,6 +19,8 @@ from byoc.serving.user_code import default_handlers
 from byoc.tasks.sparse_embedding import splade_settings
 from helpers import build_tiny_mlm
 
+pytestmark = pytest.mark.cpu  # terms compared with SparseEncoder's on the CPU at fp32's tolerances
+
 TEXTS = ["A man is playing a guitar.", "the weather is lovely today", "word " * 200]
 QUERIES = ["a man plays the guitar", "lovely weather, lovely day", "", "word " * 300]
 
