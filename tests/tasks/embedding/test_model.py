@@ -421,33 +421,43 @@ def test_matryoshka_dims_for_a_task_without_it_fails_at_start_naming_who_takes_i
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
 
-def test_the_cached_loss_gives_the_uncached_losss_gradients(tiny_model_dir):
+def gradients_of(tiny_model_dir, rows, matryoshka: tuple[int, ...] = (), mini_batch_size: int | None = None):
+    """(loss, each weight's gradient) of one training step over `rows`, built as a job builds the model."""
+    model = embedding.build(str(tiny_model_dir), False, 32, model_kwargs={}, config_kwargs=NO_DROPOUT)
+    if matryoshka:
+        embedding.train_leading_dimensions(model, list(matryoshka))
+    if mini_batch_size:
+        embedding.cache_negatives(model, mini_batch_size)
+    model.train()
+    tokenizer = model.model.tokenizer
+    batch = {}
+    for prefix, column in (("", "anchor"), ("pair_", "positive"), ("negative_", "negative")):
+        encoded = tokenizer([r[column] for r in rows], padding=True, return_tensors="pt")
+        batch.update({prefix + key: value for key, value in encoded.items()})
+    loss = model(**batch, labels=torch.full((len(rows),), float("nan")))["loss"]
+    loss.backward()
+    return loss.item(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("matryoshka", [(), (32, 16, 8)], ids=["plain", "matryoshka"])
+def test_the_cached_loss_gives_the_uncached_losss_gradients(tiny_model_dir, matryoshka):
     """GradCache: the batch of 8 rows embedded 3 rows at a time, the loss's gradients at the vectors replayed a
-    mini-batch at a time, end in the gradients of the uncached loss over the whole batch."""
+    mini-batch at a time, end in the gradients of the uncached loss over the whole batch; with matryoshka_dims,
+    of the uncached loss summed over each size's leading dimensions."""
     rows = topic_rows(8, negatives=True)
-    models = []
-    for cached in (False, True):
-        model = embedding.build(str(tiny_model_dir), False, 32, model_kwargs={}, config_kwargs=NO_DROPOUT)
-        if cached:
-            embedding.cache_negatives(model, 3)
-        model.train()
-        tokenizer = model.model.tokenizer
-        batch = {}
-        for prefix, column in (("", "anchor"), ("pair_", "positive"), ("negative_", "negative")):
-            encoded = tokenizer([r[column] for r in rows], padding=True, return_tensors="pt")
-            batch.update({prefix + key: value for key, value in encoded.items()})
-        loss = model(**batch, labels=torch.full((8,), float("nan")))["loss"]
-        loss.backward()
-        models.append((loss.item(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
-    (plain_loss, plain), (cached_loss, cached) = models
+    plain_loss, plain = gradients_of(tiny_model_dir, rows, matryoshka)
+    cached_loss, cached = gradients_of(tiny_model_dir, rows, matryoshka, mini_batch_size=3)
     assert cached_loss == pytest.approx(plain_loss, rel=1e-5)
     assert plain.keys() == cached.keys() and plain
     for name, grad in plain.items():
         torch.testing.assert_close(cached[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    if matryoshka:  # the sizes count: the sum is not the full vectors' loss alone
+        assert plain_loss != pytest.approx(gradients_of(tiny_model_dir, rows)[0], rel=1e-3)
 
 
-def test_a_job_with_cached_negatives_trains_and_evaluates(job, tiny_model_dir, caplog):
-    job.hyperparameters({**QUICK, "per_device_train_batch_size": "16", "mini_batch_size": "4"})
+@pytest.mark.parametrize("extra", [{}, {"matryoshka_dims": "32,16"}], ids=["plain", "matryoshka"])
+def test_a_job_with_cached_negatives_trains_and_evaluates(job, tiny_model_dir, caplog, extra):
+    job.hyperparameters({**QUICK, "per_device_train_batch_size": "16", "mini_batch_size": "4", **extra})
     job.model_channel(tiny_model_dir)
     write_jsonl(job.channel("train") / "train.jsonl", topic_rows(48))
     write_jsonl(job.channel("validation") / "dev.jsonl", topic_rows(16, seed=1))
@@ -455,15 +465,16 @@ def test_a_job_with_cached_negatives_trains_and_evaluates(job, tiny_model_dir, c
         assert entry.train() == 0, job.failure
     assert any(r.getMessage().startswith("cached in-batch negatives: 4 rows a pass") for r in caplog.records)
     assert 0 <= job.metrics["eval_mrr_at_10"] <= 1 and job.metrics["hyperparameters"]["mini_batch_size"] == 4
+    if extra:
+        assert any(r.getMessage().startswith("Matryoshka: the loss over the leading 32, 16") for r in caplog.records)
 
 
 @pytest.mark.parametrize(
     "hyperparameters, message",
     [
         ({"task": "embedding"}, "these are scored pairs, trained with CoSENT: drop mini_batch_size"),
-        ({"matryoshka_dims": "16,8"}, "mini_batch_size and matryoshka_dims are not combined yet"),
     ],
-    ids=["scored-pairs", "matryoshka"],
+    ids=["scored-pairs"],
 )
 def test_cached_negatives_where_they_do_not_apply_fail_at_start(job, tiny_model_dir, hyperparameters, message):
     job.hyperparameters({**QUICK, "mini_batch_size": "4", **hyperparameters})

@@ -191,12 +191,15 @@ def cache_negatives(model: EmbeddingModel, mini_batch_size: int) -> None:
             "mini_batch_size caches the gradients of in-batch negatives ((anchor, positive) rows); these are scored "
             "pairs, trained with CoSENT: drop mini_batch_size"
         )
-    if model.matryoshka_dims:
-        raise BadParameter("mini_batch_size and matryoshka_dims are not combined yet: drop one of them")
     losses = compat.sentence_transformers_api()[3]
     cached = losses.CachedMultipleNegativesRankingLoss(
         model.model, similarity_fct=compat.cos_sim, mini_batch_size=mini_batch_size
     )
+    if model.matryoshka_dims:
+        # sentence-transformers' own combination: MatryoshkaLoss decorates the cached loss's loss-from-vectors
+        # step, so each size's loss (leading dimensions, normalized, weight 1) is taken on the cached vectors and
+        # its gradients flow back through the one replay: the uncached Matryoshka sum's gradients.
+        cached = losses.MatryoshkaLoss(model.model, cached, matryoshka_dims=list(model.matryoshka_dims))
     model.__dict__["cached"] = cached  # (outside the module tree, as the objective)
     model.mini_batch_size = mini_batch_size
     logger.info("cached in-batch negatives: %d rows a pass, gradients cached (GradCache)", mini_batch_size)
