@@ -254,6 +254,18 @@ def retrieval_evaluator(kind: str) -> Any:
     return InformationRetrievalEvaluator
 
 
+def inference_free_api() -> Any:
+    """sentence-transformers' `(Router, SparseStaticEmbedding)`, an inference-free sparse model's modules: 6.x
+    keeps the Router in `base.modules` and the table in `sparse_encoder.modules`, 5.x in `models` for both."""
+    try:
+        from sentence_transformers.base.modules import Router
+        from sentence_transformers.sparse_encoder.modules import SparseStaticEmbedding
+    except ImportError:
+        from sentence_transformers.models import Router  # type: ignore[no-redef]
+        from sentence_transformers.sparse_encoder.models import SparseStaticEmbedding  # type: ignore[no-redef]
+    return Router, SparseStaticEmbedding
+
+
 def mlm_module(path: str, max_seq_length: int, model: dict[str, Any], config: dict[str, Any]) -> Any:
     """A SparseEncoder's masked-language-model module: 6.x's `Transformer(transformer_task="fill-mask")` (its
     `MLMTransformer` is deprecated and warns), 5.x's `MLMTransformer` (`model_args`/`config_args`)."""

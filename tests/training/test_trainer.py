@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from byoc.training.hyperparameters import parse_hyperparameters
-from byoc.training.model import ModelError, freeze_bottom
+from byoc.training.model import ModelError, freeze_bottom, own_learning_rates
 from byoc.training.samplers import LengthBucketSampler, length_order
 
 
@@ -75,6 +75,25 @@ def test_freezing(tiny_model_dir):
     )
     with pytest.raises(ModelError, match="at most 1"):
         freeze_bottom(model, embeddings=True, layers=2)
+
+
+def test_weights_with_a_learning_rate_of_their_own_get_groups_of_their_own_keeping_their_decay():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    model.learning_rates = {"1.weight": 1e-3}
+    decayed, plain = [model[0].weight, model[1].weight], [model[0].bias, model[1].bias]
+    optimizer = torch.optim.AdamW(
+        [{"params": decayed, "weight_decay": 0.01}, {"params": plain, "weight_decay": 0.0}], lr=5e-5
+    )
+    own_learning_rates(optimizer, model)
+    groups = [([id(w) for w in g["params"]], g["lr"], g["weight_decay"]) for g in optimizer.param_groups]
+    assert groups == [
+        ([id(model[0].weight)], 5e-5, 0.01),
+        ([id(model[0].bias), id(model[1].bias)], 5e-5, 0.0),
+        ([id(model[1].weight)], 1e-3, 0.01),
+    ]
+    model.learning_rates = {}
+    own_learning_rates(optimizer, model)  # (none: nothing moves)
+    assert len(optimizer.param_groups) == 3
 
 
 def test_cpu_jobs_tell_the_trainer_they_are_cpu_ones():

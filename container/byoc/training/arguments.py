@@ -148,6 +148,7 @@ class TrainArguments:
     num_negatives: int = _hp(1, "Mined negatives: how many a row (rerankers: several; the others: 1).", bound=COUNT)
     matryoshka_dims: str = _hp("", "Embedding models: also train these leading dimensions alone (768,256,64).")
     mini_batch_size: int | None = _hp(None, "In-batch negatives: embed N rows a pass, gradients cached.", bound=COUNT)
+    inference_free: bool = _hp(False, "Sparse models: queries weighed by a trained table, no model run at query time.")
     listwise_loss: str | None = _hp(
         None, "Listwise rerankers: lambdaloss (default) or listnet.", (), ("lambdaloss", "listnet")
     )

@@ -90,7 +90,7 @@ def _model_folder(path: Path, cache_dir: Path) -> Path:
     """A folder with config.json: the path itself, a model.tar.gz in it (unpacked), or one subfolder."""
     if path.is_file() and path.name.endswith((".tar.gz", ".tgz", ".tar")):
         return _unpack(path, cache_dir)
-    if (path / "config.json").exists():
+    if (path / "config.json").exists() or model_folder.router_routes(path):  # (a Router's transformer: inside)
         return path
     archives = sorted(path.glob("*.tar.gz")) + sorted(path.glob("*.tgz"))
     if len(archives) == 1:
@@ -112,18 +112,18 @@ def _unpack(archive: Path, cache_dir: Path) -> Path:
     target = (
         cache_dir / "models" / hashlib.sha256(f"{archive.resolve()}:{archive.stat().st_size}".encode()).hexdigest()[:16]
     )
-    if not (target / "config.json").exists():
+    if not (target / "config.json").exists() and not model_folder.router_routes(target):  # (unpacked before)
         target.mkdir(parents=True, exist_ok=True)
         logger.info("unpacking %s into %s", archive, target)
         try:
             extract_archive(archive, target)
         except (tarfile.TarError, OSError, UnsafeArchive) as err:
             raise ModelError(f"cannot unpack the model archive {archive.name}: {err}") from None
-    return _model_folder(target, cache_dir) if not (target / "config.json").exists() else target
+    return _model_folder(target, cache_dir)
 
 
 def load_tokenizer(source: ModelSource, args: TrainArguments) -> PreTrainedTokenizerBase:
-    name = args.tokenizer_name_or_path or source.path
+    name = args.tokenizer_name_or_path or str(model_folder.weights_dir(Path(source.path)))
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
     except Exception as err:  # transformers raises OSError, ValueError, KeyError... depending on what is missing
@@ -132,7 +132,9 @@ def load_tokenizer(source: ModelSource, args: TrainArguments) -> PreTrainedToken
     # fails on long texts); cap it, and the saved artifact carries the cap to inference.
     try:
         positions = getattr(
-            AutoConfig.from_pretrained(source.path, trust_remote_code=args.trust_remote_code),
+            AutoConfig.from_pretrained(
+                model_folder.weights_dir(Path(source.path)), trust_remote_code=args.trust_remote_code
+            ),
             "max_position_embeddings",
             None,
         )
@@ -165,7 +167,9 @@ def load_model(
     cuts every step's graph in two (one more compilation per bucket)."""
     overrides: dict[str, Any] = {}
     try:
-        config = AutoConfig.from_pretrained(source.path, trust_remote_code=args.trust_remote_code)
+        config = AutoConfig.from_pretrained(
+            model_folder.weights_dir(Path(source.path)), trust_remote_code=args.trust_remote_code
+        )
     except Exception as err:
         raise ModelError(f"cannot read the model config from {source.path} ({source.origin}): {brief(err)}") from None
     if args.dropout is not None:
@@ -221,6 +225,7 @@ def recipe_settings(args: TrainArguments, kind: tasks.Task, use_xla: bool = Fals
         "matryoshka_dims": matryoshka_sizes(args),
         "mini_batch_size": args.mini_batch_size,
         "listwise_loss": args.listwise_loss,
+        "inference_free": args.inference_free,
     }
     given = {name: value for name, value in asked.items() if value}
     for name in given:
@@ -236,6 +241,25 @@ def recipe_settings(args: TrainArguments, kind: tasks.Task, use_xla: bool = Fals
             f"{'on XLA' if use_xla else f'in {distributed.world_size()} processes'}: drop it, or train on one device"
         )
     return given
+
+
+def own_learning_rates(optimizer: torch.optim.Optimizer, model: torch.nn.Module | None) -> None:
+    """Move the weights a model trains at a rate of their own (its `learning_rates`: name -> rate; an
+    inference-free sparse model's query table) into groups of their own, each keeping its group's other
+    settings (weight decay): the scheduler then warms up and decays each rate alike."""
+    rates: dict[str, float] = getattr(model, "learning_rates", None) or {}
+    if model is None or not rates:
+        return
+    names = {id(weight): name for name, weight in model.named_parameters()}
+    for group in list(optimizer.param_groups):
+        moved = [weight for weight in group["params"] if names.get(id(weight)) in rates]
+        if not moved:
+            continue
+        group["params"] = [weight for weight in group["params"] if names.get(id(weight)) not in rates]
+        for weight in moved:
+            settings = {key: value for key, value in group.items() if key != "params"}
+            optimizer.add_param_group({**settings, "params": [weight], "lr": rates[names[id(weight)]]})
+    optimizer.param_groups[:] = [group for group in optimizer.param_groups if group["params"]]
 
 
 def parameter_millions(model: torch.nn.Module) -> tuple[float, float]:

@@ -33,6 +33,7 @@ from byoc.training.checkpoints import EvaluationStopped, mark_complete, rotate
 from byoc.training.compiled_steps import CompileReport, compile_arguments, static_graphs_per_bucket
 from byoc.training.divergence import DivergenceGuard
 from byoc.training.metrics import ProgressCallback, TaskMetrics
+from byoc.training.model import own_learning_rates
 from byoc.training.precision import Precision
 from byoc.training.samplers import FixedShapeSampler, LengthBucketSampler, length_order
 
@@ -148,6 +149,7 @@ class TaskTrainer(Trainer):
 
     def create_optimizer(self, *args, **kwargs):
         optimizer = super().create_optimizer(*args, **kwargs)
+        own_learning_rates(optimizer, self.model)
         if self.use_xla and "weight_decay" in optimizer.defaults:
             xla.decay_with_device_tensors(optimizer)
         return optimizer

@@ -30,6 +30,8 @@ from byoc.tasks.base import IGNORE_LABEL, BadParameter
 
 logger = logging.getLogger(__name__)
 
+QUERY, DOCUMENT = "query", "document"  # the sides of a row (a Router's routes, where the model has one)
+
 
 class EmbeddingModel(torch.nn.Module):
     """A SentenceTransformer and its training loss: token columns (and scores) in, the loss and each row's
@@ -38,10 +40,11 @@ class EmbeddingModel(torch.nn.Module):
     def __init__(self, model: Any, scored: bool, world_size: int = 1) -> None:
         super().__init__()
         self.model = model  # the SentenceTransformer
-        self.config = model[0].auto_model.config  # what byoc's steps read of a transformers model
+        self.config = transformer_of(model).auto_model.config  # what byoc's steps read of a transformers model
         self.scored = scored
         self.matryoshka_dims: tuple[int, ...] = ()  # leading dimensions also trained alone (train_leading_dimensions)
         self.mini_batch_size: int | None = None  # training's in-batch negatives embedded this many rows a pass (cache)
+        self.learning_rates: dict[str, float] = {}  # weights (by name) trained at a rate of their own (the trainer's)
         # Held outside the module tree: the loss keeps a reference to the model, which would put every
         # weight in the state dict twice (and safetensors refuses tensors that share memory).
         self.__dict__["objective"] = self.make_objective(model, scored, world_size)
@@ -80,11 +83,17 @@ class EmbeddingModel(torch.nn.Module):
         )
         if self.mini_batch_size and self.training and labels is not None:
             return {"loss": self.cached_loss(groups, labels)}
-        vectors = [self.embed(ids, mask, types) for ids, mask, types in groups if ids is not None and mask is not None]
+        vectors = [
+            self.embed(ids, mask, types, QUERY if side == 0 else DOCUMENT)
+            for side, (ids, mask, types) in enumerate(groups)
+            if ids is not None and mask is not None
+        ]
         loss = self.loss(vectors, labels) if labels is not None and len(vectors) > 1 else None
         return {"loss": loss, "logits": torch.cat(vectors[:2], dim=-1)}
 
-    def embed(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
+    def embed(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor | None, side: str) -> torch.Tensor:
+        """A group's vectors; `side`: the row's anchor is a query (QUERY), its other texts documents (for models
+        that encode the two apart: byoc.tasks.sparse_embedding.model)."""
         return self.model(features_of(ids, mask, types))["sentence_embedding"]
 
     def cached_loss(self, groups: Any, labels: torch.Tensor) -> torch.Tensor:
@@ -163,7 +172,7 @@ def build(
         origin = "mean pooling added (a plain encoder)"
     model.max_seq_length = max_length
     # The encoder's pooler (BERT's) feeds no embedding: frozen, so that DDP finds every trained weight used.
-    for name, weight in model[0].auto_model.named_parameters():
+    for name, weight in transformer_of(model).auto_model.named_parameters():
         if name.startswith("pooler."):
             weight.requires_grad_(False)
     logger.info(
@@ -173,6 +182,13 @@ def build(
         "CoSENT (scored pairs)" if scored else "multiple-negatives ranking (in-batch negatives)",
     )
     return EmbeddingModel(model, scored, world_size)
+
+
+def transformer_of(model: Any) -> Any:
+    """The sentence-transformers module holding the transformer: the first module, or, where that is a Router
+    (an inference-free sparse model), its document route's first."""
+    routes = getattr(model[0], "sub_modules", None)
+    return routes[DOCUMENT][0] if routes is not None else model[0]
 
 
 def features_of(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -235,7 +251,7 @@ def check_module_code(folder: Path, trust_remote_code: bool) -> None:
 
 def encoder_of(model: EmbeddingModel) -> Any:
     """The transformers model inside (what freezing and dropout settings apply to)."""
-    return model.model[0].auto_model
+    return transformer_of(model.model).auto_model
 
 
 def mine_negatives(

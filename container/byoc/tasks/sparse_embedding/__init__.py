@@ -38,7 +38,7 @@ class SparseEmbedding(Embedding):
     metrics = (*Embedding.metrics, "active_dims")
     ranks_corpus = "sparse"
     mined_by = None  # (its own: sentence-transformers' miner takes dense models, so mine_negatives refuses)
-    recipe_settings = ()  # (no Matryoshka: a sparse vector's dimensions are the vocabulary's terms)
+    recipe_settings = ("inference_free",)  # (no Matryoshka: a sparse vector's dimensions are the vocabulary's terms)
 
     def head(self, num_labels: int) -> str:
         return "sparse embeddings, " + ("scored pairs" if num_labels else "(anchor, positive) rows")
@@ -70,6 +70,13 @@ class SparseEmbedding(Embedding):
         from byoc.tasks.sparse_embedding.model import encoder_of  # (as training_model)
 
         return encoder_of(model)
+
+    def apply_recipe(self, model: Any, settings: Mapping[str, Any]) -> None:
+        """`inference_free`: queries weighed by a table, documents by the model (byoc.tasks.sparse_embedding.model)."""
+        from byoc.tasks.sparse_embedding.model import make_inference_free  # (as training_model)
+
+        if settings.get("inference_free"):
+            make_inference_free(model)
 
     def evaluate(
         self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray

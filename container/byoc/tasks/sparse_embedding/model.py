@@ -15,12 +15,16 @@ from typing import Any
 import torch
 
 from byoc import compat, sentence_folder
-from byoc.tasks.embedding.model import EmbeddingModel, check_module_code
+from byoc.tasks.embedding.model import QUERY, EmbeddingModel, check_module_code, transformer_of
 
 logger = logging.getLogger(__name__)
 
 DOCUMENT_WEIGHT = 3e-5  # SpladeLoss's regulariser weights in sentence-transformers' SPLADE examples
 QUERY_WEIGHT = 5e-5
+# Its inference-free example's: no FLOPS on the queries (a table lookup costs nothing to search with), a
+# stronger one on the documents, and the table learning at 1e-3 (the transformer: the job's learning_rate).
+FREE_DOCUMENT_WEIGHT = 3e-3
+TABLE_LEARNING_RATE = 1e-3
 
 
 class SparseModel(EmbeddingModel):
@@ -29,14 +33,34 @@ class SparseModel(EmbeddingModel):
 
     def make_objective(self, model: Any, scored: bool, world_size: int) -> Any:
         losses = compat.sparse_encoder_api()[3]
+        self.world_size = world_size  # (make_inference_free makes the objective again)
         ranking = (
             losses.SparseCoSENTLoss(model)
             if scored
             else losses.SparseMultipleNegativesRankingLoss(model, gather_across_devices=world_size > 1)
         )
+        if static_table(model) is not None:
+            return losses.SpladeLoss(
+                model, ranking, document_regularizer_weight=FREE_DOCUMENT_WEIGHT, query_regularizer_weight=0
+            )
         return losses.SpladeLoss(
             model, ranking, document_regularizer_weight=DOCUMENT_WEIGHT, query_regularizer_weight=QUERY_WEIGHT
         )
+
+    def embed(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor | None, side: str) -> torch.Tensor:
+        """An inference-free model's queries go through its table, the rest through the transformer. The table
+        sees a query's tokens without the special ones, as sentence-transformers tokenizes a query for it and
+        as byoc serves one: the rows were tokenized with them, which the mask now leaves out."""
+        table = static_table(self.model)
+        if table is None:
+            return super().embed(ids, mask, types, side)
+        features: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "task": side}
+        if side == QUERY:
+            special = torch.tensor(table.tokenizer.all_special_ids, device=ids.device)
+            features["attention_mask"] = mask * ~torch.isin(ids, special)
+        elif types is not None:
+            features["token_type_ids"] = types
+        return self.model(features)["sentence_embedding"]
 
     def objective_loss(self, vectors: list[torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
         """SpladeLoss's sum from the vectors already computed: the ranking loss, the FLOPS regulariser of the
@@ -45,7 +69,7 @@ class SparseModel(EmbeddingModel):
         loss = splade.loss.compute_loss_from_embeddings(vectors, labels)
         documents = splade.document_regularizer.compute_loss_from_embeddings(torch.cat(vectors[1:]))
         loss = loss + documents * splade.document_regularizer_weight
-        if splade.query_regularizer_weight is not None:
+        if splade.query_regularizer_weight:  # (0: an inference-free model's)
             queries = splade.query_regularizer.compute_loss_from_embeddings(vectors[0])
             loss = loss + queries * splade.query_regularizer_weight
         return loss
@@ -83,15 +107,56 @@ def build(
     logger.info(
         "sparse embedding model: %s; %d terms; loss: SPLADE (%s, FLOPS regularisers)",
         origin,
-        model[0].auto_model.config.vocab_size,
+        transformer_of(model).auto_model.config.vocab_size,
         "sparse CoSENT: scored pairs" if scored else "sparse multiple-negatives ranking: in-batch negatives",
     )
-    return SparseModel(model, scored, world_size)
+    sparse = SparseModel(model, scored, world_size)
+    if static_table(model) is not None:
+        make_inference_free(sparse)  # (already one: its table's learning rate)
+    return sparse
 
 
 def encoder_of(model: SparseModel) -> Any:
     """The masked language model inside (what freezing and dropout settings apply to)."""
-    return model.model[0].auto_model
+    return transformer_of(model.model).auto_model
+
+
+def static_table(model: Any) -> Any:
+    """An inference-free model's query table (its Router's query route: a SparseStaticEmbedding); else None."""
+    routes = getattr(model[0], "sub_modules", None)
+    return routes[QUERY][0] if routes is not None and QUERY in routes else None
+
+
+def make_inference_free(model: SparseModel) -> None:
+    """`inference_free=true`: the SPLADE model becomes sentence-transformers' inference-free kind, a Router
+    whose document route is the masked language model and its pooling and whose query route is a table of a
+    weight per term (SparseStaticEmbedding, every weight 1 to start), trained beside it at TABLE_LEARNING_RATE.
+    A folder that is one already (a Router) is left as it is."""
+    SparseEncoder = compat.sparse_encoder_api()[0]
+    Router, SparseStaticEmbedding = compat.inference_free_api()
+    if static_table(model.model) is None:
+        documents = list(model.model)
+        table = SparseStaticEmbedding(tokenizer=documents[0].tokenizer, frozen=False)
+        router = Router.for_query_document(query_modules=[table], document_modules=documents)
+        encoder = SparseEncoder(modules=[router], similarity_fn_name="dot", device="cpu")
+        encoder.max_seq_length = model.model.max_seq_length
+        model.model = encoder
+        model.__dict__["objective"] = model.make_objective(encoder, model.scored, model.world_size)
+    table = static_table(model.model)
+    model.learning_rates = {f"model.{name}": TABLE_LEARNING_RATE for name, _ in named_in(model.model, table)}
+    logger.info(
+        "inference-free: queries weighed by a table of %d terms (learning rate %g), documents by the model; "
+        "FLOPS regulariser on the documents only (weight %g)",
+        table.weight.numel(),
+        TABLE_LEARNING_RATE,
+        FREE_DOCUMENT_WEIGHT,
+    )
+
+
+def named_in(model: torch.nn.Module, part: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """`part`'s parameters as `model` names them."""
+    own = {id(weight) for weight in part.parameters()}
+    return [(name, weight) for name, weight in model.named_parameters() if id(weight) in own]
 
 
 def _is_sparse_folder(path: Path) -> bool:
