@@ -144,10 +144,17 @@ class SparseEmbedding(Embedding):
                 self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **rest: torch.Tensor
             ) -> torch.Tensor:
                 logits = self.model(input_ids=input_ids, attention_mask=attention_mask, **rest).logits
-                weights = torch.log1p(torch.relu(logits * attention_mask.unsqueeze(-1).to(logits.dtype)))
-                if settings["activation"] == "log1p_relu":
-                    weights = torch.log1p(weights)
-                return weights.amax(dim=1) if settings["pooling"] == "max" else weights.sum(dim=1)
+                if settings["pooling"] == "max":
+                    # log(1 + ReLU) never decreases, so the max of the activations is the activation of the
+                    # max: the largest real token's logit a term, then the activation on (batch, terms) alone;
+                    # two passes over the (batch, length, terms) logits where the activation first takes five.
+                    padding = (attention_mask == 0).unsqueeze(-1)
+                    return activation(logits.masked_fill(padding, float("-inf")).amax(dim=1))
+                return activation(logits * attention_mask.unsqueeze(-1).to(logits.dtype)).sum(dim=1)
+
+        def activation(logits: torch.Tensor) -> torch.Tensor:
+            weights = torch.log1p(torch.relu(logits))
+            return torch.log1p(weights) if settings["activation"] == "log1p_relu" else weights
 
         return Splade().eval()
 
