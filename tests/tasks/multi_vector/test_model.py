@@ -165,3 +165,60 @@ def test_a_sentence_transformers_without_multi_vector_models_is_named_in_the_ref
     monkeypatch.delattr(sentence_transformers, "MultiVectorEncoder", raising=False)
     with pytest.raises(BadParameter, match=f"6.2 or newer .* has {sentence_transformers.__version__}"):
         model.build(str(tiny_model_dir), False, 32, {}, {})
+
+
+# --- cached in-batch negatives (mini_batch_size) ----------------------------------------------------------
+
+NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+
+
+def multi_vector_gradients(tiny_model_dir: Path, mini_batch_size: int | None) -> tuple[float, dict]:
+    """(loss, each weight's gradient) of one training step over 8 (query, positive, negative) rows."""
+    import torch
+
+    from byoc.tasks.multi_vector import model as multi_vector
+
+    api()
+    torch.manual_seed(0)  # (the projection a plain encoder gets is drawn)
+    model = multi_vector.build(str(tiny_model_dir), False, 32, {}, NO_DROPOUT)
+    if mini_batch_size:
+        multi_vector.cache_negatives(model, mini_batch_size)
+        assert type(model.__dict__["objective"]).__name__ == "CachedMultiVectorMultipleNegativesRankingLoss"
+    model.train()
+    rows = topic_rows(8, negatives=True)
+    tokenizer = model.model.tokenizer
+    batch = {}
+    for prefix, column in (("", "anchor"), ("pair_", "positive"), ("negative_", "negative")):
+        encoded = tokenizer([r[column] for r in rows], padding=True, return_tensors="pt")
+        batch.update({prefix + key: value for key, value in encoded.items()})
+    loss = model(**batch, labels=torch.zeros(8))["loss"]
+    loss.backward()
+    return loss.item(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_the_cached_multi_vector_loss_gives_the_uncached_losss_gradients(tiny_model_dir):
+    """sentence-transformers' GradCache for MaxSim: 8 rows embedded 3 at a time, replayed in the backward pass,
+    end in the uncached loss's gradients."""
+    import torch
+
+    plain_loss, plain = multi_vector_gradients(tiny_model_dir, None)
+    cached_loss, cached = multi_vector_gradients(tiny_model_dir, 3)
+    assert cached_loss == pytest.approx(plain_loss, rel=1e-5)
+    assert plain.keys() == cached.keys() and plain
+    for name, grad in plain.items():
+        torch.testing.assert_close(cached[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_multi_vector_job_with_cached_negatives_trains_and_evaluates(job, tiny_model_dir, caplog):
+    api()
+    job.hyperparameters({**QUICK, "per_device_train_batch_size": "16", "mini_batch_size": "4"})
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(48, negatives=True))
+    write_jsonl(job.channel("validation") / "dev.jsonl", topic_rows(16, seed=1, negatives=True))
+    with caplog.at_level("INFO"):
+        assert entry.train() == 0, job.failure
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(
+        m.startswith("cached in-batch negatives: 4 rows a pass, gradients cached (GradCache, MaxSim)") for m in messages
+    )
+    assert 0 <= job.metrics["eval_mrr_at_10"] <= 1 and job.metrics["hyperparameters"]["mini_batch_size"] == 4

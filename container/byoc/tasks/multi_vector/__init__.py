@@ -52,7 +52,7 @@ class MultiVector(Embedding):
         "mrr_at_10": "each eval row's query ranks every row's document by MaxSim; its own is the relevant one"
     }
     mined_by = EMBEDDING  # a dense model mines (sentence-transformers' miner takes one): the bundled one, or `miner`
-    recipe_settings = ()  # (no Matryoshka, no cached loss: sentence-transformers' multi-vector ones are not wired)
+    recipe_settings = ("mini_batch_size",)  # (no Matryoshka: sentence-transformers has none for token vectors)
     ranks_corpus: str | None = "maxsim"  # a BEIR set: MultiVectorInformationRetrievalEvaluator (MaxSim)
     loss_runs_model = True  # sentence-transformers' multi-vector loss embeds the query and document columns
 
@@ -91,6 +91,13 @@ class MultiVector(Embedding):
             trust_remote_code=trust_remote_code,
             world_size=world_size,
         )
+
+    def apply_recipe(self, model: Any, settings: Mapping[str, Any]) -> None:
+        """`mini_batch_size`: the cached multi-vector loss (byoc.tasks.multi_vector.model)."""
+        from byoc.tasks.multi_vector.model import cache_negatives  # (as training_model)
+
+        if settings.get("mini_batch_size"):
+            cache_negatives(model, settings["mini_batch_size"])
 
     def collator(self, tokenizer: Any, pad_to_multiple_of: int | None) -> Any:
         return rows.RowCollator(tokenizer, pad_to_multiple_of)

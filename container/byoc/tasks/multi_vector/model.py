@@ -82,6 +82,19 @@ class MultiVectorModel(EmbeddingModel):
         return tokens.reshape(tokens.shape[0], -1)
 
 
+def cache_negatives(model: MultiVectorModel, mini_batch_size: int) -> None:
+    """`mini_batch_size`: sentence-transformers' cached multi-vector loss in place of the loss (GradCache: each
+    column embedded `mini_batch_size` rows at a time without gradients, the loss's gradients taken at the token
+    vectors, each mini-batch replayed with gradients in the backward pass): the uncached loss's gradients, any
+    batch in a mini-batch's memory. The loss runs the model either way, so nothing else changes."""
+    from sentence_transformers.multi_vector_encoder.losses import CachedMultiVectorMultipleNegativesRankingLoss
+
+    loss = CachedMultiVectorMultipleNegativesRankingLoss(model.model, mini_batch_size=mini_batch_size)
+    model.__dict__["objective"] = loss  # (outside the module tree, as the loss it replaces)
+    model.mini_batch_size = mini_batch_size
+    logger.info("cached in-batch negatives: %d rows a pass, gradients cached (GradCache, MaxSim)", mini_batch_size)
+
+
 def build(
     path: str,
     scored: bool,
