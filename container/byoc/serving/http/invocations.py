@@ -137,6 +137,11 @@ class Invocations:
         self.metrics.error("not_found")
         return response
 
+    async def answer(self, request: Request, body: bytes, server: ModelServer) -> Response:
+        """`body` (read already) answered by `server`: a client route's request, rewritten as /invocations reads
+        it (byoc.serving.http.client_routes), goes this way."""
+        return await self._answer(request, body, server)
+
     async def _answer(self, request: Request, body: bytes, server: ModelServer) -> Response:
         metrics = server.metrics
         request.scope[SCOPE_MODEL] = metrics.name  # the request's series are this model's

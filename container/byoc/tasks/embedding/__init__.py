@@ -34,6 +34,7 @@ TEXT_GROUPS = {"text": "", "text_pair": "pair_", "text_negative": "negative_"}
 
 class Embedding(Task):
     name = NAME
+    tei_routes: Mapping[str, Mapping[str, Any]] = {"embed": {}}
     aliases = ("embeddings", "sentence_embedding", "sentence_embeddings", "feature_extraction")
     described = "an embedding model"
     parameters: tuple[str, ...] = ("normalize", "dimensions", "prompt_name")

@@ -36,6 +36,11 @@ UNUSED_TOKENS = ("cls_token", "eos_token", "pad_token", "unk_token")
 
 class Hybrid(Task):
     name = NAME
+    tei_routes: Mapping[str, Mapping[str, Any]] = {
+        "embed": {"output": "dense"},
+        "embed_sparse": {"output": "sparse"},
+        "embed_all": {"output": "colbert"},
+    }
     aliases = ("bge_m3", "m3", "hybrid_embedding")
     described = "a hybrid (dense, sparse and multi-vector) model"
     parameters = ("output", "return_tokens", "weights", "normalize")

@@ -40,6 +40,7 @@ class MultiVector(Embedding):
     and its documents; served as MultiVectorEncoder encodes."""
 
     name = NAME
+    tei_routes: Mapping[str, Mapping[str, Any]] = {"embed_all": {}}  # (TEI's token vectors route)
     aliases = ("colbert", "multi_vector_embedding", "multivector", "late_interaction")
     described = "a multi-vector (ColBERT) model"
     parameters = ("prompt_name", "output")

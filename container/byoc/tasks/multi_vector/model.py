@@ -87,6 +87,7 @@ def cache_negatives(model: MultiVectorModel, mini_batch_size: int) -> None:
     column embedded `mini_batch_size` rows at a time without gradients, the loss's gradients taken at the token
     vectors, each mini-batch replayed with gradients in the backward pass): the uncached loss's gradients, any
     batch in a mini-batch's memory. The loss runs the model either way, so nothing else changes."""
+    # (6.2's, as make_objective's: imported when a job asks for it)
     from sentence_transformers.multi_vector_encoder.losses import CachedMultiVectorMultipleNegativesRankingLoss
 
     loss = CachedMultiVectorMultipleNegativesRankingLoss(model.model, mini_batch_size=mini_batch_size)

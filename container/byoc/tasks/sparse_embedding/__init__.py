@@ -30,6 +30,7 @@ class SparseEmbedding(Embedding):
     """Trained as the embedding model is (its rows, batches and metrics); served as TEI serves SPLADE."""
 
     name = NAME
+    tei_routes: Mapping[str, Mapping[str, Any]] = {"embed_sparse": {}}
     aliases = ("sparse", "splade", "sparse_embeddings", "sparse_encoder")
     described = "a sparse embedding model"
     parameters = ("return_tokens", "prompt_name")

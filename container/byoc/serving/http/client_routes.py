@@ -1,0 +1,94 @@
+"""The routes of clients off SageMaker (`docker run` on ECS, EKS or a laptop), on a single-model endpoint, beside
+`/invocations` and over the same path (byoc.serving.http.invocations: bounded bodies, slots, timeouts, batching
+with every other request, JSON errors): Text Embeddings Inference's (`/embed`, `/embed_sparse`, `/embed_all`,
+`/rerank`, `/predict`, `GET /info`, and `POST /`, where huggingface_hub's InferenceClient sends a URL model's
+requests: `/invocations` itself), OpenAI's (`/v1/embeddings`, `GET /v1/models`) and Cohere's and Jina's rerank
+(`/v1/rerank`, `/v2/rerank`). Each body is rewritten as the `/invocations` body asking the same, and a 200's
+answer reshaped as the client reads it (byoc.serving.protocol.clients).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from byoc.serving.execution.model_server import ModelServer
+from byoc.serving.http.invocations import Invocations, error
+from byoc.serving.protocol import clients
+from byoc.serving.protocol.request_errors import InputError
+from byoc.serving.settings import ServeSettings
+
+Rewriter = Callable[[Any, Any], clients.Rewrite]  # (the client's parsed body, the loaded model) -> the rewrite
+
+
+def routes(settings: ServeSettings, invocations: Invocations, server: ModelServer) -> list[Route]:
+    """The client routes of the one model `server` serves."""
+    model_id = settings.model_dir.name
+
+    def post(path: str, rewrite: Rewriter) -> Route:
+        async def handle(request: Request) -> Response:
+            return await invocations.handle_with(
+                request, lambda body, run: _rewritten(request, body, rewrite, invocations, server)
+            )
+
+        return Route(path, handle, methods=["POST"])
+
+    def get(path: str, answer: Callable[[], Any]) -> Route:
+        async def handle(request: Request) -> Response:
+            if not server.ready.is_set() or server.model is None:
+                return error(503, "the model is still loading; retry when /ping answers 200", {"Retry-After": "1"})
+            return JSONResponse(answer())
+
+        return Route(path, handle, methods=["GET"])
+
+    def tei(route: str) -> Rewriter:
+        return lambda payload, model: clients.tei(route, payload, model)
+
+    async def invoke(request: Request) -> Response:
+        return await invocations.handle(request, server)
+
+    return [
+        Route("/", invoke, methods=["POST"]),
+        *(post(f"/{route}", tei(route)) for route in clients.TEI_FIELDS),
+        post("/v1/embeddings", clients.openai_embeddings),
+        post("/v1/rerank", lambda payload, model: clients.cohere_rerank(1, payload)),
+        post("/v2/rerank", lambda payload, model: clients.cohere_rerank(2, payload)),
+        get("/info", lambda: clients.info(server.model, model_id, settings)),
+        get("/v1/models", lambda: clients.openai_models(model_id)),
+    ]
+
+
+async def _rewritten(
+    request: Request, body: bytes, rewrite: Rewriter, invocations: Invocations, server: ModelServer
+) -> Response:
+    """The client's request answered through `/invocations`' path, its 200 reshaped for the client."""
+    try:
+        payload = json.loads(body)
+        rewritten = rewrite(payload, server.model)
+    except json.JSONDecodeError as err:
+        invocations.metrics.error("bad_input")
+        return error(400, f"the body is not valid JSON: {err}")
+    except InputError as err:
+        invocations.metrics.error("bad_input")
+        return error(err.status, str(err))
+    response = await invocations.answer(request, json.dumps(rewritten.body).encode(), server)
+    if rewritten.reshape is None or response.status_code != 200:
+        return response
+    return JSONResponse(rewritten.reshape(json.loads(bytes(response.body))))
+
+
+def not_found(paths: Callable[[], list[str]]) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """The app's answer to a route it does not have (404) or a method a route does not take (405): JSON, as
+    every other error, naming the routes there are."""
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 404)
+        what = "route" if status == 404 else f"{request.method} on this route"
+        return error(status, f"no {what}: {request.method} {request.url.path}; the routes are {', '.join(paths())}")
+
+    return handle

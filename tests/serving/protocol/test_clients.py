@@ -1,0 +1,159 @@
+"""byoc.serving.protocol.clients: each client's request as the /invocations body asking the same, and its answer
+reshaped as the client reads it; a route a model does not answer is a 400 naming those it does."""
+
+from __future__ import annotations
+
+import pytest
+
+from byoc.serving.protocol import clients
+from byoc.serving.protocol.request_errors import InputError
+
+
+class Vocabulary:
+    """A tokenizer's decode, as the loaded model's `tokenizer` (tokenizers.Tokenizer) offers it."""
+
+    words = ["[PAD]", "[CLS]", "[SEP]", "hello", "world"]
+
+    def get_vocab_size(self) -> int:
+        return len(self.words)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return " ".join(self.words[i] for i in ids if not (skip_special_tokens and self.words[i].startswith("[")))
+
+
+EMBEDDER = {"task": "embedding", "tokenizer": Vocabulary()}
+CLASSIFIER = {"task": "single_label_classification", "id2label": {0: "sad", 1: "happy", 2: "calm"}}
+
+
+def test_tei_embed_asks_for_a_list_and_keeps_teis_fields_as_parameters():
+    rewrite = clients.tei("embed", {"inputs": "a text", "normalize": False, "dimensions": 8}, EMBEDDER)
+    assert rewrite.body == {"inputs": ["a text"], "parameters": {"normalize": False, "dimensions": 8}}
+    assert rewrite.reshape is None
+
+
+@pytest.mark.parametrize(
+    "route, parameters",
+    [("embed", {"output": "dense"}), ("embed_sparse", {"output": "sparse"}), ("embed_all", {"output": "colbert"})],
+)
+def test_a_hybrid_models_tei_routes_ask_for_their_output(route, parameters):
+    assert clients.tei(route, {"inputs": ["a"]}, {"task": "hybrid"}).body == {"inputs": ["a"], "parameters": parameters}
+
+
+@pytest.mark.parametrize(
+    "route, model, answered",
+    [
+        ("embed_sparse", EMBEDDER, "an embedding model: its routes are /embed"),
+        ("embed", {"task": "sparse_embedding"}, "a sparse embedding model: its routes are /embed_sparse"),
+        ("embed", CLASSIFIER, "a single-label classifier: its routes are /predict"),
+        ("predict", EMBEDDER, "an embedding model: its routes are /embed"),
+    ],
+)
+def test_a_route_the_model_does_not_answer_is_refused_naming_those_it_does(route, model, answered):
+    with pytest.raises(InputError, match=f"/{route} is not answered by {answered}"):
+        clients.tei(route, {"inputs": ["a"]}, model)
+
+
+def test_a_model_of_the_users_own_code_takes_every_route_as_it_is():
+    assert clients.tei("embed_sparse", {"inputs": "a"}, object()).body == {"inputs": ["a"], "parameters": {}}
+
+
+def test_unknown_fields_are_refused_by_name_not_ignored():
+    with pytest.raises(InputError, match="/embed does not read 'top_k': its fields are inputs, normalize"):
+        clients.tei("embed", {"inputs": "a", "top_k": 2}, EMBEDDER)
+    with pytest.raises(InputError, match="/v1/embeddings does not read 'foo'"):
+        clients.openai_embeddings({"input": "a", "foo": 1}, EMBEDDER)
+
+
+@pytest.mark.parametrize(
+    "inputs, batch, single",
+    [
+        ("a text", ["a text"], True),
+        (["a text", "its pair"], [["a text", "its pair"]], True),  # two texts: one pair, as TEI reads them
+        (["a", "b", "c"], ["a", "b", "c"], False),
+        ([["a", "b"], ["c", "d"]], [["a", "b"], ["c", "d"]], False),
+        ([["a"], ["b"]], ["a", "b"], False),
+    ],
+)
+def test_predict_reads_inputs_as_tei_does_and_answers_every_label_best_first(inputs, batch, single):
+    rewrite = clients.tei("predict", {"inputs": inputs}, CLASSIFIER)
+    assert rewrite.body == {"inputs": batch, "parameters": {"top_k": 3}}
+    answers = [[{"label": "happy", "score": 0.7}, {"label": "sad", "score": 0.2}]] * len(batch)
+    assert rewrite.reshape is not None
+    assert rewrite.reshape(answers) == (answers[0] if single else answers)
+
+
+def test_predict_lists_a_regression_models_one_answer_and_refuses_raw_scores():
+    rewrite = clients.tei("predict", {"inputs": ["a", "b", "c"]}, {"task": "regression", "id2label": {0: "x"}})
+    assert rewrite.body["parameters"] == {}  # (no top_k: a regression model takes none)
+    assert rewrite.reshape is not None and rewrite.reshape([{"score": 1.0}] * 3) == [[{"score": 1.0}]] * 3
+    with pytest.raises(InputError, match='"raw_scores" is not served on /predict'):
+        clients.tei("predict", {"inputs": "a", "raw_scores": True}, CLASSIFIER)
+
+
+def test_openai_token_arrays_are_the_models_own_ids_decoded_to_text():
+    rewrite = clients.openai_embeddings({"input": [[1, 3, 4, 2], "as text"], "model": "m"}, EMBEDDER)
+    assert rewrite.body == {"input": ["hello world", "as text"], "model": "m"}
+    assert clients.openai_embeddings({"input": [3, 4]}, EMBEDDER).body == {"input": "hello world"}
+    with pytest.raises(InputError, match="token id 100257 is outside .* check_embedding_ctx_length=False"):
+        clients.openai_embeddings({"input": [[100257, 3]]}, EMBEDDER)
+
+
+def test_openai_embeddings_need_a_dense_vector_model():
+    with pytest.raises(InputError, match="/embed is not answered by a sparse embedding model"):
+        clients.openai_embeddings({"input": "a"}, {"task": "sparse_embedding"})
+
+
+RANKED = [{"index": 1, "score": 0.9, "text": "b"}, {"index": 0, "score": 0.1, "text": "a"}]
+
+
+def test_cohere_v1_rerank_answers_cohere_results_with_the_documents_text():
+    payload = {"model": "m", "query": "q", "documents": ["a", {"text": "b"}], "top_n": 2}
+    rewrite = clients.cohere_rerank(1, payload)
+    assert rewrite.body == {"query": "q", "texts": ["a", "b"], "return_text": True, "top_n": 2}
+    assert rewrite.reshape is not None
+    answer = rewrite.reshape(RANKED)
+    assert answer["results"] == [
+        {"index": 1, "relevance_score": 0.9, "document": {"text": "b"}},
+        {"index": 0, "relevance_score": 0.1, "document": {"text": "a"}},
+    ]
+    assert answer["meta"]["api_version"] == {"version": "1"} and answer["id"] and answer["model"] == "m"
+
+
+def test_cohere_v2_rerank_answers_indices_and_scores_alone():
+    rewrite = clients.cohere_rerank(2, {"model": "m", "query": "q", "documents": ["a", "b"]})
+    assert rewrite.body == {"query": "q", "texts": ["a", "b"], "return_text": False}
+    assert rewrite.reshape is not None
+    assert rewrite.reshape(RANKED)["results"] == [
+        {"index": 1, "relevance_score": 0.9},
+        {"index": 0, "relevance_score": 0.1},
+    ]
+
+
+@pytest.mark.parametrize(
+    "version, payload, message",
+    [
+        (1, {"query": "q", "documents": []}, "with documents"),
+        (1, {"query": "q", "documents": ["a"], "rank_fields": ["title"]}, '"rank_fields" may only be'),
+        (1, {"query": "q", "documents": [3]}, r'"documents"\[0\] must be a text'),
+        (2, {"query": "q", "documents": ["a"], "max_tokens_per_doc": 512}, "does not read 'max_tokens_per_doc'"),
+    ],
+)
+def test_cohere_rerank_bodies_byoc_cannot_answer_as_asked_are_refused(version, payload, message):
+    with pytest.raises(InputError, match=message):
+        clients.cohere_rerank(version, payload)
+
+
+def test_info_says_what_kind_of_model_it_is():
+    class Settings:
+        max_concurrency, max_batch, max_inputs = 8, 32, 64
+
+    embedder = clients.info({**EMBEDDER, "max_length": 256, "precision": "fp32"}, "model", Settings())
+    assert embedder["model_type"] == {"embedding": {"pooling": "mean"}} and embedder["max_input_length"] == 256
+    classifier = clients.info(CLASSIFIER, "model", Settings())
+    assert classifier["model_type"] == {
+        "classifier": {
+            "id2label": {"0": "sad", "1": "happy", "2": "calm"},
+            "label2id": {"sad": 0, "happy": 1, "calm": 2},
+        }
+    }
+    assert classifier["max_client_batch_size"] == 64 and classifier["byoc_task"] == "single_label_classification"
