@@ -96,6 +96,26 @@ def test_dimensions_and_normalize_as_tei(minilm_graph, reference):
     np.testing.assert_allclose(toolkit, short, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_truncation_direction_left_keeps_a_long_texts_end_as_sentence_transformers_does(backend, minilm, minilm_graph):
+    """TEI's "truncation_direction": "left" (huggingface_hub sends "left", TEI "Left"): a text past max_seq_length
+    loses its start, as sentence-transformers embeds it with its tokenizer's truncation_side "left"; the other
+    requests of the model keep theirs."""
+    from sentence_transformers import SentenceTransformer
+
+    texts = ["cats sleep on the sofa " * 60 + "the stock market fell sharply today " * 20, "a short text"]
+    reference = SentenceTransformer(str(minilm), device="cpu")
+    reference.tokenizer.truncation_side = "left"
+    expected = reference.encode(texts, convert_to_numpy=True)
+    model = load(minilm if backend == "torch" else minilm_graph, backend)
+    right = np.asarray(ask(model, {"inputs": texts}))
+    for direction in ("left", "Left"):
+        left = np.asarray(ask(model, {"inputs": texts, "truncation_direction": direction}))
+        assert cosines(left, expected).min() >= 0.9999
+    assert cosines(right[:1], expected[:1])[0] < 0.99  # the default cut the other end
+    np.testing.assert_allclose(ask(model, {"inputs": texts}), right, atol=1e-6)  # and still does
+
+
 def test_int8_vectors_stay_within_cosine_0_99_of_fp32(minilm_graph, tmp_path, reference):
     """The int8 graph (`byoc export-onnx --int8`) beside the fp32 one: each vector's cosine to fp32's, and
     the pairs' similarities ranked alike."""

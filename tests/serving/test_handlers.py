@@ -385,6 +385,7 @@ def test_a_model_folder_with_tuned_thresholds_serves_two_labels_under_half(
         ("single_label_classification", {"threshold": 0.5}, "a single-label classifier: its parameters are top_k"),
         ("single_label_classification", {"aggregation_strategy": "none"}, '"aggregation_strategy" does not apply'),
         ("multi_label_classification", {"aggregation_strategy": "max"}, "its parameters are threshold, top_k"),
+        ("token_classification", {"truncation_direction": "left"}, '"left" does not apply to a token classifier'),
     ],
 )
 def test_a_parameter_the_task_does_not_use_is_a_bad_request(task, parameters, words):
@@ -400,6 +401,15 @@ def test_a_parameter_the_task_does_not_use_is_a_bad_request(task, parameters, wo
         assert long_texts.Stepwise(["a text"], nulls, model).request.strategy == "simple"
     else:
         assert len(default_handlers.predict_fn({"inputs": ["a text"], "parameters": nulls}, model)) == 1
+
+
+def test_a_left_cut_of_a_model_from_the_users_own_model_fn_is_refused_not_ignored():
+    """Its encode is its own (one argument): it cannot be asked to cut on the left."""
+    model = fake_model("single_label_classification", [[0.0, 1.0]], {0: "a", 1: "b"})
+    with pytest.raises(InputError, match="needs the model byoc's model_fn loads"):
+        default_handlers.predict_fn({"inputs": ["x"], "parameters": {"truncation_direction": "left"}}, model)
+    answer = default_handlers.predict_fn({"inputs": ["x"], "parameters": {"truncation_direction": "Right"}}, model)
+    assert answer == [{"label": "b", "score": pytest.approx(0.7311, abs=1e-4)}]
 
 
 @pytest.mark.parametrize("threshold", [-0.1, 1.5, "0.5", True])

@@ -167,6 +167,7 @@ def test_sparse_terms_name_their_tokens_when_asked(m3):
         ({"inputs": [["q", "d"]], "parameters": {"weights": [float("inf"), 1, 1]}}, "finite numbers"),
         ({"query": "q", "texts": ["d"], "parameters": {"output": "dense"}}, '"output" does not apply to a rerank'),
         ({"inputs": ["a", ["q", "d"]]}, "send one kind"),
+        ({"inputs": ["a"], "truncation_direction": "left"}, '"left" does not apply to a hybrid .* its own way'),
     ],
 )
 def test_requests_it_cannot_answer_are_refused_saying_why(m3, body, words):

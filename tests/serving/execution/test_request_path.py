@@ -84,11 +84,15 @@ def test_rerank_keys_beside_inputs_and_truncation_direction_are_never_ignored():
     data = parse({"inputs": ["a"], "top_n": 2})
     with pytest.raises(InputError, match='"top_n" applies to rerank requests'):
         default_handlers.predict_fn(data, {"task": "single_label_classification"})
-    assert parse({"inputs": ["a"], "truncation_direction": "Right"})["parameters"]["truncation_direction"] == "Right"
-    with pytest.raises(InputError, match='"truncation_direction" must be "right"'):
-        parse({"inputs": ["a"], "truncation_direction": "Left"})
-    with pytest.raises(InputError, match='"truncation_direction" must be "right"'):
-        parse({"query": "q", "texts": ["a"], "truncation_direction": "left"})
+    for direction in ("Right", "left"):  # (TEI's capitalised, huggingface_hub's lower case)
+        assert (
+            parse({"inputs": ["a"], "truncation_direction": direction})["parameters"]["truncation_direction"]
+            == direction
+        )
+    with pytest.raises(InputError, match='"truncation_direction" is "right" .* or "left" .*; got .middle.'):
+        parse({"inputs": ["a"], "truncation_direction": "middle"})
+    with pytest.raises(InputError, match='"truncation_direction" is "right"'):
+        parse({"query": "q", "texts": ["a"], "truncation_direction": "start"})
 
 
 @pytest.mark.parametrize("task", ["token_classification", "embedding"])

@@ -108,6 +108,12 @@ def test_huggingface_hubs_inference_client_and_teis_routes_embed_as_invocations_
     info = embedder.client.get("/info").json()
     assert info["model_type"] == {"embedding": {"pooling": "mean"}} and info["byoc_task"] == "embedding"
 
+    long = "cats sleep on the sofa " * 60 + "the stock market fell sharply today " * 20  # (past max_length)
+    left = hub.feature_extraction(long, truncation_direction="left")
+    tei = embedder.client.post("/embed", json={"inputs": long, "truncation_direction": "Left"}).json()
+    np.testing.assert_allclose(left, tei, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(left, invoked(embedder, {"inputs": [long]}), atol=1e-3)  # the end kept, not the start
+
 
 def test_routes_a_model_does_not_answer_and_unknown_routes_are_json_errors_naming_what_there_is(embedder):
     wrong = embedder.client.post("/embed_sparse", json={"inputs": TEXTS})

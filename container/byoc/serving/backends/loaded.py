@@ -24,7 +24,8 @@ class LoadedModel(MutableMapping[str, Any]):
     backend: str  # onnxruntime or torch
     model: Any  # the ONNX Runtime session, or the torch module
     tokenizer: Any
-    encode: Callable[[list[Any]], list[dict[str, list[int]]]]  # inputs -> unpadded encodings, in input order
+    # (inputs[, "left" or "right": where a text past max_length is cut]) -> unpadded encodings, in input order
+    encode: Callable[..., list[dict[str, list[int]]]]
     logits: Callable[[dict[str, np.ndarray]], np.ndarray]  # one padded batch -> fp32 outputs
     windows: Callable[[list[str]], list[list[dict]]] | None  # a token classifier's windows of each text
     id2label: dict[int, str]

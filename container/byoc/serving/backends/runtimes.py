@@ -15,6 +15,7 @@ for them (5-17 s on a GPU host).
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import logging
@@ -122,10 +123,16 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None =
         "model runs on ONNX Runtime (%s, %s, %s, %d threads)", GRAPH, plan.precision, session.provider, session.threads
     )
 
-    def encode(inputs: list[str | tuple[str, str]]) -> list[dict[str, list[int]]]:
+    sides = {side: tokenizer}  # the tokenizer truncating on each side a request asks for (truncation_direction)
+
+    def encode(inputs: list[str | tuple[str, str]], direction: str | None = None) -> list[dict[str, list[int]]]:
+        cut = direction or side
+        if cut not in sides:  # (a copy of its own: the one the other requests use is never changed)
+            sides[cut] = Tokenizer.from_str(tokenizer.to_str())
+            sides[cut].enable_truncation(limit, direction=cut)
         return [
             {"input_ids": e.ids, "attention_mask": e.attention_mask, "token_type_ids": e.type_ids}
-            for e in tokenizer.encode_batch(clip(inputs, limit, side))
+            for e in sides[cut].encode_batch(clip(inputs, limit, cut))
         ]
 
     return LoadedModel.of(
@@ -208,8 +215,8 @@ def load_torch(
         torch.get_num_threads(),
     )
 
-    def encode(inputs: list[str | tuple[str, str]]) -> list[dict[str, list[int]]]:
-        return encode_with(tokenizer, inputs, limit)
+    def encode(inputs: list[str | tuple[str, str]], direction: str | None = None) -> list[dict[str, list[int]]]:
+        return encode_with(tokenizer, inputs, limit, direction)
 
     def logits(feeds: dict[str, np.ndarray]) -> np.ndarray:
         with torch.inference_mode():
@@ -286,8 +293,15 @@ def _compile(torch: Any, model: Any, device: str, plan: passes.PassPlan) -> Any:
     return torch.compile(model, mode="reduce-overhead" if device == "cuda" else None, dynamic=False)
 
 
-def encode_with(tokenizer: Any, inputs: list[str | tuple[str, str]], limit: int | None) -> list[dict[str, list[int]]]:
-    """Unpadded encodings, in input order; single texts and pairs are tokenized apart."""
+def encode_with(
+    tokenizer: Any, inputs: list[str | tuple[str, str]], limit: int | None, direction: str | None = None
+) -> list[dict[str, list[int]]]:
+    """Unpadded encodings, in input order; single texts and pairs are tokenized apart; cut at `limit` on the
+    tokenizer's side, or on `direction` (a request's truncation_direction: a shallow copy that says so, the
+    backend tokenizer being set for every call by transformers)."""
+    if direction and direction != getattr(tokenizer, "truncation_side", "right"):
+        tokenizer = copy.copy(tokenizer)
+        tokenizer.truncation_side = direction
     if limit is not None:
         inputs = clip(inputs, limit, getattr(tokenizer, "truncation_side", "right"))
     encoded: list[dict[str, list[int]] | None] = [None] * len(inputs)

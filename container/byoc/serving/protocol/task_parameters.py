@@ -16,8 +16,8 @@ from byoc.serving.protocol.request_errors import InputError
 KNOWN = tuple(dict.fromkeys(name for task in tasks.TASKS.values() for name in task.parameters))  # tasks' own
 # A rerank request's (TEI's {"query", "texts"}: the body's form makes its shape "rerank",
 # byoc.serving.protocol.bodies), for any task that reranks (`Task.relevance`). TEI's "truncate" is read and
-# needs nothing: byoc always truncates an input at the model's limit, on the right
-# ("truncation_direction": "right" is accepted, "left" refused rather than ignored).
+# needs nothing: byoc always truncates an input at the model's limit, on the right unless the request's
+# "truncation_direction" says "left" (predict_fn: a task that reads texts in windows refuses it).
 RERANK = ("raw_scores", "return_text", "top_n")
 
 
@@ -40,10 +40,10 @@ def check_values(parameters: dict[str, Any]) -> None:
     if parameters.get("prompt_name") is not None and not isinstance(parameters["prompt_name"], str):
         raise InputError('"prompt_name" must be the name of one of the model\'s prompts')
     direction = parameters.get("truncation_direction")
-    if direction is not None and str(direction).lower() != "right":
+    if direction is not None and str(direction).lower() not in ("left", "right"):
         raise InputError(
-            '"truncation_direction" must be "right": byoc truncates a text past the model\'s length at its end '
-            "(left truncation is not supported)"
+            '"truncation_direction" is "right" (a text past the model\'s length loses its end, the default) or '
+            f'"left" (its start); got {direction!r}'
         )
 
 
@@ -66,6 +66,11 @@ def check_task(task: tasks.Task | None, parameters: dict[str, Any], shape: str |
             raise InputError(
                 f'"{name}" does not apply to {"a rerank request" if reranking else task.described}: {accepted}'
             )
+    if str(parameters.get("truncation_direction") or "").lower() == "left" and task.whole_texts:
+        raise InputError(
+            f'"truncation_direction": "left" does not apply to {task.described}: it reads every text whole, in '
+            "windows, and cuts none: drop it"
+        )
     for name in RERANK:
         if parameters.get(name) is not None and not reranking:
             raise InputError(f'"{name}" applies to rerank requests ({{"query": ..., "texts": [...]}}) only')

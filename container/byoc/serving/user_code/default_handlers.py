@@ -198,8 +198,16 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
             task.check_rerank(model)  # before the model runs: a model of single texts, an embedding model...
     except tasks.BadParameter as err:
         raise InputError(str(err)) from None
+    direction = str(parameters.get("truncation_direction") or "right").lower()
     try:
         windowed = task.windows(inputs, parameters, model)  # a task that reads each text whole (NER)
+        if direction == "left" and (windowed is not None or not isinstance(model, LoadedModel)):
+            raise InputError(
+                f'"truncation_direction": "left" does not apply to {task.described}: it cuts its texts its own way'
+                if windowed is not None
+                else '"truncation_direction": "left" needs the model byoc\'s model_fn loads (its encode cuts on either '
+                "side); this one comes from the model's own code"
+            )
         if windowed is not None:
             windowed.encode()
             answers = windowed.answers(passes.run(windowed.feeds, model, task.scores))
@@ -210,7 +218,8 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     except tasks.BadParameter as err:
         raise InputError(str(err)) from None
     try:
-        encoded = model["encode"](inputs)
+        # (a model dict of a user's own model_fn may hold an encode of one argument: only byoc's is asked to cut left)
+        encoded = model["encode"](inputs, "left") if direction == "left" else model["encode"](inputs)
     except Exception:  # a user's input_fn let through what the tokenizer cannot take: the input's fault
         _normalise(inputs)  # raises InputError naming it, if that is the cause
         raise
