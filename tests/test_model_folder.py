@@ -39,3 +39,24 @@ def test_a_router_folders_transformer_is_its_document_routes(tmp_path):
     assert model_folder.weights_dir(tmp_path) == tmp_path / "document_0_MLMTransformer"
     (tmp_path / "config.json").write_text("{}")  # a transformer at the top: no Router folder
     assert model_folder.router_routes(tmp_path) == {} and model_folder.weights_dir(tmp_path) == tmp_path
+
+
+@pytest.mark.parametrize(
+    "config, tokens",
+    [
+        ({"model_type": "roberta", "max_position_embeddings": 514, "pad_token_id": 1}, 512),
+        ({"model_type": "xlm-roberta", "max_position_embeddings": 8194, "pad_token_id": 1}, 8192),  # bge-m3's
+        ({"model_type": "mpnet", "max_position_embeddings": 514, "pad_token_id": 1}, 512),
+        ({"model_type": "bert", "max_position_embeddings": 512, "pad_token_id": 0}, 512),
+        ({"model_type": "modernbert", "max_position_embeddings": 8192, "pad_token_id": 50283}, 8192),
+        ({"model_type": "roberta"}, None),
+    ],
+)
+def test_the_positions_a_model_holds_leave_out_robertas_padding_offset(config, tokens):
+    """RoBERTa's family counts positions past the padding index: 514 embeddings hold 512 tokens (a Hub folder
+    whose tokenizer states no length crashed on a long text at 513)."""
+    assert model_folder.positions(config) == tokens
+    from transformers import AutoConfig
+
+    if "max_position_embeddings" in config:  # a transformers config reads the same
+        assert model_folder.positions(AutoConfig.for_model(**config)) == tokens

@@ -254,6 +254,52 @@ def retrieval_evaluator(kind: str) -> Any:
     return InformationRetrievalEvaluator
 
 
+def words_tokenizer(tokenizer: Any) -> Any:
+    """A tokenizer that takes sentences as words (`is_split_into_words`): transformers 4.x's byte-level BPE
+    tokenizers (RoBERTa's, GPT-2's) refuse them unless loaded with add_prefix_space=True (run_ner.py loads them
+    so); 5.x's take them as they are. Tried, not guessed by the model's type."""
+    try:
+        tokenizer(["word"], is_split_into_words=True)
+        return tokenizer
+    except (AssertionError, ValueError):
+        from transformers import AutoTokenizer  # (only a tokenizer that refuses words is loaded again)
+
+        return AutoTokenizer.from_pretrained(tokenizer.name_or_path, add_prefix_space=True)
+
+
+def exportable(model: Any) -> Any:
+    """`model` as the ONNX tracer can follow it. A decoder (Qwen3 and its kind) builds its causal mask with
+    functorch's vmap in transformers 4.55, which the TorchScript tracer cannot trace ("unordered_map::at"): it
+    gets its 4D mask made here instead (causal, padding masked: what transformers builds, as an additive mask),
+    which every version takes as it is. Encoders are returned unchanged."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    kind = getattr(model.config, "model_type", None)
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return model
+    import torch
+
+    class CausalMask(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model  # ("model.": the prefix the graph's weights are matched to the checkpoint by)
+            self.config = model.config
+
+        def forward(self, input_ids: Any, attention_mask: Any, **rest: Any) -> Any:
+            length = input_ids.shape[1]
+            causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()
+            allowed = causal[None, None] & attention_mask.bool()[:, None, None, :]
+            dtype = next(self.model.parameters()).dtype
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=input_ids.device)
+            mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
+            return self.model(input_ids=input_ids, attention_mask=mask, **rest)
+
+    return CausalMask().eval()
+
+
 def inference_free_api() -> Any:
     """sentence-transformers' `(Router, SparseStaticEmbedding)`, an inference-free sparse model's modules: 6.x
     keeps the Router in `base.modules` and the table in `sparse_encoder.modules`, 5.x in `models` for both."""

@@ -57,6 +57,28 @@ def max_length(*limits: Any) -> int:
     return min(known, default=DEFAULT_MAX_LENGTH)
 
 
+# Architectures whose position ids start past the padding index (RoBERTa's create_position_ids_from_input_ids):
+# a text of n tokens reads positions pad_token_id + 1 ... pad_token_id + n, so max_position_embeddings (514 for
+# RoBERTa's 512 tokens) overstates the length by pad_token_id + 1.
+OFFSET_POSITIONS = frozenset(
+    {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text", "roberta-prelayernorm", "mpnet"}
+)
+
+
+def positions(config: Any) -> int | None:
+    """The tokens the model's position embeddings hold (a config.json as a dict, or a transformers config):
+    max_position_embeddings, less the offset of the architectures that start counting past the padding index;
+    None where the config states none."""
+    read = config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)
+    stated = read("max_position_embeddings")
+    if not isinstance(stated, int) or isinstance(stated, bool):
+        return None
+    pad = read("pad_token_id")
+    if read("model_type") in OFFSET_POSITIONS and isinstance(pad, int) and 0 <= pad < stated:
+        return stated - pad - 1
+    return stated
+
+
 def threshold_of(config: dict[str, Any]) -> float:
     """A multi-label model's decision threshold (config.json's byoc_threshold, else 0.5)."""
     value = config.get(THRESHOLD_KEY, DEFAULT_THRESHOLD)

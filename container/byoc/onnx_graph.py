@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from byoc import model_folder, tasks
-from byoc.compat import fp32_weights
+from byoc.compat import exportable, fp32_weights
 from byoc.model_folder import CONFIG, WEIGHTS
 
 logger = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def _export(model_dir: Path) -> Path:
     loaded, _ = task.load_torch(
         files, attn_implementation="eager", use_safetensors=True, trust_remote_code=False, **fp32_weights()
     )
-    model = task.output_module(loaded.eval(), model_dir)
+    model = task.output_module(exportable(loaded.eval()), model_dir)  # (a decoder: its causal mask made here)
     accepted = inspect.signature(loaded.forward).parameters
     names = [n for n in INPUTS if n in accepted]  # DistilBERT takes no token_type_ids
 
@@ -244,6 +244,23 @@ def check_layout(recorded: str | None, layout: str, model_dir: Path, name: str =
         )
 
 
+def _check_fused(graph: Path, fused: Path) -> None:
+    """A GraphError where the fused graph does not answer a padded batch of two as the graph does: the BERT
+    fusions also match a decoder's rotary positions, as a batch of one (Qwen3 on transformers 4.55's graph),
+    which then fails at any other batch size."""
+    import onnxruntime as ort
+
+    sessions = [ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]) for path in (graph, fused)]
+    mask = np.array([[1] * 8, [1] * 5 + [0] * 3], dtype=np.int64)
+    feeds = {
+        i.name: mask if i.name == "attention_mask" else np.full((2, 8), 5 if i.name == "input_ids" else 0, np.int64)
+        for i in sessions[0].get_inputs()
+    }
+    want, got = (session.run(None, feeds)[0] for session in sessions)
+    if want.shape != got.shape or not np.allclose(want, got, rtol=1e-3, atol=1e-4):
+        raise GraphError("the fused graph answers otherwise than the graph")
+
+
 def quantize(model_dir: Path, folder: Path) -> Path:
     """An int8 copy of the graph in `folder`: BERT operators fused (attention, skip-layer-norm,
     bias-GELU) where ONNX Runtime's transformer optimizer recognises them, then dynamic quantization
@@ -264,6 +281,7 @@ def quantize(model_dir: Path, folder: Path) -> Path:
             hidden_size=int(config.get("hidden_size", 0)),
         )
         model.save_model_to_file(str(fused))
+        _check_fused(model_dir / GRAPH, fused)
     except Exception as err:  # an architecture the fusions do not know: quantize the plain graph
         logger.warning("int8: operator fusion failed (%s); quantizing the unfused graph", err)
         onnx.save(onnx.load(str(model_dir / GRAPH)), str(fused))

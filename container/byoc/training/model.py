@@ -131,12 +131,10 @@ def load_tokenizer(source: ModelSource, args: TrainArguments) -> PreTrainedToken
     # A tokenizer may claim more tokens than the model has positions for (then the forward pass
     # fails on long texts); cap it, and the saved artifact carries the cap to inference.
     try:
-        positions = getattr(
+        positions = model_folder.positions(
             AutoConfig.from_pretrained(
                 model_folder.weights_dir(Path(source.path)), trust_remote_code=args.trust_remote_code
-            ),
-            "max_position_embeddings",
-            None,
+            )
         )
     except Exception:
         positions = None  # load_model reports an unreadable config

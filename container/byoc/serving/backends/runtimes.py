@@ -103,7 +103,7 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None =
         json.loads(tokenizer_config_path.read_text(encoding="utf-8")) if tokenizer_config_path.exists() else {}
     )
     limit = model_folder.max_length(
-        tokenizer_config.get("model_max_length"), config.get("max_position_embeddings"), facts.get("max_seq_length")
+        tokenizer_config.get("model_max_length"), model_folder.positions(config), facts.get("max_seq_length")
     )
     tokenizer = Tokenizer.from_file(str(files / "tokenizer.json"))
     tokenizer.no_padding()  # batches are padded here, per length-sorted chunk
@@ -197,7 +197,7 @@ def load_torch(
     bf16 = device.type != "cuda" or torch.cuda.is_bf16_supported()
     dtype = getattr(torch, torch_dtype_name(precision, bf16))
     module.to(device=device, dtype=dtype).eval()
-    positions = getattr(model.config, "max_position_embeddings", None)
+    positions = model_folder.positions(model.config)
     limit = model_folder.max_length(tokenizer.model_max_length, positions, facts.get("max_seq_length"))
     names = [n for n in tokenizer.model_input_names if n in ("input_ids", "attention_mask", "token_type_ids")]
     backend = getattr(tokenizer, "backend_tokenizer", None)  # (a slow tokenizer has none: no task windows it)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from byoc import compat, sentence_folder
+from byoc.tasks.base import BadParameter
 from byoc.tasks.embedding.model import QUERY, EmbeddingModel, check_module_code, transformer_of
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ def build(
         )
         origin = "its SparseEncoder modules"
     else:
+        check_masked_lm(Path(path), trust_remote_code)
         encoder = compat.mlm_module(
             path, max_length, {**model_kwargs, "trust_remote_code": trust_remote_code}, config_kwargs
         )
@@ -114,6 +116,23 @@ def build(
     if static_table(model) is not None:
         make_inference_free(sparse)  # (already one: its table's learning rate)
     return sparse
+
+
+def check_masked_lm(path: Path, trust_remote_code: bool = False) -> None:
+    """A BadParameter, before any weight loads, where the architecture has no masked-language-model head (a
+    decoder: Qwen, Llama): SPLADE weighs the vocabulary's terms with that head's logits."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    model_type = getattr(config, "model_type", None)
+    own = "AutoModelForMaskedLM" in (getattr(config, "auto_map", None) or {})  # (a custom-code model's own head)
+    if model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not own:
+        raise BadParameter(
+            f"a sparse embedding model (SPLADE) weighs terms with a masked-language-model head, which {model_type} "
+            "models have none of: train it from an encoder (BERT, DistilBERT, RoBERTa, XLM-RoBERTa, DeBERTa, "
+            "ModernBERT), or train a dense embedding model (task=embedding) from this one"
+        )
 
 
 def encoder_of(model: SparseModel) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from byoc import compat
 from byoc.tasks.base import IGNORE_LABEL
 
 
@@ -21,6 +22,7 @@ def tag_encoder(
     `max_length` is cut there, or (`windows`) covered by consecutive windows, each word tagged once.
     A sentence's last row counts its words that no row holds: `cut` past max_length, `lost` empty after
     tokenization (both reported, then removed, by tokenize_splits)."""
+    tokenizer = compat.words_tokenizer(tokenizer)
     inside = [
         names.index("I-" + n[2:]) if n.startswith("B-") and "I-" + n[2:] in names else i for i, n in enumerate(names)
     ]
