@@ -267,19 +267,46 @@ def words_tokenizer(tokenizer: Any) -> Any:
         return AutoTokenizer.from_pretrained(tokenizer.name_or_path, add_prefix_space=True)
 
 
+def unsupported_architecture(config: dict[str, Any]) -> str | None:
+    """Why this transformers cannot run the architecture config.json describes as it was trained, or None.
+    transformers loads a config with settings it does not know and ignores them: a bidirectional Gemma 3
+    (EmbeddingGemma: `use_bidirectional_attention`, 4.56 on) would run causal on 4.55 and embed wrongly
+    without a word; a model type it does not know fails with its class name alone."""
+    import transformers
+
+    kind = config.get("model_type")
+    if config.get("use_bidirectional_attention") and kind in ("gemma3_text", "gemma3"):
+        if "use_bidirectional_attention" not in transformers.Gemma3TextConfig().to_dict():
+            return (
+                f"a bidirectional Gemma 3 (EmbeddingGemma) needs transformers 4.56 or newer; this environment has "
+                f"{transformers.__version__}, which would run it causal and embed wrongly: serve its model.onnx "
+                "(exported where transformers is newer), or use an image with a newer transformers"
+            )
+    return None
+
+
 def exportable(model: Any) -> Any:
-    """`model` as the ONNX tracer can follow it. A decoder (Qwen3 and its kind) builds its causal mask with
-    functorch's vmap in transformers 4.55, which the TorchScript tracer cannot trace ("unordered_map::at"): it
-    gets its 4D mask made here instead (causal, padding masked: what transformers builds, as an additive mask),
-    which every version takes as it is. Encoders are returned unchanged."""
+    """`model` as the ONNX tracer can follow it, where tracing it as it is failed (byoc.onnx_graph). A decoder
+    (Qwen3 and its kind) builds its causal mask with functorch's vmap in transformers 4.55, which the
+    TorchScript tracer cannot trace ("unordered_map::at"), nor do 5.x's sliding-window masks (Gemma 3): it
+    gets its 4D masks made here instead, as transformers builds them (additive): causal, or padding alone where
+    the config says use_bidirectional_attention (EmbeddingGemma); for a model of sliding-window layers
+    (`layer_types`), one mask per kind of layer, the local one within the window (|q - k| < window when
+    bidirectional, as Gemma 3's overlay; q - window < k <= q when causal). Encoders are returned unchanged."""
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
     )
 
-    kind = getattr(model.config, "model_type", None)
+    config = model.config
+    kind = getattr(config, "model_type", None)
     if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
         return model
+    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    local = window and "sliding_attention" in (getattr(config, "layer_types", None) or ())
+    if window and not local:
+        return model  # (a window over every layer, no per-layer masks to hand it: not offered)
+    bidirectional = bool(getattr(config, "use_bidirectional_attention", False))
     import torch
 
     class CausalMask(torch.nn.Module):
@@ -289,13 +316,20 @@ def exportable(model: Any) -> Any:
             self.config = model.config
 
         def forward(self, input_ids: Any, attention_mask: Any, **rest: Any) -> Any:
-            length = input_ids.shape[1]
-            causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()
-            allowed = causal[None, None] & attention_mask.bool()[:, None, None, :]
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+            query, key = positions[:, None], positions[None, :]
+            seen = attention_mask.bool()[:, None, None, :]
+            full = (torch.ones_like(key == query) if bidirectional else key <= query)[None, None] & seen
+            if not local:
+                return self.model(input_ids=input_ids, attention_mask=self.additive(full), **rest)
+            near = (query - key).abs() < window if bidirectional else (key <= query) & (key > query - window)
+            masks = {"full_attention": self.additive(full), "sliding_attention": self.additive(near[None, None] & seen)}
+            return self.model(input_ids=input_ids, attention_mask=masks, **rest)
+
+        def additive(self, allowed: Any) -> Any:
             dtype = next(self.model.parameters()).dtype
-            mask = torch.zeros(allowed.shape, dtype=dtype, device=input_ids.device)
-            mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
-            return self.model(input_ids=input_ids, attention_mask=mask, **rest)
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+            return mask.masked_fill(~allowed, torch.finfo(dtype).min)
 
     return CausalMask().eval()
 

@@ -65,6 +65,16 @@ OFFSET_POSITIONS = frozenset(
 )
 
 
+# Architectures whose activations pass fp16's largest number (65,504) and turn to infinity and NaN in fp16
+# (Gemma's: TEI's issue #748 on EmbeddingGemma): served in bf16 or fp32, never fp16.
+FP16_OVERFLOWS = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "t5", "mt5"})
+
+
+def fp16_safe(config: dict[str, Any]) -> bool:
+    """Whether fp16 holds the model's activations (config.json's model_type not in FP16_OVERFLOWS)."""
+    return config.get("model_type") not in FP16_OVERFLOWS
+
+
 def positions(config: Any) -> int | None:
     """The tokens the model's position embeddings hold (a config.json as a dict, or a transformers config):
     max_position_embeddings, less the offset of the architectures that start counting past the padding index;

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from byoc import model_folder, tasks
-from byoc.compat import exportable, fp32_weights
+from byoc.compat import exportable, fp32_weights, unsupported_architecture
 from byoc.model_folder import CONFIG, WEIGHTS
 
 logger = logging.getLogger(__name__)
@@ -91,7 +91,6 @@ def export(model_dir: Path) -> Path | None:
 
 def _export(model_dir: Path) -> Path:
     import onnx
-    import torch
 
     # Eager attention traces to plain ops with dynamic batch and length; loading from the saved
     # folder exports exactly what was published, whatever device or state the trainer left. The
@@ -102,13 +101,36 @@ def _export(model_dir: Path) -> Path:
     problem = model_folder.unloadable(files)
     if problem:
         raise GraphError(problem)
-    task = tasks.of_folder(model_dir, json.loads((files / CONFIG).read_text(encoding="utf-8")))
+    config = json.loads((files / CONFIG).read_text(encoding="utf-8"))
+    unsupported = unsupported_architecture(config)
+    if unsupported:
+        raise GraphError(unsupported)
+    task = tasks.of_folder(model_dir, config)
     loaded, _ = task.load_torch(
         files, attn_implementation="eager", use_safetensors=True, trust_remote_code=False, **fp32_weights()
     )
-    model = task.output_module(exportable(loaded.eval()), model_dir)  # (a decoder: its causal mask made here)
     accepted = inspect.signature(loaded.forward).parameters
     names = [n for n in INPUTS if n in accepted]  # DistilBERT takes no token_type_ids
+    model = task.output_module(loaded.eval(), model_dir)
+    try:
+        graph = _trace(model, names, task)
+    except Exception:
+        traceable = exportable(loaded)  # a decoder whose masks the tracer cannot follow: its mask made for it
+        if traceable is loaded:
+            raise
+        model = task.output_module(traceable, model_dir)
+        graph = _trace(model, names, task)
+    _point_weights_at_safetensors(graph, files / WEIGHTS)
+    target = files / GRAPH
+    onnx.save(graph, str(target))
+    _check_against_torch(model, names, files)
+    return target
+
+
+def _trace(model: Any, names: list[str], task: Any) -> Any:
+    """The ONNX graph of `model` (token columns `names` in, its output out), as an onnx.ModelProto."""
+    import onnx
+    import torch
 
     class Logits(torch.nn.Module):  # positional inputs in a fixed order, the output out
         def __init__(self) -> None:
@@ -144,12 +166,7 @@ def _export(model_dir: Path) -> Path:
             dynamo=False,
             do_constant_folding=False,
         )
-        graph = onnx.load(str(path))
-    _point_weights_at_safetensors(graph, files / WEIGHTS)
-    target = files / GRAPH
-    onnx.save(graph, str(target))
-    _check_against_torch(model, names, files)
-    return target
+        return onnx.load(str(path))
 
 
 def _point_weights_at_safetensors(graph: Any, weights: Path) -> None:

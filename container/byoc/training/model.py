@@ -181,6 +181,9 @@ def load_model(
         ):
             if getattr(config, key, None) is not None:
                 overrides[key] = args.dropout
+    unsupported = compat.unsupported_architecture(config.to_dict())
+    if unsupported:
+        raise ModelError(f"{source.path} ({source.origin}): {unsupported}")
     kind = tasks.get(task)
     recipe = recipe_settings(args, kind, use_xla)
     kwargs = {**compat.fp32_weights(), **kind.model_kwargs()}

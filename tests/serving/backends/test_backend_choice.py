@@ -129,3 +129,18 @@ def test_half_is_bf16_where_the_gpu_has_it():
     assert torch_dtype_name(HALF, bf16_supported=True) == "bfloat16"
     assert torch_dtype_name(HALF, bf16_supported=False) == "float16"  # T4, V100: ml.g4dn, ml.p3
     assert [torch_dtype_name(p, False) for p in ("fp32", "fp16", "bf16")] == ["float32", "float16", "bfloat16"]
+
+
+def test_a_model_that_overflows_fp16_is_served_in_bf16_or_fp32_never_fp16():
+    """Gemma's activations pass fp16's range (EmbeddingGemma answered NaN in fp16: TEI #748): half precision on a
+    GPU without bf16 is fp32 for it, and fp16 asked for by name is refused saying what to use."""
+    from byoc import model_folder
+    from byoc.serving.backends.backend_choice import HALF, BackendError, torch_dtype_name
+
+    gemma, bert = {"model_type": "gemma3_text"}, {"model_type": "bert"}
+    assert not model_folder.fp16_safe(gemma) and model_folder.fp16_safe(bert)
+    assert torch_dtype_name(HALF, True, fp16_safe=False) == "bfloat16"
+    assert torch_dtype_name(HALF, False, fp16_safe=False) == "float32"
+    assert torch_dtype_name(HALF, False, fp16_safe=True) == "float16"
+    with pytest.raises(BackendError, match="overflow fp16 .* use BYOC_INFERENCE_PRECISION=bf16"):
+        torch_dtype_name("fp16", True, fp16_safe=False)

@@ -143,8 +143,19 @@ def fallback(plan: Plan, precision: str, reason: str) -> Plan:
     return Plan("torch", plan.device, precision, f"ONNX Runtime could not load: {reason}")
 
 
-def torch_dtype_name(precision: str, bf16_supported: bool) -> str:
-    """The torch dtype for a plan's precision: half is bf16 where the device supports it, else fp16."""
+def torch_dtype_name(precision: str, bf16_supported: bool, fp16_safe: bool = True) -> str:
+    """The torch dtype for a plan's precision: half is bf16 where the device supports it, else fp16, or fp32
+    for a model whose activations overflow fp16 (`fp16_safe` false: byoc.model_folder.FP16_OVERFLOWS), which
+    asked for fp16 by name is a BackendError."""
     if precision == HALF:
-        return "bfloat16" if bf16_supported else "float16"
+        return "bfloat16" if bf16_supported else "float16" if fp16_safe else "float32"
+    if precision == "fp16" and not fp16_safe:
+        raise BackendError(fp16_overflow())
     return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[precision]
+
+
+def fp16_overflow() -> str:
+    return (
+        f"{INFERENCE_PRECISION_ENV}=fp16: this model's activations overflow fp16 (infinities, then NaN answers: "
+        f"Gemma's and T5's kind); use {INFERENCE_PRECISION_ENV}=bf16 (torch, on a GPU that has it) or fp32"
+    )

@@ -34,6 +34,7 @@ from byoc.serving.backends.backend_choice import (
     BackendError,
     Host,
     Plan,
+    fp16_overflow,
     torch_dtype_name,
 )
 from byoc.serving.backends.loaded import LoadedModel
@@ -112,6 +113,8 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None =
     tokenizer.enable_truncation(limit, direction=side)
     pad = tokenizer_config.get("pad_token") or "[PAD]"
     pad_id = tokenizer.token_to_id(pad["content"] if isinstance(pad, dict) else pad) or 0
+    if plan.precision == "fp16" and not model_folder.fp16_safe(config):
+        raise BackendError(fp16_overflow())
     session = Session(
         files,
         threads,
@@ -179,6 +182,9 @@ def load_torch(
     files = model_folder.weights_dir(model_dir)  # (as load_onnx)
     tokenizer = AutoTokenizer.from_pretrained(files)
     config = json.loads((files / "config.json").read_text(encoding="utf-8"))
+    unsupported = compat.unsupported_architecture(config)
+    if unsupported:
+        raise BackendError(unsupported)
     task = tasks.of_folder(model_dir, config, task_name)
     facts = task.serving_facts(model_dir, config)
     activation = tasks.cross_encoder_activation(model_dir, config)
@@ -195,7 +201,7 @@ def load_torch(
         logger.warning("an NVIDIA device is present but torch sees no CUDA GPU: serving on the CPU, fp32")
         precision = "fp32"
     bf16 = device.type != "cuda" or torch.cuda.is_bf16_supported()
-    dtype = getattr(torch, torch_dtype_name(precision, bf16))
+    dtype = getattr(torch, torch_dtype_name(precision, bf16, model_folder.fp16_safe(config)))
     module.to(device=device, dtype=dtype).eval()
     positions = model_folder.positions(model.config)
     limit = model_folder.max_length(tokenizer.model_max_length, positions, facts.get("max_seq_length"))
