@@ -302,8 +302,8 @@ def exportable(model: Any) -> Any:
     kind = getattr(config, "model_type", None)
     if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
         return model
-    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
-    local = window and "sliding_attention" in (getattr(config, "layer_types", None) or ())
+    window: int = (getattr(config, "sliding_window", None) or 0) if getattr(config, "use_sliding_window", True) else 0
+    local = bool(window) and "sliding_attention" in (getattr(config, "layer_types", None) or ())
     if window and not local:
         return model  # (a window over every layer, no per-layer masks to hand it: not offered)
     bidirectional = bool(getattr(config, "use_bidirectional_attention", False))
