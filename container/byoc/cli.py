@@ -79,6 +79,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also write model.int8.onnx, so that serving with BYOC_INFERENCE_PRECISION=int8 starts without quantizing",
     )
+    export.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run the code a model folder ships (config.json's auto_map) to trace it; the graph serves without it",
+    )
     options = parser.parse_args(argv)
     if options.command == "healthcheck":
         from byoc.serving.server import healthcheck
@@ -92,7 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     if options.command == "export-onnx":
         from byoc import onnx_graph
 
-        ok = onnx_graph.export(options.model_dir) and (not options.int8 or onnx_graph.export_int8(options.model_dir))
+        graph = onnx_graph.export(options.model_dir, options.trust_remote_code)
+        ok = graph and (not options.int8 or onnx_graph.export_int8(options.model_dir))
         sys.exit(0 if ok else 1)
     from byoc.serving.server import main as serve
 

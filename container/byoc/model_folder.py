@@ -121,6 +121,47 @@ ROUTER_CONFIG = "router_config.json"  # a sentence-transformers Router's: each r
 DOCUMENT_ROUTE = "document"
 
 
+def own_code(folder: Path) -> list[str]:
+    """The classes of the folder's own code that transformers would import and run (config.json's and
+    tokenizer_config.json's `auto_map`: "modeling_x.MyModel", or "org/repo--modeling_x.MyModel" for code
+    in another repository), in order, each once."""
+    refs: list[str] = []
+    for name in (CONFIG, "tokenizer_config.json"):
+        path = Path(folder) / name
+        try:
+            auto_map = json.loads(path.read_text(encoding="utf-8")).get("auto_map") if path.is_file() else None
+        except (OSError, ValueError, AttributeError):
+            continue  # (unreadable: the loaders say so)
+        for value in (auto_map or {}).values() if isinstance(auto_map, dict) else ():
+            refs += [ref for ref in (value if isinstance(value, list) else [value]) if isinstance(ref, str) and ref]
+    return list(dict.fromkeys(refs))
+
+
+def code_problem(folder: Path, trusted: bool, setting: str) -> str | None:
+    """Why the folder's own code (own_code) must not run, or None: code in another repository (byoc runs code
+    from the model folder alone, never fetched), a module the folder lacks, or code not trusted (`setting`:
+    what trusts it, named in the message)."""
+    refs = own_code(folder)
+    remote = next((ref for ref in refs if "--" in ref), None)
+    if remote is not None:
+        repo = remote.split("--", 1)[0]
+        return (
+            f"its auto_map names code in another repository ({remote}): byoc runs code from the model folder "
+            f"alone, never fetched; copy {repo}'s code files into the folder and name them in auto_map without "
+            f"'{repo}--'"
+        )
+    for ref in refs:
+        module = Path(folder) / (ref.rsplit(".", 1)[0].replace(".", "/") + ".py")
+        if not module.is_file():
+            return f"its auto_map names {ref}, but the folder has no {module.name}"
+    if refs and not trusted:
+        return (
+            f"it ships code of its own (auto_map: {', '.join(refs)}), which byoc runs only with {setting}: set it "
+            "if you trust that code (read it first)"
+        )
+    return None
+
+
 def weights_dir(model_dir: Path) -> Path:
     """The folder holding the transformer byoc runs (config.json, the weights, the tokenizer, model.onnx):
     `model_dir` itself, or, for a sentence-transformers folder whose one module is a Router (an inference-free

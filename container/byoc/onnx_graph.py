@@ -57,12 +57,13 @@ def safetensors_layout(path: Path) -> tuple[dict[str, Any], int, str]:
     return json.loads(raw), 8 + size, hashlib.sha256(raw).hexdigest()
 
 
-def export(model_dir: Path) -> Path | None:
+def export(model_dir: Path, trust_remote_code: bool = False) -> Path | None:
     """Write `model_dir/model.onnx` for the model saved there (whatever task byoc serves it as:
     byoc.tasks.of_folder), checked against torch.
 
     Returns None, after a warning that says why, where the graph cannot be made or does not
-    reproduce torch's logits: the model is then served by torch, as before.
+    reproduce torch's logits: the model is then served by torch, as before. `trust_remote_code`: a folder
+    that ships code of its own (auto_map) runs it to be traced (the graph then serves without it).
     """
     model_dir = Path(model_dir)
     try:
@@ -76,7 +77,7 @@ def export(model_dir: Path) -> Path | None:
         )
         return None
     try:
-        target = _export(model_dir)
+        target = _export(model_dir, trust_remote_code)
     except Exception as err:  # an architecture the exporter cannot trace must not fail the training job
         logger.warning(
             "no serving graph (model.onnx): exporting failed (%s: %s); the model will be served by torch",
@@ -89,7 +90,7 @@ def export(model_dir: Path) -> Path | None:
     return target
 
 
-def _export(model_dir: Path) -> Path:
+def _export(model_dir: Path, trust_remote_code: bool = False) -> Path:
     import onnx
 
     # Eager attention traces to plain ops with dynamic batch and length; loading from the saved
@@ -102,12 +103,14 @@ def _export(model_dir: Path) -> Path:
     if problem:
         raise GraphError(problem)
     config = json.loads((files / CONFIG).read_text(encoding="utf-8"))
-    unsupported = unsupported_architecture(config)
+    unsupported = unsupported_architecture(config) or model_folder.code_problem(
+        files, trust_remote_code, "--trust-remote-code (the job's trust_remote_code=true)"
+    )
     if unsupported:
         raise GraphError(unsupported)
     task = tasks.of_folder(model_dir, config)
     loaded, _ = task.load_torch(
-        files, attn_implementation="eager", use_safetensors=True, trust_remote_code=False, **fp32_weights()
+        files, attn_implementation="eager", use_safetensors=True, trust_remote_code=trust_remote_code, **fp32_weights()
     )
     accepted = inspect.signature(loaded.forward).parameters
     names = [n for n in INPUTS if n in accepted]  # DistilBERT takes no token_type_ids

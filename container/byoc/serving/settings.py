@@ -29,6 +29,7 @@ from byoc.serving.resources import Resources, read_resources
 
 JSON = "application/json"
 TASK_ENV = "BYOC_TASK"
+TRUST_REMOTE_CODE_ENV = "BYOC_TRUST_REMOTE_CODE"  # run a model folder's own code (auto_map) when torch loads it
 PROFILES = ("realtime", "async")
 # BYOC_PROFILE=async: the defaults an asynchronous endpoint needs (payloads up to 1 GB from S3, an
 # invocation timeout of up to an hour, requests of many inputs); each variable still wins where set.
@@ -61,6 +62,9 @@ class InferenceSettings:
     # BYOC_TASK: serve the folder as this task (a byoc.tasks name or alias: `embedding` for an encoder with
     # no head); None: as the folder says (modules.json: an embedding model; else config.json)
     task: str | None = None
+    # BYOC_TRUST_REMOTE_CODE: run the code a model folder ships (auto_map) when torch loads it; never fetched.
+    # The graph (model.onnx) serves without running it.
+    trust_remote_code: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> InferenceSettings:
@@ -72,6 +76,7 @@ class InferenceSettings:
             threads=read.integer("OMP_NUM_THREADS", None, 1),
             allow_untrained_head=read.flag(ALLOW_UNTRAINED_HEAD_ENV),
             task=_task(read.text(TASK_ENV)),
+            trust_remote_code=read.flag(TRUST_REMOTE_CODE_ENV),
         )
 
 

@@ -42,6 +42,7 @@ def publish_model(
     serving_graph: bool = True,
     serving_int8: bool = False,
     max_length: int | None = None,
+    trust_remote_code: bool = False,
 ) -> None:
     """Save weights (safetensors), config, tokenizer, the serving graph (model.onnx; model.int8.onnx
     with `serving_int8`) and `code/`, so model.tar.gz deploys as it is.
@@ -61,7 +62,7 @@ def publish_model(
             model.cpu()
         model.save_pretrained(staging, safe_serialization=True)
         _save_tokenizer(tokenizer, staging, max_length)
-        if serving_graph and onnx_graph.export(staging) and serving_int8:
+        if serving_graph and onnx_graph.export(staging, trust_remote_code) and serving_int8:
             onnx_graph.export_int8(staging)
         shutil.copytree(code_dir, staging / "code", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "train.py"))
         for item in sorted(staging.iterdir()):

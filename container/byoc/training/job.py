@@ -315,6 +315,7 @@ def finish(job: Job, trainer: TaskTrainer, metrics: dict[str, Any]) -> dict[str,
         serving_graph=args.serving_graph,
         serving_int8=args.serving_int8,
         max_length=args.max_length,
+        trust_remote_code=args.trust_remote_code,
     )
     logger.info("model saved to %s; metrics in %s", paths.model_dir, report)
     failures.raise_after_saving(paths.model_dir)

@@ -124,6 +124,9 @@ def _unpack(archive: Path, cache_dir: Path) -> Path:
 
 def load_tokenizer(source: ModelSource, args: TrainArguments) -> PreTrainedTokenizerBase:
     name = args.tokenizer_name_or_path or str(model_folder.weights_dir(Path(source.path)))
+    problem = model_folder.code_problem(Path(name), args.trust_remote_code, "the hyperparameter trust_remote_code=true")
+    if problem and Path(name).is_dir():
+        raise ModelError(f"the model in {name} ({source.origin}): {problem}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
     except Exception as err:  # transformers raises OSError, ValueError, KeyError... depending on what is missing

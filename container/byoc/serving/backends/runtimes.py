@@ -165,9 +165,21 @@ def labels_of(config: dict[str, Any]) -> dict[int, str]:
 
 
 def load_torch(
-    model_dir: Path, plan: Plan, compiled: bool = False, untrained_head: bool = False, task_name: str | None = None
+    model_dir: Path,
+    plan: Plan,
+    compiled: bool = False,
+    untrained_head: bool = False,
+    task_name: str | None = None,
+    trust_remote_code: bool = False,
 ) -> LoadedModel:
+    """The model on torch. A folder that ships code of its own (auto_map) runs it only with `trust_remote_code`
+    (BYOC_TRUST_REMOTE_CODE), from the folder alone: refused otherwise, before transformers reads it."""
     check_folder(model_dir)
+    problem = model_folder.code_problem(
+        model_folder.weights_dir(model_dir), trust_remote_code, "BYOC_TRUST_REMOTE_CODE=true"
+    )
+    if problem:
+        raise BackendError(f"{model_dir}: {problem} (or serve its model.onnx: `byoc export-onnx`, no code runs then)")
     if GRAPH in plan.why and not (model_folder.weights_dir(model_dir) / GRAPH).exists():  # torch: no graph
         logger.info(export_hint(model_dir))
     # Imported only here: the ONNX Runtime path starts in about a second because it never imports them.
@@ -180,7 +192,7 @@ def load_torch(
         raise BackendError(needs_full_image(plan, err.name)) from None
 
     files = model_folder.weights_dir(model_dir)  # (as load_onnx)
-    tokenizer = AutoTokenizer.from_pretrained(files)
+    tokenizer = AutoTokenizer.from_pretrained(files, trust_remote_code=trust_remote_code)
     config = json.loads((files / "config.json").read_text(encoding="utf-8"))
     unsupported = compat.unsupported_architecture(config)
     if unsupported:
@@ -188,7 +200,9 @@ def load_torch(
     task = tasks.of_folder(model_dir, config, task_name)
     facts = task.serving_facts(model_dir, config)
     activation = tasks.cross_encoder_activation(model_dir, config)
-    model, missing = task.load_torch(files, use_safetensors=True, trust_remote_code=False, **compat.fp32_weights())
+    model, missing = task.load_torch(
+        files, use_safetensors=True, trust_remote_code=trust_remote_code, **compat.fp32_weights()
+    )
     if missing and not untrained_head:
         raise BackendError(untrained_head_message(model_dir, sorted(missing)))
     module = task.output_module(model, model_dir)

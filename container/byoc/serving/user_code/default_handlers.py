@@ -108,7 +108,9 @@ def model_fn(model_dir: str) -> LoadedModel:
                 raise
             plan = backend_choice.fallback(plan, precision, str(err))
             logger.warning("serving with torch instead of ONNX Runtime: %s", err)
-    return runtimes.load_torch(folder, plan, settings.compile, settings.allow_untrained_head, settings.task)
+    return runtimes.load_torch(
+        folder, plan, settings.compile, settings.allow_untrained_head, settings.task, settings.trust_remote_code
+    )
 
 
 def nvidia_gpu() -> bool:

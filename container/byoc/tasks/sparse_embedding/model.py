@@ -121,6 +121,7 @@ def build(
 def check_masked_lm(path: Path, trust_remote_code: bool = False) -> None:
     """A BadParameter, before any weight loads, where the architecture has no masked-language-model head (a
     decoder: Qwen, Llama): SPLADE weighs the vocabulary's terms with that head's logits."""
+    # (transformers: only a job that builds a sparse model from a plain one reads its config here)
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
