@@ -73,6 +73,10 @@ def test_what_code_a_folder_may_run_is_decided_before_transformers_reads_it(tmp_
     assert "code in another repository (nomic-ai/nomic-bert-2048--modeling" in model_folder.code_problem(
         remote, True, "X=true"
     )
+    leftover = custom_folder(tmp_path / "leftover")  # a type transformers knows, auto_map left in its config
+    config = json.loads((leftover / "config.json").read_text())
+    (leftover / "config.json").write_text(json.dumps({**config, "model_type": "bert"}))
+    assert model_folder.code_problem(leftover, False, "X=true") is None  # (untrusted, transformers runs its own)
     (folder / "modeling_tiny.py").unlink()
     assert "names modeling_tiny.TinyModel, but the folder has no modeling_tiny.py" in model_folder.code_problem(
         folder, True, "X=true"

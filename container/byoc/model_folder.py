@@ -142,6 +142,8 @@ def code_problem(folder: Path, trusted: bool, setting: str) -> str | None:
     from the model folder alone, never fetched), a module the folder lacks, or code not trusted (`setting`:
     what trusts it, named in the message)."""
     refs = own_code(folder)
+    if refs and not trusted and _built_in(folder):
+        return None  # (transformers loads a type it knows with its own classes, untrusted: the code never runs)
     remote = next((ref for ref in refs if "--" in ref), None)
     if remote is not None:
         repo = remote.split("--", 1)[0]
@@ -160,6 +162,27 @@ def code_problem(folder: Path, trusted: bool, setting: str) -> str | None:
             "if you trust that code (read it first)"
         )
     return None
+
+
+def _built_in(folder: Path) -> bool:
+    """Whether transformers knows the folder's model type and tokenizer class itself (a folder with leftover
+    auto_map entries: without trust_remote_code, transformers uses its own classes and imports none of them)."""
+    try:  # (a torch load, an export or a job: where transformers is installed)
+        import transformers
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    except ImportError:
+        return False
+
+    def read(name: str) -> dict[str, Any]:
+        try:
+            value = json.loads((Path(folder) / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    tokenizer_class = read("tokenizer_config.json").get("tokenizer_class")
+    known_tokenizer = not tokenizer_class or hasattr(transformers, str(tokenizer_class).removesuffix("Fast"))
+    return read(CONFIG).get("model_type") in CONFIG_MAPPING_NAMES and known_tokenizer
 
 
 def weights_dir(model_dir: Path) -> Path:

@@ -121,12 +121,11 @@ def _export(model_dir: Path, trust_remote_code: bool = False) -> Path:
         traceable = exportable(loaded)  # a decoder whose masks the tracer cannot follow: its mask made for it
         if traceable is loaded:
             raise
-        model = task.output_module(traceable, model_dir)
-        graph = _trace(model, names, task)
+        graph = _trace(task.output_module(traceable, model_dir), names, task)
     _point_weights_at_safetensors(graph, files / WEIGHTS)
     target = files / GRAPH
     onnx.save(graph, str(target))
-    _check_against_torch(model, names, files)
+    _check_against_torch(model, names, files)  # (the model as transformers runs it, its own masks: not the trace's)
     return target
 
 

@@ -126,6 +126,10 @@ def test_routes_a_model_does_not_answer_and_unknown_routes_are_json_errors_namin
         answer = embedder.client.request(method, path)
         assert answer.status_code == status and answer.headers["content-type"] == "application/json"
         assert answer.json()["status"] == status and "/v1/embeddings" in answer.json()["error"]
+    assert embedder.client.get("/embed").headers["allow"] == "POST"
+    for body in (b"\xff\xfe not UTF-8", b"[" * 100_000 + b"]" * 100_000, b"{"):  # 400s, never a plain-text 500
+        answer = embedder.client.post("/v1/embeddings", content=body, headers={"content-type": "application/json"})
+        assert answer.status_code == 400 and "is not valid JSON" in answer.json()["error"], answer.text
 
 
 def test_cohere_v1_and_v2_clients_rerank_as_teis_rerank_body_does(reranker):

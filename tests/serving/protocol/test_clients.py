@@ -157,3 +157,24 @@ def test_info_says_what_kind_of_model_it_is():
         }
     }
     assert classifier["max_client_batch_size"] == 64 and classifier["byoc_task"] == "single_label_classification"
+
+
+def test_null_fields_are_not_sent_and_a_user_models_own_task_name_takes_every_route():
+    """Cohere's SDK sends an argument passed as None as null; a model dict of the user's own code may name a task
+    byoc does not have."""
+    rewrite = clients.cohere_rerank(
+        2, {"model": "m", "query": "q", "documents": ["a"], "top_n": None, "priority": None}
+    )
+    assert rewrite.body == {"query": "q", "texts": ["a"], "return_text": False}
+    assert clients.tei("embed", {"inputs": "a", "normalize": None}, EMBEDDER).body["parameters"] == {}
+    assert clients.tei("predict", {"inputs": "a"}, {"task": "my-own-task"}).body == {"inputs": ["a"], "parameters": {}}
+
+
+def test_a_token_classifier_answers_entities_on_invocations_only():
+    with pytest.raises(InputError, match="/predict is not answered by a token classifier: it answers /invocations"):
+        clients.tei("predict", {"inputs": "John lives in Paris"}, {"task": "token_classification"})
+
+
+def test_token_arrays_wait_for_the_model_while_it_loads():
+    """No model yet: the body goes on as it is, to the model server's 503 (not a 400 about the tokenizer)."""
+    assert clients.openai_embeddings({"input": [[1, 2]]}, None).body == {"input": [[1, 2]]}

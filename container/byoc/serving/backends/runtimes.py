@@ -130,9 +130,10 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None =
 
     def encode(inputs: list[str | tuple[str, str]], direction: str | None = None) -> list[dict[str, list[int]]]:
         cut = direction or side
-        if cut not in sides:  # (a copy of its own: the one the other requests use is never changed)
-            sides[cut] = Tokenizer.from_str(tokenizer.to_str())
-            sides[cut].enable_truncation(limit, direction=cut)
+        if cut not in sides:  # (a copy of its own, set before it is shared: the others' is never changed)
+            copy = Tokenizer.from_str(tokenizer.to_str())
+            copy.enable_truncation(limit, direction=cut)
+            sides[cut] = copy
         return [
             {"input_ids": e.ids, "attention_mask": e.attention_mask, "token_type_ids": e.type_ids}
             for e in sides[cut].encode_batch(clip(inputs, limit, cut))

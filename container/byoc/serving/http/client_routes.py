@@ -9,6 +9,7 @@ answer reshaped as the client reads it (byoc.serving.protocol.clients).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -68,18 +69,34 @@ async def _rewritten(
 ) -> Response:
     """The client's request answered through `/invocations`' path, its 200 reshaped for the client."""
     try:
-        payload = json.loads(body)
-        rewritten = rewrite(payload, server.model)
-    except json.JSONDecodeError as err:
-        invocations.metrics.error("bad_input")
-        return error(400, f"the body is not valid JSON: {err}")
+        # A large body (a 1 GB asynchronous one, a long token array) is parsed off the event loop: /ping waits on it
+        rewritten = (
+            await asyncio.to_thread(_parse, body, rewrite, server)
+            if len(body) > INLINE
+            else _parse(body, rewrite, server)
+        )
     except InputError as err:
         invocations.metrics.error("bad_input")
         return error(err.status, str(err))
     response = await invocations.answer(request, json.dumps(rewritten.body).encode(), server)
-    if rewritten.reshape is None or response.status_code != 200:
+    if rewritten.reshape is None or response.status_code != 200 or "json" not in (response.media_type or ""):
+        return response  # (an error, or the answer in another type the client's Accept asked for: as it is)
+    try:
+        return JSONResponse(rewritten.reshape(json.loads(bytes(response.body))))
+    except (ValueError, KeyError, TypeError, AttributeError):  # a model's own output_fn, in a shape of its own
         return response
-    return JSONResponse(rewritten.reshape(json.loads(bytes(response.body))))
+
+
+INLINE = 64 * 1024  # bytes of body parsed on the event loop; above, on a thread
+
+
+def _parse(body: bytes, rewrite: Rewriter, server: ModelServer) -> clients.Rewrite:
+    """The client's body as `/invocations` reads it: InputError (a 400) for what is not JSON, or too deep."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError) as err:  # (invalid JSON or UTF-8; nesting past Python's depth)
+        raise InputError(f"the body is not valid JSON: {type(err).__name__}: {str(err)[:200]}") from None
+    return rewrite(payload, server.model)
 
 
 def not_found(paths: Callable[[], list[str]]) -> Callable[[Request, Exception], Awaitable[Response]]:
@@ -89,6 +106,7 @@ def not_found(paths: Callable[[], list[str]]) -> Callable[[Request, Exception], 
     async def handle(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 404)
         what = "route" if status == 404 else f"{request.method} on this route"
-        return error(status, f"no {what}: {request.method} {request.url.path}; the routes are {', '.join(paths())}")
+        message = f"no {what}: {request.method} {request.url.path}; the routes are {', '.join(paths())}"
+        return error(status, message, dict(getattr(exc, "headers", None) or {}))  # (a 405's Allow)
 
     return handle

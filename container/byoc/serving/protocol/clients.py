@@ -55,7 +55,7 @@ def task_of(model: Any) -> tasks.Task | None:
     """The loaded model's task; None for a model of the user's own code (or none loaded yet: the request then
     meets the model server's 503)."""
     name = model.get("task") if isinstance(model, Mapping) else None
-    return tasks.get(name) if isinstance(name, str) else None
+    return tasks.TASKS.get(name) if isinstance(name, str) else None  # (a user's model dict may name its own)
 
 
 def tei(route: str, payload: Any, model: Any) -> Rewrite:
@@ -80,7 +80,8 @@ def _route_parameters(task: tasks.Task | None, route: str) -> Mapping[str, Any]:
         return {}
     if route not in task.tei_routes:
         answered = ", ".join(f"/{name}" for name in task.tei_routes)
-        raise InputError(f"/{route} is not answered by {task.described}: its routes are {answered} (and /invocations)")
+        routes = f"its routes are {answered} (and /invocations)" if answered else "it answers /invocations"
+        raise InputError(f"/{route} is not answered by {task.described}: {routes}")
     return task.tei_routes[route]
 
 
@@ -115,6 +116,8 @@ def openai_embeddings(payload: Any, model: Any) -> Rewrite:
     if "input" not in payload:
         raise InputError('/v1/embeddings takes {"input": "a text"} or a list of texts; the body has no "input"')
     _route_parameters(task_of(model), "embed")
+    if model is None:  # (still loading: the request meets the model server's 503 as it is)
+        return Rewrite(payload)
     return Rewrite({**payload, "input": _texts_of_tokens(payload["input"], model)})
 
 
@@ -245,12 +248,12 @@ def _version() -> str:
 def _object(payload: Any, route: str) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise InputError(f"{route} takes a JSON object; the body is {type(payload).__name__}")
-    return payload
+    return {key: value for key, value in payload.items() if value is not None}  # (null: not sent)
 
 
 def _known(payload: dict[str, Any], fields: tuple[str, ...], route: str) -> None:
     """A 400 naming a field the route does not read: sent, it would otherwise be ignored without a word."""
-    unknown = [key for key in payload if key not in fields]
+    unknown = [key for key in payload if key not in fields]  # (null fields are dropped first: _object)
     if unknown:
         raise InputError(
             f"{route} does not read {', '.join(repr(key) for key in unknown[:5])}: its fields are {', '.join(fields)}"

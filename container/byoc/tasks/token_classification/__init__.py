@@ -21,6 +21,7 @@ NAME = "token_classification"
 
 class TokenClassification(Task):
     name = NAME
+    tei_routes: Mapping[str, Mapping[str, Any]] = {}  # (TEI's /predict answers labels; entities: /invocations)
     aliases = ("token", "ner")
     described = "a token classifier"
     parameters = ("aggregation_strategy",)
