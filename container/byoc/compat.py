@@ -254,6 +254,15 @@ def retrieval_evaluator(kind: str) -> Any:
     return InformationRetrievalEvaluator
 
 
+def replace_transformer_model(module: Any, model: Any) -> None:
+    """Put `model` in a sentence-transformers Transformer module's place for its transformers model: 6.x keeps it
+    as `model` (`auto_model` a read-only property returning it), 5.x as `auto_model`."""
+    if isinstance(getattr(type(module), "auto_model", None), property):
+        module.model = model
+    else:
+        module.auto_model = model
+
+
 def words_tokenizer(tokenizer: Any) -> Any:
     """A tokenizer that takes sentences as words (`is_split_into_words`): transformers 4.x's byte-level BPE
     tokenizers (RoBERTa's, GPT-2's) refuse them unless loaded with add_prefix_space=True (run_ner.py loads them

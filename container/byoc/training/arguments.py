@@ -139,9 +139,7 @@ class TrainArguments:
     negatives_range_min: int = _hp(
         10, "Mined negatives: skip each anchor's closest N texts (often unlabelled positives).", bound=WHOLE
     )
-    negatives_range_max: int = _hp(
-        50, "Mined negatives: look no further than each anchor's closest N texts.", bound=COUNT
-    )
+    negatives_range_max: int = _hp(50, "Mined negatives: look no further than each anchor's closest N.", bound=COUNT)
     negatives_margin: float = _hp(
         0.05, "Mined negatives: at most (1 - margin) as similar to the anchor as its positive.", bound=FRACTION
     )
@@ -149,12 +147,13 @@ class TrainArguments:
     matryoshka_dims: str = _hp("", "Embedding models: also train these leading dimensions alone (768,256,64).")
     mini_batch_size: int | None = _hp(None, "In-batch negatives: embed N rows a pass, gradients cached.", bound=COUNT)
     inference_free: bool = _hp(False, "Sparse models: queries weighed by a trained table, no model run at query time.")
+    lora_r: int | None = _hp(
+        None, "Embedding models: train LoRA adapters of this rank, merged when saved.", bound=COUNT
+    )
     listwise_loss: str | None = _hp(
         None, "Listwise rerankers: lambdaloss (default) or listnet.", (), ("lambdaloss", "listnet")
     )
-    validation_split: float = _hp(
-        0.0, "No eval data: hold out this fraction of train (stratified); 0: none.", bound=FRACTION
-    )
+    validation_split: float = _hp(0.0, "No eval data: hold out this fraction of train (stratified).", bound=FRACTION)
     max_train_samples: int | None = _hp(None, "Use only the first N training examples (quick runs).", bound=COUNT)
     max_eval_samples: int | None = _hp(None, "Use only the first N eval and test examples.", bound=COUNT)
     # Speed (docs/training.md: measured on CPU, they keep accuracy)

@@ -230,6 +230,7 @@ def recipe_settings(args: TrainArguments, kind: tasks.Task, use_xla: bool = Fals
         "mini_batch_size": args.mini_batch_size,
         "listwise_loss": args.listwise_loss,
         "inference_free": args.inference_free,
+        "lora_r": args.lora_r,
     }
     given = {name: value for name, value in asked.items() if value}
     for name in given:

@@ -495,3 +495,44 @@ def test_cached_negatives_on_xla_or_several_processes_are_refused_by_name():
     assert recipe_settings(args, tasks.get(EMBEDDING)) == {"mini_batch_size": 4}
     with pytest.raises(HyperparameterError, match="one process on a CPU or a GPU for now, not on XLA"):
         recipe_settings(args, tasks.get(EMBEDDING), use_xla=True)
+
+
+# --- LoRA (lora_r): adapters trained, merged into the folder the job writes ---------------------------------
+
+
+@pytest.mark.parametrize("arch", ["bert", "qwen3"])
+def test_a_lora_job_trains_adapters_alone_and_writes_a_plain_folder_that_serves_as_sentence_transformers(
+    job, tmp_path, caplog, monkeypatch, arch
+):
+    """Every linear layer's adapters trained (a decoder embedder's, Qwen3's, as an encoder's), the rest frozen;
+    the folder holds the merged weights (no adapter files, no peft needed to load it) and the folder's own code
+    serves it as sentence-transformers encodes it."""
+    import architectures
+    from safetensors.torch import load_file
+
+    base = architectures.build(arch, tmp_path / arch)
+    job.hyperparameters({**QUICK, "lora_r": "4", "learning_rate": "1e-2"})
+    job.model_channel(base)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(32))
+    with caplog.at_level("INFO"):
+        assert entry.train() == 0, job.failure
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("LoRA: rank 4 on every linear layer") for m in messages)
+    folder = job.model_dir
+    assert not list(folder.rglob("adapter_config.json")) and not list(folder.rglob("adapter_model.safetensors"))
+    before, after = load_file(str(base / "model.safetensors")), load_file(str(folder / "model.safetensors"))
+    assert before.keys() == after.keys()  # the base's own weights, no adapter keys
+    changed = [name for name in before if not torch.equal(before[name], after[name])]
+    linear = {name for name, value in before.items() if value.dim() == 2 and "embed" not in name}
+    assert changed and set(changed) <= linear  # the merged linear layers alone: embeddings, norms, biases frozen
+
+    from sentence_transformers import SentenceTransformer
+
+    texts = [row["anchor"] for row in topic_rows(4, seed=5)]
+    expected = SentenceTransformer(str(folder), device="cpu").encode(texts)
+    inference, model = own_inference(folder, monkeypatch, "onnxruntime")
+    data = inference.input_fn(json.dumps({"inputs": texts}), "application/json")
+    served = np.asarray(json.loads(inference.output_fn(inference.predict_fn(data, model), "application/json")[0]))
+    sys.modules.pop("inference", None)
+    cosine = (served * expected).sum(1) / np.linalg.norm(served, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() >= 0.9999

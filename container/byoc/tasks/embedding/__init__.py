@@ -43,7 +43,7 @@ class Embedding(Task):
     in_metric_definitions = False  # retrieval metrics: metric_definitions("embedding") gives them
     ranks_corpus: str | None = "dense"
     mined_by: str | None = NAME  # by the model the job trains, as loaded
-    recipe_settings: tuple[str, ...] = ("matryoshka_dims", "mini_batch_size")
+    recipe_settings: tuple[str, ...] = ("matryoshka_dims", "mini_batch_size", "lora_r")
     small_batches = True  # in-batch negatives and CoSENT's pairs of pairs: batch 16, sentence-transformers' default
     metrics: tuple[str, ...] = (
         "spearman_cosine",
@@ -130,8 +130,14 @@ class Embedding(Task):
     def apply_recipe(self, model: Any, settings: Mapping[str, Any]) -> None:
         """Matryoshka (the loss also over each of `matryoshka_dims` leading dimensions) and cached in-batch negatives
         (`mini_batch_size`): byoc.tasks.embedding.model."""
-        from byoc.tasks.embedding.model import cache_negatives, train_leading_dimensions  # (as training_model)
+        from byoc.tasks.embedding.model import (  # (as training_model)
+            cache_negatives,
+            train_leading_dimensions,
+            train_low_rank,
+        )
 
+        if settings.get("lora_r"):
+            train_low_rank(model, settings["lora_r"])
         if settings.get("matryoshka_dims"):
             train_leading_dimensions(model, settings["matryoshka_dims"])
         if settings.get("mini_batch_size"):
