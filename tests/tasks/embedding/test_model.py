@@ -455,7 +455,7 @@ def test_the_cached_loss_gives_the_uncached_losss_gradients(tiny_model_dir, matr
         assert plain_loss != pytest.approx(gradients_of(tiny_model_dir, rows)[0], rel=1e-3)
 
 
-@pytest.mark.parametrize("extra", [{}, {"matryoshka_dims": "32,16"}], ids=["plain", "matryoshka"])
+@pytest.mark.parametrize("extra", [{}, {"matryoshka_dims": "32,16", "max_steps": "2"}], ids=["plain", "matryoshka"])
 def test_a_job_with_cached_negatives_trains_and_evaluates(job, tiny_model_dir, caplog, extra):
     job.hyperparameters({**QUICK, "per_device_train_batch_size": "16", "mini_batch_size": "4", **extra})
     job.model_channel(tiny_model_dir)
