@@ -144,3 +144,35 @@ def test_a_model_that_overflows_fp16_is_served_in_bf16_or_fp32_never_fp16():
     assert torch_dtype_name(HALF, False, fp16_safe=True) == "float16"
     with pytest.raises(BackendError, match="overflow fp16 .* use BYOC_INFERENCE_PRECISION=bf16"):
         torch_dtype_name("fp16", True, fp16_safe=False)
+
+
+@pytest.mark.parametrize(
+    "host, backend, expected",
+    [
+        (Host(tokens=8192), "auto", "torch"),  # its graph's attention would hold 8,192 x 8,192 scores a layer
+        (Host(tokens=8192, torch=False), "auto", "onnxruntime"),  # the slim image: the graph it has
+        (Host(tokens=8192), "onnxruntime", "onnxruntime"),  # asked for by name
+        (Host(tokens=2048), "auto", "onnxruntime"),
+        (Host(gpu=True, providers=GPU_ORT, tokens=8192), "auto", "onnxruntime"),  # (on a GPU: unchanged)
+    ],
+)
+def test_a_long_context_model_is_served_on_torch_on_the_cpu_where_torch_is_there(host, backend, expected):
+    """An 8,192-token request peaked at 8.3 GB on ONNX Runtime against 1.6 GB on torch (make bench-long-context)."""
+    plan = choose(backend, "auto", host)
+    assert plan.backend == expected
+    if expected == "torch":
+        assert "8192-token model on the CPU" in plan.why and "BYOC_INFERENCE_BACKEND=onnxruntime" in plan.why
+
+
+def test_the_models_length_is_read_from_its_files_before_any_backend_loads(tmp_path):
+    import json
+
+    from byoc.serving.backends.runtimes import model_tokens
+
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "xlm-roberta", "max_position_embeddings": 8194, "pad_token_id": 1})
+    )
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 1000000000000000019884624838656}))
+    assert model_tokens(tmp_path) == 8192  # bge-m3's: its positions, less RoBERTa's offset
+    (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512}))
+    assert model_tokens(tmp_path) == 512

@@ -7,7 +7,9 @@ It imports nothing heavy and reads nothing itself, so every hardware and softwar
 unit test (tests/serving/backends/test_backend_choice.py).
 
 The rules, with both settings on `auto`:
-- no GPU: ONNX Runtime on the CPU, fp32 (about a second to start, no torch import);
+- no GPU: ONNX Runtime on the CPU, fp32 (about a second to start, no torch import); a model that reads more
+  than LONG_CONTEXT tokens on torch where it is installed (the graph's attention grows with the square of
+  the length: 8.3 GB for an 8,192-token request, against torch's 1.6 GB);
 - a GPU and an ONNX Runtime with the CUDA execution provider (the onnxruntime-gpu package): ONNX
   Runtime on CUDA, fp32 with TF32 matmuls. It starts without importing torch or transformers,
   which take 15-17 s on an H100 host, against a 3 s target for the first answer. fp16 there is
@@ -30,6 +32,9 @@ ALLOW_UNTRAINED_HEAD_ENV = "BYOC_ALLOW_UNTRAINED_HEAD"  # serve a folder whose c
 INFERENCE_COMPILE_ENV = "BYOC_INFERENCE_COMPILE"  # torch on CUDA: 1 captures each bucket shape as a CUDA graph
 BACKENDS = ("auto", "onnxruntime", "torch")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16", "int8")
+# Past this many tokens a model is served on torch on the CPU where it can be (auto): the exported graph's eager
+# attention holds each layer's length x length scores (docs/benchmarks.md, make bench-long-context).
+LONG_CONTEXT = 2048
 HALF = "half"  # torch on CUDA: bf16 where the GPU supports it, else fp16 (decided once torch is imported)
 
 
@@ -47,6 +52,8 @@ class Host:
     onnxruntime: bool = True
     graph: bool = True  # model.onnx
     tokenizer: bool = True  # tokenizer.json
+    torch: bool = True  # torch is installed (the full images; the slim serving image has none)
+    tokens: int = 512  # the longest input the model reads (byoc.model_folder.max_length)
 
     @property
     def missing(self) -> list[str]:
@@ -130,6 +137,12 @@ def _auto_backend(precision: str, host: Host, missing: str) -> tuple[str, str]:
     if not host.gpu:
         if precision == "fp16":
             return "torch", "fp16 on the CPU is torch's"
+        if host.tokens > LONG_CONTEXT and host.torch:
+            return "torch", (
+                f"a {host.tokens}-token model on the CPU: torch's attention never holds a length x length score "
+                "matrix, which the graph's does (an 8,192-token request peaked at 8.3 GB on ONNX Runtime, 1.6 GB "
+                f"on torch); {INFERENCE_BACKEND_ENV}=onnxruntime serves the graph anyway"
+            )
         return "onnxruntime", "no GPU: ONNX Runtime on the CPU starts without torch"
     if host.cuda_ep:
         return "onnxruntime", f"a GPU and ONNX Runtime's {CUDA_EP}: starts without torch"

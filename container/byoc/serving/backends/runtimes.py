@@ -57,6 +57,27 @@ def describe(model_dir: Path, gpu: bool) -> Host:
         onnxruntime=installed,
         graph=(files / GRAPH).exists(),
         tokenizer=(files / "tokenizer.json").exists(),
+        torch=importlib.util.find_spec("torch") is not None,
+        tokens=model_tokens(model_dir),
+    )
+
+
+def model_tokens(model_dir: Path) -> int:
+    """The longest input the folder's model reads (its tokenizer's, positions' and sentence-transformers'
+    limits), read from its JSON files alone: before any backend loads."""
+    files = model_folder.weights_dir(model_dir)
+
+    def read(name: str) -> dict[str, Any]:
+        try:
+            value = json.loads((files / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    return model_folder.max_length(
+        read("tokenizer_config.json").get("model_max_length"),
+        model_folder.positions(read("config.json")),
+        read("sentence_bert_config.json").get("max_seq_length"),
     )
 
 
