@@ -16,7 +16,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-embed-vs bench-embed-train bench-retrieval bench-sparse bench-multi-vector bench-hybrid bench-cached-loss bench-long-text bench-long-context bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-embed-vs bench-embed-train bench-retrieval bench-sparse bench-multi-vector bench-hybrid bench-cached-loss bench-long-text bench-long-context bench-models bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
 
 venv: $(STAMP)
 
@@ -159,6 +159,10 @@ bench-cached-loss: venv
 # One long text beside small requests on a token classifier (docs/benchmarks.md); --container for a before-and-after.
 bench-long-text: venv
 	$(PY) benchmarks/bench_long_text.py --json benchmarks/results/long-text.json
+
+# A Qwen3-0.6B-shaped decoder embedder served against sentence-transformers' encode, fp32 and int8.
+bench-models: venv
+	$(PY) benchmarks/bench_models.py --json benchmarks/results/models.json
 
 # An 8,192-token request to a ModernBERT-base-shaped embedding model: time, peak memory, /ping meanwhile.
 bench-long-context: venv

@@ -218,6 +218,21 @@ def test_int8_session_quantizes_and_stays_close(classifier_dir, tmp_path):
     assert np.abs(approx - exact).max() < 0.1 * max(1.0, np.abs(exact).max())
 
 
+def test_the_int8_graph_of_weights_past_protobufs_2_gb_keeps_its_data_beside_it(classifier_dir, tmp_path, monkeypatch):
+    """A 0.6B model's fp32 weights (2.4 GB) failed to quantize ("Failed to serialize proto"): past
+    LARGE_GRAPH_BYTES the graph is quantized as it is and its int8 weights written beside it, served alike."""
+    copy = Path(shutil.copytree(classifier_dir, tmp_path / "model"))
+    monkeypatch.setattr(onnx_graph, "LARGE_GRAPH_BYTES", 1)  # (the tiny model's weights count as large)
+    assert onnx_graph.export_int8(copy) == copy / onnx_graph.INT8_GRAPH
+    assert (copy / f"{onnx_graph.INT8_GRAPH}.data").is_file() and not list(copy.glob("byoc-int8-*"))
+    rng = np.random.default_rng(4)
+    ids = rng.integers(1000, 30000, size=(4, 9), dtype=np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    exact = onnx_session.Session(copy, threads=1).logits(feeds)
+    approx = onnx_session.Session(copy, threads=1, int8=True).logits(feeds)
+    assert np.abs(approx - exact).max() < 0.1 * max(1.0, np.abs(exact).max())
+
+
 @pytest.mark.integration  # byoc in processes of its own
 def test_int8_graph_made_ahead_is_used_and_refused_when_stale(classifier_dir, tmp_path, monkeypatch, caplog):
     copy = tmp_path / "model"

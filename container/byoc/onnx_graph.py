@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 GRAPH = "model.onnx"
 INT8_GRAPH = "model.int8.onnx"  # optional: the int8 graph made ahead (BYOC_INFERENCE_PRECISION=int8)
+LARGE_GRAPH_BYTES = 3 << 29  # 1.5 GB of weights: past it, an int8 graph's data is written beside it (protobuf's 2 GB)
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 HEADER_KEY = "byoc.safetensors_header_sha256"  # the weights layout the graph's offsets point into
 TOLERANCE = 1e-4  # largest |logit difference| accepted between the graph and torch at export
@@ -280,14 +281,12 @@ def _check_fused(graph: Path, fused: Path) -> None:
         raise GraphError("the fused graph answers otherwise than the graph")
 
 
-def quantize(model_dir: Path, folder: Path) -> Path:
-    """An int8 copy of the graph in `folder`: BERT operators fused (attention, skip-layer-norm,
-    bias-GELU) where ONNX Runtime's transformer optimizer recognises them, then dynamic quantization
-    of the weights, per output column (activations are quantized per batch at run time)."""
+def _fused(model_dir: Path, folder: Path, config: dict[str, Any]) -> Path:
+    """The graph with BERT's operators fused (attention, skip-layer-norm, bias-GELU) where ONNX Runtime's
+    transformer optimizer recognises them and the fused graph answers as the graph does; else the graph as it
+    is. Written in `folder`."""
     import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     fused = folder / "fused.onnx"
     try:
         from onnxruntime.transformers import optimizer
@@ -304,7 +303,28 @@ def quantize(model_dir: Path, folder: Path) -> Path:
     except Exception as err:  # an architecture the fusions do not know: quantize the plain graph
         logger.warning("int8: operator fusion failed (%s); quantizing the unfused graph", err)
         onnx.save(onnx.load(str(model_dir / GRAPH)), str(fused))
-    target = folder / "int8.onnx"
+    return fused
+
+
+def quantize(model_dir: Path, folder: Path) -> Path:
+    """An int8 copy of the graph in `folder` (`_fused` first), then dynamic quantization of the weights, per
+    output column (activations are quantized per batch at run time)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    # Over protobuf's 2 GB (a 0.6B model's fp32 weights), a graph holds its weights in a file beside it: the
+    # fusion is skipped (it writes one proto) and the quantizer writes its int8 graph's data beside it.
+    weights = model_dir / WEIGHTS
+    large = weights.exists() and weights.stat().st_size > LARGE_GRAPH_BYTES
+    if large:
+        logger.info(
+            "int8: weights over %.1f GB: the graph quantized unfused, its data beside it", LARGE_GRAPH_BYTES / 2**30
+        )
+        fused = model_dir / GRAPH  # (its weights read from model.safetensors, where it points)
+    else:
+        fused = _fused(model_dir, folder, config)
+    target = folder / INT8_GRAPH  # (its data file, if any, is named after it: it moves beside it as it is)
     root = logging.getLogger()
     level = root.level
     # The quantizer logs a line per tensor on the root logger, and advice to run its pre-processing
@@ -319,11 +339,12 @@ def quantize(model_dir: Path, folder: Path) -> Path:
             weight_type=QuantType.QInt8,
             per_channel=True,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+            use_external_data_format=large,
         )
     finally:
         root.setLevel(level)
-    # Self-contained (every weight it needs is inside, int8 mostly); the fusion and the quantizer
-    # keep model.onnx's metadata, so it records the weights it was made from (HEADER_KEY).
+    # Self-contained below LARGE_GRAPH_BYTES (every weight it needs is inside, int8 mostly); the fusion and the
+    # quantizer keep model.onnx's metadata, so it records the weights it was made from (HEADER_KEY).
     return target
 
 
@@ -336,6 +357,8 @@ def export_int8(model_dir: Path) -> Path | None:
     try:
         with tempfile.TemporaryDirectory(prefix="byoc-int8-", dir=model_dir) as scratch:
             made = quantize(model_dir, Path(scratch))
+            for data in made.parent.glob(f"{INT8_GRAPH}.data"):  # (a large model's int8 weights, beside the graph)
+                os.replace(data, model_dir / data.name)
             os.replace(made, model_dir / INT8_GRAPH)
     except Exception as err:  # never fails the training job that asked for it
         logger.warning("no int8 serving graph (%s): %s: %s", INT8_GRAPH, type(err).__name__, err)
