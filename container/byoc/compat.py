@@ -255,8 +255,7 @@ def retrieval_evaluator(kind: str) -> Any:
 
 
 def replace_transformer_model(module: Any, model: Any) -> None:
-    """Put `model` in a sentence-transformers Transformer module's place for its transformers model: 6.x keeps it
-    as `model` (`auto_model` a read-only property returning it), 5.x as `auto_model`."""
+    """`model` as a sentence-transformers Transformer's transformers model: 6.x's `model`, 5.x's `auto_model`."""
     if isinstance(getattr(type(module), "auto_model", None), property):
         module.model = model
     else:
@@ -264,9 +263,8 @@ def replace_transformer_model(module: Any, model: Any) -> None:
 
 
 def words_tokenizer(tokenizer: Any) -> Any:
-    """A tokenizer that takes sentences as words (`is_split_into_words`): transformers 4.x's byte-level BPE
-    tokenizers (RoBERTa's, GPT-2's) refuse them unless loaded with add_prefix_space=True (run_ner.py loads them
-    so); 5.x's take them as they are. Tried, not guessed by the model's type."""
+    """A tokenizer that takes sentences as words (`is_split_into_words`): transformers 4.x's byte-level BPE ones
+    (RoBERTa's) refuse them unless loaded with add_prefix_space=True (as run_ner.py loads them); 5.x's take them."""
     try:
         tokenizer(["word"], is_split_into_words=True)
         return tokenizer
@@ -279,8 +277,7 @@ def words_tokenizer(tokenizer: Any) -> Any:
 def unsupported_architecture(config: dict[str, Any]) -> str | None:
     """Why this transformers cannot run the architecture config.json describes as it was trained, or None.
     transformers loads a config with settings it does not know and ignores them: a bidirectional Gemma 3
-    (EmbeddingGemma: `use_bidirectional_attention`, 4.56 on) would run causal on 4.55 and embed wrongly
-    without a word; a model type it does not know fails with its class name alone."""
+    (EmbeddingGemma: `use_bidirectional_attention`, 4.56 on) would run causal on 4.55, embedding wrongly."""
     import transformers
 
     kind = config.get("model_type")

@@ -121,6 +121,7 @@ FULL_IMAGE_MODULES = frozenset(
     + ("mlflow", "sagemaker_mlflow")  # experiment tracking (byoc.training.tracking)
     + ("sentence_transformers",)  # training embedding models (byoc.tasks.embedding.model)
     + ("bm25s",)  # BM25 beside a retrieval model on a BEIR set (byoc.training.corpus_evaluation)
+    + ("peft",)  # LoRA adapters while training (byoc.tasks.embedding.model)
 )
 
 

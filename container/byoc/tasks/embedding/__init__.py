@@ -130,18 +130,14 @@ class Embedding(Task):
     def apply_recipe(self, model: Any, settings: Mapping[str, Any]) -> None:
         """Matryoshka (the loss also over each of `matryoshka_dims` leading dimensions) and cached in-batch negatives
         (`mini_batch_size`): byoc.tasks.embedding.model."""
-        from byoc.tasks.embedding.model import (  # (as training_model)
-            cache_negatives,
-            train_leading_dimensions,
-            train_low_rank,
-        )
+        from byoc.tasks.embedding import model as recipe  # (as training_model)
 
         if settings.get("lora_r"):
-            train_low_rank(model, settings["lora_r"])
+            recipe.train_low_rank(model, settings["lora_r"])
         if settings.get("matryoshka_dims"):
-            train_leading_dimensions(model, settings["matryoshka_dims"])
+            recipe.train_leading_dimensions(model, settings["matryoshka_dims"])
         if settings.get("mini_batch_size"):
-            cache_negatives(model, settings["mini_batch_size"])
+            recipe.cache_negatives(model, settings["mini_batch_size"])
 
     def retriever_of(self, model: Any) -> Any:
         return model.model  # byoc.tasks.embedding.model.EmbeddingModel's SentenceTransformer (or SparseEncoder)
