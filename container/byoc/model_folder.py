@@ -127,11 +127,7 @@ def own_code(folder: Path) -> list[str]:
     in another repository), in order, each once."""
     refs: list[str] = []
     for name in (CONFIG, "tokenizer_config.json"):
-        path = Path(folder) / name
-        try:
-            auto_map = json.loads(path.read_text(encoding="utf-8")).get("auto_map") if path.is_file() else None
-        except (OSError, ValueError, AttributeError):
-            continue  # (unreadable: the loaders say so)
+        auto_map = json_object(folder, name).get("auto_map")
         for value in (auto_map or {}).values() if isinstance(auto_map, dict) else ():
             refs += [ref for ref in (value if isinstance(value, list) else [value]) if isinstance(ref, str) and ref]
     return list(dict.fromkeys(refs))
@@ -173,16 +169,19 @@ def _built_in(folder: Path) -> bool:
     except ImportError:
         return False
 
-    def read(name: str) -> dict[str, Any]:
-        try:
-            value = json.loads((Path(folder) / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return value if isinstance(value, dict) else {}
-
-    tokenizer_class = read("tokenizer_config.json").get("tokenizer_class")
+    tokenizer_class = json_object(folder, "tokenizer_config.json").get("tokenizer_class")
     known_tokenizer = not tokenizer_class or hasattr(transformers, str(tokenizer_class).removesuffix("Fast"))
-    return read(CONFIG).get("model_type") in CONFIG_MAPPING_NAMES and known_tokenizer
+    return json_object(folder, CONFIG).get("model_type") in CONFIG_MAPPING_NAMES and known_tokenizer
+
+
+def json_object(folder: Path, name: str) -> dict[str, Any]:
+    """The folder's JSON file `name` as an object; {} where it is missing, unreadable or not an object (the
+    loaders say what is wrong with it: this only reads what it states)."""
+    try:
+        value = json.loads((Path(folder) / name).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def weights_dir(model_dir: Path) -> Path:

@@ -66,18 +66,10 @@ def model_tokens(model_dir: Path) -> int:
     """The longest input the folder's model reads (its tokenizer's, positions' and sentence-transformers'
     limits), read from its JSON files alone: before any backend loads."""
     files = model_folder.weights_dir(model_dir)
-
-    def read(name: str) -> dict[str, Any]:
-        try:
-            value = json.loads((files / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return value if isinstance(value, dict) else {}
-
     return model_folder.max_length(
-        read("tokenizer_config.json").get("model_max_length"),
-        model_folder.positions(read("config.json")),
-        read("sentence_bert_config.json").get("max_seq_length"),
+        model_folder.json_object(files, "tokenizer_config.json").get("model_max_length"),
+        model_folder.positions(model_folder.json_object(files, "config.json")),
+        model_folder.json_object(files, "sentence_bert_config.json").get("max_seq_length"),
     )
 
 
