@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 MODULES = "modules.json"
+LOGIT_SCORE = "LogitScore"  # the module that makes a decoder's next-token logits a relevance (a generative reranker)
 POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
 # 1_Pooling/config.json's pooling_mode_* keys, each naming one mode, in the order sentence-transformers
 # concatenates the vectors of several
@@ -64,6 +65,20 @@ class SentenceFolder:
 
 def is_sentence_folder(model_dir: Path) -> bool:
     return (Path(model_dir) / MODULES).is_file()
+
+
+def module_kinds(model_dir: Path) -> list[str]:
+    """The class names of the modules a sentence-transformers folder's modules.json lists ([] for another folder,
+    or a modules.json that lists none it can read: `read` says what is wrong with it)."""
+    path = Path(model_dir) / MODULES
+    if not path.is_file():
+        return []
+    try:
+        modules = read_json(path)
+    except FolderError:
+        return []
+    listed = modules if isinstance(modules, list) else []
+    return [str(m.get("type", "")).rsplit(".", 1)[-1] for m in listed if isinstance(m, dict)]
 
 
 def read(model_dir: Path) -> SentenceFolder:

@@ -155,3 +155,25 @@ def test_a_reranker_is_evaluated_reordering_the_embedding_models_top_100(job, ti
     expected = corpus_evaluation._flat(scoring.compute_metrics(hits))
     assert {key: metrics[f"test_corpus_{key}"] for key in REPORTED.values()} == pytest.approx(expected, abs=1e-6)
     assert "test_bm25_ndcg_at_10" in metrics
+
+
+@pytest.mark.integration
+def test_a_generative_reranker_is_evaluated_reordering_the_top_100_by_its_template(job, tmp_path):
+    """A generative reranker's pairs are rendered by its chat template for the reordering, as served: its figures
+    are the order its own yes/no logits give the embedding model's top 100."""
+    import generative_rerankers
+
+    folder = generative_rerankers.build("qwen3-reranker", tmp_path / "reranker")
+    job.hyperparameters({**QUICK, "task": "generative_reranker", "max_length": "512"})  # (no pair cut: see below)
+    job.model_channel(folder)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(16, negatives=True))
+    found = read_set(write_beir(job.channel("test")), "test", "test")
+    assert entry.train() == 0, job.failure
+    scoring = corpus_evaluation.evaluator(found, "dense")
+    hits = []
+    for query in scoring.queries_ids:  # (the images' sentence-transformers predates LogitScore: transformers' score)
+        pairs = [(found.queries[query], found.corpus[doc]) for doc in scoring.corpus_ids]
+        scores = generative_rerankers.reference_logits(job.model_dir, pairs)
+        hits.append([{"corpus_id": doc, "score": float(s)} for doc, s in zip(scoring.corpus_ids, scores)])
+    expected = corpus_evaluation._flat(scoring.compute_metrics(hits))
+    assert {key: job.metrics[f"test_corpus_{key}"] for key in REPORTED.values()} == pytest.approx(expected, abs=1e-6)

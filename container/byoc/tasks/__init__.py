@@ -23,6 +23,8 @@ from byoc import model_folder, sentence_folder
 from byoc.tasks.base import IGNORE_LABEL, BadParameter, Task
 from byoc.tasks.embedding import NAME as EMBEDDING
 from byoc.tasks.embedding import Embedding
+from byoc.tasks.generative_reranker import NAME as GENERATIVE_RERANKER
+from byoc.tasks.generative_reranker import GenerativeReranker
 from byoc.tasks.hybrid import NAME as HYBRID
 from byoc.tasks.hybrid import Hybrid
 from byoc.tasks.listwise_reranker import NAME as LISTWISE_RERANKER
@@ -83,6 +85,7 @@ TASKS: dict[str, Task] = {
         SparseEmbedding(),
         Reranker(),
         ListwiseReranker(),
+        GenerativeReranker(),
         MultiVector(),
         Hybrid(),
         *plugins(),
@@ -95,6 +98,7 @@ DEFAULT = SINGLE_LABEL  # the task of a model dict (a user's model_fn's) that na
 __all__ = [
     "AUTO",
     "EMBEDDING",
+    "GENERATIVE_RERANKER",
     "BadParameter",
     "DEFAULT",
     "HYBRID",
@@ -153,13 +157,20 @@ def trained_name(value: str) -> str:
 
 def of_folder(model_dir: Path, config: dict[str, Any], requested: str | None = None) -> Task:
     """The task of a model folder: `requested` (a canonical name: serving's BYOC_TASK) where given; for a
-    folder holding a task's `folder_files` (a bge-m3 folder's heads), that task; for a sentence-transformers
-    folder (modules.json), the task whose `sentence_model_type` is the folder's (an embedding model, a sparse
-    one); else (a cross-encoder's folder too) what config.json says."""
+    folder holding a task's `folder_files` (a bge-m3 folder's heads) or listing its `sentence_module` in modules.json
+    (a generative reranker's LogitScore), that task; for a sentence-transformers folder (modules.json), the task
+    whose `sentence_model_type` is the folder's (an embedding model, a sparse one); else (a cross-encoder's folder
+    too) what config.json says."""
     if requested:
         return TASKS[requested]
     folder = Path(model_dir)
-    marked = [t for t in TASKS.values() if t.folder_files and all((folder / f).is_file() for f in t.folder_files)]
+    listed = sentence_folder.module_kinds(folder)
+    marked = [
+        t
+        for t in TASKS.values()
+        if (t.folder_files and all((folder / f).is_file() for f in t.folder_files))
+        or (t.sentence_module and t.sentence_module in listed)
+    ]
     if marked:  # (a bge-m3 folder is a dense sentence-transformers folder too: its heads make it hybrid)
         return marked[0]
     kind = sentence_model_type(model_dir)
@@ -207,7 +218,8 @@ def cross_encoder_activation(model_dir: Path, config: dict[str, Any]) -> str | N
                     f"({', '.join(ACTIVATIONS)})"
                 )
             return name
-    outputs = int(config.get("num_labels") or len(config.get("id2label") or {}) or 2)
+    scored = any(t.sentence_module in sentence_folder.module_kinds(Path(model_dir)) for t in TASKS.values())
+    outputs = 1 if scored else int(config.get("num_labels") or len(config.get("id2label") or {}) or 2)
     return "Sigmoid" if outputs == 1 else "Identity"
 
 

@@ -46,6 +46,7 @@ class Task:
     whole_texts = False
     output_axes: Mapping[int, str] = {0: "batch"}  # the graph's output's dynamic axes (model.onnx's "logits")
     sentence_model_type: str | None = None  # the sentence-transformers folders it serves (their model_type)
+    sentence_module: str | None = None  # a module type (class name) that makes a sentence-transformers folder its
     in_metric_definitions = True  # its metrics are in METRIC_DEFINITIONS (SageMaker reads 40 a job at most)
     smooths_labels = False  # label_smoothing applies (one class per text)
     small_batches = False  # trains at byoc's small default batch whatever the data's size
@@ -211,6 +212,11 @@ class Task:
         (`ranks_corpus` tasks only)."""
         raise BadParameter(f"{self.described} does not rank documents for a query")
 
+    def pair_encoding(self, tokenizer: Any, pairs: list[tuple[str, str]], max_length: int) -> dict[str, list]:
+        """(query, document) pairs tokenized as the task's model scores them, unpadded (a retrieval set's top 100
+        reranked): the tokenizer's pair encoding, cut at `max_length`."""
+        return dict(tokenizer([q for q, _ in pairs], [d for _, d in pairs], truncation=True, max_length=max_length))
+
     def takes_mined_negatives(self, columns: list[str], labelled: bool) -> bool:
         """Whether rows of these `columns` (`labelled`: with a score) may get a mined negative each."""
         return self.in_batch_negatives(columns, labelled)
@@ -306,6 +312,13 @@ class Task:
     def prepare(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> list[Any]:
         """The inputs as the model reads them (an embedding model's prompt before each text)."""
         return inputs
+
+    def encoded(
+        self, encoded: list[dict[str, list[int]]], parameters: Mapping[str, Any], model: Mapping
+    ) -> list[dict[str, list[int]]]:
+        """The prepared inputs' encodings (the model's `encode`), as the model reads them (a template's tail written
+        back where a text was cut)."""
+        return encoded
 
     def answer(
         self, scores: list[np.ndarray], id2label: Mapping[int, str], parameters: Mapping[str, Any], model: Mapping

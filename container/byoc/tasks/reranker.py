@@ -15,10 +15,12 @@ any one-output cross-encoder (byoc.tasks.regression: the rerank body, pairs).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from byoc import sentence_folder
 from byoc.tasks.base import BadParameter, kept_rows
 from byoc.tasks.regression import Regression
 
@@ -48,6 +50,25 @@ class Reranker(Regression):
         return torch.nn.functional.binary_cross_entropy_with_logits(
             logits.float().reshape(rows), labels.float().reshape(rows).clamp(0, 1), reduction="none"
         )
+
+    def training_model(
+        self,
+        path: str,
+        label_names: list[str],
+        kwargs: dict[str, Any],
+        overrides: dict[str, Any],
+        trust_remote_code: bool,
+        max_length: int,
+        world_size: int,
+    ) -> Any:
+        """A sequence classifier's; a generative reranker's folder is refused (a fresh classification head would
+        replace the yes/no logits it was trained to give)."""
+        if sentence_folder.LOGIT_SCORE in sentence_folder.module_kinds(Path(path)):
+            raise BadParameter(
+                f"{path} is a generative reranker (a decoder scored by its {sentence_folder.LOGIT_SCORE}): train it "
+                "with task=generative_reranker, which keeps its yes/no head (lora_r for adapters)"
+            )
+        return super().training_model(path, label_names, kwargs, overrides, trust_remote_code, max_length, world_size)
 
     def check_rerank(self, model: Mapping) -> None:
         """One output: a model of more (a two-label pair classifier, served with BYOC_TASK naming this task) is

@@ -148,7 +148,7 @@ class TrainArguments:
     mini_batch_size: int | None = _hp(None, "In-batch negatives: embed N rows a pass, gradients cached.", bound=COUNT)
     inference_free: bool = _hp(False, "Sparse models: queries weighed by a trained table, no model run at query time.")
     lora_r: int | None = _hp(
-        None, "Embedding models: train LoRA adapters of this rank, merged when saved.", bound=COUNT
+        None, "Embedders, generative rerankers: train LoRA adapters of this rank, merged when saved.", bound=COUNT
     )
     listwise_loss: str | None = _hp(
         None, "Listwise rerankers: lambdaloss (default) or listnet.", (), ("lambdaloss", "listnet")

@@ -85,7 +85,7 @@ def evaluate_sets(
         logger.info("evaluating on the %s retrieval set: %s", role, found.describe())
         if kind.ranks_corpus == "rerank":
             reranker = kind.retriever_of(model)
-            ranked = reranked_scores(found, reranker, tokenizer, retriever or "", batch_size, max_length)
+            ranked = reranked_scores(found, reranker, tokenizer, retriever or "", batch_size, max_length, kind)
         else:
             ranked = {"corpus": model_scores(found, kind.ranks_corpus or "dense", kind.retriever_of(model), batch_size)}
         ranked["bm25"] = bm25_scores(found)
@@ -131,10 +131,17 @@ def model_scores(found: RetrievalSet, kind: str, retriever: Any, batch_size: int
 
 
 def reranked_scores(
-    found: RetrievalSet, model: Any, tokenizer: Any, retriever: str, batch_size: int, max_length: int
+    found: RetrievalSet,
+    model: Any,
+    tokenizer: Any,
+    retriever: str,
+    batch_size: int,
+    max_length: int,
+    kind: tasks.Task,
 ) -> dict[str, dict[str, float]]:
     """The cross-encoder `model`'s order of each query's top 100 by the embedding model at `retriever` (pairs cut
-    at `max_length` tokens, as served), and the embedding model's own order, both scored by the evaluator."""
+    at `max_length` tokens and tokenized as the task `kind` scores them, as served), and the embedding model's own
+    order, both scored by the evaluator."""
     from sentence_transformers.util import semantic_search  # training's alone
 
     embedder = compat.sentence_transformers_api()[0](retriever, device="cpu")
@@ -149,13 +156,13 @@ def reranked_scores(
         [{"corpus_id": scoring.corpus_ids[hit["corpus_id"]], "score": hit["score"]} for hit in hits] for hits in top
     ]
     pairs = [(query, found.corpus[hit["corpus_id"]]) for query, hits in zip(queries, retrieved) for hit in hits]
-    scores = iter(_pair_logits(model, tokenizer, pairs, batch_size, max_length))
+    scores = iter(_pair_logits(model, tokenizer, pairs, batch_size, max_length, kind))
     reranked = [[{**hit, "score": next(scores)} for hit in hits] for hits in retrieved]
     return {"corpus": _flat(scoring.compute_metrics(reranked)), RETRIEVER: _flat(scoring.compute_metrics(retrieved))}
 
 
 def _pair_logits(
-    model: Any, tokenizer: Any, pairs: list[tuple[str, str]], batch_size: int, max_length: int
+    model: Any, tokenizer: Any, pairs: list[tuple[str, str]], batch_size: int, max_length: int, kind: tasks.Task
 ) -> list[float]:
     """The cross-encoder's logit for each pair, in batches of similar lengths (as CrossEncoder.predict sorts
     them: little padding), progress logged; on the host where the model sits on XLA (as model_scores)."""
@@ -174,14 +181,7 @@ def _pair_logits(
         with torch.no_grad():
             for start in range(0, len(order), batch_size):
                 batch = [pairs[i] for i in order[start : start + batch_size]]
-                encoded = tokenizer(
-                    [query for query, _ in batch],
-                    [text for _, text in batch],
-                    truncation=True,
-                    max_length=max_length,
-                    padding=True,
-                    return_tensors="pt",
-                ).to(host)
+                encoded = tokenizer.pad(kind.pair_encoding(tokenizer, batch, max_length), return_tensors="pt").to(host)
                 scores = model(**encoded).logits.float().reshape(-1).tolist()
                 for i, score in zip(order[start : start + batch_size], scores):
                     logits[i] = score

@@ -140,6 +140,7 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None =
     )
 
     sides = {side: tokenizer}  # the tokenizer truncating on each side a request asks for (truncation_direction)
+    special = bool(facts.get("special_tokens", True))  # (a generative reranker's template holds its own)
 
     def encode(inputs: list[str | tuple[str, str]], direction: str | None = None) -> list[dict[str, list[int]]]:
         cut = direction or side
@@ -149,7 +150,7 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None =
             sides[cut] = copy
         return [
             {"input_ids": e.ids, "attention_mask": e.attention_mask, "token_type_ids": e.type_ids}
-            for e in sides[cut].encode_batch(clip(inputs, limit, cut))
+            for e in sides[cut].encode_batch(clip(inputs, limit, cut), add_special_tokens=special)
         ]
 
     return LoadedModel.of(
@@ -250,7 +251,7 @@ def load_torch(
     )
 
     def encode(inputs: list[str | tuple[str, str]], direction: str | None = None) -> list[dict[str, list[int]]]:
-        return encode_with(tokenizer, inputs, limit, direction)
+        return encode_with(tokenizer, inputs, limit, direction, bool(facts.get("special_tokens", True)))
 
     def logits(feeds: dict[str, np.ndarray]) -> np.ndarray:
         with torch.inference_mode():
@@ -328,11 +329,16 @@ def _compile(torch: Any, model: Any, device: str, plan: passes.PassPlan) -> Any:
 
 
 def encode_with(
-    tokenizer: Any, inputs: list[str | tuple[str, str]], limit: int | None, direction: str | None = None
+    tokenizer: Any,
+    inputs: list[str | tuple[str, str]],
+    limit: int | None,
+    direction: str | None = None,
+    special_tokens: bool = True,
 ) -> list[dict[str, list[int]]]:
     """Unpadded encodings, in input order; single texts and pairs are tokenized apart; cut at `limit` on the
     tokenizer's side, or on `direction` (a request's truncation_direction: a shallow copy that says so, the
-    backend tokenizer being set for every call by transformers)."""
+    backend tokenizer being set for every call by transformers); the tokenizer's special tokens added unless
+    `special_tokens` is False (a text a chat template rendered holds its own)."""
     if direction and direction != getattr(tokenizer, "truncation_side", "right"):
         tokenizer = copy.copy(tokenizer)
         tokenizer.truncation_side = direction
@@ -346,7 +352,7 @@ def encode_with(
         (pairs, ([inputs[i][0] for i in pairs], [inputs[i][1] for i in pairs])),
     ):
         if rows:
-            enc = tokenizer(*args, truncation=True, max_length=limit)
+            enc = tokenizer(*args, truncation=True, max_length=limit, add_special_tokens=special_tokens)
             for n, i in enumerate(rows):
                 encoded[i] = {key: values[n] for key, values in enc.items()}
     return cast(list[dict[str, list[int]]], encoded)  # every index is a single text or a pair: all filled

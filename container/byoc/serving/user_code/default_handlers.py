@@ -225,6 +225,10 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     except Exception:  # a user's input_fn let through what the tokenizer cannot take: the input's fault
         _normalise(inputs)  # raises InputError naming it, if that is the cause
         raise
+    try:
+        encoded = task.encoded(encoded, parameters, model)  # (a generative reranker's template tail, where cut)
+    except tasks.BadParameter as err:
+        raise InputError(str(err)) from None
     # Shortest first, cut into batches of a bounded padded size: each batch pads only to its own
     # longest text (tweets of 5 and 60 tokens never share one); answers go back in request order.
     # On a GPU (model["passes"]) the passes are larger and padded to a few length buckets.

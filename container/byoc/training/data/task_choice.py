@@ -21,6 +21,7 @@ import pandas as pd
 from byoc.tasks import (
     AUTO,
     EMBEDDING,
+    GENERATIVE_RERANKER,
     LISTWISE_RERANKER,
     MULTI_LABEL,
     MULTI_VECTOR,
@@ -34,7 +35,7 @@ from byoc.training.data.labels import LabelCodec, as_numbers, row_count, to_floa
 from byoc.training.data.types import DataError, DataSpec, Part
 
 # The tasks read from an embedding model's rows (a reranker's become pairs: byoc.training.negatives.as_pairs).
-VECTORS = (EMBEDDING, SPARSE_EMBEDDING, RERANKER, LISTWISE_RERANKER, MULTI_VECTOR)
+VECTORS = (EMBEDDING, SPARSE_EMBEDDING, RERANKER, LISTWISE_RERANKER, GENERATIVE_RERANKER, MULTI_VECTOR)
 _KINDS = {"list": "lists of labels", "number": "numbers", "text": "names (text)"}
 
 
