@@ -1,10 +1,12 @@
-"""A decoder embedder served against sentence-transformers' own `encode` (make bench-models; issue 58's target:
-1.5x in fp32, 2x in int8, batch 32 on the CPU): a Qwen3-0.6B-shaped model (28 layers, 1,024 wide, 16 query
-and 8 key-value heads, Qwen3's vocabulary size) drawn at random, in Qwen3-Embedding's layout (last-token
-pooling over the end token, Normalize), with MiniLM's tokenizer (its [SEP] ends each text, as Qwen3's
-<|endoftext|>). Phases one after another on SICK's sentences, 32 a call, in this process: sentence-transformers'
-`encode`, then byoc's default predict_fn on the graph `byoc export-onnx` writes, fp32 and int8. The ratios are
-the figures to read (these machines are noisy). Run it alone.
+"""A decoder embedder and a generative reranker served against sentence-transformers' own `encode` and
+`CrossEncoder.predict` (make bench-models; issue 58's target: 1.5x in fp32, 2x in int8, batch 32 on the CPU):
+Qwen3-0.6B-shaped models (28 layers, 1,024 wide, 16 query and 8 key-value heads, Qwen3's vocabulary size) drawn
+at random, with MiniLM's tokenizer. The embedder in Qwen3-Embedding's layout (last-token pooling over the end
+token, its [SEP] as Qwen3's <|endoftext|>, Normalize); the reranker in Qwen3-Reranker's (the causal model, its
+judge chat template, a LogitScore of "yes" against "no"). Phases one after another on SICK's sentences (the
+reranker: its sentence pairs), 32 a call, in this process: sentence-transformers' own, then byoc's default
+predict_fn on the graph `byoc export-onnx` writes, fp32 and int8. The ratios are the figures to read (these
+machines are noisy). Run it alone.
 
     .venv/bin/python benchmarks/bench_models.py [--seconds 30] [--layers 28] [--json FILE]
 """
@@ -18,10 +20,29 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # (the reranker layout the tests build)
 from bench_embed import ceiling, load, rate, sick_pairs  # noqa: E402  (the dense benchmark's model-alone loop)
 from child_process import exit_on_sigterm  # noqa: E402
+from generative_rerankers import QWEN3_TEMPLATE, SCORE_TYPE  # noqa: E402
 
 WORK = Path("/tmp/byoc-bench-models")
+
+
+def qwen3_config(layers: int):  # noqa: ANN201  (transformers' config, imported here)
+    import transformers
+
+    return transformers.Qwen3Config(
+        vocab_size=151669,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+    )
 
 
 def build(layers: int) -> Path:
@@ -36,20 +57,8 @@ def build(layers: int) -> Path:
     if (target / "model.int8.onnx").exists():
         return target
     shutil.rmtree(target, ignore_errors=True)
-    config = transformers.Qwen3Config(
-        vocab_size=151669,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=layers,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=32768,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-    )
     torch.manual_seed(0)
-    transformers.Qwen3Model(config).save_pretrained(target)
+    transformers.Qwen3Model(qwen3_config(layers)).save_pretrained(target)
     source = bundled_model_dir()
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         shutil.copy(source / name, target / name)
@@ -69,9 +78,66 @@ def build(layers: int) -> Path:
     return target
 
 
+def build_reranker(layers: int) -> Path:
+    """The Qwen3-Reranker-layout folder under WORK (MiniLM's tokenizer, which has "yes" and "no", with Qwen3's
+    judge template), with its graph and int8 graph."""
+    import torch
+    import transformers
+
+    from byoc import onnx_graph
+    from byoc.training.model import bundled_model_dir
+
+    target = WORK / f"qwen3-reranker-{layers}" / "model"
+    if (target / "model.int8.onnx").exists():
+        return target
+    shutil.rmtree(target, ignore_errors=True)
+    torch.manual_seed(0)
+    config = qwen3_config(layers)
+    config.architectures = ["Qwen3ForCausalLM"]
+    transformers.Qwen3ForCausalLM(config).save_pretrained(target)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(bundled_model_dir())
+    tokenizer.chat_template = QWEN3_TEMPLATE
+    tokenizer.save_pretrained(target)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_LogitScore", "type": SCORE_TYPE},
+    ]
+    (target / "modules.json").write_text(json.dumps(modules))
+    (target / "1_LogitScore").mkdir()
+    yes, no = tokenizer.convert_tokens_to_ids(["yes", "no"])
+    (target / "1_LogitScore" / "config.json").write_text(json.dumps({"true_token_id": yes, "false_token_id": no}))
+    message = {"method": "forward", "method_output_name": "logits"}
+    settings = {
+        "transformer_task": "text-generation",
+        "modality_config": {"text": message, "message": {**message, "format": "flat"}},
+        "module_output_name": "causal_logits",
+    }
+    (target / "sentence_bert_config.json").write_text(json.dumps(settings))
+    (target / "config_sentence_transformers.json").write_text(json.dumps({"model_type": "CrossEncoder"}))
+    assert onnx_graph.export(target) is not None
+    assert onnx_graph.export_int8(target) is not None
+    return target
+
+
 def reference_rate(model: object, texts: list[str], seconds: float) -> float:
     """Sentences/s of sentence-transformers' own encode, 32 a call (the model freed after)."""
     return rate(lambda batch: model.encode(batch, batch_size=32), texts, seconds)  # type: ignore[attr-defined]
+
+
+def reranker_rate(model: object, pairs: list[tuple[str, str]], seconds: float) -> float:
+    """Pairs/s of sentence-transformers' own CrossEncoder.predict, 32 a call (the model freed after)."""
+    return rate(lambda batch: model.predict(batch, batch_size=32), pairs, seconds)  # type: ignore[attr-defined]
+
+
+def compared(folder: Path, inputs: list, theirs: float, seconds: float, unit: str) -> dict:
+    """byoc's rates (fp32, int8) on `inputs` beside sentence-transformers' (`theirs`), and their ratios."""
+    results = {"sentence_transformers": round(theirs, 2)}
+    for precision in ("fp32", "int8"):
+        ours = ceiling(load(folder, precision), inputs, seconds)
+        print(f"  byoc {precision}: {ours:.1f} {unit}, {ours / theirs:.2f}x", flush=True)
+        results[f"byoc_{precision}"] = round(ours, 2)
+        results[f"byoc_{precision}_over_sentence_transformers"] = round(ours / theirs, 3)
+    return results
 
 
 def main() -> int:
@@ -82,20 +148,21 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     opts = parser.parse_args()
     import torch
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import CrossEncoder, SentenceTransformer
 
+    threads = torch.get_num_threads()
+    results: dict = {"model": f"Qwen3-0.6B-shaped, {opts.layers} layers", "threads": threads, "batch": 32}
     folder = build(opts.layers)
     texts = list(dict.fromkeys(sick_pairs()[0]))
-    threads = torch.get_num_threads()
     theirs = reference_rate(SentenceTransformer(str(folder), device="cpu"), texts, opts.seconds)
-    print(f"sentence-transformers encode: {theirs:.1f} sentences/s", flush=True)
-    results = {"model": f"Qwen3-0.6B-shaped, {opts.layers} layers", "threads": threads, "batch": 32}
-    results["sentence_transformers"] = round(theirs, 2)
-    for precision in ("fp32", "int8"):
-        ours = ceiling(load(folder, precision), texts, opts.seconds)
-        print(f"byoc {precision}: {ours:.1f} sentences/s, {ours / theirs:.2f}x", flush=True)
-        results[f"byoc_{precision}"] = round(ours, 2)
-        results[f"byoc_{precision}_over_sentence_transformers"] = round(ours / theirs, 3)
+    print(f"embedder: sentence-transformers encode: {theirs:.1f} sentences/s", flush=True)
+    results["embedder"] = compared(folder, texts, theirs, opts.seconds, "sentences/s")
+    del folder, texts
+    folder = build_reranker(opts.layers)
+    pairs = list(dict.fromkeys(zip(*sick_pairs()[:2])))
+    theirs = reranker_rate(CrossEncoder(str(folder), device="cpu"), pairs, opts.seconds)
+    print(f"generative reranker: sentence-transformers CrossEncoder.predict: {theirs:.1f} pairs/s", flush=True)
+    results["generative_reranker"] = compared(folder, pairs, theirs, opts.seconds, "pairs/s")
     if opts.json:
         opts.json.parent.mkdir(parents=True, exist_ok=True)
         opts.json.write_text(json.dumps(results, indent=2) + "\n")
