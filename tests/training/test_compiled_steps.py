@@ -15,7 +15,11 @@ from helpers import CPU_ONLY, Job, run_train_process, sentiment_rows, write_csv
 
 
 def test_compile_settings_follow_the_hardware():
-    args, no_graphs = parse_hyperparameters({}), parse_hyperparameters({"cuda_graphs": "false"})
+    """The Trainer compiles the whole step where compile_scope=model; with compile_scope=layers (the default) the job
+    compiles the layers itself and the Trainer nothing."""
+    assert compile_arguments(parse_hyperparameters({}), True, use_xla=False, cuda=True) == {"torch_compile": False}
+    args = parse_hyperparameters({"compile_scope": "model"})
+    no_graphs = parse_hyperparameters({"compile_scope": "model", "cuda_graphs": "false"})
     assert compile_arguments(args, True, use_xla=False, cuda=True) == {
         "torch_compile": True,
         "torch_compile_mode": "reduce-overhead",
@@ -26,6 +30,38 @@ def test_compile_settings_follow_the_hardware():
     assert compile_arguments(args, False, use_xla=False, cuda=True) == {"torch_compile": False}
     assert wants_buckets(True, use_xla=False) and wants_buckets(False, use_xla=True)
     assert not wants_buckets(False, use_xla=False)  # dynamic padding stays the default
+
+
+def test_compiled_layers_compile_once_for_every_length_and_answer_as_eager(tmp_path, tiny_model_dir):
+    """compile_scope=layers: each transformer layer compiled with its lengths dynamic; the layers share one compiled
+    forward, a second length compiles nothing more, and the logits and gradients are eager's."""
+    import copy
+
+    import torch
+    import transformers
+
+    from byoc.training.compiled_steps import compile_layers, dynamo_graphs
+
+    torch._dynamo.reset()
+    eager = transformers.AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2)
+    compiled = copy.deepcopy(eager)
+    assert compile_layers(compiled, "default") == eager.config.num_hidden_layers
+    graphs = []
+    for length in (8, 24):
+        ids = torch.randint(1000, 2000, (4, length))
+        mask = torch.ones_like(ids)
+        mask[1, length // 2 :] = 0
+        outputs = [model(input_ids=ids, attention_mask=mask).logits for model in (eager, compiled)]
+        for output in outputs:
+            output.sum().backward()
+        torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-4, atol=1e-5)
+        grads = [
+            dict(m.named_parameters())["bert.encoder.layer.0.attention.self.query.weight"].grad
+            for m in (eager, compiled)
+        ]
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-5)
+        graphs.append(dynamo_graphs())
+    assert graphs[0] >= 1 and graphs[1] == graphs[0], graphs  # one compilation, every length
 
 
 def test_the_compile_cache_goes_with_the_checkpoints_unless_the_user_placed_it(tmp_path, monkeypatch):
@@ -67,6 +103,7 @@ def test_a_compiled_job_uses_buckets_and_compiles_nothing_after_epoch_one(tmp_pa
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     metrics = job.metrics
     assert len(metrics["buckets"]) <= 2 and "torch.compile: sequence buckets" in done.stdout
+    assert "torch.compile: each of the 2 transformer layers" in done.stdout  # (compile_scope=layers, the default)
     per_epoch, per_evaluation = (
         metrics["torch_compile_graphs_per_epoch"],
         metrics["torch_compile_graphs_per_evaluation"],
@@ -89,3 +126,15 @@ def test_a_compiled_job_uses_buckets_and_compiles_nothing_after_epoch_one(tmp_pa
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert restarted.metrics["torch_compile_cache_hits"] > 0
     assert restarted.metrics["torch_compile_cache_misses"] == 0, restarted.metrics  # nothing compiled again
+
+    # A second job of the same model, its cache given as the compile_cache channel (the first job's checkpoint
+    # folder's, from S3): it compiles nothing either.
+    second = Job(tmp_path / "second-job").resources()
+    second.hyperparameters({**hyperparameters, "epochs": "1", "eval_strategy": "no"})
+    second.model_channel(tiny_model_dir)
+    shutil.copytree(job.channel("train"), second.channel("train"), dirs_exist_ok=True)
+    shutil.copytree(cache, second.channel("compile_cache"), dirs_exist_ok=True)
+    done = run_train_process(second.root, env=CPU_ONLY)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "torch.compile cache seeded from" in done.stdout
+    assert second.metrics["torch_compile_cache_hits"] > 0 and second.metrics["torch_compile_cache_misses"] == 0

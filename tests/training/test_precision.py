@@ -127,3 +127,36 @@ def test_a_task_whose_loss_runs_the_model_runs_eager_whatever_would_compile(hard
     assert decide(hardware, bf16="true", task="colbert")[1] is False
     assert decide(hardware, torch_compile="true", task="multi_vector")[1] is False
     assert decide(hardware, torch_compile="true", task="embedding")[1] is True
+
+
+@pytest.mark.parametrize("gpu", [H100, T4])
+def test_half_precision_compiles_only_in_a_job_long_enough_to_repay_it(gpu, caplog):
+    """bf16/fp16 asked for, compiling left to byoc: a job shorter than the compilation's break-even trains as the
+    default does (eagerly: eager half precision is the slowest whole job), a longer one compiles; asked, it compiles."""
+    from byoc.training.precision import PAYS_AFTER_STEPS, pays_after
+
+    half, default = ("bf16", "tf32") if gpu.ampere else ("fp16", "fp32")
+    args = parse_hyperparameters({half: "true"})
+    assert pays_after(args) == PAYS_AFTER_STEPS["layers"]  # one layer, compiled once for every length
+    short = choose(args, gpu, steps=pays_after(args) - 1)
+    assert (short.name, short.compile) == (default, False)
+    assert f"{pays_after(args) - 1} steps are too few" in short.reason and "torch_compile=true" in caplog.text
+    assert (choose(args, gpu, steps=pays_after(args)).name, choose(args, gpu, steps=pays_after(args)).compile) == (
+        half,
+        True,
+    )
+    forced = choose(parse_hyperparameters({half: "true", "torch_compile": "true"}), gpu, steps=10)
+    assert (forced.name, forced.compile) == (half, True)  # asked: as asked
+    whole = parse_hyperparameters({half: "true", "compile_scope": "model", "max_buckets": "5"})
+    assert pays_after(whole) == 5 * PAYS_AFTER_STEPS["model"]  # a whole-step graph per bucket
+    assert not choose(whole, gpu, steps=pays_after(whole) - 1).compile
+
+
+def test_the_planned_steps_count_epochs_batches_and_processes():
+    args = parse_hyperparameters({"epochs": "2", "per_device_train_batch_size": "32"})
+    assert args.planned_steps(16_000, 1) == 1000
+    assert args.planned_steps(16_000, 4) == 250
+    assert args.planned_steps(100, 1) == 8  # a short last batch is a step: 4 an epoch
+    assert parse_hyperparameters({"max_steps": "7"}).planned_steps(16_000, 1) == 7
+    accumulated = parse_hyperparameters({"per_device_train_batch_size": "8", "gradient_accumulation_steps": "4"})
+    assert accumulated.planned_steps(320, 1) == 30  # 3 epochs of 10

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import typing
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ NOT_NEGATIVE = Bound(0)
 # [0, 1): a ratio of 1 would warm up for the whole run (and transformers 5 reads a warm-up of 1 as one step),
 # smooth every label away, hold out all of train or drop every activation.
 FRACTION = Bound(0, 1, high_open=True)
+COMPILED = ("layers", "model")  # compile_scope: a transformer layer, compiled once for every length; the whole step
 
 
 def _hp(
@@ -184,16 +186,9 @@ class TrainArguments:
     )
     bf16: bool = _hp(False, "Same as precision=bf16: bfloat16 mixed precision (GPUs from Ampere on, Trainium).")
     fp16: bool = _hp(False, "Same as precision=fp16: float16 mixed precision (CUDA GPUs only).")
-    tf32: bool | None = _hp(
-        None,
-        "TF32 matrix multiplies on CUDA GPUs from Ampere on (precision=auto uses them there); false keeps full "
-        "fp32 precision (same as precision=fp32). Ignored elsewhere.",
-    )
-    torch_compile: bool | None = _hp(
-        None,
-        "torch.compile the training step, in fixed-shape length buckets (see buckets). Default: on for bf16/fp16 "
-        "on a single CUDA GPU, else off.",
-    )
+    tf32: bool | None = _hp(None, "TF32 matmuls on CUDA GPUs from Ampere on (precision=auto's); false: full fp32.")
+    torch_compile: bool | None = _hp(None, "Compile the step. Default: bf16/fp16 on one CUDA GPU, long jobs only.")
+    compile_scope: str = _hp("layers", "Compiled: layers (once, any length) or model (per bucket).", (), COMPILED)
     cuda_graphs: bool = _hp(True, "When compiled on a CUDA GPU: replay each step as a CUDA graph.")
     gradient_checkpointing: bool = _hp(False, "Trade compute for memory on long sequences.")
     attn_implementation: str | None = _hp(
@@ -282,10 +277,14 @@ class TrainArguments:
         run learns more from twice the steps at 16 (rte, 1 epoch), a longer one from 32 (3 epochs: +0.023, 4 seeds)."""
         return self.max_steps * DEFAULT_BATCH_SIZE if self.max_steps > 0 else train_rows * self.epochs
 
+    def planned_steps(self, train_rows: int, processes: int) -> int:
+        """The optimizer steps the run takes: `max_steps`, else `epochs` over `train_rows` split across `processes`."""
+        per_step = self.train_batch_size * self.gradient_accumulation_steps * max(1, processes)
+        return self.max_steps if self.max_steps > 0 else math.ceil(self.epochs * math.ceil(train_rows / per_step))
+
     def for_task(self, task: str, train_rows: int, given: Collection[str] = (), num_labels: int = 0) -> TrainArguments:
-        """With the task's and the data's defaults where the user gave none (measured: docs/training.md):
-        the batch size, and the task's own `training_defaults` (for data of `num_labels` labels) for the
-        hyperparameters not `given`."""
+        """With the task's and the data's defaults where the user gave none (measured: docs/training.md): the batch
+        size, and the task's own `training_defaults` (for data of `num_labels` labels) for those not `given`."""
         kind = tasks.get(task)
         small = kind.small_batches or self.run_rows(train_rows) < SMALL_RUN
         size = self.per_device_train_batch_size or (SMALL_BATCH_SIZE if small else DEFAULT_BATCH_SIZE)

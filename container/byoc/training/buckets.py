@@ -19,6 +19,7 @@ number of rows: the number of distinct shapes is at most the number of buckets.
 from __future__ import annotations
 
 import bisect
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +27,9 @@ import numpy as np
 import torch
 
 from byoc.tasks import IGNORE_LABEL
+from byoc.training.arguments import TrainArguments, bucket_sizes
+
+logger = logging.getLogger(__name__)
 
 MULTIPLE = 8  # compilers and matrix units like sizes in multiples of 8
 
@@ -158,3 +162,19 @@ def _labels(features: list[dict[str, Any]], rows: int, width: int) -> torch.Tens
     filled = torch.full((rows, *values.shape[1:]), float(IGNORE_LABEL), dtype=torch.float32)
     filled[: len(features)] = values
     return filled
+
+
+def choose_job_buckets(tokenized: dict[str, Any], args: TrainArguments, use_xla: bool) -> list[int]:
+    """The compiled path's sequence-length buckets: as given, or chosen from the training data's lengths."""
+    lengths = tokenized["train"]["length"]
+    buckets = bucket_sizes(args) or choose_buckets(lengths, args.max_buckets, args.max_length)
+    logger.info(
+        "%s: sequence buckets %s (padding efficiency %.3f: real tokens / padded tokens; one length of %d "
+        "would give %.3f)",
+        "XLA" if use_xla else "torch.compile",
+        buckets,
+        padding_efficiency(lengths, buckets),
+        args.max_length,
+        padding_efficiency(lengths, [args.max_length]),
+    )
+    return buckets

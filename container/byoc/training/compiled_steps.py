@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,28 +35,61 @@ def wants_buckets(compile: bool, use_xla: bool) -> bool:
     return use_xla or compile
 
 
+def compile_mode(args: TrainArguments, cuda: bool) -> str:
+    return "reduce-overhead" if cuda and args.cuda_graphs else "default"  # reduce-overhead: CUDA graphs
+
+
 def compile_arguments(args: TrainArguments, compile: bool, use_xla: bool, cuda: bool) -> dict[str, Any]:
-    """`TrainingArguments` for torch.compile (none on XLA, which compiles by itself)."""
-    if use_xla or not compile:
+    """`TrainingArguments` for torch.compile (none on XLA, which compiles by itself, nor where the job compiles its
+    layers itself: `compile_layers`)."""
+    if use_xla or not compile or args.compile_scope == "layers":
         return {"torch_compile": False}
-    mode = "reduce-overhead" if cuda and args.cuda_graphs else "default"  # reduce-overhead: CUDA graphs
-    return {"torch_compile": True, "torch_compile_mode": mode}
+    return {"torch_compile": True, "torch_compile_mode": compile_mode(args, cuda)}
+
+
+def compile_layers(model: Any, mode: str) -> int:
+    """Regional compilation (compile_scope=layers, the default): each transformer layer of `model` (the
+    transformers model) compiled with its lengths dynamic. The layers are instances of one class, whose forward
+    dynamo compiles once for all of them, and once for every length: the job compiles one layer's graph (and its
+    backward), in seconds where the whole step took tens of seconds for each bucket shape (issue 59's H100 job).
+    Embeddings, head, loss and optimizer run eagerly; on CUDA (reduce-overhead) each layer replays as a CUDA
+    graph, recorded once a shape (milliseconds). Returns the number of layers compiled."""
+    from byoc.training.model import encoder_layers  # (the layer stack freeze_layers finds, found the same way)
+
+    layers = encoder_layers(model)
+    limit = 4 * len(layers) + 8  # (a graph per layer where dynamo cannot share one: still bounded)
+    for name in ("cache_size_limit", "recompile_limit"):  # the limit's name differs across torch 2.9-2.13
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(int(getattr(torch._dynamo.config, name)), limit))
+    for layer in layers:
+        layer.compile(mode=mode, dynamic=True)
+    logger.info("torch.compile: each of the %d transformer layers (%s mode), lengths dynamic", len(layers), mode)
+    return len(layers)
 
 
 COMPILE_CACHE_DIR = "torch-compile-cache"  # under the checkpoint folder: synced to S3, kept across spot restarts
 
 
-def persistent_cache(checkpoint_dir: Path, given: str | None) -> Path:
+COMPILE_CACHE_CHANNEL = "compile_cache"  # an input channel holding an earlier job's cache (its checkpoints' folder)
+
+
+def persistent_cache(checkpoint_dir: Path, given: str | None, seeds: tuple[Path, ...] = ()) -> Path:
     """Keep torch.compile's caches (inductor's compiled graphs and kernels, AOTAutograd's) under the
     checkpoint folder, so a spot restart or a later job with the same shapes loads its compiled steps
     instead of compiling them again (minutes). `given`: the TORCHINDUCTOR_CACHE_DIR the user set
-    (the settings' `compile_cache`), which wins."""
+    (the settings' `compile_cache`), which wins. An empty cache is first filled from the first of `seeds`
+    that holds one (the `compile_cache` channel, a torch-compile-cache folder in the model channel): a second
+    job of the same model compiles nothing either."""
     # Private inductor modules, only when compiling: importing them loads the compiler.
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
     from torch._inductor.utils import clear_caches
 
     # torch writes its default into the variable the first time it looks: that one is not the user's.
     cache = Path(given) if given and given != default_cache_dir() else checkpoint_dir / COMPILE_CACHE_DIR
+    seed = next((f for f in seeds if f.is_dir() and any(p.is_file() for p in f.rglob("*"))), None)
+    if seed is not None and not any(p.is_file() for p in cache.rglob("*")):
+        shutil.copytree(seed, cache, dirs_exist_ok=True)
+        logger.info("torch.compile cache seeded from %s", seed)
     # Inductor, and the compile workers it starts, read the folder from the environment only.
     os.environ[INDUCTOR_CACHE_ENV] = str(cache)
     clear_caches()  # paths torch derived from the old directory

@@ -28,12 +28,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from byoc import __version__, tasks
 from byoc.contract import TrainingContract
 from byoc.launch import distributed
-from byoc.training import precision, xla
-from byoc.training.arguments import TrainArguments, bucket_sizes, label_column_list
+from byoc.training import phases, precision, xla
+from byoc.training.arguments import TrainArguments, label_column_list
 from byoc.training.artifact import default_code_dir, publish_model, write_predictions
-from byoc.training.buckets import choose_buckets, padding_efficiency
+from byoc.training.buckets import choose_job_buckets, padding_efficiency
 from byoc.training.checkpoints import StopOnSignal, check_job, common_resume_point, drop_after
-from byoc.training.compiled_steps import persistent_cache, wants_buckets
+from byoc.training.compiled_steps import COMPILE_CACHE_CHANNEL, COMPILE_CACHE_DIR, persistent_cache, wants_buckets
 from byoc.training.corpus_evaluation import check_sets, evaluate_sets
 from byoc.training.data import DataSpec, TaskData, load_task_data
 from byoc.training.data.beir import RetrievalSet, split_retrieval_channels
@@ -73,6 +73,7 @@ class Job:
     run: Any = None  # the MLflow run (TrainingSettings.run), where the job is tracked
     retrieval: dict[str, RetrievalSet] = field(default_factory=dict)  # BEIR sets by split, evaluated after training
     retriever: str | None = None  # a reranker's: the embedding model retrieving what it reranks in those sets
+    clock: phases.Clock = field(default_factory=phases.Clock)  # (prepare starts it: `data` ends as it returns)
 
     @property
     def label_names(self) -> list[str]:
@@ -114,6 +115,7 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
     """The device, the model's source, the data and its tokens; the shards and buckets every rank agrees on.
     `settings`: the job's, as `byoc.training.entry.run_job` read them; else (a `main` of an older
     code/train.py, which gets none) read from the environment here."""
+    clock = phases.Clock()  # (the job's wall time by phase: metrics.json's phases_seconds)
     settings = settings or TrainingSettings.from_env()
     use_xla = settings.use_xla
     if use_xla is None:  # not through the entry (which decides once, before transformers loads)
@@ -167,11 +169,14 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
         args = dataclasses.replace(args, max_length=min(args.max_length, model_max_length(tokenizer)))
         tokenized = tokenize_splits(data, tokenizer, args, cache_dir)
     shard_consumers = agree_on_shards(contract, data, tokenized)
-    chosen = precision.choose(args, precision.detect(use_xla, distributed.world_size()))
+    steps = args.planned_steps(len(tokenized["train"]), distributed.world_size())
+    chosen = precision.choose(args, precision.detect(use_xla, distributed.world_size()), steps)
     logger.info("precision: %s (%s)%s", chosen.name, chosen.reason, "; step compiled" if chosen.compile else "")
     args = dataclasses.replace(args, torch_compile=chosen.compile)  # later steps see the decision
     if chosen.compile and not use_xla:
-        logger.info("torch.compile cache: %s", persistent_cache(contract.checkpoint_folder, settings.compile_cache))
+        seeds = (contract.channel_dirs.get(COMPILE_CACHE_CHANNEL), Path(source.path) / COMPILE_CACHE_DIR)
+        cache = persistent_cache(contract.checkpoint_folder, settings.compile_cache, tuple(Path(f) for f in seeds if f))
+        logger.info("torch.compile cache: %s", cache)
     buckets = None
     if use_xla:
         xla.initialize(contract.checkpoint_folder, settings.xla)
@@ -189,6 +194,7 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
             "precompiling: one training batch of each shape %s, then one evaluation; no model is written", shapes
         )
         args = dataclasses.replace(args, max_steps=len(shapes), eval_strategy="no", save_strategy="no")
+    clock.mark("data")
     return Job(
         contract,
         args,
@@ -204,6 +210,7 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
         run=settings.run,
         retrieval=retrieval if args.do_eval and not args.neuron_precompile else {},
         retriever=retriever,
+        clock=clock,
     )
 
 
@@ -214,7 +221,7 @@ def load_model(job: Job) -> PreTrainedModel:
 
 def make_trainer(job: Job, model: PreTrainedModel) -> TaskTrainer:
     """The Trainer for this job's device and precision, with its shards and precompile mode."""
-    return build_trainer(
+    trainer = build_trainer(
         model,
         job.tokenizer,
         job.tokenized,
@@ -228,6 +235,10 @@ def make_trainer(job: Job, model: PreTrainedModel) -> TaskTrainer:
         task=job.data.task,
         run=job.run,
     )
+    job.clock.steps.graphs = trainer.compile_report.count if trainer.compile_report else None
+    trainer.add_callback(job.clock.steps)
+    job.clock.mark("model")
+    return trainer
 
 
 def train_and_evaluate(job: Job, trainer: TaskTrainer, stop: StopOnSignal) -> dict[str, Any]:
@@ -268,6 +279,7 @@ def train_and_evaluate(job: Job, trainer: TaskTrainer, stop: StopOnSignal) -> di
         trainer.save_final_checkpoint()
         raise Stopped(trainer.state.global_step, trainer.state.max_steps, checkpoint_dir, "the final evaluation")
     stop.arm("writing predictions")  # seconds from the end: finish rather than stop
+    job.clock.mark("training")
     return metrics
 
 
@@ -307,6 +319,7 @@ def finish(job: Job, trainer: TaskTrainer, metrics: dict[str, Any]) -> dict[str,
         failures.raise_after_saving(None)
         return summary
     # The artifact comes last and whole: assembled in a staging folder, then moved into model/.
+    job.clock.mark("evaluation")  # (the test predictions, a retrieval set, the report)
     publish_model(
         trainer,
         job.tokenizer,
@@ -317,6 +330,9 @@ def finish(job: Job, trainer: TaskTrainer, metrics: dict[str, Any]) -> dict[str,
         max_length=args.max_length,
         trust_remote_code=args.trust_remote_code,
     )
+    job.clock.mark("saving")
+    job.clock.steps.measured = xla.compile_seconds() if job.use_xla else None
+    job.clock.report(report, trainer.state.log_history)
     logger.info("model saved to %s; metrics in %s", paths.model_dir, report)
     failures.raise_after_saving(paths.model_dir)
     return summary
@@ -351,22 +367,6 @@ def _job_summary(job: Job, trainer: TaskTrainer) -> dict[str, Any]:
             "python": platform.python_version(),
         },
     }
-
-
-def choose_job_buckets(tokenized: dict[str, Any], args: TrainArguments, use_xla: bool) -> list[int]:
-    """The compiled path's sequence-length buckets: as given, or chosen from the training data's lengths."""
-    lengths = tokenized["train"]["length"]
-    buckets = bucket_sizes(args) or choose_buckets(lengths, args.max_buckets, args.max_length)
-    logger.info(
-        "%s: sequence buckets %s (padding efficiency %.3f: real tokens / padded tokens; one length of %d "
-        "would give %.3f)",
-        "XLA" if use_xla else "torch.compile",
-        buckets,
-        padding_efficiency(lengths, buckets),
-        args.max_length,
-        padding_efficiency(lengths, [args.max_length]),
-    )
-    return buckets
 
 
 def _finished(checkpoint: Path) -> bool:

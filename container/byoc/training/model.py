@@ -284,7 +284,7 @@ def freeze_bottom(model: PreTrainedModel, embeddings: bool, layers: int) -> None
         module = getattr(model.base_model, "embeddings", None) or model.get_input_embeddings()
         module.requires_grad_(False)
     if layers:
-        stack = _encoder_layers(model)
+        stack = encoder_layers(model)
         if layers >= len(stack):
             raise ModelError(
                 f"freeze_layers={layers} would freeze all {len(stack)} layers of the model; "
@@ -294,7 +294,7 @@ def freeze_bottom(model: PreTrainedModel, embeddings: bool, layers: int) -> None
             layer.requires_grad_(False)
 
 
-def _encoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
+def encoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
     """The transformer layer stack (encoder.layer in BERT/RoBERTa/DeBERTa, transformer.layer in DistilBERT)."""
     count = getattr(model.config, "num_hidden_layers", None)
     for module in model.base_model.modules():

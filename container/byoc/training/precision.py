@@ -13,6 +13,8 @@ it ran 4,928. TF32 pays where matrix multiplies dominate (2.2x fp32 at 32 x 128 
   fixed-shape bucket path and replays each step as a CUDA graph, which is where bf16 is a speed-up.
   With several processes this is not turned on for you (not yet measured there): set
   torch_compile=true.
+- Unless the job is too short to repay the compilation (`PAYS_AFTER_STEPS`): then bf16/fp16 train as
+  the default does (TF32 eagerly), which is the faster whole job; `torch_compile=true` compiles anyway.
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ from byoc import tasks
 from byoc.training.arguments import TrainArguments
 
 logger = logging.getLogger(__name__)
+
+# The steps after which a compiled half-precision step has repaid its compilation, for each graph compiled
+# (compile_scope). Issue 59's H100 figures, BERT-base at batch 32: 715 samples/s eagerly (the default), 1,627
+# compiled in bf16, so a compiled step saves about 25 ms; the whole model took about 30 s to compile for each
+# bucket shape (1,200 steps each); one layer, compiled once for every length, a few seconds (about 200 steps).
+# Estimates until `make bench-gpu` measures them on a GPU.
+PAYS_AFTER_STEPS = {"layers": 200, "model": 1200}
 
 
 @dataclass(frozen=True)
@@ -82,12 +91,13 @@ def requested(args: TrainArguments) -> str:
     return "auto"
 
 
-def choose(args: TrainArguments, hardware: Hardware) -> Precision:
-    """The precision and compile setting for this job on this hardware (fallbacks logged as warnings)."""
+def choose(args: TrainArguments, hardware: Hardware, steps: int | None = None) -> Precision:
+    """The precision and compile setting for this job on this hardware (fallbacks logged as warnings);
+    `steps`: the training steps the job will take, where known (a short job is not compiled by itself)."""
     asked = requested(args)
     if hardware.device == "xla":
         return _xla(asked)
-    chosen = _cpu(asked, args.torch_compile) if hardware.device == "cpu" else _cuda(asked, args, hardware)
+    chosen = _cpu(asked, args.torch_compile) if hardware.device == "cpu" else _cuda(asked, args, hardware, steps)
     if chosen.compile and args.mini_batch_size:  # the cached loss runs the model itself, in mini-batches
         chosen = dataclasses.replace(chosen, compile=False, reason=f"{chosen.reason}; eager: mini_batch_size")
     if chosen.compile and args.task in tasks.TASKS and tasks.get(args.task).loss_runs_model:
@@ -116,7 +126,13 @@ def _cpu(asked: str, torch_compile: bool | None) -> Precision:
     return Precision("fp32", compile, "a CPU: fp32")
 
 
-def _cuda(asked: str, args: TrainArguments, hw: Hardware) -> Precision:
+def pays_after(args: TrainArguments) -> int:
+    """The training steps after which compiling the step repays its compilation (all its graphs)."""
+    graphs = 1 if args.compile_scope == "layers" else max(1, args.max_buckets)
+    return PAYS_AFTER_STEPS[args.compile_scope] * graphs
+
+
+def _cuda(asked: str, args: TrainArguments, hw: Hardware, steps: int | None = None) -> Precision:
     if asked == "bf16" and not hw.ampere:
         logger.warning("this GPU (%s) has no bf16; training runs in fp32 (try fp16=true)", hw.name or hw.capability)
         asked = "fp32"
@@ -131,6 +147,16 @@ def _cuda(asked: str, args: TrainArguments, hw: Hardware) -> Precision:
         name = "tf32" if hw.ampere else "fp32"
         return Precision(name, bool(args.torch_compile), f"auto: {name} (eager half precision is slower here)")
     if asked in ("bf16", "fp16"):
+        needed = pays_after(args)
+        if args.torch_compile is None and hw.processes == 1 and steps is not None and steps < needed:
+            name = "tf32" if hw.ampere else "fp32"
+            why = (
+                f"{asked} requested, but {steps} steps are too few to repay compiling the step (about {needed}), and "
+                f"{asked} eagerly is slower than {name}: {name} eagerly, the faster whole job (torch_compile=true "
+                "compiles anyway)"
+            )
+            logger.warning(why)
+            return Precision(name, False, why)
         return Precision(asked, _compile_half(asked, args, hw), f"{asked} requested")
     return Precision(asked, bool(args.torch_compile), f"{asked} requested")
 

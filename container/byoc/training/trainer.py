@@ -26,11 +26,10 @@ from byoc import compat, tasks
 from byoc.contract import TrainingContract
 from byoc.launch import distributed
 from byoc.tasks import IGNORE_LABEL
-from byoc.training import precision, tracking, xla
+from byoc.training import compiled_steps, precision, tracking, xla
 from byoc.training.arguments import HyperparameterError, TrainArguments
 from byoc.training.buckets import FixedShapeCollator
 from byoc.training.checkpoints import EvaluationStopped, mark_complete, rotate
-from byoc.training.compiled_steps import CompileReport, compile_arguments, static_graphs_per_bucket
 from byoc.training.divergence import DivergenceGuard
 from byoc.training.metrics import ProgressCallback, TaskMetrics
 from byoc.training.model import own_learning_rates
@@ -77,9 +76,9 @@ class TaskTrainer(Trainer):
         self.add_callback(_SamplerEpoch(self))
         self.divergence = DivergenceGuard(self.args.learning_rate)  # a NaN loss fails the job
         self.add_callback(self.divergence)
-        self.compile_report: CompileReport | None = None
+        self.compile_report: compiled_steps.CompileReport | None = None
         if use_xla or compiled:
-            self.compile_report = CompileReport(use_xla)
+            self.compile_report = compiled_steps.CompileReport(use_xla)
             self.add_callback(self.compile_report)
 
     def resume_finished(self, checkpoint: Path) -> dict[str, Any]:
@@ -295,8 +294,10 @@ def build_trainer(
     if chosen is None:
         chosen = precision.choose(args, precision.detect(use_xla, distributed.world_size()))
     compiling = chosen.compile and not use_xla
-    if buckets is not None and compiling:
-        static_graphs_per_bucket(buckets)
+    if buckets is not None and compiling and args.compile_scope == "model":
+        compiled_steps.static_graphs_per_bucket(buckets)
+    elif compiling:  # (compile_scope=layers: the job compiles them; the Trainer compiles nothing)
+        compiled_steps.compile_layers(kind.encoder_of(model), compiled_steps.compile_mode(args, cuda))
     eval_ds = tokenized.get("eval", tokenized.get("test"))
     has_eval = eval_ds is not None
     strategy = _eval_strategy(args, has_eval)
@@ -317,7 +318,7 @@ def build_trainer(
         logging_nan_inf_filter=False,
         report_to="none",  # our own callbacks below: readable lines and TensorBoard in output/
         disable_tqdm=True,
-        **compile_arguments(args, compiling, use_xla, cuda),
+        **compiled_steps.compile_arguments(args, compiling, use_xla, cuda),
         dataloader_pin_memory=cuda,
         ddp_backend=distributed.backend() if distributed.is_distributed() and not use_xla else None,
         # One label per row and equal per-rank batches: DDP's gradient average is already the global
