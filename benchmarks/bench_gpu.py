@@ -447,7 +447,10 @@ def main() -> int:
         print(f"accuracy: {results['accuracy']}", flush=True)
     results["training_checks"] = training_checks(results)
     print(f"training checks: {results['training_checks']}", flush=True)
-    if opts.json:
+    if opts.json:  # (without the jobs' temporary folders: no path of this machine in a results file)
+        for recipes in results["train"].values():
+            for result in recipes.values():
+                result.pop("model_dir", None)
         opts.json.parent.mkdir(parents=True, exist_ok=True)
         opts.json.write_text(json.dumps(results, indent=2) + "\n")
     failed = [f"{s}/{r}" for s, rs in results["train"].items() for r, v in rs.items() if "error" in v]
