@@ -42,7 +42,8 @@ def long_model(tmp_path):
 
 def test_a_job_trains_to_8192_tokens_and_its_folder_serves_to_them(job, long_model, monkeypatch, caplog):
     long_text = " ".join(f"rain{i % 7} falls on the hills" for i in range(2500))  # past 8,192 tokens
-    rows = [{"text": long_text, "label": "long"} if i % 2 else {"text": f"short {i}", "label": "short"} for i in range(8)]
+    long, short = {"text": long_text, "label": "long"}, {"text": "a short text", "label": "short"}
+    rows = [long if i % 2 else short for i in range(8)]
     job.hyperparameters(
         {"max_length": str(LONG), "max_steps": "2", "per_device_train_batch_size": "2", "logging_steps": "1"}
     )
