@@ -346,6 +346,29 @@ def test_the_serving_image_serves_a_trained_model(serve_image, trained):
     print(f"serving image: first answer {first_answer:.2f} s after docker run")
 
 
+def test_the_serving_image_serves_a_generative_reranker_through_its_template(serve_image, tmp_path):
+    """A Qwen3-Reranker-layout folder with its graph: the slim image (no torch) renders each pair with the chat
+    template (jinja2) and scores it as the reference does on the host."""
+    import generative_rerankers
+    import numpy as np
+
+    from byoc import onnx_graph
+
+    folder = generative_rerankers.build("qwen3-reranker", tmp_path / "reranker")
+    assert onnx_graph.export(folder) is not None
+    query, texts = "will it rain tomorrow", ["rain is expected tomorrow", "the team won the final"]
+    expected = generative_rerankers.reference_logits(folder, [(query, text) for text in texts])
+    server = Container("-p", "127.0.0.1::8080", "-v", f"{folder}:/opt/ml/model", serve_image)
+    try:
+        client = server.client_when_ready()
+        answer = client.post("/invocations", json={"query": query, "texts": texts, "raw_scores": True})
+        assert answer.status_code == 200, answer.text + server.logs()[-2000:]
+        served = [entry["score"] for entry in sorted(answer.json(), key=lambda entry: entry["index"])]
+        np.testing.assert_allclose(served, expected, atol=1e-4)
+    finally:
+        server.remove()
+
+
 def test_the_serving_image_refuses_a_model_only_torch_serves_naming_the_full_image(serve_image, trained, tmp_path):
     model = tmp_path / "model"
     shutil.copytree(trained.model_dir, model)
