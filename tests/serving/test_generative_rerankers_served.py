@@ -121,3 +121,11 @@ def test_a_folder_without_a_template_says_how_to_give_it_one(folder, tmp_path):
     (target / "tokenizer_config.json").write_text(json.dumps(settings))
     with pytest.raises(Exception, match="renders each \\(query, document\\) pair with its chat template"):
         load(target, "torch")
+
+
+def test_a_folder_without_sentence_transformers_settings_serves_with_their_defaults(folder, tmp_path):
+    """sentence_bert_config.json is optional (a hand-made folder): the template's settings are then its own."""
+    target = Path(shutil.copytree(folder, tmp_path / "model"))
+    (target / "sentence_bert_config.json").unlink()
+    body = {"query": QUERY, "texts": TEXTS, "raw_scores": True}
+    np.testing.assert_allclose(ranked(ask(load(target, "torch"), body)), ranked(ask(load(folder, "torch"), body)))

@@ -45,7 +45,7 @@ class GenerativeReranker(Reranker):
         model_dir = Path(model_dir)
         files = model_folder.weights_dir(model_dir)
         true_id, false_id = logit_score(model_dir)
-        settings = sentence_folder.read_json(model_dir / "sentence_bert_config.json")
+        settings = model_folder.json_object(model_dir, "sentence_bert_config.json")  # (absent: no settings)
         chat = dict((settings.get("processing_kwargs") or {}).get("chat_template") or {})
         restore = bool(chat.pop("restore_suffix", True))
         try:
