@@ -218,7 +218,8 @@ def cross_encoder_activation(model_dir: Path, config: dict[str, Any]) -> str | N
                     f"({', '.join(ACTIVATIONS)})"
                 )
             return name
-    scored = any(t.sentence_module in sentence_folder.module_kinds(Path(model_dir)) for t in TASKS.values())
+    listed = sentence_folder.module_kinds(Path(model_dir))  # (read once, not once a task)
+    scored = any(t.sentence_module in listed for t in TASKS.values())
     outputs = 1 if scored else int(config.get("num_labels") or len(config.get("id2label") or {}) or 2)
     return "Sigmoid" if outputs == 1 else "Identity"
 

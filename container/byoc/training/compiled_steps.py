@@ -57,10 +57,7 @@ def compile_layers(model: Any, mode: str) -> int:
     from byoc.training.model import encoder_layers  # (the layer stack freeze_layers finds, found the same way)
 
     layers = encoder_layers(model)
-    limit = 4 * len(layers) + 8  # (a graph per layer where dynamo cannot share one: still bounded)
-    for name in ("cache_size_limit", "recompile_limit"):  # the limit's name differs across torch 2.9-2.13
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, max(int(getattr(torch._dynamo.config, name)), limit))
+    allow_recompiles(4 * len(layers) + 8)  # (a graph per layer where dynamo cannot share one: still bounded)
     for layer in layers:
         layer.compile(mode=mode, dynamic=True)
     logger.info("torch.compile: each of the %d transformer layers (%s mode), lengths dynamic", len(layers), mode)
@@ -106,10 +103,14 @@ def static_graphs_per_bucket(buckets: list[int]) -> None:
     """One static graph per bucket shape: dynamo otherwise turns the second shape it sees into a
     dynamic-shape graph (slower, and never a CUDA graph), and gives up past 8 recompiles."""
     torch._dynamo.config.automatic_dynamic_shapes = False
-    limit = 4 * len(buckets) + 8  # train and evaluation graphs per bucket, and their graph breaks
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, limit)
-    if hasattr(torch._dynamo.config, "recompile_limit"):  # the newer name (torch >= 2.6)
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+    allow_recompiles(4 * len(buckets) + 8)  # train and evaluation graphs per bucket, and their graph breaks
+
+
+def allow_recompiles(limit: int) -> None:
+    """Let dynamo keep at least `limit` graphs of one function before it gives up (8 by default)."""
+    for name in ("cache_size_limit", "recompile_limit"):  # the limit's name differs across torch 2.9-2.13
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(int(getattr(torch._dynamo.config, name)), limit))
 
 
 def dynamo_graphs() -> int:

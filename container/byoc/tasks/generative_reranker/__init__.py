@@ -79,10 +79,7 @@ class GenerativeReranker(Reranker):
     ) -> Any:
         """Each (text, text_pair) row rendered by the model's chat template, as serving renders it (no prompt: the
         template's own default instruction)."""
-        try:
-            renderer = template.of_tokenizer(tokenizer)
-        except TemplateError as err:
-            raise BadParameter(str(err)) from None
+        renderer = _renderer(tokenizer)
 
         def encode(batch: dict[str, list]) -> dict[str, list]:
             pairs = list(zip(batch["text"], batch["text_pair"]))
@@ -94,11 +91,7 @@ class GenerativeReranker(Reranker):
         return encode
 
     def pair_encoding(self, tokenizer: Any, pairs: list[tuple[str, str]], max_length: int) -> dict[str, list]:
-        try:
-            renderer = template.of_tokenizer(tokenizer)
-        except TemplateError as err:
-            raise BadParameter(str(err)) from None
-        return template.encode_pairs(tokenizer, renderer, pairs, max_length)
+        return template.encode_pairs(tokenizer, _renderer(tokenizer), pairs, max_length)
 
     def encoding_key(self, tokenizer: Any) -> str:
         import hashlib  # (the tokenized data's cache key alone)
@@ -199,6 +192,14 @@ def logit_score(model_dir: Path) -> tuple[int, int | None]:
     if not isinstance(true_id, int) or not (false_id is None or isinstance(false_id, int)):
         raise sentence_folder.FolderError(f"{where}: true_token_id must be a token id (false_token_id one, or null)")
     return true_id, false_id
+
+
+def _renderer(tokenizer: Any) -> Renderer:
+    """The renderer of a transformers tokenizer's template (training's); BadParameter where it has none."""
+    try:
+        return template.of_tokenizer(tokenizer)
+    except TemplateError as err:
+        raise BadParameter(str(err)) from None
 
 
 def _prompt(parameters: Mapping[str, Any], model: Mapping) -> str | None:
