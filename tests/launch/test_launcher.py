@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 
@@ -15,6 +19,7 @@ from byoc.launch.launcher import (
     LaunchError,
     describe_failure,
     forgive_exits_after_finishing,
+    launch,
     plan_launch,
     wait_for_hosts,
     worker_environment,
@@ -187,3 +192,16 @@ def test_control_collectives_stay_on_the_cpu_under_nccl(monkeypatch):
     assert distributed.any_rank(False) is False
     tensor, group = calls[0]
     assert tensor.device == torch.device("cpu") and group is control
+
+
+@pytest.mark.integration  # real ranks in processes
+def test_a_launch_leaves_none_of_its_folders_behind(tmp_path, monkeypatch):
+    """Each launch made two folders in /tmp and kept them: a host (or a test run) gathered thousands."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    plan = plan_launch(contract(), LaunchSettings(processes_per_host=2), cpu_count=2, counts=(0, 0))
+    failing = [sys.executable, "-c", "import os, sys; sys.exit(3 if os.environ['RANK'] == '1' else 0)"]
+    with mock.patch.dict(os.environ):  # the launch sets the ranks' environment in its own
+        code, message = launch(plan, contract(), failing, LaunchSettings(processes_per_host=2))
+        assert (code, message) == (3, "rank 1 on algo-1 failed: the process exited with code 3")
+        assert launch(plan, contract(), [sys.executable, "-c", "pass"], LaunchSettings())[0] == 0
+    assert not list(tmp_path.iterdir())

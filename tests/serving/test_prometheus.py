@@ -243,8 +243,12 @@ def test_metrics_are_answered_while_the_model_is_busy(classifier, tmp_path):
 
 
 @integration
-def test_several_workers_scrape_as_one_container(classifier):
-    s = serve_helpers.serve(classifier, BYOC_INFERENCE_BACKEND="onnxruntime", SAGEMAKER_MODEL_SERVER_WORKERS="2")
+def test_several_workers_scrape_as_one_container(classifier, tmp_path):
+    scratch = tmp_path / "tmp"  # the server's temporary folders: its shared metrics folder goes when it stops
+    scratch.mkdir()
+    s = serve_helpers.serve(
+        classifier, BYOC_INFERENCE_BACKEND="onnxruntime", SAGEMAKER_MODEL_SERVER_WORKERS="2", TMPDIR=str(scratch)
+    )
     try:
         s.wait_for_log("; ready", count=2)  # /ping answered by one worker says nothing of the other's load
         for _ in range(12):  # a connection each: uvicorn's workers share the socket, so both answer some
@@ -254,8 +258,10 @@ def test_several_workers_scrape_as_one_container(classifier):
             assert value(got, "byoc_requests_total", route="/invocations", code="200", model="") == 12
             # The supervisor and its two workers: never multiprocessing's resource tracker beside them (it was 4).
             assert value(got, "byoc_server_processes") == 3
+        assert len(list(scratch.glob("byoc-metrics-*"))) == 1, list(scratch.iterdir())
     finally:
         s.stop()
+    assert not list(scratch.glob("byoc-metrics-*")), list(scratch.iterdir())  # it was left behind, one a start
 
 
 @integration

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -310,15 +311,31 @@ def launch(
 
     Returns (exit code, failure message or None). SIGTERM to this process reaches every rank.
     """
+    if plan.nnodes > 1:
+        wait_for_hosts(contract.hosts, plan.hosts_timeout)
+    failure_dir = Path(tempfile.mkdtemp(prefix="byoc-failures-"))
+    log_dir = Path(tempfile.mkdtemp(prefix="byoc-ranks-"))
+    try:
+        return _run_ranks(plan, contract, command, settings, failure_dir, log_dir)
+    finally:  # this launch's own folders: the ranks' records are read by now (a local host runs many jobs)
+        for folder in (failure_dir, log_dir):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_ranks(
+    plan: LaunchPlan,
+    contract: TrainingContract,
+    command: list[str],
+    settings: LaunchSettings,
+    failure_dir: Path,
+    log_dir: Path,
+) -> tuple[int, str | None]:
+    """`launch` in the folders it made: the ranks' failure records in failure_dir, torch's logs in log_dir."""
     # Only when launching: the plan (above) is pure and tested without torch.
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    if plan.nnodes > 1:
-        wait_for_hosts(contract.hosts, plan.hosts_timeout)
-    failure_dir = Path(tempfile.mkdtemp(prefix="byoc-failures-"))
-    log_dir = Path(tempfile.mkdtemp(prefix="byoc-ranks-"))
     devices = efa.find_efa() if plan.nnodes > 1 and plan.device in ("cuda", "neuron") else None
     # The elastic agent starts the ranks with this process's environment: theirs is set here.
     os.environ.update(worker_environment(plan, contract.current_host, failure_dir, devices, settings.network))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -282,11 +283,15 @@ def main() -> None:
         http=connection_guard(settings).protocol(),
     )
     if settings.workers > 1:
-        if settings.metrics:  # before the workers start: they read it as they import prometheus_client
-            prometheus.prepare_workers(settings.workers, settings.metrics_dir)
+        # Before the workers start: they read it as they import prometheus_client.
+        shared = prometheus.prepare_workers(settings.workers, settings.metrics_dir) if settings.metrics else None
         failure = _failure_file(os.getpid())
         failure.unlink(missing_ok=True)
-        uvicorn.run("byoc.serving.server:create_app", factory=True, workers=settings.workers, **options)
+        try:
+            uvicorn.run("byoc.serving.server:create_app", factory=True, workers=settings.workers, **options)
+        finally:
+            if shared is not None and not settings.metrics_dir:  # a folder made for this run only
+                shutil.rmtree(shared, ignore_errors=True)
         if failure.exists():  # a worker could not load the model (its traceback is in the log above)
             message = failure.read_text()
             failure.unlink(missing_ok=True)

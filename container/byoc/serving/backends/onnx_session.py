@@ -52,7 +52,6 @@ class Session:
         options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3  # warnings about unused initializers are noise here
-        self._scratch: tempfile.TemporaryDirectory | None = None
         self._providers = cuda_provider.providers(device)
         if device == "cuda":
             cuda_provider.preload()
@@ -97,16 +96,16 @@ class Session:
             )
         check_layout(recorded_layout(model_dir / GRAPH), layout, model_dir)  # quantizing reads model.onnx
         logger.info("int8: quantizing %s at start (`byoc export-onnx --int8 %s` saves this step)", GRAPH, model_dir)
-        self._scratch = tempfile.TemporaryDirectory(prefix="byoc-int8-")
-        return self._open(quantize(model_dir, Path(self._scratch.name)), options)
+        with tempfile.TemporaryDirectory(prefix="byoc-int8-") as scratch:  # ONNX Runtime holds the graph once open
+            return self._open(quantize(model_dir, Path(scratch)), options)
 
     def _fp16_session(self, model_dir: Path, layout: str, options: Any) -> Any:
         """An fp16 graph made now, from model.onnx (a few seconds; opt-in for that reason)."""
         check_layout(recorded_layout(model_dir / GRAPH), layout, model_dir)
         logger.info("fp16: converting %s at start", GRAPH)
-        self._scratch = tempfile.TemporaryDirectory(prefix="byoc-fp16-")
-        folder = Path(self._scratch.name)
-        return self._open(cuda_provider.fp16_graph(model_dir / GRAPH, model_dir / "config.json", folder), options)
+        with tempfile.TemporaryDirectory(prefix="byoc-fp16-") as scratch:
+            folder = Path(scratch)
+            return self._open(cuda_provider.fp16_graph(model_dir / GRAPH, model_dir / "config.json", folder), options)
 
     def logits(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         return self.session.run(["logits"], {n: feeds[n] for n in self.inputs})[0]
