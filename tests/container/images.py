@@ -193,9 +193,27 @@ def sdk_venv(venv: Path, version: str) -> Path:
     return python
 
 
+def remove() -> str:
+    """Everything made here, for a disk too small for the next tier (.ci/run): the images (ours and
+    the Debian base), the builder's cache, the SDK venvs, the wheelhouse. Returns what went."""
+    ours = docker("images", "--quiet", "--filter", f"label={LABEL}", check=False).stdout.split()
+    docker("rm", "--force", *docker("ps", "-aq", "--filter", f"label={LABEL}", check=False).stdout.split(), check=False)
+    docker("rmi", "--force", *ours, DEBIAN, check=False)
+    docker("builder", "prune", "--all", "--force", check=False)
+    for folder in (SDK_VENV, SDK3_VENV):
+        shutil.rmtree(folder, ignore_errors=True)
+    for made in WHEELS.glob("*.whl"):
+        made.unlink()
+    (WHEELS / ".requirements.sha256").unlink(missing_ok=True)
+    return f"{len(ours)} test images, {DEBIAN}, the builder cache, the SDK venvs and the wheelhouse"
+
+
 def main(what: list[str]) -> None:
-    """python tests/container/images.py [cpu|serve|images|sdk ...]: the CPU test image (the default),
-    the serving image, both images, the SDK venvs."""
+    """python tests/container/images.py [cpu|serve|images|sdk|remove ...]: the CPU test image (the
+    default), the serving image, both images, the SDK venvs; remove: everything these made."""
+    if what == ["remove"]:
+        print(f"removed {remove()}", flush=True)
+        return
     what = what or ["cpu"]
     cpu, serve = (build, IMAGE), (build_serve, SERVE)
     builds = {"cpu": [cpu], "serve": [serve], "images": [cpu, serve]}

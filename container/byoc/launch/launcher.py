@@ -316,21 +316,15 @@ def launch(
     failure_dir = Path(tempfile.mkdtemp(prefix="byoc-failures-"))
     log_dir = Path(tempfile.mkdtemp(prefix="byoc-ranks-"))
     try:
-        return _run_ranks(plan, contract, command, settings, failure_dir, log_dir)
+        return _run_ranks(plan, contract, command, settings, (failure_dir, log_dir))
     finally:  # this launch's own folders: the ranks' records are read by now (a local host runs many jobs)
         for folder in (failure_dir, log_dir):
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run_ranks(
-    plan: LaunchPlan,
-    contract: TrainingContract,
-    command: list[str],
-    settings: LaunchSettings,
-    failure_dir: Path,
-    log_dir: Path,
-) -> tuple[int, str | None]:
-    """`launch` in the folders it made: the ranks' failure records in failure_dir, torch's logs in log_dir."""
+def _run_ranks(plan: LaunchPlan, contract: TrainingContract, command: list[str], settings: LaunchSettings, folders):
+    """`launch` in the folders it made: the ranks' failure records, torch's logs."""
+    failure_dir, log_dir = folders
     # Only when launching: the plan (above) is pure and tested without torch.
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
