@@ -50,9 +50,11 @@ those rows fail with the reason and the torch rows still run.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -406,6 +408,7 @@ def main() -> int:
     if opts.device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA GPU here: run on a GPU machine, or --device cpu --tiny for a smoke run")
     work = Path(tempfile.mkdtemp(prefix="byoc-bench-gpu-"))
+    atexit.register(shutil.rmtree, work, True)  # its models and jobs (370 MB a run were left behind)
     texts, labels = texts_and_labels(EPOCH_ROWS if opts.epochs else BATCH * (opts.steps + 10))
     results: dict = {
         "device": torch.cuda.get_device_name() if opts.device == "cuda" else "cpu",

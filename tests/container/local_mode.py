@@ -31,7 +31,10 @@ REPO = Path(__file__).resolve().parents[2]
 def main() -> None:
     image, workdir, scenario = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     session = LocalSession()
-    session.config = {"local": {"local_code": True}}
+    # Its scratch folders (compose files, copies of the model and output) in the test's folder: in /tmp
+    # by default, where the SDK leaves them.
+    (workdir / "sdk-root").mkdir(exist_ok=True)
+    session.config = {"local": {"local_code": True, "container_root": str(workdir / "sdk-root")}}
     result = (
         deploy(image, workdir / "model.tar.gz", session)
         if scenario == "deploy"
