@@ -34,7 +34,7 @@ def large(names: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 # pip install's options that take a value, and which of them name requirements (left out of each step).
-VALUED = {"-c", "--constraint", "-f", "--find-links", "-i", "--index-url", "--extra-index-url", "-r", "--requirement"}
+VALUED = {"-c", "--constraint", "-f", "--find-links", "-i", "--index-url", "--extra-index-url"}
 REQUIREMENTS = {"-r", "--requirement", "-e", "--editable"}
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -313,18 +312,17 @@ def launch(
     """
     if plan.nnodes > 1:
         wait_for_hosts(contract.hosts, plan.hosts_timeout)
-    failure_dir = Path(tempfile.mkdtemp(prefix="byoc-failures-"))
-    log_dir = Path(tempfile.mkdtemp(prefix="byoc-ranks-"))
-    try:
-        return _run_ranks(plan, contract, command, settings, (failure_dir, log_dir))
-    finally:  # this launch's own folders: the ranks' records are read by now (a local host runs many jobs)
-        for folder in (failure_dir, log_dir):
-            shutil.rmtree(folder, ignore_errors=True)
+    # This launch's own folder, gone with it (a local host runs many jobs): the ranks' records are read by then.
+    with tempfile.TemporaryDirectory(prefix="byoc-launch-", ignore_cleanup_errors=True) as scratch:
+        return _run_ranks(plan, contract, command, settings, Path(scratch))
 
 
-def _run_ranks(plan: LaunchPlan, contract: TrainingContract, command: list[str], settings: LaunchSettings, folders):
-    """`launch` in the folders it made: the ranks' failure records, torch's logs."""
-    failure_dir, log_dir = folders
+def _run_ranks(
+    plan: LaunchPlan, contract: TrainingContract, command: list[str], settings: LaunchSettings, scratch: Path
+) -> tuple[int, str | None]:
+    """`launch` in its folder: the ranks' failure records in failures/, torch's logs in ranks/."""
+    failure_dir, log_dir = scratch / "failures", scratch / "ranks"
+    failure_dir.mkdir()
     # Only when launching: the plan (above) is pure and tested without torch.
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
