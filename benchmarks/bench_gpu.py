@@ -21,6 +21,9 @@ Recipes, per model:
                                         compiled = torch.compile(mode="reduce-overhead")
   byoc-layers:bf16 / byoc-model:bf16   torch_compile=true with compile_scope=layers (each layer compiled
                                         once for every length) or model (the whole step, a graph per bucket)
+  byoc-random:P / byoc-packed:P        batches not grouped by length (group_by_length=false), padded
+                                        (packing=false) or packed (packing=true): what padding-free steps
+                                        gain on a GPU. Not in the default list: `--recipes` names them
 Samples/s are steady-state: the first part of each run (start-up, compilation) is left out. Each job's
 whole wall time, start to exit, is beside it, and byoc's phases (metrics.json's phases_seconds: start-up,
 data, model, compilation, training, evaluation, saving): the measure for a job of a few hundred steps, where
@@ -174,6 +177,8 @@ def run_byoc(work: Path, model: Path, texts, labels, recipe: str, steps: int, de
         hp["torch_compile"] = "false" if kind == "byoc-eager" else "true"
     if kind in ("byoc-layers", "byoc-model"):
         hp["compile_scope"] = kind.removeprefix("byoc-")
+    if kind in ("byoc-random", "byoc-packed"):
+        hp.update(group_by_length="false", packing="true" if kind == "byoc-packed" else "false")
     root = write_job(work / recipe.replace(":", "-") / "opt-ml", model, texts, labels, hp)
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(work / "cache")}
     started = time.perf_counter()
@@ -192,6 +197,7 @@ def run_byoc(work: Path, model: Path, texts, labels, recipe: str, steps: int, de
         "precision": metrics.get("precision"),
         "precision_reason": metrics.get("precision_reason"),
         "compiled": "torch_compile_graphs_compiled" in metrics,
+        "packed_forwards": metrics.get("packed_forwards", 0.0),  # the share of training forwards that packed
         "train_runtime_s": metrics.get("train_runtime"),  # compilation included
         "job_wall_s": round(wall, 2),  # the whole job: the process's start to its exit
         "phases_seconds": metrics.get("phases_seconds"),

@@ -15,8 +15,9 @@ size (16) and learning rate (5e-5); the recipes are run alternately, each in a f
             (text 2i the anchor, text 2i+1 its positive: in-batch negatives), each row two texts, so
             its samples are texts (a row counts twice) and the comparison is per text encoded
 
-Reports samples/s (median over rounds), tokens fed per sample, the ratio to each baseline and the
-achieved fp32 GFLOP/s (6 x non-embedding parameters x tokens fed). Run it alone: a second busy
+Reports samples/s (median over rounds), tokens fed per sample (those the encoder computed, where it packs:
+`byoc:group_by_length=false` against `...:packing=false`), the ratio to each baseline and the achieved fp32
+GFLOP/s (6 x non-embedding parameters x tokens fed). Run it alone: a second busy
 process on these 2 cores slows every run several-fold.
 
     .venv/bin/python benchmarks/bench_train.py [--rounds 2] [--steps 60]
@@ -180,6 +181,10 @@ def run_one(recipe: str, steps: int, warmup: int) -> dict:
     seconds = Clock.marks[total] - Clock.marks[warmup]
     non_embedding = sum(p.numel() for n, p in trainer.model.named_parameters() if "embeddings" not in n)
     per_sample = tokens["fed"] / max(tokens["samples"], 1)
+    if recipe.startswith("byoc"):  # a packed job's encoder computed only part of the padded batches' tokens
+        from byoc.training import packing
+
+        per_sample *= packing.summary(trainer).get("packed_token_share", 1.0)
     rate = steps * BATCH * per_row / seconds
     return {
         "recipe": recipe,

@@ -26,7 +26,7 @@ def test_the_gpu_benchmark_runs_every_kind_of_recipe(tmp_path):
             "cpu",
             "--tiny",
             "--recipes",
-            "byoc:bf16,plain:fp32,ceiling:eager-bf16",
+            "byoc:bf16,byoc-packed:auto,plain:fp32,ceiling:eager-bf16",
             "--json",
             str(out),
         ],
@@ -39,7 +39,8 @@ def test_the_gpu_benchmark_runs_every_kind_of_recipe(tmp_path):
     assert not list(tmp_path.glob("byoc-bench-gpu-*"))  # its work folder goes with it
     results = json.loads(out.read_text())
     train = results["train"]["tiny"]
-    assert set(train) == {"byoc:bf16", "plain:fp32", "ceiling:eager-bf16"}
+    assert set(train) == {"byoc:bf16", "byoc-packed:auto", "plain:fp32", "ceiling:eager-bf16"}
+    assert train["byoc-packed:auto"]["packed_forwards"] > 0 and train["byoc:bf16"]["packed_forwards"] == 0
     assert all(r["samples_per_second"] > 0 for r in train.values()), train
     assert (
         train["byoc:bf16"]["precision"] == "bf16" and not train["byoc:bf16"]["compiled"]

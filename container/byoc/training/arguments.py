@@ -39,6 +39,7 @@ NOT_NEGATIVE = Bound(0)
 # [0, 1): a ratio of 1 would warm up for the whole run (and transformers 5 reads a warm-up of 1 as one step),
 # smooth every label away, hold out all of train or drop every activation.
 FRACTION = Bound(0, 1, high_open=True)
+PACKING_HELP = "Pack a batch's texts end to end in fewer rows, no padding (docs/training.md). auto: eager on CPU."
 COMPILED = ("layers", "model")  # compile_scope: a transformer layer, compiled once for every length; the whole step
 
 
@@ -111,6 +112,7 @@ class TrainArguments:
         "Pad every batch to `max_length` (the tutorials' recipe; slow). Default: pad each batch to its longest text.",
     )
     group_by_length: bool = _hp(True, "Batch texts of similar length together, which cuts padding.")
+    packing: str = _hp("auto", PACKING_HELP, (), ("auto", "true", "false"))
     text_column: str | None = _hp(None, "Text column. Default: detected (text, sentence, review, tweet, content, ...).")
     text_pair_column: str | None = _hp(
         None, "Second text column for sentence-pair tasks. Default: detected (sentence2, hypothesis, ...)."

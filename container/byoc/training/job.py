@@ -28,7 +28,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from byoc import __version__, tasks
 from byoc.contract import TrainingContract
 from byoc.launch import distributed
-from byoc.training import phases, precision, xla
+from byoc.training import packing, phases, precision, xla
 from byoc.training.arguments import TrainArguments, label_column_list
 from byoc.training.artifact import default_code_dir, publish_model, write_predictions
 from byoc.training.buckets import choose_job_buckets, padding_efficiency
@@ -359,6 +359,7 @@ def _job_summary(job: Job, trainer: TaskTrainer) -> dict[str, Any]:
         "precision_reason": job.precision.reason,
         "model": job.source.origin,
         **xla_figures,
+        **packing.summary(trainer),
         "hyperparameters": asdict(job.args),
         "versions": {
             "byoc": __version__,

@@ -26,7 +26,7 @@ from byoc import compat, tasks
 from byoc.contract import TrainingContract
 from byoc.launch import distributed
 from byoc.tasks import IGNORE_LABEL
-from byoc.training import compiled_steps, precision, tracking, xla
+from byoc.training import compiled_steps, packing, precision, tracking, xla
 from byoc.training.arguments import HyperparameterError, TrainArguments
 from byoc.training.buckets import FixedShapeCollator
 from byoc.training.checkpoints import EvaluationStopped, mark_complete, rotate
@@ -370,6 +370,8 @@ def build_trainer(
         task=task,
         train_collator=train_collator,
     )
+    scope = args.compile_scope if compiling else None
+    packing.install(trainer, kind.encoder_of(model), packing.choose(args.packing, use_xla, cuda, scope))
     for callback in (PrinterCallback, TqdmCallback):
         trainer.remove_callback(callback)
     samples_per_step = args.train_batch_size * args.gradient_accumulation_steps * training_args.world_size
