@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -163,6 +165,7 @@ def test_a_job_on_batches_of_mixed_lengths_packs_and_learns_as_a_padded_one(tmp_
     assert len(steps[0]) == 12 and steps[0].keys() == steps[1].keys()
     for step, loss in steps[1].items():
         assert steps[0][step] == pytest.approx(loss, rel=1e-4, abs=1e-5), step
+    _same_weights(jobs["true"].model_dir, jobs["false"].model_dir)
 
 
 @pytest.mark.integration
@@ -190,3 +193,15 @@ def test_an_embedding_job_packs_its_positives_and_negatives_and_learns_as_a_padd
     for step, loss in steps[1].items():
         assert steps[0][step] == pytest.approx(loss, rel=1e-4, abs=1e-5), step
     assert (jobs["true"].model_dir / "modules.json").exists()
+    _same_weights(jobs["true"].model_dir, jobs["false"].model_dir)
+
+
+def _same_weights(folder: Path, other: Path) -> None:
+    """The two jobs saved the same model (its serving graph too): packing changes how a step computes, not what."""
+    from safetensors.torch import load_file
+
+    weights = [load_file(next(f.rglob("model.safetensors"))) for f in (folder, other)]
+    assert weights[0].keys() == weights[1].keys()
+    for name, tensor in weights[1].items():
+        torch.testing.assert_close(weights[0][name], tensor, rtol=1e-3, atol=1e-5, msg=name)
+    assert sorted(p.name for p in folder.rglob("*.onnx")) == sorted(p.name for p in other.rglob("*.onnx"))

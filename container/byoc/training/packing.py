@@ -55,6 +55,8 @@ def plan(mask: np.ndarray) -> Plan | None:
     row (nothing to gain). First-fit decreasing into rows of the batch's length."""
     batch, length = mask.shape
     lengths = mask.sum(1)
+    if batch < 2 or np.partition(lengths, 1)[:2].sum() > length:
+        return None  # not even the two shortest texts share a row (length-grouped batches): no search
     free = np.full(batch, length, dtype=np.int64)  # each row's room (at most one row a text)
     row_of, start_of = np.zeros(batch, dtype=np.int64), np.zeros(batch, dtype=np.int64)
     rows = 0
