@@ -170,15 +170,19 @@ def test_a_job_on_batches_of_mixed_lengths_packs_and_learns_as_a_padded_one(tmp_
 
 @pytest.mark.integration
 @pytest.mark.cpu
-def test_an_embedding_job_packs_its_positives_and_negatives_and_learns_as_a_padded_one(tmp_path, tiny_model_dir):
-    """In-batch negatives: each token group (anchors, positives, hard negatives) packs apart; the losses are the
-    padded job's and the saved folder serves (the job's own evaluation embeds through the model's own forward)."""
+@pytest.mark.parametrize("recipe", [{}, {"lora_r": "4", "mini_batch_size": "4"}], ids=["whole", "lora-cached"])
+def test_an_embedding_job_packs_its_positives_and_negatives_and_learns_as_a_padded_one(
+    tmp_path, tiny_model_dir, recipe
+):
+    """In-batch negatives: each token group (anchors, positives, hard negatives) packs apart, under LoRA's wrapper
+    and in the cached loss's mini-batches too; the losses and the saved model are the padded job's."""
     rows = [
         {**row, "positive": " ".join([row["positive"]] * (1 + i % 3))}
         for i, row in enumerate(topic_rows(48, negatives=True))
     ]
     hp = {"max_steps": "6", "per_device_train_batch_size": "8", "logging_steps": "1", "task": "embedding"}
     hp.update(group_by_length="false", dropout="0")  # (random batches; no dropout, whose draws follow the shapes)
+    hp.update(recipe)
     jobs = {}
     for mode in ("true", "false"):
         job = build_job(tmp_path / mode, tiny_model_dir, {**hp, "packing": mode}, train=0)
@@ -187,7 +191,9 @@ def test_an_embedding_job_packs_its_positives_and_negatives_and_learns_as_a_padd
         result = run_train_process(job.root, env=CPU_ONLY)
         assert result.returncode == 0, result.stderr[-3000:]
         jobs[mode] = job
-    assert jobs["true"].metrics["packing"] is True and jobs["true"].metrics["packed_forwards"] > 0.3
+    assert (
+        jobs["true"].metrics["packing"] is True and jobs["true"].metrics["packed_forwards"] > 0.1
+    )  # (mini-batches of 4 pack less often)
     steps = [losses(job) for job in (jobs["true"], jobs["false"])]
     assert len(steps[0]) == 6
     for step, loss in steps[1].items():

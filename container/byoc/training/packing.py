@@ -177,7 +177,10 @@ class Packed:
 
 
 def base_of(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers base model (BertModel, ...) under a task's model, whose forward packing takes over."""
+    """The transformers base model (BertModel, ...) under a task's model, whose forward packing takes over; under
+    LoRA's wrapper (peft's PeftModel) too, whose adapters sit inside that model's layers."""
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
     return getattr(model, "base_model", model)
 
 
