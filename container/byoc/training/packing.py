@@ -179,9 +179,9 @@ class Packed:
 def base_of(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers base model (BertModel, ...) under a task's model, whose forward packing takes over; under
     LoRA's wrapper (peft's PeftModel) too, whose adapters sit inside that model's layers."""
-    if hasattr(model, "get_base_model"):
-        model = model.get_base_model()
-    return getattr(model, "base_model", model)
+    unwrap = getattr(model, "get_base_model", None)
+    inner = unwrap() if callable(unwrap) else model
+    return getattr(inner, "base_model", inner)
 
 
 def _probe_batch(encoder: torch.nn.Module) -> dict[str, torch.Tensor]:
