@@ -21,7 +21,9 @@ measures it (`make bench-gpu`); `packing=true` packs on any device but XLA, whos
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -221,11 +223,9 @@ def find_form(encoder: torch.nn.Module) -> tuple[str, int] | None:
     if getattr(config, "sliding_window", None) or getattr(config, "local_attention", None):
         return None  # (ModernBERT's local layers build their window from the padded mask, which packing replaces)
     batch, training = _probe_batch(encoder), encoder.training
-    precision = torch.get_float32_matmul_precision()
     encoder.eval()
-    torch.set_float32_matmul_precision("highest")
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _full_fp32(batch["input_ids"].device):
             padded = encoder(**batch)[0]
             real = batch["attention_mask"].bool()
             for form, start in _candidates(encoder):
@@ -238,8 +238,23 @@ def find_form(encoder: torch.nn.Module) -> tuple[str, int] | None:
                     return form, start
     finally:
         encoder.train(training)
-        torch.set_float32_matmul_precision(precision)
     return None
+
+
+@contextlib.contextmanager
+def _full_fp32(device: torch.device) -> Iterator[None]:
+    """Full fp32 matrix products on a GPU (TF32's rounding would blur the comparison); nothing to do on a CPU."""
+    if device.type != "cuda":
+        yield
+        return
+    with warnings.catch_warnings():  # (torch 2.9 warns that this setting will be renamed)
+        warnings.simplefilter("ignore", UserWarning)
+        precision = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("highest")
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(precision)
 
 
 def attach(model: torch.nn.Module, wanted: str) -> Packed | None:
