@@ -1,4 +1,4 @@
-"""The CUDA path on a real GPU: training (fp32, bf16, fp16; compiled with CUDA graphs), a job through
+"""The CUDA path on a real GPU: training (fp32, bf16, fp16; compiled with CUDA graphs; packed), a job through
 the launcher with NCCL, SIGTERM and exact resume on cuda, serving on cuda; an embedding model trained
 on cuda (eager and compiled) and served there as sentence-transformers encodes it; TEI's rerank on cuda; a job
 of each retrieval family (mined negatives, the cached loss, a BEIR test set) on cuda.
@@ -60,6 +60,27 @@ def test_training_on_cuda_in_each_precision(tmp_path, tiny_model_dir, precision)
     # H100) the last 5 steps' mean loss over the first 5's was at worst 0.052 in each precision.
     assert learned(steps, 1, 160) < 0.5
     assert (job.model_dir / "model.safetensors").exists() and (job.model_dir / "model.onnx").exists()
+
+
+def test_a_packed_job_on_cuda_learns_as_the_padded_one(tmp_path, tiny_model_dir):
+    """packing=true on a GPU (auto packs on a CPU only), batches not grouped by length: the job packs, and its
+    losses follow the padded job's (TF32's rounding apart)."""
+    from helpers import sentiment_rows, write_csv
+
+    runs = {}
+    for mode in ("true", "false"):
+        hyperparameters = {**HP, "max_steps": "40", "group_by_length": "false", "packing": mode}
+        job = build_job(tmp_path / mode / "opt-ml", tiny_model_dir, hyperparameters)
+        mixed = [(" ".join([text] * (1 + i % 4)), label) for i, (text, label) in enumerate(sentiment_rows(64))]
+        write_csv(job.channel("train") / "t.csv", mixed)
+        done = run_train_process(job.root)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        runs[mode] = job
+    assert runs["true"].metrics["device"] == "cuda" and runs["true"].metrics["packed_forwards"] > 0.5
+    packed, padded = losses(runs["true"]), losses(runs["false"])
+    assert packed.keys() == padded.keys()
+    for step, loss in padded.items():
+        assert packed[step] == pytest.approx(loss, rel=1e-2, abs=1e-3), step
 
 
 def test_precision_auto_and_bf16_choose_from_this_gpu(tmp_path, tiny_model_dir):
