@@ -203,7 +203,8 @@ def test_an_embedding_job_packs_its_positives_and_negatives_and_learns_as_a_padd
 
 
 def _same_weights(folder: Path, other: Path) -> None:
-    """The two jobs saved the same model (its serving graph too): packing changes how a step computes, not what."""
+    """The two jobs saved the same weights (and the same serving graphs' files, exported from them): packing
+    changes how a step computes, not what."""
     from safetensors.torch import load_file
 
     weights = [load_file(next(f.rglob("model.safetensors"))) for f in (folder, other)]
@@ -211,3 +212,58 @@ def _same_weights(folder: Path, other: Path) -> None:
     for name, tensor in weights[1].items():
         torch.testing.assert_close(weights[0][name], tensor, rtol=1e-3, atol=1e-5, msg=name)
     assert sorted(p.name for p in folder.rglob("*.onnx")) == sorted(p.name for p in other.rglob("*.onnx"))
+
+
+def _bert() -> torch.nn.Module:
+    return transformers.AutoModel.from_config(config_of("bert", 400, 0)).train()
+
+
+def test_what_a_packed_forward_cannot_give_runs_the_plain_one():
+    """Every layer's states or attentions (asked for, or set in the config), a head mask given as a tensor, a
+    left-padded batch: the model's own forward, not an error or a packed layout."""
+    installed = packing.attach(_bert(), "true")
+    assert installed is not None
+    batch = _batch(400, types=True)
+    assert installed.forward(**batch) is not None
+    assert installed.forward(**batch, output_hidden_states=True) is None
+    assert installed.forward(**batch, head_mask=torch.ones(2, 2)) is None  # (a tensor's truth was asked before)
+    left = {name: value.flip(1) for name, value in batch.items()}
+    assert installed.forward(**left) is None
+    installed.encoder.config.output_hidden_states = True
+    assert installed.forward(**batch) is None
+    out = installed.encoder(**batch)  # through the model's call, as a head makes it
+    assert len(out.hidden_states) == 3 and out.hidden_states[0].shape[:2] == (8, 12)
+
+
+def test_detaching_puts_back_a_forward_that_was_there_before():
+    model = _bert()
+    hooked = model.forward  # (an instance forward, as accelerate's hooks install)
+    model.forward = hooked
+    installed = packing.attach(model, "true")
+    assert installed is not None and model.forward is installed
+    packing.detach(installed)
+    assert model.forward is hooked
+
+
+def test_the_check_at_start_runs_before_the_layers_compile(job, tiny_model_dir):
+    """packing=true beside compiled layers: the start-up check runs the model eagerly, before any layer compiles;
+    through compiled layers it compiled inference graphs of its own, which training never reuses."""
+    from datasets import Dataset
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from byoc.contract import read_training_contract
+    from byoc.training.compiled_steps import dynamo_graphs
+    from byoc.training.hyperparameters import parse_hyperparameters
+    from byoc.training.trainer import build_trainer
+
+    torch._dynamo.reset()
+    job.resources().hyperparameters({})
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    encoded = tokenizer([f"row {i} " + "word " * (i % 5) for i in range(16)])
+    train = Dataset.from_dict({**encoded, "labels": [i % 2 for i in range(16)]})
+    args = parse_hyperparameters({"device": "cpu", "torch_compile": "true", "packing": "true"})
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2)
+    before = dynamo_graphs()
+    trainer = build_trainer(model, tokenizer, {"train": train}, args, read_training_contract(), ["a", "b"])
+    assert dynamo_graphs() == before
+    assert packing.summary(trainer)["packing"] is True

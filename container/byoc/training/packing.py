@@ -4,8 +4,9 @@ A padded batch computes every pad token through every layer. Packing moves the t
 rows of the batch's own length as they fit in (first-fit decreasing), each text attending only to itself (a
 block-diagonal mask) at its own positions (position ids restarting at each text), so the encoder computes
 real tokens only; its output is moved back to the padded layout, so the task's head, pooling and loss see
-exactly what a padded forward gives them. Nothing but the transformers model's forward changes: every task
-(classifiers, NER, pairs, embedding models, rerankers) packs the same way, and what the job saves is untouched.
+at every real token what a padded forward gives them (zeros at pads, which every head masks). Nothing but the
+transformers model's forward changes: every task (classifiers, NER, pairs, embedding models, rerankers) packs
+the same way, and what the job saves is untouched.
 
 Where the mask's form and the position ids' start differ across model families and transformers versions (a
 4D mask in transformers 5, a 3D one in 4.55; RoBERTa's positions start after its padding index), `attach`
@@ -14,9 +15,11 @@ one: a model no form fits trains padded (`packing=auto`) or is refused (`packing
 
 Packing gains where batches hold texts of mixed length: in-batch negatives' positives and negatives, batches
 not grouped by length. Batches of texts of nearly one length (the default length-grouped batching) cannot pack
-(no two texts fit in one row): such a step runs the plain forward. Reading the lengths takes the mask to the
-host once a forward, which on a GPU is one synchronisation a step: `auto` packs on CPU only until a GPU
-measures it (`make bench-gpu`); `packing=true` packs on any device but XLA, whose graphs want fixed shapes.
+(no two texts fit in one row): such a step runs the plain forward, as does a left-padded batch (a decoder's).
+Reading the lengths takes the mask to the host once a forward, which on a GPU is one synchronisation a forward
+(two or three a step for an embedding model's groups, more in the cached loss's mini-batches): `auto` packs on
+CPU only until a GPU measures it (`benchmarks/bench_gpu.py --recipes byoc-random:auto,byoc-packed:auto`);
+`packing=true` packs on any device but XLA, whose graphs want fixed shapes.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
-from byoc.training.arguments import HyperparameterError
+from byoc.training.arguments import HyperparameterError, TrainArguments
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +103,7 @@ def mask_of(segment: torch.Tensor, form: str, dtype: torch.dtype) -> torch.Tenso
     """The block-diagonal mask (each slot sees its own text's slots; a pad slot sees itself) in `form`."""
     same = segment[:, :, None] == segment[:, None, :]  # (rows, length, length)
     if form == "3d":
-        return same.long()
+        return same  # (4.55 turns it into an additive mask of the model's dtype)
     if form == "4d-bool":
         return same[:, None]
     blocked = torch.full_like(same, torch.finfo(dtype).min, dtype=dtype)
@@ -119,6 +122,7 @@ class Packed:
     def __init__(self, encoder: torch.nn.Module, form: str, start: int) -> None:
         self.encoder, self.form, self.start = encoder, form, start
         self.plain: Callable[..., Any] = encoder.forward  # the model's own (bound) forward
+        self.replaced = encoder.__dict__.get("forward")  # an instance forward already there (a hook's), put back
         self.names = parameter_names(self.plain)
         self.pad_id = int(getattr(encoder.config, "pad_token_id", None) or 0)
         self.steps = self.packed_steps = 0  # forwards in training, and those that packed
@@ -143,9 +147,15 @@ class Packed:
         ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
         if ids is None or mask is None or mask.dim() != 2 or kwargs.get("position_ids") is not None:
             return None
-        if any(kwargs.get(name) not in (None, False) for name in CONTROLS):
+        if any(kwargs.get(name) is not None and kwargs.get(name) is not False for name in CONTROLS):
             return None
-        layout = plan(mask.detach().bool().cpu().numpy())  # (on a GPU, the one host read of a step)
+        config = self.encoder.config
+        if getattr(config, "output_hidden_states", False) or getattr(config, "output_attentions", False):
+            return None  # (every layer's states would come back packed)
+        real = mask.detach().bool().cpu().numpy()  # (on a GPU, the one host read of a forward)
+        if not real[:, 0].all():
+            return None  # left padding: the padded forward's positions start at the pads, packed ones would not
+        layout = plan(real)
         if layout is None:
             return None
         device = ids.device
@@ -226,7 +236,7 @@ def find_form(encoder: torch.nn.Module) -> tuple[str, int] | None:
     encoder.eval()
     try:
         with torch.no_grad(), _full_fp32(batch["input_ids"].device):
-            padded = encoder(**batch)[0]
+            padded = encoder(**batch)
             real = batch["attention_mask"].bool()
             for form, start in _candidates(encoder):
                 try:
@@ -234,11 +244,19 @@ def find_form(encoder: torch.nn.Module) -> tuple[str, int] | None:
                 except Exception as err:  # a form this model or version refuses: try the next
                     logger.debug("packing: mask form %s refused (%s: %s)", form, type(err).__name__, err)
                     continue
-                if out is not None and torch.allclose(out[0][real], padded[real], atol=1e-4, rtol=1e-3):
+                if out is not None and _same(out, padded, real):
                     return form, start
     finally:
         encoder.train(training)
     return None
+
+
+def _same(packed: Any, padded: Any, real: torch.Tensor) -> bool:
+    """The states at every real token, and the pooled output where the model has one, equal."""
+    if not torch.allclose(packed[0][real], padded[0][real], atol=1e-4, rtol=1e-3):
+        return False
+    mine, own = (out.get("pooler_output") if isinstance(out, dict) else None for out in (packed, padded))
+    return own is None or (mine is not None and torch.allclose(mine, own, atol=1e-4, rtol=1e-3))
 
 
 @contextlib.contextmanager
@@ -280,8 +298,15 @@ def attach(model: torch.nn.Module, wanted: str) -> Packed | None:
 
 def detach(packed: Packed | None) -> None:
     """The model's own forward back (before the job exports and saves it)."""
-    encoder = packed.encoder if packed is not None else None
-    if encoder is not None and encoder.__dict__.get("forward") is packed:
+    if packed is None:
+        return
+    encoder = packed.encoder
+    installed: object = encoder.__dict__.get("forward")
+    if installed is not packed:
+        return  # (already detached)
+    if packed.replaced is not None:
+        encoder.forward = packed.replaced
+    else:
         del encoder.forward
 
 
@@ -322,10 +347,12 @@ class Report(TrainerCallback):
         }
 
 
-def install(trainer: Any, model: torch.nn.Module, wanted: str) -> None:
-    """Pack `model`'s training forwards (the transformers model under the task's) where `wanted` (`choose`'s)
-    says, and report it: `summary(trainer)`."""
-    trainer.add_callback(Report(attach(model, wanted) if wanted != "false" else None))
+def prepare(model: torch.nn.Module, args: TrainArguments, use_xla: bool, cuda: bool, compiling: bool) -> Report:
+    """Pack `model`'s training forwards (the transformers model under the task's) where the job's `packing` and
+    device say (`choose`). Before any layer compiles: the check at start runs the model eagerly, and would
+    otherwise compile graphs of its own. Returns the callback that reports it (`summary`) and detaches it."""
+    wanted = choose(args.packing, use_xla, cuda, args.compile_scope if compiling else None)
+    return Report(attach(model, wanted) if wanted != "false" else None)
 
 
 def summary(trainer: Any) -> dict[str, Any]:

@@ -294,6 +294,7 @@ def build_trainer(
     if chosen is None:
         chosen = precision.choose(args, precision.detect(use_xla, distributed.world_size()))
     compiling = chosen.compile and not use_xla
+    packing_report = packing.prepare(kind.encoder_of(model), args, use_xla, cuda, compiling)  # (before compiling)
     if buckets is not None and compiling and args.compile_scope == "model":
         compiled_steps.static_graphs_per_bucket(buckets)
     elif compiling:  # (compile_scope=layers: the job compiles them; the Trainer compiles nothing)
@@ -370,8 +371,7 @@ def build_trainer(
         task=task,
         train_collator=train_collator,
     )
-    scope = args.compile_scope if compiling else None
-    packing.install(trainer, kind.encoder_of(model), packing.choose(args.packing, use_xla, cuda, scope))
+    trainer.add_callback(packing_report)
     for callback in (PrinterCallback, TqdmCallback):
         trainer.remove_callback(callback)
     samples_per_step = args.train_batch_size * args.gradient_accumulation_steps * training_args.world_size
