@@ -133,13 +133,14 @@ class Packed:
             return self.plain(*args, **kwargs)
         kwargs.update(zip(self.names, args))  # (heads pass input_ids by position)
         self.steps += 1
-        out = self.forward(**kwargs)
+        ids = kwargs.get("input_ids")
+        slots = ids.numel() if ids is not None else 0
+        self.padded_slots += slots
+        out = self.forward(**kwargs)  # (counts the slots it computes)
         if out is not None:
             self.packed_steps += 1
             return out
-        ids = kwargs.get("input_ids")
-        slots = ids.numel() if ids is not None else 0
-        self.padded_slots, self.computed_slots = self.padded_slots + slots, self.computed_slots + slots
+        self.computed_slots += slots
         return self.plain(**kwargs)
 
     def forward(self, **kwargs: Any) -> Any:
@@ -169,7 +170,7 @@ class Packed:
         packed["attention_mask"] = mask_of(segment, self.form, self.dtype())
         packed["position_ids"] = position + self.start
         out = self.plain(**packed)
-        self.padded_slots, self.computed_slots = self.padded_slots + ids.numel(), self.computed_slots + source.numel()
+        self.computed_slots += source.numel()
         back = torch.from_numpy(layout.back).to(device, non_blocking=True)
         return self.unpacked(out, back, ids.shape[0])
 
