@@ -93,8 +93,13 @@ test-xla: venv-xla venv-mlflow
 # byoc's runtime requirements): the CUDA tests, which fail there rather than skip. docs/status.md says how
 # the whole suite was run with the GPU present.
 GPU_PYTHON ?= python3
+# The CUDA tests side by side on GPU_TEST_WORKERS pytest-xdist workers, test by test (--dist load): their tiny jobs
+# and servers leave a GPU and a 16-core host mostly idle, and one after the other they outlast a short GPU run.
+# Without pytest-xdist on that machine they run in one process.
+GPU_TEST_WORKERS ?= 6
 test-gpu:
-	BYOC_REQUIRE_GPU=1 $(GPU_PYTHON) -m pytest -q -p no:cacheprovider tests/test_gpu.py
+	BYOC_REQUIRE_GPU=1 $(GPU_PYTHON) -m pytest -q -p no:cacheprovider --durations=0 \
+		$$($(GPU_PYTHON) -c "import xdist" 2>/dev/null && echo "-n $(GPU_TEST_WORKERS) --dist load") tests/test_gpu.py
 
 bench-train: venv
 	$(PY) benchmarks/bench_train.py --rounds 3 --steps 40 --recipes tutorial,dynamic,byoc,byoc:freeze_layers=0

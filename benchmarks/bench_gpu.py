@@ -11,8 +11,8 @@ Recipes, per model:
                                         TF32 eagerly on Ampere and newer; dynamic padding,
                                         length buckets)
   byoc:fp32                             precision=fp32 (full fp32: the issue's baseline)
-  byoc:bf16                             bf16=true, which on one GPU compiles the step (fixed-shape
-                                        buckets, CUDA graphs)
+  byoc:bf16                             bf16=true alone: bf16 with compiled layers where the job
+                                        repays it, else the default's TF32 (never eager bf16)
   byoc-eager:bf16                       bf16=true torch_compile=false: eager autocast
   byoc-compiled:auto / byoc-compiled:tf32   torch_compile=true (auto picks bf16 there)
   plain:fp32 / plain:bf16               a stock Trainer: dynamic padding, group_by_length
@@ -20,7 +20,8 @@ Recipes, per model:
                                         plain PyTorch on one fixed 32x32 batch, fused AdamW;
                                         compiled = torch.compile(mode="reduce-overhead")
   byoc-layers:bf16 / byoc-model:bf16   torch_compile=true with compile_scope=layers (each layer compiled
-                                        once for every length) or model (the whole step, a graph per bucket)
+                                        once for every length, no CUDA graphs) or model (the whole step, a
+                                        graph per bucket, replayed as a CUDA graph)
   byoc-random:P / byoc-packed:P        batches not grouped by length (group_by_length=false), padded
                                         (packing=false) or packed (packing=true): what padding-free steps
                                         gain on a GPU. Not in the default list: `--recipes` names them

@@ -1,11 +1,12 @@
-"""The CUDA path on a real GPU: training (fp32, bf16, fp16; compiled with CUDA graphs; packed), a job through
-the launcher with NCCL, SIGTERM and exact resume on cuda, serving on cuda; an embedding model trained
-on cuda (eager and compiled) and served there as sentence-transformers encodes it; TEI's rerank on cuda; a job
-of each retrieval family (mined negatives, the cached loss, a BEIR test set) on cuda.
+"""The CUDA path on a real GPU: training (fp32, bf16, fp16; bf16 with compiled layers; a whole step compiled
+with CUDA graphs; packed), a job through the launcher with NCCL, SIGTERM and exact resume on cuda, serving on
+cuda; an embedding model trained on cuda (eager and compiled) and served there as sentence-transformers encodes
+it; TEI's rerank on cuda; a job of each retrieval family (mined negatives, the cached loss, a BEIR test set) on
+cuda.
 
 `make test-gpu` runs these on a machine with an NVIDIA GPU (BYOC_REQUIRE_GPU=1 makes a missing GPU
-a failure there). Everywhere else they skip, with that reason; the rest of the suite says which
-tests mean the CPU. Only the tiny BERT is used: nothing to download, nothing large to carry.
+a failure there), several at once (pytest-xdist). Everywhere else they skip, with that reason; the rest of the
+suite says which tests mean the CPU. Only the tiny BERT is used: nothing to download, nothing large to carry.
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ def test_a_packed_job_on_cuda_learns_as_the_padded_one(tmp_path, tiny_model_dir)
 
 
 def test_precision_auto_and_bf16_choose_from_this_gpu(tmp_path, tiny_model_dir):
-    """precision=auto: TF32 eagerly from Ampere on, fp32 before; bf16=true compiles the step on one GPU
-    (a machine with several runs one process per GPU, and then does not compile by itself)."""
+    """precision=auto: TF32 eagerly from Ampere on, fp32 before. bf16=true alone in a job too short to repay
+    compiling (160 steps) trains as the default does, never in eager bf16 (slower), and its log says why."""
     ampere = torch.cuda.get_device_capability() >= (8, 0)
     job = build_job(tmp_path / "auto" / "opt-ml", tiny_model_dir, HP, test=32)
     done = run_train_process(job.root)
@@ -97,21 +98,44 @@ def test_precision_auto_and_bf16_choose_from_this_gpu(tmp_path, tiny_model_dir):
     )
     if not ampere:
         return
-    job = build_job(tmp_path / "bf16" / "opt-ml", tiny_model_dir, {**HP, "bf16": "true", "max_buckets": "2"}, test=32)
+    job = build_job(tmp_path / "bf16" / "opt-ml", tiny_model_dir, {**HP, "bf16": "true"}, test=32)
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert job.metrics["precision"] == "bf16"
-    if job.metrics["world_size"] == 1:  # with several GPUs, compiling stays the user's call (byoc.training.precision)
-        assert job.metrics["torch_compile_graphs_per_epoch"][0] > 0
-    else:
-        assert "torch_compile_graphs_per_epoch" not in job.metrics
+    assert job.metrics["precision"] == "tf32" and "steps are too few" in job.metrics["precision_reason"]
+    assert "torch_compile=true compiles anyway" in done.stdout + done.stderr
     assert learned(losses(job), 1, 160) < 0.5
 
 
-def test_compiled_job_on_cuda_replays_cuda_graphs_and_compiles_nothing_after_epoch_one(tmp_path, tiny_model_dir):
-    """torch_compile=true on a GPU: fixed-shape buckets, one static graph each, CUDA graphs
-    (mode reduce-overhead), and precision=auto's bf16 there (fp16 before Ampere); it still learns."""
-    job = build_job(tmp_path / "opt-ml", tiny_model_dir, {**HP, "torch_compile": "true", "max_buckets": "2"}, test=32)
+def test_bf16_with_compiled_layers_trains_on_cuda_as_eager_bf16_does(tmp_path, tiny_model_dir):
+    """bf16 with each layer compiled (the default compile scope), the recipe that failed on an H200 in its first
+    steps when the layers replayed as CUDA graphs (pytorch/pytorch#152887): it runs, compiles nothing after epoch
+    one, and its losses follow the eager bf16 job's."""
+    if not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16 (T4, V100)")
+    runs = {}
+    for compiled in ("true", "false"):
+        hyperparameters = {**HP, "bf16": "true", "torch_compile": compiled}
+        job = build_job(tmp_path / compiled / "opt-ml", tiny_model_dir, hyperparameters, test=32)
+        done = run_train_process(job.root)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        runs[compiled] = job
+    metrics = runs["true"].metrics
+    assert (metrics["device"], metrics["precision"]) == ("cuda", "bf16")
+    per_epoch = metrics["torch_compile_graphs_per_epoch"]
+    assert per_epoch[0] > 0 and not any(per_epoch[1:]), per_epoch
+    compiled, eager = losses(runs["true"]), losses(runs["false"])
+    assert compiled.keys() == eager.keys()
+    # The same weights and batches: the first steps differ only by fused kernels' bf16 rounding.
+    for step in range(1, 6):
+        assert compiled[step] == pytest.approx(eager[step], rel=5e-2, abs=5e-2), step
+    assert learned(compiled, 1, 160) < 0.5
+
+
+def test_a_whole_step_compiled_with_cuda_graphs_replays_and_compiles_nothing_after_epoch_one(tmp_path, tiny_model_dir):
+    """compile_scope=model on a GPU: fixed-shape buckets, one static graph each, replayed as CUDA graphs
+    (mode reduce-overhead), in bf16 (fp16 before Ampere); it still learns."""
+    hyperparameters = {**HP, "torch_compile": "true", "compile_scope": "model", "max_buckets": "2"}
+    job = build_job(tmp_path / "opt-ml", tiny_model_dir, hyperparameters, test=32)
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     metrics = job.metrics
@@ -119,8 +143,7 @@ def test_compiled_job_on_cuda_replays_cuda_graphs_and_compiles_nothing_after_epo
     assert metrics["precision"] == ("bf16" if torch.cuda.get_device_capability() >= (8, 0) else "fp16")
     per_epoch = metrics["torch_compile_graphs_per_epoch"]
     assert per_epoch[0] > 0 and not any(per_epoch[1:]), per_epoch
-    # The same job and threshold as the eager test above (same arithmetic up to kernel choice); this
-    # compiled variant has not yet been run over 20 seeds on a GPU.
+    # The same job and threshold as the eager test above (same arithmetic up to kernel choice).
     assert learned(losses(job), 1, 160) < 0.5
 
 
@@ -185,43 +208,66 @@ def test_sigterm_on_cuda_checkpoints_and_the_rerun_resumes_exactly(tmp_path, tin
         assert ours[s] == pytest.approx(theirs[s], rel=1e-3, abs=1e-4), s
 
 
-def test_serving_on_cuda_every_backend_answers_as_torch_fp32(tmp_path, tiny_model_dir):
-    """auto (ONNX Runtime's CUDA provider with onnxruntime-gpu, else torch in half precision), ONNX
-    Runtime fp32 and fp16, torch half: the same labels as torch fp32 on the GPU, scores close."""
+SERVED_TEXTS = ["i love this so much", "rude people and cold food", "what a great day it was"] * 3
+
+
+def _onnx_cuda_provider() -> bool:
     import onnxruntime
+
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
+@pytest.fixture(scope="module")
+def served_on_cuda(tmp_path_factory, tiny_model_dir) -> tuple[Path, list]:
+    """A job trained on cuda, and torch fp32's answers on cuda: the reference each backend is held to (once a
+    pytest-xdist worker: make test-gpu spreads the backends over workers)."""
     from serve_helpers import Server
 
-    job = build_job(tmp_path / "opt-ml", tiny_model_dir, HP, test=32)
+    job = build_job(tmp_path_factory.mktemp("served") / "opt-ml", tiny_model_dir, HP, test=32)
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    texts = ["i love this so much", "rude people and cold food", "what a great day it was"] * 3
-    cuda_ep = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
-    variants = {
-        "reference": {"BYOC_INFERENCE_BACKEND": "torch", "BYOC_INFERENCE_PRECISION": "fp32"},
+    server = Server(job.model_dir, env={"BYOC_INFERENCE_BACKEND": "torch", "BYOC_INFERENCE_PRECISION": "fp32"})
+    try:
+        server.wait_ready()
+        return job.model_dir, server.invoke({"inputs": SERVED_TEXTS}).json()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("variant", ["auto", "torch-half", "ort-fp32", "ort-fp16"])
+def test_serving_on_cuda_each_backend_answers_as_torch_fp32(served_on_cuda, variant):
+    """auto (ONNX Runtime's CUDA provider with onnxruntime-gpu, else torch in half precision), ONNX Runtime fp32
+    and fp16 (where the CUDA provider is installed), torch half: the same labels as torch fp32 on the GPU, scores
+    close. One server a test, so the backends start side by side."""
+    from serve_helpers import Server
+
+    cuda_ep = _onnx_cuda_provider()
+    if variant.startswith("ort") and not cuda_ep:
+        pytest.skip("onnxruntime here has no CUDAExecutionProvider (onnxruntime-gpu serves with it)")
+    env = {
         "auto": {},
         "torch-half": {"BYOC_INFERENCE_BACKEND": "torch"},
-        **({"ort-fp32": {"BYOC_INFERENCE_BACKEND": "onnxruntime"}} if cuda_ep else {}),
-        **({"ort-fp16": {"BYOC_INFERENCE_PRECISION": "fp16"}} if cuda_ep else {}),
-    }
-    answers, logs = {}, {}
-    for name, env in variants.items():
-        server = Server(job.model_dir, env=env)
-        try:
-            server.wait_ready()
-            answers[name] = server.invoke({"inputs": texts}).json()
-        finally:
-            logs[name] = server.stop()
-    if cuda_ep:
-        assert "CUDAExecutionProvider" in logs["auto"] and "model runs on ONNX Runtime" in logs["auto"], logs["auto"]
-        assert "fp16, CUDAExecutionProvider" in logs["ort-fp16"], logs["ort-fp16"][-2000:]
-    else:
-        assert "model runs on torch" in logs["auto"] and "(cuda" in logs["auto"], logs["auto"][-2000:]
-    half = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    assert f"(cuda, {half}" in logs["torch-half"], logs["torch-half"][-2000:]
-    expected = answers.pop("reference")
-    for name, got in answers.items():
-        assert [a["label"] for a in got] == [a["label"] for a in expected], name
-        assert [a["score"] for a in got] == pytest.approx([a["score"] for a in expected], abs=2e-2), name
+        "ort-fp32": {"BYOC_INFERENCE_BACKEND": "onnxruntime"},
+        "ort-fp16": {"BYOC_INFERENCE_PRECISION": "fp16"},
+    }[variant]
+    model_dir, expected = served_on_cuda
+    server = Server(model_dir, env=env)
+    try:
+        server.wait_ready()
+        got = server.invoke({"inputs": SERVED_TEXTS}).json()
+    finally:
+        log = server.stop()
+    if variant == "auto" and cuda_ep:
+        assert "CUDAExecutionProvider" in log and "model runs on ONNX Runtime" in log, log[-2000:]
+    elif variant == "auto":
+        assert "model runs on torch" in log and "(cuda" in log, log[-2000:]
+    if variant == "ort-fp16":
+        assert "fp16, CUDAExecutionProvider" in log, log[-2000:]
+    if variant == "torch-half":
+        half = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        assert f"(cuda, {half}" in log, log[-2000:]
+    assert [a["label"] for a in got] == [a["label"] for a in expected], variant
+    assert [a["score"] for a in got] == pytest.approx([a["score"] for a in expected], abs=2e-2), variant
 
 
 # --- embedding models and rerankers ----------------------------------------------------------------------
@@ -260,12 +306,12 @@ def unit(vectors) -> np.ndarray:
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "bf16-compiled"])
 def test_an_embedding_job_on_cuda_is_served_there_as_sentence_transformers_encodes(tmp_path, tiny_model_dir, compiled):
-    """Trained on cuda (TF32 eagerly; bf16=true compiles the step on one GPU), written as a
+    """Trained on cuda (TF32 eagerly; bf16 with its layers compiled), written as a
     sentence-transformers folder; `byoc serve` on cuda in fp32 answers sentence-transformers' own
     vectors (on the CPU), and auto's half precision (or ONNX Runtime's CUDA provider) stays close."""
     from byoc import compat
 
-    extra = {"bf16": "true", "max_buckets": "2"} if compiled else {}
+    extra = {"bf16": "true", "torch_compile": "true"} if compiled else {}
     job = embedding_job(tmp_path / "opt-ml", tiny_model_dir, extra)
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from byoc.training.compiled_steps import compile_arguments, wants_buckets
+from byoc.training.compiled_steps import compile_arguments, compile_mode, wants_buckets
 from byoc.training.hyperparameters import parse_hyperparameters
 from helpers import CPU_ONLY, Job, run_train_process, sentiment_rows, write_csv
 
@@ -30,6 +30,16 @@ def test_compile_settings_follow_the_hardware():
     assert compile_arguments(args, False, use_xla=False, cuda=True) == {"torch_compile": False}
     assert wants_buckets(True, use_xla=False) and wants_buckets(False, use_xla=True)
     assert not wants_buckets(False, use_xla=False)  # dynamic padding stays the default
+
+
+def test_compiled_layers_never_replay_as_cuda_graphs():
+    """CUDA graph trees cannot hand one compiled layer's output to the next in training (pytorch/pytorch#152887:
+    bf16=true failed in its first steps on an H200): layers compile in default mode on CUDA too, cuda_graphs or
+    not; only a whole-model step replays as a CUDA graph."""
+    for given in ({}, {"cuda_graphs": "true"}, {"compile_scope": "layers", "torch_compile": "true"}):
+        assert compile_mode(parse_hyperparameters(given), cuda=True) == "default", given
+    assert compile_mode(parse_hyperparameters({"compile_scope": "model"}), cuda=True) == "reduce-overhead"
+    assert compile_mode(parse_hyperparameters({"compile_scope": "model"}), cuda=False) == "default"
 
 
 def test_compiled_layers_compile_once_for_every_length_and_answer_as_eager(tmp_path, tiny_model_dir):

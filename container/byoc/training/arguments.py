@@ -180,18 +180,19 @@ class TrainArguments:
     )
     precision: str = _hp(
         "auto",
-        "Training precision. auto: on CUDA GPUs from Ampere on tf32, or bf16 when compiled with CUDA graphs; "
-        "before Ampere fp32, or fp16 compiled; fp32 on CPU and Trainium (docs/training.md). bf16/fp16 on a CUDA "
-        "GPU also compile the step unless torch_compile=false.",
+        "Training precision. auto: the shortest whole job: on CUDA GPUs from Ampere on tf32 eagerly, or bf16 with "
+        "the step compiled in a job long enough to repay it; fp32 before Ampere, on CPU and on Trainium "
+        "(docs/training.md). bf16/fp16 on a CUDA GPU compile where that pays, else train as auto does (the log "
+        "says why); torch_compile=true/false decides yourself.",
         (),
         ("auto", "fp32", "tf32", "bf16", "fp16"),
     )
     bf16: bool = _hp(False, "Same as precision=bf16: bfloat16 mixed precision (GPUs from Ampere on, Trainium).")
     fp16: bool = _hp(False, "Same as precision=fp16: float16 mixed precision (CUDA GPUs only).")
     tf32: bool | None = _hp(None, "TF32 matmuls on CUDA GPUs from Ampere on (precision=auto's); false: full fp32.")
-    torch_compile: bool | None = _hp(None, "Compile the step. Default: bf16/fp16 on one CUDA GPU, long jobs only.")
+    torch_compile: bool | None = _hp(None, "Compile the step. Default: on one CUDA GPU, jobs long enough to repay it.")
     compile_scope: str = _hp("layers", "Compiled: layers (once, any length) or model (per bucket).", (), COMPILED)
-    cuda_graphs: bool = _hp(True, "When compiled on a CUDA GPU: replay each step as a CUDA graph.")
+    cuda_graphs: bool = _hp(True, "compile_scope=model on a CUDA GPU: replay each step as a CUDA graph.")
     gradient_checkpointing: bool = _hp(False, "Trade compute for memory on long sequences.")
     attn_implementation: str | None = _hp(
         None, "Attention kernel: sdpa or eager. Default: the library's.", (), ("sdpa", "eager")

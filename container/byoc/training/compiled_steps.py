@@ -1,12 +1,19 @@
 """Compiled training steps: graphs built once per input shape, and a count of them.
 
-On XLA (Trainium) compiling is how the device runs at all. On CUDA and CPU it is `torch_compile=true`
-(on by default for bf16/fp16 on one CUDA GPU: `byoc.training.precision`): the job then takes the XLA path's
-fixed-shape length buckets too, so `torch.compile` builds one static graph per bucket (never a
-dynamic-shape one) and, on CUDA, replays each step as a CUDA graph (`cuda_graphs`, on by default
-there): at BERT's batch sizes a step is bound by kernel launches and host work, which graph replay
-removes. Graph capture is the CUDA-only part; the rest, buckets and static graphs included, runs and
-is tested on CPU.
+On XLA (Trainium) compiling is how the device runs at all. On CUDA and CPU it is `torch_compile=true` (chosen
+for long bf16/fp16 jobs on one CUDA GPU: `byoc.training.precision`). Two scopes:
+
+- `compile_scope=layers` (the default): each transformer layer compiled in inductor's default mode, its lengths
+  dynamic, no CUDA graphs. This is PyTorch's regional-compilation recipe, accelerate's `compile_regions` and
+  torchtitan's per-block compile. CUDA graph trees cannot pass one separately compiled region's output to the
+  next in training: the next layer's replay overwrites what the previous one handed on ("accessing tensor output
+  of CUDAGraphs that has been overwritten by a subsequent run", pytorch/pytorch#152887, #160281; an H200 job
+  with bf16=true failed so in its first steps on 2026-11-28), so `cuda_graphs` never applies here.
+- `compile_scope=model`: the whole model per fixed-shape length bucket (the XLA path's buckets), and on CUDA
+  replayed as one CUDA graph a step (`cuda_graphs`, mode reduce-overhead): one graph tree a step is what
+  cudagraph trees support in training. Each bucket compiles the whole model (tens of seconds on a GPU).
+
+Graph capture is the CUDA-only part; the rest, buckets and static graphs included, runs and is tested on CPU.
 """
 
 from __future__ import annotations
@@ -36,7 +43,10 @@ def wants_buckets(compile: bool, use_xla: bool) -> bool:
 
 
 def compile_mode(args: TrainArguments, cuda: bool) -> str:
-    return "reduce-overhead" if cuda and args.cuda_graphs else "default"  # reduce-overhead: CUDA graphs
+    """inductor's mode: reduce-overhead (CUDA graphs) only for a whole-model step on CUDA; compiled layers never
+    replay as CUDA graphs (the module's docstring says why)."""
+    whole_step = args.compile_scope == "model"
+    return "reduce-overhead" if cuda and args.cuda_graphs and whole_step else "default"
 
 
 def compile_arguments(args: TrainArguments, compile: bool, use_xla: bool, cuda: bool) -> dict[str, Any]:
@@ -52,8 +62,8 @@ def compile_layers(model: Any, mode: str) -> int:
     transformers model) compiled with its lengths dynamic. The layers are instances of one class, whose forward
     dynamo compiles once for all of them, and once for every length: the job compiles one layer's graph (and its
     backward), in seconds where the whole step took tens of seconds for each bucket shape (issue 59's H100 job).
-    Embeddings, head, loss and optimizer run eagerly; on CUDA (reduce-overhead) each layer replays as a CUDA
-    graph, recorded once a shape (milliseconds). Returns the number of layers compiled."""
+    Embeddings, head, loss and optimizer run eagerly. `mode`: inductor's (`compile_mode`: default for layers).
+    Returns the number of layers compiled."""
     from byoc.training.model import encoder_layers  # (the layer stack freeze_layers finds, found the same way)
 
     layers = encoder_layers(model)

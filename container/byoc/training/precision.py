@@ -1,20 +1,20 @@
 """Which precision a training job computes in, and whether it compiles: one decision, from the
-hyperparameters and a description of the hardware, made once when the job starts.
+hyperparameters, the job's length and a description of the hardware, made once when the job starts.
 
-What was measured (docs/training.md, DESIGN's H100 figures: BERT-base, batch 32 x 32 tokens): a step
-at these batch sizes is bound by kernel launches and host work. Eagerly, bf16 autocast *adds* kernels
-(a cast per weight) and ran slower than fp32 (955 against 1,275 samples/s); compiled with CUDA graphs
-it ran 4,928. TF32 pays where matrix multiplies dominate (2.2x fp32 at 32 x 128 tokens). So:
+What was measured (docs/training.md): at BERT's batch sizes a step is bound by kernel launches and host work.
+Eagerly, bf16 autocast *adds* kernels (a cast per weight) and is slower than TF32: on an H200 (2026-11-28)
+BERT-base trained 604 samples/s in eager bf16 against 995 in TF32. Compiling fuses the kernels, but costs
+seconds first; on a CUDA GPU byoc compiles each transformer layer once (`compile_scope=layers`, no CUDA graphs:
+`byoc.training.compiled_steps` says why). So the rule is the shortest whole job:
 
-- `precision=auto` (the default) on a CUDA GPU from Ampere on: TF32 eagerly, bf16 when the step is
-  compiled with CUDA graphs (`torch_compile=true`); before Ampere (T4, V100): fp32 eagerly, fp16
-  compiled. On CPU: fp32. On Trainium (XLA): fp32 weights and compute as written, unless bf16=true.
-- Half precision on a CUDA GPU compiles by default (`torch_compile` unset): the job takes the
-  fixed-shape bucket path and replays each step as a CUDA graph, which is where bf16 is a speed-up.
-  With several processes this is not turned on for you (not yet measured there): set
-  torch_compile=true.
-- Unless the job is too short to repay the compilation (`PAYS_AFTER_STEPS`): then bf16/fp16 train as
-  the default does (TF32 eagerly), which is the faster whole job; `torch_compile=true` compiles anyway.
+- `precision=auto` (the default) on a CUDA GPU from Ampere on: TF32 eagerly, unless the job is long enough to
+  repay compiling (`PAYS_AFTER_STEPS`) on one process: then bf16 with its layers compiled. Before Ampere (T4,
+  V100): fp32. On CPU: fp32. On Trainium (XLA): fp32 weights and compute as written, unless bf16=true.
+- `bf16=true` / `fp16=true` alone (`torch_compile` unset) never make the whole job longer than the default: they
+  compile where the job repays it, and otherwise train as the default does (TF32 eagerly), saying so in the log.
+  Where the step cannot be compiled (several processes, the cached loss, a loss that runs the model itself) that
+  is the default too. `torch_compile=true` compiles whatever the length; `torch_compile=false` keeps eager half
+  precision (slower, but what was asked: for memory, say).
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ from byoc.training.arguments import TrainArguments
 logger = logging.getLogger(__name__)
 
 # The steps after which a compiled half-precision step has repaid its compilation, for each graph compiled
-# (compile_scope). Issue 59's H100 figures, BERT-base at batch 32: 715 samples/s eagerly (the default), 1,627
-# compiled in bf16, so a compiled step saves about 25 ms; the whole model took about 30 s to compile for each
-# bucket shape (1,200 steps each); one layer, compiled once for every length, a few seconds (about 200 steps).
-# Estimates until `make bench-gpu` measures them on a GPU.
-PAYS_AFTER_STEPS = {"layers": 200, "model": 1200}
+# (compile_scope). Estimates until `make bench-gpu` measures them on a GPU. layers: compiling one layer forward and
+# backward, lengths dynamic, took 15.5 s on a 2-core CPU (MiniLM, 2026-11-28) and is taken as 15 s on a GPU host;
+# compiled bf16 (default mode, no CUDA graphs) stepped 24 ms against TF32 eager's 29 ms (DESIGN's H100 figures,
+# BERT-base at 32 x 32 tokens): 5 ms saved a step, so about 3,000 steps. model: a whole-step CUDA graph stepped
+# 6.5 ms (22 ms saved) for about 30 s of compiling a bucket: about 1,500 steps a bucket.
+PAYS_AFTER_STEPS = {"layers": 3000, "model": 1500}
 
 
 @dataclass(frozen=True)
@@ -139,45 +140,50 @@ def _cuda(asked: str, args: TrainArguments, hw: Hardware, steps: int | None = No
     if asked == "tf32" and not hw.ampere:
         logger.warning("TF32 needs a GPU from Ampere on; this one (%s) trains in fp32", hw.name or hw.capability)
         asked = "fp32"
-    if asked == "auto":
-        graphs = bool(args.torch_compile) and args.cuda_graphs
-        if graphs:
-            half = "bf16" if hw.ampere else "fp16"
-            return Precision(half, True, f"auto: {half}, compiled with CUDA graphs (where half precision pays)")
-        name = "tf32" if hw.ampere else "fp32"
-        return Precision(name, bool(args.torch_compile), f"auto: {name} (eager half precision is slower here)")
-    if asked in ("bf16", "fp16"):
-        needed = pays_after(args)
-        if args.torch_compile is None and hw.processes == 1 and steps is not None and steps < needed:
-            name = "tf32" if hw.ampere else "fp32"
-            why = (
-                f"{asked} requested, but {steps} steps are too few to repay compiling the step (about {needed}), and "
-                f"{asked} eagerly is slower than {name}: {name} eagerly, the faster whole job (torch_compile=true "
-                "compiles anyway)"
-            )
-            logger.warning(why)
-            return Precision(name, False, why)
-        return Precision(asked, _compile_half(asked, args, hw), f"{asked} requested")
-    return Precision(asked, bool(args.torch_compile), f"{asked} requested")
-
-
-def _compile_half(name: str, args: TrainArguments, hw: Hardware) -> bool:
-    """Half precision compiles unless told not to: eagerly its casts make a launch-bound step slower."""
-    if args.torch_compile is not None:
-        if not args.torch_compile:
-            logger.warning(
-                "%s without torch_compile: eager autocast is usually slower than fp32 at small batches", name
-            )
-        return args.torch_compile
-    if hw.processes > 1:
+    # the fastest eager recipe (the default, and every fallback), unless tf32=false asks for full fp32 products
+    eager = "tf32" if hw.ampere and args.tf32 is not False else "fp32"
+    if asked not in ("auto", "bf16", "fp16"):
+        return Precision(asked, bool(args.torch_compile), f"{asked} requested")
+    half = asked if asked != "auto" else ("bf16" if hw.ampere else "fp16")
+    if args.torch_compile:  # asked to compile: in half precision, where compiling pays most
+        return Precision(half, True, f"{asked}: {half}, the step compiled (torch_compile=true)")
+    if args.torch_compile is False:
+        if asked == "auto":
+            return Precision(eager, False, f"auto: {eager} eagerly (torch_compile=false)")
         logger.warning(
-            "%s with %d processes runs eagerly, usually slower than fp32 at small batches: set torch_compile=true "
-            "to compile the step with CUDA graphs (on by itself only for one process, where it was measured)",
-            name,
-            hw.processes,
+            "%s without torch_compile: eager autocast is usually slower than %s at small batches", asked, eager
         )
-        return False
-    logger.info(
-        "%s: compiling the training step (fixed-shape buckets, CUDA graphs); torch_compile=false opts out", name
-    )
-    return True
+        return Precision(asked, False, f"{asked} requested, eager (torch_compile=false)")
+    if asked == "auto" and not hw.ampere:  # (fp16 needs loss scaling: only when asked for)
+        return Precision(eager, False, "auto: fp32 (no TF32 or bf16 on this GPU; fp16=true for half precision)")
+    blocker = _compile_blocker(asked, args, hw, steps)
+    if blocker is None:
+        why = f"{asked}: {half} with the step compiled: {steps} steps repay compiling it (about {pays_after(args)})"
+        if steps is None:  # (a code/train.py's own Trainer: the length is not known here)
+            why = f"{asked}: {half} with the step compiled (the job's length unknown)"
+        logger.info("%s; torch_compile=false opts out", why)
+        return Precision(half, True, why)
+    why = f"{asked}: {eager} eagerly, the faster whole job: {blocker}"
+    if asked != "auto":  # the user asked for half precision and gets the default: say why, and how to insist
+        logger.warning("%s (torch_compile=true compiles anyway; torch_compile=false keeps eager %s)", why, asked)
+    return Precision(eager, False, why)
+
+
+def _compile_blocker(asked: str, args: TrainArguments, hw: Hardware, steps: int | None) -> str | None:
+    """Why compiling half precision would not give the shortest whole job here (None: it would). Eager half
+    precision is slower than eager TF32, so a step that is not compiled trains in TF32."""
+    if hw.processes > 1:
+        return (
+            f"with {hw.processes} processes the step is compiled only when asked (torch_compile=true): "
+            "not yet measured there"
+        )
+    if args.mini_batch_size:
+        return "the cached loss (mini_batch_size) runs the model itself, which is not compiled"
+    if args.task in tasks.TASKS and tasks.get(args.task).loss_runs_model:
+        return f"the {args.task} loss runs the model itself, which is not compiled"
+    needed = pays_after(args)
+    if steps is None:
+        return "the job's length is unknown" if asked == "auto" else None  # (asked for: as asked)
+    if steps < needed:
+        return f"{steps} steps are too few to repay compiling the step (about {needed})"
+    return None
