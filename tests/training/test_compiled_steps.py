@@ -138,9 +138,9 @@ def test_a_compiled_job_uses_buckets_and_compiles_nothing_after_epoch_one(tmp_pa
     assert restarted.metrics["torch_compile_cache_misses"] == 0, restarted.metrics  # nothing compiled again
 
     # A second job of the same model, its cache given as the compile_cache channel (the first job's checkpoint
-    # folder's, from S3): it compiles nothing either.
+    # folder's, from S3) and trusted (its pickles run code): it compiles nothing either.
     second = Job(tmp_path / "second-job").resources()
-    second.hyperparameters({**hyperparameters, "epochs": "1", "eval_strategy": "no"})
+    second.hyperparameters({**hyperparameters, "epochs": "1", "eval_strategy": "no", "trust_remote_code": "true"})
     second.model_channel(tiny_model_dir)
     shutil.copytree(job.channel("train"), second.channel("train"), dirs_exist_ok=True)
     shutil.copytree(cache, second.channel("compile_cache"), dirs_exist_ok=True)
@@ -148,3 +148,26 @@ def test_a_compiled_job_uses_buckets_and_compiles_nothing_after_epoch_one(tmp_pa
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "torch.compile cache seeded from" in done.stdout
     assert second.metrics["torch_compile_cache_hits"] > 0 and second.metrics["torch_compile_cache_misses"] == 0
+
+
+def test_a_compile_cache_that_comes_with_the_inputs_is_code_used_only_when_trusted(tmp_path, monkeypatch, caplog):
+    """inductor's cache entries are pickles: a crafted one in a model folder or the compile_cache channel ran code in
+    a second job. A seed from the inputs is copied in only with trust_remote_code=true, and the log says why not;
+    the job's own checkpoint folder (its spot restarts') is its own."""
+    from byoc.training.compiled_steps import COMPILE_CACHE_DIR, persistent_cache
+    from byoc.training.settings import INDUCTOR_CACHE_ENV
+
+    monkeypatch.delenv(INDUCTOR_CACHE_ENV, raising=False)
+    seed = tmp_path / "model" / COMPILE_CACHE_DIR / "fxgraph" / "xy"
+    seed.mkdir(parents=True)
+    (seed / "entry").write_bytes(b"a pickle that runs code")
+    for trusted in (False, True):
+        checkpoints = tmp_path / f"checkpoints-{trusted}"
+        cache = persistent_cache(checkpoints, None, (tmp_path / "model" / COMPILE_CACHE_DIR,), trusted=trusted)
+        assert cache == checkpoints / COMPILE_CACHE_DIR
+        assert (cache / "fxgraph" / "xy" / "entry").exists() is trusted
+    assert "not used: its entries are pickles" in caplog.text and "trust_remote_code=true" in caplog.text
+    own = tmp_path / "checkpoints-False" / COMPILE_CACHE_DIR / "own"
+    own.mkdir(parents=True)
+    (own / "entry").write_bytes(b"the job's own")
+    assert persistent_cache(tmp_path / "checkpoints-False", None, ()) / "own" / "entry" == own / "entry"

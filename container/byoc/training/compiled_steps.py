@@ -80,13 +80,19 @@ COMPILE_CACHE_DIR = "torch-compile-cache"  # under the checkpoint folder: synced
 COMPILE_CACHE_CHANNEL = "compile_cache"  # an input channel holding an earlier job's cache (its checkpoints' folder)
 
 
-def persistent_cache(checkpoint_dir: Path, given: str | None, seeds: tuple[Path, ...] = ()) -> Path:
+def persistent_cache(
+    checkpoint_dir: Path, given: str | None, seeds: tuple[Path, ...] = (), trusted: bool = False
+) -> Path:
     """Keep torch.compile's caches (inductor's compiled graphs and kernels, AOTAutograd's) under the
     checkpoint folder, so a spot restart or a later job with the same shapes loads its compiled steps
     instead of compiling them again (minutes). `given`: the TORCHINDUCTOR_CACHE_DIR the user set
     (the settings' `compile_cache`), which wins. An empty cache is first filled from the first of `seeds`
     that holds one (the `compile_cache` channel, a torch-compile-cache folder in the model channel): a second
-    job of the same model compiles nothing either."""
+    job of the same model compiles nothing either.
+
+    A cache's entries are pickles, and loading them runs whatever they hold: a cache that comes with a model
+    folder or a channel is code, used only where the job trusts code that comes with its inputs (`trusted`:
+    trust_remote_code=true), as a folder's own modeling code is. The job's own checkpoint folder is its own."""
     # Private inductor modules, only when compiling: importing them loads the compiler.
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
     from torch._inductor.utils import clear_caches
@@ -95,8 +101,15 @@ def persistent_cache(checkpoint_dir: Path, given: str | None, seeds: tuple[Path,
     cache = Path(given) if given and given != default_cache_dir() else checkpoint_dir / COMPILE_CACHE_DIR
     seed = next((f for f in seeds if f.is_dir() and any(p.is_file() for p in f.rglob("*"))), None)
     if seed is not None and not any(p.is_file() for p in cache.rglob("*")):
-        shutil.copytree(seed, cache, dirs_exist_ok=True)
-        logger.info("torch.compile cache seeded from %s", seed)
+        if trusted:
+            shutil.copytree(seed, cache, dirs_exist_ok=True)
+            logger.info("torch.compile cache seeded from %s (trust_remote_code=true: its pickles are loaded)", seed)
+        else:
+            logger.warning(
+                "torch.compile cache in %s not used: its entries are pickles, which run code as they load; set "
+                "trust_remote_code=true to use a cache you made yourself (the job compiles afresh meanwhile)",
+                seed,
+            )
     # Inductor, and the compile workers it starts, read the folder from the environment only.
     os.environ[INDUCTOR_CACHE_ENV] = str(cache)
     clear_caches()  # paths torch derived from the old directory

@@ -175,7 +175,8 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
     args = dataclasses.replace(args, torch_compile=chosen.compile)  # later steps see the decision
     if chosen.compile and not use_xla:
         seeds = (contract.channel_dirs.get(COMPILE_CACHE_CHANNEL), Path(source.path) / COMPILE_CACHE_DIR)
-        cache = persistent_cache(contract.checkpoint_folder, settings.compile_cache, tuple(Path(f) for f in seeds if f))
+        found = tuple(Path(f) for f in seeds if f)
+        cache = persistent_cache(contract.checkpoint_folder, settings.compile_cache, found, args.trust_remote_code)
         logger.info("torch.compile cache: %s", cache)
     buckets = None
     if use_xla:
