@@ -196,3 +196,21 @@ def test_byoc_task_is_read_as_a_task_name_and_a_wrong_one_stops_the_server():
     assert InferenceSettings.from_env({"BYOC_TASK": "rerank"}).task == "reranker"
     with pytest.raises(ServeSettingsError, match="BYOC_TASK='ranking' names no task: set one of .*embedding"):
         InferenceSettings.from_env({"BYOC_TASK": "ranking"})
+
+
+def test_an_answer_holds_what_the_response_limit_holds_unless_set(tmp_path):
+    """BYOC_MAX_ANSWER_VALUES: by default the numbers SAGEMAKER_MAX_PAYLOAD_IN_MB holds at 4 bytes each (6 MB: 4,096
+    texts x 384 dimensions; an asynchronous endpoint's 1 GB), else as set; refused out of range, naming it."""
+    from byoc.serving.settings import InferenceSettings, answer_values_of
+
+    base = {"SAGEMAKER_BASE_DIR": str(tmp_path)}
+    assert ServeSettings.from_env(base).inference.max_answer_values == 4096 * 384 == answer_values_of(6)
+    assert InferenceSettings().max_answer_values == answer_values_of(6)
+    asynchronous = ServeSettings.from_env({**base, "BYOC_PROFILE": "async"})
+    assert asynchronous.inference.max_answer_values == 1024 * 2**20 // 4
+    assert ServeSettings.from_env({**base, "SAGEMAKER_MAX_PAYLOAD_IN_MB": "100"}).inference.max_answer_values == (
+        100 * 2**20 // 4
+    )
+    assert ServeSettings.from_env({**base, "BYOC_MAX_ANSWER_VALUES": "5000"}).inference.max_answer_values == 5000
+    with pytest.raises(ValueError, match="BYOC_MAX_ANSWER_VALUES='0'"):
+        ServeSettings.from_env({**base, "BYOC_MAX_ANSWER_VALUES": "0"})

@@ -121,3 +121,29 @@ def test_a_generative_reranker_trained_as_a_classifier_is_refused_naming_its_tas
     write_jsonl(job.channel("train") / "train.jsonl", topic_rows(8, negatives=True))
     assert entry.train() != 0
     assert "train it with task=generative_reranker" in job.failure
+
+
+def test_a_long_query_is_cut_to_what_the_model_reads_before_it_is_rendered(folder):
+    """A 5.4 MB query was rendered whole into the template once a document (2.6 s and 810 MB for 128 of them)
+    before the tokenizer cut it. Each side is cut to the characters the model can read first, as a cross-encoder's
+    texts are: the scores are the same."""
+    from byoc.serving.settings import InferenceSettings
+    from byoc.serving.user_code import default_handlers
+
+    with default_handlers.serving_with(InferenceSettings(backend="torch", precision="fp32")):
+        model = default_handlers.model_fn(str(folder))
+    renderer, rendered = model["renderer"], []
+    render = renderer.render
+    renderer.render = lambda query, document, system=None: (
+        rendered.append(len(query) + len(document)) or render(query, document, system)
+    )
+    most = tasks.limits.CHARS_PER_TOKEN * model["max_length"]
+    query, documents = "will it rain " * 100_000, ["rain tomorrow afternoon", "the final whistle blew"]
+
+    def scores(q: str) -> list:
+        body = {"query": q, "texts": documents, "raw_scores": True}
+        return default_handlers.predict_fn(default_handlers.input_fn(json.dumps(body)), model)
+
+    long = scores(query)
+    assert rendered and max(rendered) <= most + max(map(len, documents))
+    np.testing.assert_allclose(long, scores(query[:most]), atol=1e-6)

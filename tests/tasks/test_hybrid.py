@@ -165,6 +165,7 @@ def test_sparse_terms_name_their_tokens_when_asked(m3):
         ({"inputs": ["a"], "parameters": {"dimensions": 8}}, '"dimensions" does not apply to a hybrid'),
         ({"inputs": ["a"], "parameters": {"normalize": False}}, '"normalize": false: a hybrid model'),
         ({"inputs": [["q", "d"]], "parameters": {"weights": [float("inf"), 1, 1]}}, "finite numbers"),
+        ({"inputs": [["q", "d"]], "parameters": {"weights": [10**400, 1, 1]}}, "finite numbers.*\\.\\.\\."),
         ({"query": "q", "texts": ["d"], "parameters": {"output": "dense"}}, '"output" does not apply to a rerank'),
         ({"inputs": ["a", ["q", "d"]]}, "send one kind"),
         ({"inputs": ["a"], "truncation_direction": "left"}, '"left" does not apply to a hybrid .* its own way'),
@@ -174,6 +175,21 @@ def test_requests_it_cannot_answer_are_refused_saying_why(m3, body, words):
     model = load(m3, "torch")
     with pytest.raises(InputError, match=words):
         ask(model, body)
+
+
+def test_weights_of_any_size_weigh_as_their_proportions(m3):
+    """A 401-digit integer weight was a 500 (OverflowError), now a 400 (in the parametrized refusals above);
+    [5e-324, 0, 0] scored 1.0 where [1, 0, 0] scored the dense score (the weighted sum underflowed before the
+    division)."""
+    model = load(m3, "torch")
+
+    def score(weights) -> float:
+        return ask(model, {"inputs": [[TEXTS[4], TEXTS[0]]], "parameters": {"weights": weights}})[0]
+
+    dense = score([1, 0, 0])
+    assert score([5e-324, 0, 0]) == pytest.approx(dense, abs=1e-9)
+    assert score([1e308, 1e308, 1e308]) == pytest.approx(score([1, 1, 1]), abs=1e-9)
+    assert score({"sparse": 3, "colbert": 1}) == pytest.approx((3 * score([0, 1, 0]) + score([0, 0, 1])) / 4, abs=1e-6)
 
 
 def test_a_job_refuses_to_train_one_saying_it_is_served_only():
@@ -232,3 +248,20 @@ def test_byoc_serve_answers_every_output_and_a_weighted_rerank(m3_graph, tmp_pat
         assert refused.status_code == 400 and refused.json()["error"].startswith('"output" is one of')
     finally:
         s.stop()
+
+
+def test_an_answer_over_the_server_s_limit_is_a_413_counting_each_output(m3):
+    """bge-m3's ColBERT vectors answered 81 MB to a 61 KB body; a list of outputs was counted as one value a text.
+    Each output of each text is counted before the answer is built."""
+    from byoc.serving.protocol.request_errors import PayloadTooLarge
+
+    model = load(m3, "torch")
+    body = {"inputs": TEXTS[:3], "parameters": {"output": ["dense", "colbert"]}}
+    answer = ask(model, body)
+    values = sum(len(a["dense"]) + len(a["colbert"]) * len(a["colbert"][0]) for a in answer)
+    model.max_answer_values = values
+    assert ask(model, body) == answer
+    model.max_answer_values = values - 1
+    with pytest.raises(PayloadTooLarge, match=f"would hold {values:,} numbers .*fewer outputs"):
+        ask(model, body)
+    assert ask(model, {"inputs": TEXTS[:3]})  # the dense vectors alone: answered

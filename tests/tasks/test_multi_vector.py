@@ -226,6 +226,21 @@ def test_a_folder_with_modules_byoc_does_not_serve_is_refused_naming_the_file(co
         settings(target)
 
 
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_a_query_expansion_past_the_models_positions_is_refused_at_load(colbert_graph, tmp_path, backend):
+    """An expansion of 600 tokens on a 512-position model loaded, /ping said 200, and every query was a 500: the
+    folder is refused as it loads, naming the file and the length to set."""
+    target = Path(shutil.copytree(colbert_graph, tmp_path / "model"))
+    held = json.loads((target / "config.json").read_text())["max_position_embeddings"]
+    path = target / "sentence_bert_config.json"
+    config = json.loads(path.read_text())
+    config["query_expansion"] = {**(config.get("query_expansion") or {"strategy": "min"}), "length": held + 88}
+    path.write_text(json.dumps(config))
+    words = f"sentence_bert_config.json: query_expansion .*{held} or less"
+    with pytest.raises(sentence_folder.FolderError, match=words):
+        load(target, backend)
+
+
 @pytest.mark.integration
 def test_byoc_serve_answers_token_vectors_and_teis_rerank_body(colbert_graph, tmp_path):
     """`byoc serve` on the exported folder (the slim image's path): token vectors, and TEI's rerank answer."""
@@ -277,3 +292,58 @@ def test_the_int8_graph_keeps_each_tokens_direction(colbert_graph, tmp_path):
         for a, b in zip(ask(full, body), ask(int8, body)):
             a, b = np.asarray(a), np.asarray(b)
             assert a.shape == b.shape and (a * b).sum(axis=1).mean() > 0.95, side
+
+
+def test_an_answer_of_more_token_vectors_than_the_server_answers_is_a_413_before_it_is_built(colbert):
+    """Token vectors grow with the tokens: 240 texts of 512 tokens to a 128-wide model answered 324 MB (52 times
+    SageMaker's 6 MB). The numbers are counted from each text's own kept tokens before any list is made; over the
+    server's BYOC_MAX_ANSWER_VALUES the request is a 413 that names the limit and how to ask for less."""
+    from byoc.serving.protocol.request_errors import PayloadTooLarge
+
+    model = load(colbert, "torch")
+    texts = [" ".join(["word"] * 30)] * 4  # documents cut at 24 tokens, 16-wide vectors
+    answer = ask(model, {"inputs": texts})
+    values = sum(len(rows) * len(rows[0]) for rows in answer)
+    model.max_answer_values = values
+    assert ask(model, {"inputs": texts}) == answer  # at the limit: answered
+    model.max_answer_values = values - 1
+    with pytest.raises(PayloadTooLarge, match=f"would hold {values:,} numbers .*BYOC_MAX_ANSWER_VALUES"):
+        ask(model, {"inputs": texts})
+    assert ask(model, {"inputs": texts[:1]})  # fewer texts: answered
+    assert len(ask(model, {"query": texts[0], "texts": texts})) == 4  # a rerank answers a score a pair
+
+
+@pytest.mark.integration
+def test_byoc_serve_refuses_a_token_vector_answer_over_its_limit_with_a_413_and_ping_answers(colbert_graph, tmp_path):
+    """Over BYOC_MAX_ANSWER_VALUES a request is a 413 (JSON, naming the limit and how to ask for less), /ping
+    answers meanwhile, and a request under the limit is answered."""
+    import threading
+
+    from serve_helpers import PING_S, Server
+
+    target = Path(shutil.copytree(colbert_graph, tmp_path / "m" / "model"))
+    env = {"BYOC_INFERENCE_BACKEND": "onnxruntime", "BYOC_MAX_ANSWER_VALUES": "2000"}
+    s = Server(target, env=env)
+    s.wait_ready()
+    try:
+        pings: list[int] = []
+        stop = threading.Event()
+
+        def ping() -> None:
+            while not stop.is_set():
+                pings.append(s.client.get("/ping", timeout=PING_S).status_code)
+
+        pinger = threading.Thread(target=ping)
+        pinger.start()
+        try:
+            refused = [s.invoke({"inputs": ["word " * 40] * 64}) for _ in range(3)]
+        finally:
+            stop.set()
+            pinger.join()
+        assert all(r.status_code == 413 for r in refused), refused[0].text
+        message = refused[0].json()["error"]
+        assert "BYOC_MAX_ANSWER_VALUES" in message and "fewer or shorter texts" in message, message
+        assert pings and set(pings) == {200}
+        assert s.invoke({"inputs": ["word " * 40] * 2}).status_code == 200  # 2 x 24 tokens x 16: under it
+    finally:
+        s.stop()

@@ -3,6 +3,7 @@ sentence-transformers' own evaluators, with BM25 beside it."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -122,6 +123,42 @@ def test_a_classifier_job_with_a_retrieval_set_fails_before_training(job, tiny_m
     assert entry.train() != 0
     assert "holds a BEIR retrieval set" in job.failure and "task=embedding" in job.failure
     assert not (job.model_dir / "config.json").exists()
+
+
+@pytest.mark.integration
+def test_a_corpus_bm25_cannot_index_keeps_the_models_figures_and_leaves_the_baseline_out(job, tiny_model_dir, caplog):
+    """A corpus of stopwords only: BM25's index failed ("max() arg is an empty sequence") after training, and the job
+    failed with it, dropping the model's own figures. The baseline is left out with a warning; the job succeeds."""
+    job.hyperparameters({**QUICK, "task": "embedding"})
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(32))
+    test_set = write_beir(job.channel("test") / "topics")
+    stopwords = ["the a of", "and to in", "it is", "an on at"]
+    corpus = [json.loads(line) for line in (test_set / "corpus.jsonl").read_text().splitlines()]
+    write_jsonl(
+        test_set / "corpus.jsonl",
+        [{"_id": row["_id"], "text": stopwords[i % len(stopwords)]} for i, row in enumerate(corpus)],
+    )
+    with caplog.at_level("INFO"):
+        assert entry.train() == 0, job.failure
+    assert 0 <= job.metrics["test_corpus_ndcg_at_10"] <= 1
+    assert not any("bm25" in key for key in job.metrics)
+    assert "BM25 cannot index its corpus" in caplog.text and "test_bm25_*) is left out" in caplog.text
+
+
+@pytest.mark.integration
+def test_a_set_file_that_is_not_utf8_fails_the_job_naming_the_file_line_and_byte(job, tiny_model_dir):
+    """A byte of Latin-1 in corpus.jsonl ended in "unexpected error: UnicodeDecodeError", naming no file."""
+    job.hyperparameters({**QUICK, "task": "embedding"})
+    job.model_channel(tiny_model_dir)
+    write_jsonl(job.channel("train") / "train.jsonl", topic_rows(32))
+    test_set = write_beir(job.channel("test") / "topics")
+    lines = (test_set / "corpus.jsonl").read_bytes().splitlines(keepends=True)
+    lines[2] = lines[2].replace(b'"text": "', b'"text": "caf\xe9 ')
+    (test_set / "corpus.jsonl").write_bytes(b"".join(lines))
+    assert entry.train() != 0
+    assert "corpus.jsonl in the test channel, line 3: byte 0xe9" in job.failure and "UTF-8" in job.failure, job.failure
+    assert "unexpected" not in job.failure
 
 
 @pytest.mark.integration

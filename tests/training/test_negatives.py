@@ -67,6 +67,29 @@ def test_each_row_gets_a_negative_that_is_another_rows_positive_within_the_range
     assert by_row and all(ours[key] == negative for key, negative in by_row.items())
 
 
+FAQ = [
+    {"anchor": f"question {q} about {topic}", "positive": f"the answer about {topic}"}
+    for topic in ("billing", "shipping", "returns", "accounts", "privacy")
+    for q in range(8)
+]
+
+
+def test_a_row_the_miner_found_none_for_never_gets_its_own_anchors_positive():
+    """FAQ data, 5 answers x 8 questions: with the default range (from the 10th), no row has a candidate, and the
+    fallback drew a row's own answer for 6 of 40 rows. It draws another answer; 16 identical rows, where no text
+    can be a negative, are refused saying why."""
+    from byoc.training.data import DataError
+
+    args = parse_hyperparameters({"mine_hard_negatives": "true", "max_length": "64"})
+    for seed in range(3):
+        mined = mine_hard_negatives(rows_data(FAQ), str(bundled_model_dir()), dataclasses.replace(args, seed=seed))
+        pairs = list(zip(mined.train["text_pair"], mined.train[NEGATIVE]))
+        assert all(negative != positive for positive, negative in pairs), pairs
+    same = [{"anchor": "where is my parcel", "positive": "it ships in two days"}] * 16
+    with pytest.raises(DataError, match="no text can be its negative"):
+        mine_hard_negatives(rows_data(same), str(bundled_model_dir()), args)
+
+
 def test_without_the_setting_the_data_are_as_given():
     data = rows_data(ROWS[:4])
     assert mine_hard_negatives(data, "unused", parse_hyperparameters({})) is data

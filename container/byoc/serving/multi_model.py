@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from byoc import model_folder, onnx_graph
-from byoc.serving.execution.model_server import ModelServer, release_memory, resident_bytes
+from byoc.serving.execution.memory import release_memory, resident_bytes
+from byoc.serving.execution.model_server import ModelServer
 from byoc.serving.execution.threads import DaemonThreads
 from byoc.serving.prometheus import ModelMetrics, ServerMetrics
 from byoc.serving.settings import ServeSettings

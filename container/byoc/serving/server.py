@@ -48,7 +48,8 @@ from starlette.routing import Route
 from byoc import model_folder
 from byoc.logs import configure_logging
 from byoc.serving import prometheus
-from byoc.serving.execution.model_server import ModelServer, tune_malloc
+from byoc.serving.execution.memory import tune_malloc
+from byoc.serving.execution.model_server import ModelServer
 from byoc.serving.http import client_routes, connections
 from byoc.serving.http.invocations import Invocations, error
 from byoc.serving.http.multi_model_routes import MultiModel

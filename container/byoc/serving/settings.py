@@ -65,6 +65,11 @@ class InferenceSettings:
     # BYOC_TRUST_REMOTE_CODE: run the code a model folder ships (auto_map) when torch loads it; never fetched.
     # The graph (model.onnx) serves without running it.
     trust_remote_code: bool = False
+    # BYOC_MAX_ANSWER_VALUES: the numbers one request's answer may hold (413 above, refused before the answer is
+    # built). By default what the response limit holds (ServeSettings: SAGEMAKER_MAX_PAYLOAD_IN_MB, 6 MB, SageMaker's
+    # for a real-time endpoint) at 4 bytes a number, the most compact form byoc writes (base64 float32), so an
+    # answer refused is over that limit in every format.
+    max_answer_values: int = 1_572_864  # (answer_values_of(6))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> InferenceSettings:
@@ -78,6 +83,12 @@ class InferenceSettings:
             task=_task(read.text(TASK_ENV)),
             trust_remote_code=read.flag(TRUST_REMOTE_CODE_ENV),
         )
+
+
+def answer_values_of(payload_mb: float) -> int:
+    """The numbers an answer of `payload_mb` MB holds at 4 bytes each (base64 float32, byoc's most compact form):
+    6 MB, SageMaker's response limit for a real-time endpoint, holds 1,572,864 (4,096 texts x 384 dimensions)."""
+    return max(1, int(payload_mb * (1 << 20)) // 4)
 
 
 def _task(value: str | None) -> str | None:
@@ -188,6 +199,8 @@ class ServeSettings:
             metrics=read.flag("BYOC_METRICS", default=True),
             metrics_dir=read.text("PROMETHEUS_MULTIPROC_DIR"),
         )
+        answer_values = read.integer("BYOC_MAX_ANSWER_VALUES", answer_values_of(settings.max_payload_mb), 1)
+        settings = replace(settings, inference=replace(settings.inference, max_answer_values=answer_values))
         connections = read.integer("BYOC_MAX_CONNECTIONS", 4 * settings.max_concurrency, 1)
         if connections < settings.max_concurrency:
             raise ServeSettingsError(

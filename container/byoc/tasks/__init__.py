@@ -27,6 +27,7 @@ from byoc.tasks.generative_reranker import NAME as GENERATIVE_RERANKER
 from byoc.tasks.generative_reranker import GenerativeReranker
 from byoc.tasks.hybrid import NAME as HYBRID
 from byoc.tasks.hybrid import Hybrid
+from byoc.tasks.limits import AnswerTooLarge, check_answer
 from byoc.tasks.listwise_reranker import NAME as LISTWISE_RERANKER
 from byoc.tasks.listwise_reranker import ListwiseReranker
 from byoc.tasks.multi_label import NAME as MULTI_LABEL
@@ -99,7 +100,9 @@ __all__ = [
     "AUTO",
     "EMBEDDING",
     "GENERATIVE_RERANKER",
+    "AnswerTooLarge",
     "BadParameter",
+    "check_answer",
     "DEFAULT",
     "HYBRID",
     "IGNORE_LABEL",

@@ -180,10 +180,9 @@ class TrainArguments:
     )
     precision: str = _hp(
         "auto",
-        "Training precision. auto: the shortest whole job: on CUDA GPUs from Ampere on tf32 eagerly, or bf16 with "
-        "the step compiled in a job long enough to repay it; fp32 before Ampere, on CPU and on Trainium "
-        "(docs/training.md). bf16/fp16 on a CUDA GPU compile where that pays, else train as auto does (the log "
-        "says why); torch_compile=true/false decides yourself.",
+        "Training precision. auto: the shortest whole job: on CUDA GPUs from Ampere on tf32 eagerly, or bf16 compiled "
+        "in a job long enough to repay it; else fp32 (docs/training.md). bf16/fp16 on a CUDA GPU compile where that "
+        "pays, else train as auto does (the log says why); torch_compile=true/false decides yourself.",
         (),
         ("auto", "fp32", "tf32", "bf16", "fp16"),
     )

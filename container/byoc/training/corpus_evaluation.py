@@ -88,7 +88,9 @@ def evaluate_sets(
             ranked = reranked_scores(found, reranker, tokenizer, retriever or "", batch_size, max_length, kind)
         else:
             ranked = {"corpus": model_scores(found, kind.ranks_corpus or "dense", kind.retriever_of(model), batch_size)}
-        ranked["bm25"] = bm25_scores(found)
+        baseline = bm25_or_none(found)
+        if baseline is not None:
+            ranked["bm25"] = baseline
         for ranker, scores in ranked.items():
             metrics.update({f"{role}_{ranker}_{name}": value for name, value in scores.items()})
         if RETRIEVER in ranked:
@@ -101,9 +103,13 @@ def evaluate_sets(
                 ranked[RETRIEVER]["ndcg_at_10"],
             )
         logger.info(
-            "%s retrieval set: NDCG@10 %.4f (BM25 %.4f), MRR@10 %.4f (BM25 %.4f), recall@100 %.4f (BM25 %.4f)",
+            "%s retrieval set: NDCG@10 %.4f (BM25 %s), MRR@10 %.4f (BM25 %s), recall@100 %.4f (BM25 %s)",
             role,
-            *(ranked[ranker][name] for name in ("ndcg_at_10", "mrr_at_10", "recall_at_100") for ranker in RANKERS),
+            *(
+                value
+                for name in ("ndcg_at_10", "mrr_at_10", "recall_at_100")
+                for value in (ranked["corpus"][name], f"{ranked['bm25'][name]:.4f}" if baseline else "none")
+            ),
         )
     return metrics
 
@@ -199,6 +205,22 @@ def _flat(computed: dict[str, dict[int, float]]) -> dict[str, float]:
     """The evaluator's compute_metrics ({"ndcg@k": {10: ...}}) as byoc's names ({"ndcg_at_10": ...})."""
     flat = {f"{name.removesuffix('k')}{k}": value for name, by_k in computed.items() for k, value in by_k.items()}
     return {REPORTED[key]: float(flat[key]) for key in REPORTED}
+
+
+def bm25_or_none(found: RetrievalSet) -> dict[str, float] | None:
+    """BM25's figures (`bm25_scores`), or None after a warning where BM25 cannot index the set (every document
+    empty or stopwords only): the baseline is left out, and the model's own figures stay."""
+    try:
+        return bm25_scores(found)
+    except (ValueError, IndexError, ZeroDivisionError) as err:  # (bm25s: "max() arg is an empty sequence")
+        logger.warning(
+            "%s retrieval set: BM25 cannot index its corpus (%s: are its documents empty, or English stopwords "
+            "only?), so its baseline (%s_bm25_*) is left out; the model's own figures are kept",
+            found.role,
+            err,
+            found.role,
+        )
+        return None
 
 
 def bm25_scores(found: RetrievalSet) -> dict[str, float]:

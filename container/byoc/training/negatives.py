@@ -96,13 +96,7 @@ def mine_hard_negatives(
         )
     except tasks.BadParameter as err:  # a task that mines no negatives says why
         raise HyperparameterError(str(err)) from None
-    rng = random.Random(args.seed)
-    missing = 0
-    for i, found in enumerate(mined):
-        if not found:  # none in range and margin: another row's positive, as in-batch negatives would give
-            missing += 1
-            other = rng.randrange(len(positives) - 1)
-            mined[i] = [positives[other + (other >= i)]]
+    missing = fill_unmined(mined, anchors, positives, random.Random(args.seed))
     logger.info(
         "hard negatives: mined for %d of %d train rows (ranks %d-%d by cosine, margin %g, %d a row at most, %.2f on "
         "average); %d without one in range got another row's positive",
@@ -119,6 +113,35 @@ def mine_hard_negatives(
     for n in range(args.num_negatives):  # text_negative, then text_negative_2...: None where a row has fewer
         train = train.add_column(negative_column(n), [found[n] if n < len(found) else None for found in mined])
     return dataclasses.replace(data, train=train)
+
+
+def fill_unmined(mined: list[list[str]], anchors: list[str], positives: list[str], rng: random.Random) -> int:
+    """Give each row the miner found none for another row's positive, as in-batch negatives would, never one of its
+    own anchor's positives (FAQ rows sharing an answer drew their own answer as their negative); the rows filled.
+    DataError where every positive is one of the anchor's own: no text could be its negative."""
+    own: dict[str, set[str]] = {}
+    for anchor, positive in zip(anchors, positives):
+        own.setdefault(anchor, set()).add(positive)
+    distinct = sorted(set(positives))
+    missing = 0
+    for i, found in enumerate(mined):
+        if found:
+            continue
+        missing += 1
+        mine = own[anchors[i]]
+        tries = (positives[rng.randrange(len(positives))] for _ in range(32))  # (most draws are another's at once)
+        chosen = next((text for text in tries if text not in mine), None)
+        if chosen is None:
+            others = [text for text in distinct if text not in mine]
+            if not others:
+                raise DataError(
+                    f"mine_hard_negatives=true: train row {i + 1}'s anchor has every positive of the train data as "
+                    f"its own ({len(distinct)} distinct), so no text can be its negative: give rows of several "
+                    "distinct positives, or a negative column"
+                )
+            chosen = others[rng.randrange(len(others))]
+        mined[i] = [chosen]
+    return missing
 
 
 def negative_column(n: int) -> str:

@@ -37,6 +37,9 @@ class LoadedModel(MutableMapping[str, Any]):
     device: str
     precision: str
     facts: dict[str, Any] = field(default_factory=dict)  # the task's (Task.serving_facts)
+    # The numbers one answer may hold (the server's BYOC_MAX_ANSWER_VALUES; None: unbounded): a head whose answer
+    # grows with the tokens (token vectors) checks it before building the answer (byoc.tasks.base.check_answer).
+    max_answer_values: int | None = None
 
     @classmethod
     def of(cls, task: Any, facts: dict[str, Any], **fields_: Any) -> LoadedModel:

@@ -40,6 +40,7 @@ from byoc.serving.backends.backend_choice import (
 from byoc.serving.backends.loaded import LoadedModel
 from byoc.serving.backends.onnx_session import Session
 from byoc.serving.execution import passes
+from byoc.tasks.limits import CHARS_PER_TOKEN, cut_text  # noqa: F401  (CHARS_PER_TOKEN: as before)
 
 logger = logging.getLogger(__name__)
 
@@ -82,26 +83,14 @@ def check_folder(model_dir: Path) -> None:
         raise BackendError(problem)
 
 
-# A text is cut to this many characters per token of the model's limit before it is tokenized: the
-# tokenizer reads a whole string before truncating it (a 5.8 MB text held the inference thread for
-# 22 s), and natural text runs at 3-6 characters per token, so the cut leaves several times the
-# tokens the model keeps and its answer is unchanged. Only text whose first 16 x max_length
-# characters hold fewer than max_length tokens (long runs of spaces, words over 100 characters, each
-# one [UNK]) reads less than it would uncut.
-CHARS_PER_TOKEN = 16
-
-
 def clip(inputs: list[str | tuple[str, str]], tokens: int, side: str = "right") -> list[str | tuple[str, str]]:
     """Each text (and each half of a pair) cut to CHARS_PER_TOKEN x `tokens` characters, keeping the
     side that truncation keeps (the start, or the end when the tokenizer truncates on the left)."""
-    most = CHARS_PER_TOKEN * tokens
+    return [cut_text(x, tokens, side) if isinstance(x, str) else tuple_cut(x, tokens, side) for x in inputs]
 
-    def cut(text: str) -> str:
-        if len(text) <= most:
-            return text
-        return text[-most:] if side == "left" else text[:most]
 
-    return [cut(x) if isinstance(x, str) else (cut(x[0]), cut(x[1])) for x in inputs]
+def tuple_cut(pair: tuple[str, str], tokens: int, side: str) -> tuple[str, str]:
+    return cut_text(pair[0], tokens, side), cut_text(pair[1], tokens, side)
 
 
 def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None = None) -> LoadedModel:

@@ -20,7 +20,6 @@ import numpy as np
 from byoc import tasks
 from byoc.serving.execution import passes
 from byoc.serving.protocol import task_parameters
-from byoc.serving.protocol.request_errors import InputError
 
 # Requests with more characters than this run in steps (a few windows of a 512-token model at most):
 # fewer are one ordinary batched call.
@@ -64,7 +63,7 @@ class Stepwise:
         try:
             self.request = self.task.windows(inputs, parameters, model)
         except tasks.BadParameter as err:
-            raise InputError(str(err)) from None
+            raise task_parameters.refused(err) from None
         self.texts: list[Any] = inputs
         self.model = model
         self.scores: list[np.ndarray] = []
@@ -86,4 +85,7 @@ class Stepwise:
         self.scores.extend(passes.run(feeds, self.model, self.task.scores))
 
     def answers(self) -> list[Any]:
-        return self.request.answers(self.scores)
+        try:
+            return self.request.answers(self.scores)
+        except tasks.BadParameter as err:  # (an answer over the server's limit: a 413)
+            raise task_parameters.refused(err) from None

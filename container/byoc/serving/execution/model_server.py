@@ -16,8 +16,6 @@ those threads.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import functools
 import logging
 import os
 import sys
@@ -30,6 +28,7 @@ from typing import Any
 from byoc.errors import UserError
 from byoc.serving.execution import long_texts
 from byoc.serving.execution.batching import Batcher, guarded, timed
+from byoc.serving.execution.memory import release_memory
 from byoc.serving.execution.threads import DaemonThreads
 from byoc.serving.prometheus import NO_METRICS, ModelMetrics
 from byoc.serving.protocol import bodies, envelopes, negotiation
@@ -45,6 +44,7 @@ INLINE_LIMIT = 256 * 1024  # bodies below this are parsed (and their answers wri
 # Answers of more values than this (inputs x each one's width: 16 vectors of 384 are 6,144) are written on
 # a handler thread: as CSV a value takes about 1 us to format, so the event loop holds at most ~10 ms.
 INLINE_CELLS = 8192
+INLINE_ANSWERS = 1024  # answers counted on the event loop (a step each); more are counted and written off it
 
 
 class ModelServer:
@@ -239,15 +239,26 @@ class ModelServer:
             prediction = await self.in_thread(call, handlers.predict_fn, "predict_fn", data, self.model)
         builtin = handlers.is_default("output_fn")
         # Written on the event loop only when both the request and its answer are small: an embedding
-        # answer is about 2,000x its request (4,096 one-letter texts to a 1,024-wide model: 4 M floats).
-        small = len(body) < INLINE_LIMIT and envelopes.cells(prediction) <= INLINE_CELLS
+        # answer is about 2,000x its request (4,096 one-letter texts to a 1,024-wide model: 4 M floats), a
+        # multi-vector one a vector a token. (Past INLINE_ANSWERS answers, even counting them waits.)
+        count = len(prediction) if isinstance(prediction, list) else 1
+        small = len(body) < INLINE_LIMIT and count <= INLINE_ANSWERS and envelopes.cells(prediction) <= INLINE_CELLS
         result = await self._handler(self._write, builtin and small, data, prediction, accept)
         return self._response(result, accept)
 
     def _write(self, data: Any, prediction: Any, accept: str) -> Any:
         """The request's answer in the shape its body's form asked for (any predict_fn's answers: rerank,
-        OpenAI; byoc.serving.protocol.envelopes), written by the output_fn."""
+        OpenAI; byoc.serving.protocol.envelopes), written by the output_fn; a 413 for an answer of more
+        numbers than the server answers, whoever's predict_fn made it, before it is written."""
         assert self.handlers is not None and self.handlers.output_fn is not None
+        limit = self.settings.inference.max_answer_values
+        values = envelopes.cells(prediction)
+        if limit and values > limit:
+            raise PayloadTooLarge(
+                f"the answer holds {values:,} numbers, over the {limit:,} one answer may hold "
+                "(BYOC_MAX_ANSWER_VALUES; by default what SAGEMAKER_MAX_PAYLOAD_IN_MB holds, SageMaker's response "
+                'limit): send fewer texts a request, or ask for less of each ("dimensions", "top_k")'
+            )
         if isinstance(data, dict) and data.get("shape") is not None:
             prediction = envelopes.shaped(data, prediction)
         return call(self.handlers.output_fn, "output_fn", prediction, accept)
@@ -359,37 +370,3 @@ def _split_cores(settings: ServeSettings) -> int:
         torch.set_num_threads(threads)
     logger.info("worker %d: %d inference threads", os.getpid(), threads)
     return threads
-
-
-@functools.cache
-def _glibc() -> Any:
-    """glibc, or None where the C library is another (nothing to tune then)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-def tune_malloc() -> None:
-    """glibc gives each allocating thread its own heap arena; the server needs two (glibc only)."""
-    libc = _glibc()
-    if libc is not None:
-        libc.mallopt(-8, 2)  # M_ARENA_MAX
-
-
-def resident_bytes() -> int:
-    """This process's resident memory (Linux: /proc/self/statm; 0 elsewhere)."""
-    try:
-        pages = int(open("/proc/self/statm").read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-    return pages * os.sysconf("SC_PAGE_SIZE")
-
-
-def release_memory() -> None:
-    """Give freed activation buffers back to the system once the server is idle (glibc keeps
-    them in its heaps otherwise, so resident memory would stay at its busiest)."""
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)

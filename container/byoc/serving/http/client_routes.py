@@ -67,22 +67,28 @@ def routes(settings: ServeSettings, invocations: Invocations, server: ModelServe
 async def _rewritten(
     request: Request, body: bytes, rewrite: Rewriter, invocations: Invocations, server: ModelServer
 ) -> Response:
-    """The client's request answered through `/invocations`' path, its 200 reshaped for the client."""
+    """The client's request answered through `/invocations`' path, its 200 reshaped for the client. A large body
+    or answer (a 1 GB asynchronous body, a long token array, 45 MB of a 1,000-class model's labels) is read and
+    written off the event loop: /ping would wait on it."""
     try:
-        # A large body (a 1 GB asynchronous one, a long token array) is parsed off the event loop: /ping waits on it
-        rewritten = (
-            await asyncio.to_thread(_parse, body, rewrite, server)
-            if len(body) > INLINE
-            else _parse(body, rewrite, server)
-        )
+        rewritten, rewritten_body = await _off_loop_if(len(body) > INLINE, _parse, body, rewrite, server)
     except InputError as err:
         invocations.metrics.error("bad_input")
         return error(err.status, str(err))
-    response = await invocations.answer(request, json.dumps(rewritten.body).encode(), server)
+    response = await invocations.answer(request, rewritten_body, server)
     if rewritten.reshape is None or response.status_code != 200 or "json" not in (response.media_type or ""):
         return response  # (an error, or the answer in another type the client's Accept asked for: as it is)
+    return await _off_loop_if(len(response.body) > INLINE, _reshaped, response, rewritten.reshape)
+
+
+async def _off_loop_if(large: bool, fn: Callable[..., Any], *args: Any) -> Any:
+    return await asyncio.to_thread(fn, *args) if large else fn(*args)
+
+
+def _reshaped(response: Response, reshape: Callable[[Any], Any]) -> Response:
+    """The `/invocations` answer as the client reads it (a model's own output_fn's shape: as it is)."""
     try:
-        return JSONResponse(rewritten.reshape(json.loads(bytes(response.body))))
+        return JSONResponse(reshape(json.loads(bytes(response.body))))
     except (ValueError, KeyError, TypeError, AttributeError):  # a model's own output_fn, in a shape of its own
         return response
 
@@ -90,13 +96,15 @@ async def _rewritten(
 INLINE = 64 * 1024  # bytes of body parsed on the event loop; above, on a thread
 
 
-def _parse(body: bytes, rewrite: Rewriter, server: ModelServer) -> clients.Rewrite:
-    """The client's body as `/invocations` reads it: InputError (a 400) for what is not JSON, or too deep."""
+def _parse(body: bytes, rewrite: Rewriter, server: ModelServer) -> tuple[clients.Rewrite, bytes]:
+    """The client's body as `/invocations` reads it, and that body written: InputError (a 400) for what is not
+    JSON, or too deep."""
     try:
         payload = json.loads(body)
     except (ValueError, RecursionError) as err:  # (invalid JSON or UTF-8; nesting past Python's depth)
         raise InputError(f"the body is not valid JSON: {type(err).__name__}: {str(err)[:200]}") from None
-    return rewrite(payload, server.model)
+    rewritten = rewrite(payload, server.model)
+    return rewritten, json.dumps(rewritten.body).encode()
 
 
 def not_found(paths: Callable[[], list[str]]) -> Callable[[Request, Exception], Awaitable[Response]]:

@@ -79,16 +79,33 @@ def _base64(vector: list[float]) -> str:
 
 
 def cells(answer: Any) -> int:
-    """About how many values an answer holds (its inputs x each one's width), counted without walking it:
-    what decides whether writing it may take the event loop's time (byoc.serving.execution.model_server)."""
-    if isinstance(answer, dict):
-        answer = answer.get("data")
-    if not isinstance(answer, list) or not answer:
-        return 1
-    first = answer[0]
-    if isinstance(first, Embedded):
-        first = first.vector
-    elif isinstance(first, dict):
-        first = first.get("embedding", first)
-    width = len(first) if isinstance(first, (list, tuple, dict, str)) else 1
-    return len(answer) * max(width, 1)
+    """The numbers an answer holds, counted from what will be written: each input's own answer (a vector, a
+    text's token vectors, a hybrid model's outputs, a list of labels), not the first one's size times the count.
+    A list's items are taken to be alike past the first level (a text's token vectors, all one width), so the
+    count costs a step per input, not per number. What decides whether writing it may take the event loop's time
+    (byoc.serving.execution.model_server), and whether it is over the server's limit."""
+    if isinstance(answer, dict) and "data" in answer:  # an OpenAI envelope
+        answer = answer["data"]
+    if not isinstance(answer, list):
+        return _values(answer)
+    return max(1, sum(_values(item) for item in answer))
+
+
+def _values(item: Any, depth: int = 0) -> int:
+    """The numbers in one input's answer (a list's items counted alike from the second level on)."""
+    if isinstance(item, Embedded):
+        item = item.vector
+    if isinstance(item, dict):
+        return sum(_values(value, depth + 1) for value in item.values()) if depth < 2 else len(item)
+    if isinstance(item, (list, tuple)):
+        if not item:
+            return 0
+        first = item[0]
+        if depth == 0 and isinstance(first, (dict, Embedded)):  # labels, entities: each counted
+            return sum(_values(value, depth + 1) for value in item)
+        if isinstance(first, (list, tuple, dict, np.ndarray)):  # token vectors, terms: alike
+            return len(item) * max(1, _values(first, depth + 1))
+        return len(item)  # a vector
+    if isinstance(item, np.ndarray):
+        return int(item.size)
+    return 1

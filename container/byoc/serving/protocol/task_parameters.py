@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from byoc import tasks
-from byoc.serving.protocol.request_errors import InputError
+from byoc.serving.protocol.request_errors import InputError, PayloadTooLarge
 
 KNOWN = tuple(dict.fromkeys(name for task in tasks.TASKS.values() for name in task.parameters))  # tasks' own
 # A rerank request's (TEI's {"query", "texts"}: the body's form makes its shape "rerank",
@@ -78,3 +78,8 @@ def check_task(task: tasks.Task | None, parameters: dict[str, Any], shape: str |
         task.check_values(parameters)
     except tasks.BadParameter as err:
         raise InputError(str(err)) from None
+
+
+def refused(err: tasks.BadParameter) -> InputError:
+    """The request error for what a task refused: a 413 for an answer over the server's limit, else a 400."""
+    return PayloadTooLarge(str(err)) if isinstance(err, tasks.AnswerTooLarge) else InputError(str(err))

@@ -100,17 +100,21 @@ def model_fn(model_dir: str) -> LoadedModel:
     backend, precision = settings.backend, settings.precision
     plan = backend_choice.choose(backend, precision, runtimes.describe(folder, gpu=nvidia_gpu()))
     logger.info("serving with %s", plan)
+    loaded = None
     if plan.backend == "onnxruntime":
         try:
-            return runtimes.load_onnx(folder, plan, inference_threads(settings), settings.task)
+            loaded = runtimes.load_onnx(folder, plan, inference_threads(settings), settings.task)
         except RuntimeError as err:  # GraphError: a stale graph is never used; a CUDA EP that did not load
             if plan.precision == "int8" or backend == "onnxruntime":
                 raise
             plan = backend_choice.fallback(plan, precision, str(err))
             logger.warning("serving with torch instead of ONNX Runtime: %s", err)
-    return runtimes.load_torch(
-        folder, plan, settings.compile, settings.allow_untrained_head, settings.task, settings.trust_remote_code
-    )
+    if loaded is None:
+        loaded = runtimes.load_torch(
+            folder, plan, settings.compile, settings.allow_untrained_head, settings.task, settings.trust_remote_code
+        )
+    loaded.max_answer_values = settings.max_answer_values
+    return loaded
 
 
 def nvidia_gpu() -> bool:
@@ -199,7 +203,7 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
         if shape == RERANK:
             task.check_rerank(model)  # before the model runs: a model of single texts, an embedding model...
     except tasks.BadParameter as err:
-        raise InputError(str(err)) from None
+        raise task_parameters.refused(err) from None
     direction = str(parameters.get("truncation_direction") or "right").lower()
     try:
         windowed = task.windows(inputs, parameters, model)  # a task that reads each text whole (NER)
@@ -218,7 +222,7 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
             return answers
         inputs = task.prepare(inputs, parameters, model)
     except tasks.BadParameter as err:
-        raise InputError(str(err)) from None
+        raise task_parameters.refused(err) from None
     try:
         # (a model dict of a user's own model_fn may hold an encode of one argument: only byoc's is asked to cut left)
         encoded = model["encode"](inputs, "left") if direction == "left" else model["encode"](inputs)
@@ -228,7 +232,7 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     try:
         encoded = task.encoded(encoded, parameters, model)  # (a generative reranker's template tail, where cut)
     except tasks.BadParameter as err:
-        raise InputError(str(err)) from None
+        raise task_parameters.refused(err) from None
     # Shortest first, cut into batches of a bounded padded size: each batch pads only to its own
     # longest text (tweets of 5 and 60 tokens never share one); answers go back in request order.
     # On a GPU (model["passes"]) the passes are larger and padded to a few length buckets.
@@ -239,7 +243,7 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
             return [task.relevance(row, raw, model) for row in scores]
         answers = task.answer(scores, model["id2label"], parameters, model)
     except tasks.BadParameter as err:
-        raise InputError(str(err)) from None
+        raise task_parameters.refused(err) from None
     if shape == OPENAI:  # OpenAI's usage: the tokens each text ran, counted where they were made
         return [envelopes.Embedded(vector, len(e["input_ids"])) for vector, e in zip(answers, encoded)]
     return answers

@@ -20,6 +20,7 @@ from byoc import model_folder, sentence_folder
 from byoc.tasks.base import BadParameter
 from byoc.tasks.generative_reranker import template
 from byoc.tasks.generative_reranker.template import Renderer, TemplateError, restored, template_of, variables_of
+from byoc.tasks.limits import cut_text
 from byoc.tasks.reranker import Reranker
 
 NAME = "generative_reranker"
@@ -159,7 +160,10 @@ class GenerativeReranker(Reranker):
             )
         system = _prompt(parameters, model)
         renderer = model["renderer"]
-        return [renderer.render(query, document, system) for query, document in inputs]
+        # Each side cut to what the model can read before it is rendered, as a cross-encoder's texts are cut: a
+        # 5.4 MB query was rendered whole once a document (810 MB for 128 of them) before the tokenizer cut it.
+        limit = int(model["max_length"])
+        return [renderer.render(cut_text(q, limit), cut_text(d, limit), system) for q, d in inputs]
 
     def encoded(
         self, encoded: list[dict[str, list[int]]], parameters: Mapping[str, Any], model: Mapping

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from byoc.tasks.base import BadParameter
+from byoc.tasks.limits import check_answer
 from byoc.tasks.multi_vector.head import TokenEncoder, maxsim
 from byoc.tasks.sparse_embedding import vocabulary_of
 
@@ -54,23 +55,39 @@ def outputs_of(value: Any) -> tuple[list[str], bool]:
 
 def weights_of(value: Any) -> dict[str, float]:
     """A pair score's weights: `{"dense": w, "sparse": w, "colbert": w}` (a mode left out weighs 0) or
-    FlagEmbedding's `[dense, sparse, colbert]`; each mode 1 where the request gives none, as compute_score."""
+    FlagEmbedding's `[dense, sparse, colbert]`; each mode 1 where the request gives none, as compute_score. Returned
+    as fractions of their sum (a weighted mean's), computed so that no weight's size changes the mean: [5e-324, 0, 0]
+    weighs as [1, 0, 0], and a number too large for a float is refused, never a 500."""
     if value is None:
-        return dict.fromkeys(MODES, 1.0)
+        return dict.fromkeys(MODES, 1.0 / len(MODES))
     if isinstance(value, list) and len(value) == len(MODES):
         value = dict(zip(MODES, value))
-    if (
-        isinstance(value, dict)
-        and set(value) <= set(MODES)
-        and all(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in value.values())
-        and math.isfinite(sum(value.values()))  # (JSON's 1e999 is infinite: a score of inf/inf)
-        and sum(value.values()) > 0
-    ):
-        return {mode: float(value.get(mode, 0.0)) for mode in MODES}
+    weights = _numbers(value) if isinstance(value, dict) and set(value) <= set(MODES) else None
+    if weights is not None and all(math.isfinite(w) and w >= 0 for w in weights.values()) and any(weights.values()):
+        largest = max(weights.values())
+        scaled = {mode: weights.get(mode, 0.0) / largest for mode in MODES}  # (1 at most: the sum cannot overflow)
+        total = sum(scaled.values())
+        return {mode: w / total for mode, w in scaled.items()}
     raise BadParameter(
         '"weights" weighs a pair\'s dense, sparse and colbert scores: {"dense": 0.4, "sparse": 0.2, "colbert": 0.4} '
-        f"or [0.4, 0.2, 0.4], finite numbers of at least 0, not all 0; got {value!r}"
+        f"or [0.4, 0.2, 0.4], finite numbers of at least 0, not all 0; got {_shown(value)}"
     )
+
+
+def _numbers(value: dict[str, Any]) -> dict[str, float] | None:
+    """The weights as floats; None where one is no number or too large for a float (a 401-digit integer)."""
+    if not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in value.values()):
+        return None
+    try:
+        return {mode: float(w) for mode, w in value.items()}
+    except OverflowError:
+        return None
+
+
+def _shown(value: Any) -> str:
+    """The value in the message, cut short (a 401-digit number is not repeated whole)."""
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 class Text:
@@ -86,6 +103,14 @@ class Text:
             if weight > 0 and token not in unused and weight > terms.get(token, 0.0):
                 terms[token] = weight
         self.terms = dict(sorted(terms.items()))
+
+    def values(self, output: str) -> int:
+        """The numbers `answer(output)` holds (a term: its index and value)."""
+        if output == "dense":
+            return int(self.dense.size)
+        if output == "colbert":
+            return int(self.colbert.size)
+        return 2 * len(self.terms)
 
     def answer(self, output: str, vocabulary: Mapping[int, str] | None) -> Any:
         if output == "dense":
@@ -142,6 +167,12 @@ class HybridRequest:
         }
         if self.pairs is not None:
             return [self.score(texts[query], texts[text]) for query, text in self.pairs]
+        check_answer(
+            sum(texts[text].values(name) for text in self.texts for name in self.outputs),
+            self.model,
+            f"{', '.join(self.outputs)} for each text",
+            'fewer or shorter texts, or fewer outputs ("output": "dense" answers one vector a text)',
+        )
         vocabulary = vocabulary_of(self.model) if self.return_tokens else None
         if not self.several:
             return [texts[text].answer(self.outputs[0], vocabulary) for text in self.texts]
@@ -150,7 +181,7 @@ class HybridRequest:
     def score(self, query: Text, text: Text) -> float:
         """The pair's scores weighted as `weights` says: their weighted mean."""
         found = scores(query, text)
-        return sum(self.weights[mode] * found[mode] for mode in MODES) / sum(self.weights.values())
+        return sum(self.weights[mode] * found[mode] for mode in MODES)  # (the weights sum to 1)
 
 
 def _pair(index: int, item: Any) -> tuple[str, str]:

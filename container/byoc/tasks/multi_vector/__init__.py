@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from byoc import model_folder, sentence_folder
 from byoc.tasks.base import BadParameter, Task
 from byoc.tasks.embedding import NAME as EMBEDDING
 from byoc.tasks.embedding import Embedding, dense_stack
@@ -119,8 +120,17 @@ class MultiVector(Embedding):
         Task.check_shape(self, shape)  # no OpenAI embeddings body: a text has many vectors
 
     def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
-        """How the folder encodes a query and a document (`settings`), and the length its Transformer reads."""
-        return {"multi_vector": settings(Path(model_dir)), "max_seq_length": transformer_config(model_dir)[0]}
+        """How the folder encodes a query and a document (`settings`), and the length its Transformer reads. A query
+        expansion longer than the model's positions is refused here, naming the file: every query would fail."""
+        found = settings(Path(model_dir))
+        expansion, held = found["query_expansion"], model_folder.positions(config)
+        if expansion is not None and held is not None and expansion["length"] > held:
+            raise sentence_folder.FolderError(
+                f"{Path(model_dir) / 'sentence_bert_config.json'}: query_expansion pads each query to "
+                f"{expansion['length']} tokens, past the {held} positions the model holds (config.json): set its "
+                f"length to {held} or less"
+            )
+        return {"multi_vector": found, "max_seq_length": transformer_config(model_dir)[0]}
 
     def output_module(self, model: Any, model_dir: Path) -> Any:
         """Each token's state through the folder's Dense projections, then normalised where it ends in Normalize."""

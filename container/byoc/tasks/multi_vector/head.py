@@ -25,6 +25,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from byoc.tasks.base import BadParameter
+from byoc.tasks.limits import check_answer
 
 SIDES = ("query", "document")
 DEFAULT_SIDE = "document"  # what an index is built from; a query asks with "prompt_name": "query"
@@ -72,6 +73,7 @@ class LateInteraction:
 
     def __init__(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping[str, Any]) -> None:
         self.settings: dict[str, Any] = model["multi_vector"]
+        self.model = model
         self.encoder: TokenEncoder = model["windows"]
         self.pairs = [_pair(index, item) for index, item in enumerate(inputs)] if _any_pair(inputs) else None
         if self.pairs is not None:
@@ -101,6 +103,14 @@ class LateInteraction:
         return [feeds for feeds, _ in self.encoded]
 
     def answers(self, scores: list[np.ndarray]) -> list[Any]:
+        if self.pairs is None and scores:  # token vectors: counted before any is made (324 MB of JSON in one answer)
+            width = int(scores[0].shape[-1])
+            check_answer(
+                sum(int(keep.sum()) for _, keep in self.encoded) * width,
+                self.model,
+                f"a {width}-wide vector a token",
+                'fewer or shorter texts (or "truncate" them to fewer tokens)',
+            )
         vectors = {key: rows[keep] for key, rows, (_, keep) in zip(self.texts, scores, self.encoded)}
         if self.pairs is None:
             return [vectors[key].tolist() for key in self.texts]

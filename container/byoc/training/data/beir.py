@@ -106,8 +106,9 @@ def read_set(folder: Path, role: str, channel: str) -> RetrievalSet:
 def _records(path: Path, channel: str) -> dict[str, dict]:
     """A JSON Lines file's records by their `_id`."""
     records: dict[str, dict] = {}
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
+    with path.open("rb") as lines:  # (decoded a line at a time: a byte that is not UTF-8 is named by its line)
+        for number, raw in enumerate(lines, 1):
+            line = _decoded(raw, path, channel, number)
             if not line.strip():
                 continue
             try:
@@ -123,6 +124,18 @@ def _records(path: Path, channel: str) -> dict[str, dict]:
     if not records:
         raise DataError(f"{path.name} in the {channel} channel has no records")
     return records
+
+
+def _decoded(raw: bytes, path: Path, channel: str, number: int) -> str:
+    """One line of a set's file as text; a DataError naming the file, line and byte where it is not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"{path.name} in the {channel} channel, line {number}: byte {raw[err.start]:#04x} at column "
+            f"{err.start + 1} is not UTF-8: BEIR's files are UTF-8 text; save it as UTF-8 (iconv -f latin1 -t "
+            "utf-8, or pandas' to_json with force_ascii=False)"
+        ) from None
 
 
 def _document(row: dict) -> str:
@@ -147,8 +160,9 @@ def _qrels_file(folder: Path, role: str, channel: str) -> Path:
 
 def _judgements(path: Path, channel: str) -> dict[str, set[str]]:
     relevant: dict[str, set[str]] = {}
-    with path.open(encoding="utf-8", newline="") as lines:
-        for number, row in enumerate(csv.reader(lines, delimiter="\t"), 1):
+    with path.open("rb") as raw:
+        text = [_decoded(line, path, channel, number) for number, line in enumerate(raw, 1)]
+        for number, row in enumerate(csv.reader(text, delimiter="\t"), 1):
             if not row or (number == 1 and row[0].strip().lower() in ("query-id", "query_id", "qid")):
                 continue  # the header line
             try:
