@@ -62,8 +62,24 @@ def test_export_onnx_says_what_it_exports(capsys):
         byoc.cli.main(["export-onnx", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert done.value.code == 0 and "a saved classifier" not in text
-    for kind in ("classifier", "token classifier (NER)", "embedding model", "reranker (a cross-encoder)"):
+    from byoc import tasks
+
+    for kind in tasks.NAMES:  # every family, named from the registry (a list written by hand went stale)
         assert kind in text, kind
     with pytest.raises(SystemExit):
         byoc.cli.main(["--help"])
-    assert "(classifiers, regression, NER, embedding models, rerankers)" in " ".join(capsys.readouterr().out.split())
+    assert "the serving graph, for a model folder byoc serves" in " ".join(capsys.readouterr().out.split())
+
+
+def test_train_and_serve_help_name_every_family_and_the_settings(capsys):
+    """`byoc train --help` listed 7 of the 10 trained tasks and `byoc serve --help` no setting (round six)."""
+    import byoc.cli
+    from byoc import tasks
+
+    texts = {}
+    for command in ("train", "serve"):
+        with pytest.raises(SystemExit):
+            byoc.cli.main([command, "--help"])
+        texts[command] = " ".join(capsys.readouterr().out.split())
+    assert all(name in texts["train"] for name, task in tasks.TASKS.items() if task.trains)
+    assert all(name in texts["serve"] for name in ("SM_MODEL_DIR", "SAGEMAKER_BIND_TO_PORT", "docs/settings.md"))

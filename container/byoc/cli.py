@@ -52,23 +52,36 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="byoc", description="train and serve Hugging Face text models on SageMaker")
     parser.add_argument("--version", action="version", version=f"byoc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("train", help="run the training job described by /opt/ml (or $SAGEMAKER_BASE_DIR)")
+    from byoc import tasks  # (light: no torch) the families, named from the registry, never a stale list
+
     sub.add_parser(
-        "serve", help="serve /opt/ml/model (or $SAGEMAKER_BASE_DIR/model) over HTTP on $SAGEMAKER_BIND_TO_PORT"
+        "train",
+        help="run the training job described by /opt/ml (or $SAGEMAKER_BASE_DIR)",
+        description="run the training job /opt/ml (or $SAGEMAKER_BASE_DIR) describes: input/config's hyperparameters "
+        f"(task: auto or {', '.join(n for n, t in tasks.TASKS.items() if t.trains)}; every name in "
+        "docs/hyperparameters.md), its channels (train; validation, test, model optional) and hosts. Writes "
+        "model/ (model.tar.gz), output/data/metrics.json, and output/failure when it fails",
+    )
+    sub.add_parser(
+        "serve",
+        help="serve /opt/ml/model (or $SAGEMAKER_BASE_DIR/model) over HTTP on $SAGEMAKER_BIND_TO_PORT",
+        description="serve a model folder over HTTP (/ping, /invocations, and TEI's, OpenAI's and Cohere's routes). "
+        "Settings, all from the environment (docs/settings.md): SM_MODEL_DIR (the folder; else "
+        "$SAGEMAKER_BASE_DIR/model, else /opt/ml/model), SAGEMAKER_BIND_TO_PORT (8080), "
+        "SAGEMAKER_MODEL_SERVER_WORKERS (1), BYOC_INFERENCE_BACKEND (auto, onnxruntime, torch), "
+        "BYOC_INFERENCE_PRECISION, BYOC_PROFILE (realtime, async), BYOC_MAX_ANSWER_VALUES, "
+        f"BYOC_TASK (one of {', '.join(tasks.NAMES)})",
     )
     sub.add_parser("worker", help="(internal) one rank of a launched training job")
     sub.add_parser("healthcheck", help="exit 0 if this container is healthy (the image's HEALTHCHECK)")
     what = (
-        "write MODEL_DIR/model.onnx, the serving graph ONNX Runtime runs without torch, for any model folder "
-        "byoc serves: a classifier (single-label, multi-label, pairs), a regression model, a token classifier "
-        "(NER), an embedding model (a sentence-transformers folder: pooling and Dense layers inside the graph) "
-        "or a reranker (a cross-encoder); for models from the Hub, trained before byoc wrote the graph, or "
-        "whose weights were saved again"
+        "write MODEL_DIR/model.onnx, the serving graph ONNX Runtime runs without torch, for a model folder byoc "
+        f"serves ({', '.join(tasks.NAMES)}; a sentence-transformers folder's pooling and Dense layers inside the "
+        "graph); for models from the Hub, trained before byoc wrote the graph, or whose weights were saved again"
     )
     export = sub.add_parser(
         "export-onnx",
-        help="write MODEL_DIR/model.onnx, the serving graph, for any model folder byoc serves "
-        "(classifiers, regression, NER, embedding models, rerankers)",
+        help="write MODEL_DIR/model.onnx, the serving graph, for a model folder byoc serves",
         description=what,
     )
     export.add_argument(

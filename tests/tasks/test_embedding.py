@@ -27,6 +27,16 @@ def test_vectors_are_unit_length_unless_asked_and_dimensions_cut_then_normalize(
         EMBEDDING.answer(rows, {}, {"dimensions": 4}, {})
 
 
+def test_a_request_may_name_the_dense_output_it_gets():
+    """A client naming the output the model gives (byoc's, sentence-transformers' output_value, FlagEmbedding's
+    key) gets it; another output is refused naming the one there is."""
+    for name in ("dense", "sentence_embedding", "dense_vecs"):
+        EMBEDDING.check_values({"output": name})
+    with pytest.raises(tasks.BadParameter, match='"output": an embedding model answers one output, "dense"'):
+        EMBEDDING.check_values({"output": "token_embeddings"})
+    assert "output" in EMBEDDING.parameters
+
+
 def test_prompts_come_before_the_text():
     model = {"prompts": {"query": "query: ", "doc": "passage: "}, "default_prompt_name": "query"}
     assert EMBEDDING.prepare(["a", "b"], {}, model) == ["query: a", "query: b"]

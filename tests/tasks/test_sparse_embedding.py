@@ -284,3 +284,17 @@ def test_byoc_serve_and_a_multi_model_endpoint_serve_an_inference_free_model(inf
         assert answer.status_code == 200 and answer.json() == json.loads(json.dumps(ask(model, bodies[0])))
     finally:
         s.stop()
+
+
+def test_a_request_naming_the_output_the_model_gives_gets_it(sparse):
+    """`"output": "sparse"` to a sparse model was a 400 ("does not apply to a sparse embedding model"): a client
+    naming the one output a model gives (byoc's name, sentence-transformers' or FlagEmbedding's) gets it; another
+    output is refused naming the one there is."""
+    from byoc.serving.protocol.request_errors import InputError
+
+    model = load(sparse, "torch")
+    plain = ask(model, {"inputs": TEXTS[:2]})
+    for name in ("sparse", "sparse_embedding", "lexical_weights"):
+        assert ask(model, {"inputs": TEXTS[:2], "parameters": {"output": name}}) == plain, name
+    with pytest.raises(InputError, match='"output": a sparse embedding model answers one output, "sparse"'):
+        ask(model, {"inputs": TEXTS[:2], "parameters": {"output": "dense"}})

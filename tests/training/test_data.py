@@ -860,6 +860,19 @@ def test_embedding_data_that_cannot_train_says_what_to_change(tmp_path, files, t
     assert expected in error(tmp_path, DataSpec(task=task), **channels)
 
 
+@pytest.mark.parametrize(
+    "task", ["sparse_embedding", "multi_vector", "generative_reranker", "reranker", "listwise_reranker", "embedding"]
+)
+def test_a_retrieval_tasks_refusal_of_text_label_rows_names_the_task_that_was_set(tmp_path, task):
+    """A text,label CSV with task=sparse_embedding was told "drop task=embedding to classify by name": the
+    message names the task set, and what that task's rows hold."""
+    train = write(tmp_path / "train/t.csv", "text,label\nhello,positive\nworld,negative\n")
+    message = error(tmp_path, DataSpec(task=task), train=train.parent)
+    assert f"drop task={task} to classify by name" in message and f"(task={task}) trains on" in message, message
+    others = {"embedding", "sparse_embedding", "multi_vector", "generative_reranker", "reranker"} - {task}
+    assert not any(f"task={other}" in message for other in others), message
+
+
 def test_an_integer_past_float64s_range_is_an_infinite_label_whatever_pandas_makes_of_it():
     """pandas 3 keeps a 400-digit integer a Python int (an object column), which every float conversion after
     fails on: the GPU machine's job failed with "unexpected error: OverflowError" instead of naming the row."""

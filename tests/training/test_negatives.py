@@ -194,3 +194,13 @@ def test_several_negatives_are_refused_where_nothing_would_mine_or_use_them(hype
     data = dataclasses.replace(rows_data(ROWS), task=task)
     with pytest.raises(HyperparameterError, match=words):
         mine_hard_negatives(data, str(bundled_model_dir()), parse_hyperparameters(hyperparameters))
+
+
+@pytest.mark.parametrize("task", ["sparse_embedding", "single_label_classification"])
+def test_a_task_whose_negatives_nothing_mines_is_refused_before_any_data_is_read(job, task):
+    """task=sparse_embedding with mine_hard_negatives=true failed after 31.5 s (the data read, the model loaded),
+    though the two settings alone decide it. The train channel here holds no data at all: the refusal comes first."""
+    job.hyperparameters({"task": task, "mine_hard_negatives": "true"})
+    (job.channel("train") / "empty.csv").write_text("")
+    assert entry.train() != 0
+    assert f"hyperparameters task={task} and mine_hard_negatives=true" in job.failure, job.failure

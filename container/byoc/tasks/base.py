@@ -57,6 +57,7 @@ class Task:
     mined_by: str | None = (
         None  # the task whose model mines its hard negatives (byoc.training.negatives); None: its own
     )
+    mines_negatives = False  # its model mines hard negatives (`mine_negatives`); else that refuses, saying why
     evaluates_negatives = False  # an eval split's negative column is kept where train has none (a reranker)
     several_negatives = False  # its rows may hold several negatives (num_negatives): a reranker's become pairs
     recipe_settings: tuple[str, ...] = ()  # hyperparameters of its own training recipe (`apply_recipe`)

@@ -120,11 +120,9 @@ class TrainArguments:
     label_column: str | None = _hp(None, "Label column. Default: detected (label, labels, target, class, ...).")
     task: str = _hp(
         "auto",
-        "single_label_classification, multi_label_classification, regression, token_classification, embedding, "
-        "sparse_embedding or reranker (or single_label, multi_label, ner, splade). auto: CoNLL files or tokens + "
-        "ner_tags -> token_classification; anchor and positive columns -> embedding; lists of labels or 0/1 label "
-        "columns -> multi-label; numbers not all whole -> regression; else single-label. embedding on sentence pairs "
-        "with a score: CoSENT.",
+        f"{', '.join(n for n, t in tasks.TASKS.items() if t.trains)} (or an alias: docs/data.md). auto: CoNLL files or "
+        "tokens + ner_tags -> token_classification; anchor and positive columns -> embedding; lists of labels or 0/1 "
+        "label columns -> multi-label; numbers not all whole -> regression; else single-label.",
         ("problem_type",),
     )
     label_columns: str | None = _hp(

@@ -22,6 +22,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from byoc import tasks
 from byoc.sdk_values import base_type, coerce, describe
 from byoc.training.arguments import HyperparameterError, TrainArguments
 
@@ -62,9 +63,22 @@ def parse_hyperparameters(raw: Mapping[str, Any]) -> TrainArguments:
             )
         values[canonical], given_as[canonical] = decoded, key
     args = TrainArguments(**values)
+    _check_mining(args)
     if args.output_dir:
         logger.info("output_dir=%s is ignored: the model is written to SM_MODEL_DIR", args.output_dir)
     return args
+
+
+def _check_mining(args: TrainArguments) -> None:
+    """mine_hard_negatives=true with a task set whose negatives nothing mines: refused before any data is read."""
+    if not args.mine_hard_negatives or args.task not in tasks.TASKS:
+        return
+    task = tasks.get(args.task)
+    if not tasks.get(task.mined_by or task.name).mines_negatives:
+        try:
+            task.mine_negatives(None, [], [], 0, 1, 0.0)  # (its refusal, which says why)
+        except tasks.BadParameter as err:
+            raise HyperparameterError(f"hyperparameters task={args.task} and mine_hard_negatives=true: {err}") from None
 
 
 def given_names(raw: Mapping[str, Any]) -> frozenset[str]:

@@ -120,7 +120,8 @@ def test_routes_a_model_does_not_answer_and_unknown_routes_are_json_errors_namin
     assert wrong.status_code == 400
     assert (
         wrong.json()["error"]
-        == "/embed_sparse is not answered by an embedding model: its routes are /embed (and /invocations)"
+        == "/embed_sparse is not answered by an embedding model: its routes are /embed, /v1/embeddings "
+        "(and /invocations)"
     )
     for method, path, status in (("GET", "/v2/embed", 404), ("GET", "/embed", 405)):
         answer = embedder.client.request(method, path)
@@ -150,6 +151,35 @@ def test_cohere_v1_and_v2_clients_rerank_as_teis_rerank_body_does(reranker):
     )
     assert [(r.index, r.document.text) for r in v1.results] == [(e["index"], documents[e["index"]]) for e in expected]
     assert reranker.client.get("/info").json()["model_type"].keys() == {"reranker"}
+
+
+def test_teis_predict_on_a_trained_reranker_answers_the_rerank_score_or_its_logit_when_raw(reranker):
+    """A byoc-trained reranker answered its raw logit on /predict where /rerank (and CrossEncoder.predict) give the
+    sigmoid of it; "raw_scores" was refused. Now /predict answers /rerank's score, and the logit when raw."""
+    import math
+
+    query, document = "something about cooking", topic_rows(1, seed=3)[0]["positive"]
+    ranked = invoked(reranker, {"query": query, "texts": [document]})[0]["score"]
+    answer = reranker.client.post("/predict", json={"inputs": [query, document]})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()[0]["score"] == pytest.approx(ranked, abs=1e-6)
+    raw = reranker.client.post("/predict", json={"inputs": [query, document], "raw_scores": True}).json()[0]["score"]
+    assert 1 / (1 + math.exp(-raw)) == pytest.approx(ranked, abs=1e-6)
+    assert invoked(reranker, {"query": query, "texts": [document], "raw_scores": True})[0]["score"] == pytest.approx(
+        raw, abs=1e-6
+    )
+
+
+def test_cohere_rerank_to_an_embedder_and_openai_embeddings_to_a_reranker_are_refused_naming_the_route(
+    embedder, reranker
+):
+    """Refusals name the route the client called and the routes the model answers (round six)."""
+    refused = embedder.client.post("/v1/rerank", json={"query": "q", "documents": ["a"]})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"].startswith("/v1/rerank is not answered by an embedding model"), refused.text
+    refused = reranker.client.post("/v1/embeddings", json={"input": "a", "model": "m"})
+    assert refused.status_code == 400 and "/v1/embeddings is not answered by a reranker" in refused.json()["error"]
+    assert "/rerank, /v1/rerank, /v2/rerank" in refused.json()["error"]
 
 
 def test_teis_predict_answers_every_label_best_first_as_tei_does(classifier):

@@ -82,12 +82,28 @@ def test_predict_reads_inputs_as_tei_does_and_answers_every_label_best_first(inp
     assert rewrite.reshape(answers) == (answers[0] if single else answers)
 
 
-def test_predict_lists_a_regression_models_one_answer_and_refuses_raw_scores():
-    rewrite = clients.tei("predict", {"inputs": ["a", "b", "c"]}, {"task": "regression", "id2label": {0: "x"}})
+def test_predict_lists_a_regression_models_one_answer_and_refuses_raw_scores_for_probabilities():
+    regression = {"task": "regression", "id2label": {0: "x"}, "stated_regression": True}
+    rewrite = clients.tei("predict", {"inputs": ["a", "b", "c"]}, regression)
     assert rewrite.body["parameters"] == {}  # (no top_k: a regression model takes none)
     assert rewrite.reshape is not None and rewrite.reshape([{"score": 1.0}] * 3) == [[{"score": 1.0}]] * 3
-    with pytest.raises(InputError, match='"raw_scores" is not served on /predict'):
+    with pytest.raises(InputError, match='"raw_scores" on /predict is served for a one-output cross-encoder'):
         clients.tei("predict", {"inputs": "a", "raw_scores": True}, CLASSIFIER)
+
+
+def test_predict_on_a_one_output_cross_encoder_answers_its_activated_score_or_the_logit_when_raw():
+    """A byoc-trained reranker answered its raw logit (3.4204) on /predict where /rerank and CrossEncoder.predict
+    give 0.9683, and "raw_scores" was refused: TEI's /predict applies the activation and takes raw_scores."""
+    import math
+
+    reranker = {"task": "reranker", "id2label": {0: "relevance"}, "activation": "Sigmoid"}
+    answer = [{"label": "relevance", "score": 3.4204}]
+    activated = clients.tei("predict", {"inputs": ["q", "d"]}, reranker)
+    assert activated.reshape is not None
+    assert activated.reshape(answer)[0]["score"] == pytest.approx(1 / (1 + math.exp(-3.4204)))
+    raw = clients.tei("predict", {"inputs": ["q", "d"], "raw_scores": True}, reranker)
+    assert raw.reshape is not None and raw.reshape(answer) == answer
+    assert "raw_scores" not in raw.body["parameters"]
 
 
 def test_openai_token_arrays_are_the_models_own_ids_decoded_to_text():
@@ -115,8 +131,28 @@ def test_a_token_array_is_cut_at_the_models_length_before_it_is_decoded():
 
 
 def test_openai_embeddings_need_a_dense_vector_model():
-    with pytest.raises(InputError, match="/embed is not answered by a sparse embedding model"):
+    """The refusal names the route the client called (it said "/embed is not answered")."""
+    with pytest.raises(InputError, match="^/v1/embeddings is not answered by a sparse embedding model: its routes"):
         clients.openai_embeddings({"input": "a"}, {"task": "sparse_embedding"})
+
+
+def test_cohere_rerank_refusals_name_what_the_client_sent():
+    """/v1/rerank to an embedder was refused citing {"query","texts"}, /invocations' body; a lone surrogate in a
+    /v2/rerank document was named "texts"[0]. Both are named as the client sent them."""
+    with pytest.raises(InputError, match="^/v1/rerank is not answered by an embedding model: it does not rerank"):
+        clients.cohere_rerank(1, {"query": "q", "documents": ["a"]}, EMBEDDER)
+    with pytest.raises(InputError, match=r'^"documents"\[1\] is not valid Unicode'):
+        clients.cohere_rerank(2, {"query": "q", "documents": ["a", "b\ud800"]}, {"task": "reranker"})
+    with pytest.raises(InputError, match=r'^"documents"\[0\] is not valid Unicode'):
+        clients.cohere_rerank(1, {"query": "q", "documents": [{"text": "\udc00"}]})
+
+
+def test_a_refusal_lists_every_route_the_model_answers_rerank_ones_included():
+    """A multi-vector model was said to answer only /embed_all: it reranks too (MaxSim)."""
+    with pytest.raises(InputError, match="its routes are /embed_all, /rerank, /v1/rerank, /v2/rerank"):
+        clients.tei("embed", {"inputs": ["a"]}, {"task": "multi_vector"})
+    with pytest.raises(InputError, match="its routes are /embed, /v1/embeddings \\(and /invocations\\)"):
+        clients.tei("predict", {"inputs": ["a"]}, EMBEDDER)
 
 
 RANKED = [{"index": 1, "score": 0.9, "text": "b"}, {"index": 0, "score": 0.1, "text": "a"}]

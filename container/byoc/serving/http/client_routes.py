@@ -57,8 +57,8 @@ def routes(settings: ServeSettings, invocations: Invocations, server: ModelServe
         Route("/", invoke, methods=["POST"]),
         *(post(f"/{route}", tei(route)) for route in clients.TEI_FIELDS),
         post("/v1/embeddings", clients.openai_embeddings),
-        post("/v1/rerank", lambda payload, model: clients.cohere_rerank(1, payload)),
-        post("/v2/rerank", lambda payload, model: clients.cohere_rerank(2, payload)),
+        post("/v1/rerank", lambda payload, model: clients.cohere_rerank(1, payload, model)),
+        post("/v2/rerank", lambda payload, model: clients.cohere_rerank(2, payload, model)),
         get("/info", lambda: clients.info(server.model, model_id, settings)),
         get("/v1/models", lambda: clients.openai_models(model_id)),
     ]

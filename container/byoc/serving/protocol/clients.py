@@ -22,7 +22,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from byoc import tasks
+from byoc.serving.protocol.bodies import valid_unicode
 from byoc.serving.protocol.request_errors import InputError
 
 RERANK = "rerank"
@@ -65,7 +68,7 @@ def tei(route: str, payload: Any, model: Any) -> Rewrite:
     if route == RERANK:
         return Rewrite(payload)  # /invocations reads TEI's rerank body as it is
     task = task_of(model)
-    added = _route_parameters(task, route)
+    added = _route_parameters(task, route, model)
     if "inputs" not in payload:
         raise InputError(f'/{route} takes {{"inputs": "a text"}} or a list of texts; the body has no "inputs"')
     parameters = {**added, **{key: payload[key] for key in TEI_FIELDS[route] if key in payload}}
@@ -75,21 +78,37 @@ def tei(route: str, payload: Any, model: Any) -> Rewrite:
     return _predict(payload["inputs"], parameters, task, model)
 
 
-def _route_parameters(task: tasks.Task | None, route: str) -> Mapping[str, Any]:
+def _route_parameters(task: tasks.Task | None, route: str, model: Any, asked: str | None = None) -> Mapping[str, Any]:
+    """The parameters TEI's `route` adds for `task`; InputError, naming the route the client called (`asked`,
+    by default `/<route>`) and those the model answers, where it answers none of that kind."""
     if task is None:
         return {}
     if route not in task.tei_routes:
-        answered = ", ".join(f"/{name}" for name in task.tei_routes)
-        routes = f"its routes are {answered} (and /invocations)" if answered else "it answers /invocations"
-        raise InputError(f"/{route} is not answered by {task.described}: {routes}")
+        raise InputError(f"{asked or '/' + route} is not answered by {task.described}: {_routes_of(task, model)}")
     return task.tei_routes[route]
+
+
+def _routes_of(task: tasks.Task, model: Any) -> str:
+    """The client routes the loaded model answers, for a message: TEI's of its kind, OpenAI's where it embeds,
+    and the rerank routes where it reranks (a cross-encoder, a multi-vector model's MaxSim...)."""
+    answered = [f"/{name}" for name in task.tei_routes]
+    if "embed" in task.tei_routes:
+        answered.append("/v1/embeddings")
+    if _reranks(task, model):
+        answered += ["/rerank", "/v1/rerank", "/v2/rerank"]
+    return f"its routes are {', '.join(answered)} (and /invocations)" if answered else "it answers /invocations"
 
 
 def _predict(inputs: Any, parameters: dict[str, Any], task: tasks.Task | None, model: Any) -> Rewrite:
     """TEI's /predict: a text, a pair (two texts in a list, as TEI reads them), or a list of either; each input
     answered with every label's score, best first (TEI's answer), a single input's as one list."""
-    if parameters.pop("raw_scores", None):
-        raise InputError('"raw_scores" is not served on /predict: the scores are the model\'s activated ones')
+    raw = bool(parameters.pop("raw_scores", None))
+    relevance = task is not None and _one_relevance(task, model)
+    if raw and not relevance:
+        raise InputError(
+            '"raw_scores" on /predict is served for a one-output cross-encoder (its logit as it is); this model\'s '
+            "scores are its labels' probabilities"
+        )
     single = isinstance(inputs, str) or (
         isinstance(inputs, list) and len(inputs) == 2 and all(isinstance(text, str) for text in inputs)
     )
@@ -102,10 +121,19 @@ def _predict(inputs: Any, parameters: dict[str, Any], task: tasks.Task | None, m
         parameters["top_k"] = labels  # every label, best first
 
     def reshape(answers: Any) -> Any:
+        if relevance and not raw:  # the logit through the model's activation, as TEI's /predict and /rerank give it
+            assert task is not None
+            answers = [{**a, "score": task.relevance(np.asarray([a["score"]]), False, model)} for a in answers]
         listed = [answer if isinstance(answer, list) else [answer] for answer in answers]
         return listed[0] if single else listed
 
     return Rewrite({"inputs": batch, "parameters": parameters}, reshape)
+
+
+def _one_relevance(task: tasks.Task, model: Any) -> bool:
+    """Whether the model's one output is a pair's relevance logit (a cross-encoder, not a stated regression)."""
+    one = isinstance(model, Mapping) and len(model.get("id2label") or {}) <= 1 and not model.get("stated_regression")
+    return one and _reranks(task, model)
 
 
 def openai_embeddings(payload: Any, model: Any) -> Rewrite:
@@ -115,7 +143,7 @@ def openai_embeddings(payload: Any, model: Any) -> Rewrite:
     _known(payload, OPENAI_FIELDS, "/v1/embeddings")
     if "input" not in payload:
         raise InputError('/v1/embeddings takes {"input": "a text"} or a list of texts; the body has no "input"')
-    _route_parameters(task_of(model), "embed")
+    _route_parameters(task_of(model), "embed", model, "/v1/embeddings")
     if model is None:  # (still loading: the request meets the model server's 503 as it is)
         return Rewrite(payload)
     return Rewrite({**payload, "input": _texts_of_tokens(payload["input"], model)})
@@ -159,13 +187,17 @@ def openai_models(model_id: str) -> dict[str, Any]:
     return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "byoc"}]}
 
 
-def cohere_rerank(version: int, payload: Any) -> Rewrite:
+def cohere_rerank(version: int, payload: Any, model: Any = None) -> Rewrite:
     """Cohere's rerank request (version 1, which Jina's clients send too, or 2) as TEI's rerank body, and its
     answer as Cohere's: each document's index and relevance score, best first (`top_n` of them), with the
-    document's text where a version-1 request asks for it (`return_documents`, true by default as Jina's)."""
+    document's text where a version-1 request asks for it (`return_documents`, true by default as Jina's).
+    What is refused is named as the client sent it (its route, "documents")."""
     route = f"/v{version}/rerank"
     payload = _object(payload, route)
     _known(payload, COHERE_FIELDS[version], route)
+    task = task_of(model)
+    if task is not None and not _reranks(task, model):
+        raise InputError(f"{route} is not answered by {task.described}: it does not rerank; {_routes_of(task, model)}")
     documents = payload.get("documents")
     if not isinstance(payload.get("query"), str) or not isinstance(documents, list) or not documents:
         raise InputError(f'{route} takes {{"query": "a text", "documents": ["a text", ...]}}, with documents')
@@ -196,9 +228,11 @@ def cohere_rerank(version: int, payload: Any) -> Rewrite:
 def _document_text(document: Any, index: int) -> str:
     """A document's text: the document itself, or a version-1 document object's "text"."""
     if isinstance(document, dict) and isinstance(document.get("text"), str):
-        return str(document["text"])
+        document = document["text"]
     if not isinstance(document, str):
         raise InputError(f'"documents"[{index}] must be a text, or an object with a "text"')
+    if not valid_unicode(document):
+        raise InputError(f'"documents"[{index}] is not valid Unicode text (a lone surrogate such as \\ud800)')
     return document
 
 

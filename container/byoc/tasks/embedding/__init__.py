@@ -23,13 +23,13 @@ import numpy as np
 
 from byoc import sentence_folder
 from byoc.tasks.base import BadParameter, Task, kept_rows
+from byoc.tasks.embedding.collator import TEXT_GROUPS, GroupCollator
+from byoc.tasks.embedding.ranking import rank_metrics, retrieval_metrics  # noqa: F401  (rank_metrics: the families')
 from byoc.tasks.regression import regression_metrics
 
 NAME = "embedding"
 NORM_EPS = 1e-12  # as torch.nn.functional.normalize (sentence-transformers' Normalize)
 ROWS_DEFAULTS = {"learning_rate": 5e-5, "dropout": None}  # (anchor, positive) rows: Embedding.training_defaults
-# A training row's texts, each tokenized on its own: its token columns get the text's prefix.
-TEXT_GROUPS = {"text": "", "text_pair": "pair_", "text_negative": "negative_"}
 
 
 class Embedding(Task):
@@ -37,7 +37,11 @@ class Embedding(Task):
     tei_routes: Mapping[str, Mapping[str, Any]] = {"embed": {}}
     aliases = ("embeddings", "sentence_embedding", "sentence_embeddings", "feature_extraction")
     described = "an embedding model"
-    parameters: tuple[str, ...] = ("normalize", "dimensions", "prompt_name")
+    parameters: tuple[str, ...] = ("normalize", "dimensions", "prompt_name", "output")
+    # The names a request's "output" may give the one output the model answers (a client naming it gets it):
+    # byoc's, sentence-transformers' output_value and FlagEmbedding's result key.
+    output_names: tuple[str, ...] = ("dense", "sentence_embedding", "dense_vecs")
+    mines_negatives = True
     auto_class = "AutoModel"
     sentence_model_type = "SentenceTransformer"  # (also where an older folder's config leaves model_type out)
     in_metric_definitions = False  # retrieval metrics: metric_definitions("embedding") gives them
@@ -58,6 +62,14 @@ class Embedding(Task):
         "equal scores rank in the order the rows are evaluated (shortest anchor first), as "
         "sentence-transformers' InformationRetrievalEvaluator ranks them by corpus id",
     }
+
+    def check_values(self, parameters: Mapping[str, Any]) -> None:
+        output = parameters.get("output")
+        if output is not None and output not in self.output_names:
+            raise BadParameter(
+                f'"output": {self.described} answers one output, "{self.output_names[0]}" (or '
+                f"{', '.join(repr(name) for name in self.output_names[1:])}); got {output!r}"
+            )
 
     def training_defaults(self, num_labels: int) -> Mapping[str, Any]:
         """Measured on SICK against sentence-transformers' own training (docs/benchmarks.md). Rows (in-batch
@@ -258,69 +270,6 @@ def _halves(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _unit(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), NORM_EPS)
-
-
-def retrieval_metrics(queries: np.ndarray, documents: np.ndarray, block: int = 1024) -> dict[str, float]:
-    """Row i's query against every row's document, its own the one relevant: MRR@10, NDCG@10, recall@1 and
-    @10, as sentence-transformers' InformationRetrievalEvaluator computes them with one relevant document a
-    query and the rows' positions here as its corpus ids: its cosine (torch's, as its `cos_sim`; numpy's
-    matrix product can score two identical documents apart), documents by score, ties by corpus id. So a
-    document scoring exactly as the relevant one ranks before it when it is an earlier row: of texts
-    identical after truncation only one is a hit at rank 1, not every one. Blocks of queries keep memory
-    at block x rows."""
-    import torch  # training's (serving imports this module without torch)
-    from torch.nn.functional import normalize
-
-    unit_queries = normalize(torch.as_tensor(np.asarray(queries), dtype=torch.float32), p=2, dim=-1)
-    unit_documents = normalize(torch.as_tensor(np.asarray(documents), dtype=torch.float32), p=2, dim=-1)
-    position = torch.arange(len(unit_documents))
-    found = []
-    for start in range(0, len(unit_queries), block):
-        similarity = torch.mm(unit_queries[start : start + block], unit_documents.transpose(0, 1))
-        rows = torch.arange(start, start + len(similarity))
-        own = similarity[torch.arange(len(similarity)), rows][:, None]
-        before = (similarity > own) | ((similarity == own) & (position[None, :] < rows[:, None]))
-        found.append(before.sum(dim=1) + 1)  # 1 = first
-    return rank_metrics(torch.cat(found).numpy() if found else np.zeros(0, dtype=np.int64))
-
-
-def rank_metrics(ranks: np.ndarray) -> dict[str, float]:
-    """MRR@10, NDCG@10, recall@1 and @10 of each query's one relevant document at `ranks` (1 = first)."""
-    if not len(ranks):
-        return {"mrr_at_10": 0.0, "ndcg_at_10": 0.0, "recall_at_1": 0.0, "recall_at_10": 0.0}
-    top = ranks <= 10
-    return {
-        "mrr_at_10": float(np.where(top, 1.0 / ranks, 0.0).mean()),
-        "ndcg_at_10": float(np.where(top, 1.0 / np.log2(ranks + 1.0), 0.0).mean()),
-        "recall_at_1": float((ranks == 1).mean()),
-        "recall_at_10": float(top.mean()),
-    }
-
-
-class GroupCollator:
-    """Training rows of up to three texts (token columns prefixed as TEXT_GROUPS says), each group
-    padded on its own to its longest row; `labels` the rows' scores (float32, NaN for none)."""
-
-    def __init__(self, tokenizer: Any, pad_to_multiple_of: int | None) -> None:
-        self.tokenizer, self.pad_to_multiple_of = tokenizer, pad_to_multiple_of
-
-    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-        import torch  # training's (serving imports this module without torch)
-
-        batch: dict[str, Any] = {}
-        for prefix in TEXT_GROUPS.values():
-            keys = [key for key in ("input_ids", "attention_mask", "token_type_ids") if prefix + key in features[0]]
-            if not keys:
-                continue
-            padded = self.tokenizer.pad(
-                [{key: row[prefix + key] for key in keys} for row in features],
-                pad_to_multiple_of=self.pad_to_multiple_of,
-                return_tensors="pt",
-            )
-            batch.update({prefix + key: padded[key] for key in keys})
-        if "labels" in features[0]:
-            batch["labels"] = torch.tensor([float(row["labels"]) for row in features], dtype=torch.float32)
-        return batch
 
 
 def dense_stack(specs: tuple[sentence_folder.Dense, ...]) -> Any:

@@ -33,12 +33,14 @@ class SparseEmbedding(Embedding):
     tei_routes: Mapping[str, Mapping[str, Any]] = {"embed_sparse": {}}
     aliases = ("sparse", "splade", "sparse_embeddings", "sparse_encoder")
     described = "a sparse embedding model"
-    parameters = ("return_tokens", "prompt_name")
+    parameters = ("return_tokens", "prompt_name", "output")
+    output_names = ("sparse", "sparse_embedding", "lexical_weights")
     auto_class = "AutoModelForMaskedLM"
     sentence_model_type = MODEL_TYPE
     metrics = (*Embedding.metrics, "active_dims")
     ranks_corpus = "sparse"
     mined_by = None  # (its own: sentence-transformers' miner takes dense models, so mine_negatives refuses)
+    mines_negatives = False
     recipe_settings = ("inference_free",)  # (no Matryoshka: a sparse vector's dimensions are the vocabulary's terms)
 
     def head(self, num_labels: int) -> str:
@@ -108,6 +110,7 @@ class SparseEmbedding(Embedding):
         Task.check_shape(self, shape)  # no OpenAI embeddings body: its vectors are dense
 
     def check_values(self, parameters: Mapping[str, Any]) -> None:
+        super().check_values(parameters)  # ("output": its own)
         if parameters.get("return_tokens") is not None and not isinstance(parameters["return_tokens"], bool):
             raise BadParameter('"return_tokens" must be true or false')
 

@@ -26,10 +26,14 @@ from byoc.training.data.types import DataError, DataSpec, Source, describe_sourc
 
 logger = logging.getLogger(__name__)
 
-ROWS_HINT = (
-    "An embedding model trains on an anchor (or query) column and a positive column (a negative column "
-    "optional), or with task=embedding on sentence pairs with a numeric score column"
-)
+
+def rows_hint(task: str) -> str:
+    """What the train data of the retrieval task set (`task`) must hold."""
+    described = tasks.get(task).described if task in tasks.TASKS else "a retrieval model"
+    return (
+        f"{described[0].upper()}{described[1:]} (task={task}) trains on an anchor (or query) column and a positive "
+        "column (a negative column optional), or on sentence pairs with a numeric score column"
+    )
 
 
 def layout(src: Source) -> tuple[str, str, str | None] | None:
@@ -145,10 +149,12 @@ def _scored_pairs(
     try:
         splits, names, train_labels, _ = build_text(sources, as_scores(spec))
     except DataError as err:
-        raise DataError(f"{ROWS_HINT}. {str(err).replace('task=regression', 'task=embedding')}") from None
+        hint = rows_hint(spec.task)  # (the task set: scored pairs train a retrieval model only when asked)
+        raise DataError(f"{hint}. {str(err).replace('task=regression', f'task={spec.task}')}") from None
     if "text_pair" not in splits["train"].column_names:
         raise DataError(
-            f"{ROWS_HINT}; the train data ({sources['train'][0].where}) has one text a row. Name the columns "
-            "anchor and positive, or give sentence1, sentence2 and score (or set text_column and text_pair_column)."
+            f"{rows_hint(spec.task)}; the train data ({sources['train'][0].where}) has one text a row. Name the "
+            "columns anchor and positive, or give sentence1, sentence2 and score (or set text_column and "
+            "text_pair_column)."
         )
     return splits, names, train_labels
