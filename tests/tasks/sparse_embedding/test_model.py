@@ -184,6 +184,12 @@ def test_mining_hard_negatives_for_a_sparse_job_is_refused_saying_what_to_do(tin
         {"text": [r["anchor"] for r in rows], "text_pair": [r["positive"] for r in rows]}
     )
     data = TaskData(train=train, eval=None, test=None, label_names=[], pretokenized=False, task="sparse_embedding")
-    args = parse_hyperparameters({"mine_hard_negatives": "true", "task": "sparse"})
+    # The two settings alone decide it: refused as they are read, before any data (round six)...
+    with pytest.raises(
+        HyperparameterError, match="task=sparse_embedding and mine_hard_negatives=true: .* negative column"
+    ):
+        parse_hyperparameters({"mine_hard_negatives": "true", "task": "sparse"})
+    # ...and by the miner itself where the task comes from the data (task=auto)
+    args = parse_hyperparameters({"mine_hard_negatives": "true"})
     with pytest.raises(HyperparameterError, match="give them as a negative column"):
         mine_hard_negatives(data, str(build_tiny_mlm(tiny_model_dir, tmp_path / "mlm")), args)
