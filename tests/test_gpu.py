@@ -101,7 +101,8 @@ def test_precision_auto_and_bf16_choose_from_this_gpu(tmp_path, tiny_model_dir):
     job = build_job(tmp_path / "bf16" / "opt-ml", tiny_model_dir, {**HP, "bf16": "true"}, test=32)
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert job.metrics["precision"] == "tf32" and "steps are too few" in job.metrics["precision_reason"]
+    reason = job.metrics["precision_reason"]  # (with several GPUs, one process each: not compiled by itself)
+    assert job.metrics["precision"] == "tf32" and ("steps are too few" in reason or "processes" in reason), reason
     assert "torch_compile=true compiles anyway" in done.stdout + done.stderr
     assert learned(losses(job), 1, 160) < 0.5
 
@@ -125,10 +126,11 @@ def test_bf16_with_compiled_layers_trains_on_cuda_as_eager_bf16_does(tmp_path, t
     assert per_epoch[0] > 0 and not any(per_epoch[1:]), per_epoch
     compiled, eager = losses(runs["true"]), losses(runs["false"])
     assert compiled.keys() == eager.keys()
-    # The same weights and batches: the first steps differ only by fused kernels' bf16 rounding.
-    for step in range(1, 6):
-        assert compiled[step] == pytest.approx(eager[step], rel=5e-2, abs=5e-2), step
-    assert learned(compiled, 1, 160) < 0.5
+    # The compiled job takes fixed-shape length buckets, the eager one length-grouped dynamic batches: the same
+    # rows in another order, so step by step the losses differ; over the run they follow each other.
+    mean = {name: sum(steps.values()) / len(steps) for name, steps in (("compiled", compiled), ("eager", eager))}
+    assert mean["compiled"] == pytest.approx(mean["eager"], rel=0.3, abs=0.05), mean
+    assert learned(compiled, 1, 160) < 0.5 and learned(eager, 1, 160) < 0.5
 
 
 def test_a_whole_step_compiled_with_cuda_graphs_replays_and_compiles_nothing_after_epoch_one(tmp_path, tiny_model_dir):
