@@ -41,12 +41,23 @@ def torch_logits(model_dir: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
         return model(**{k: torch.from_numpy(v) for k, v in feeds.items()}).logits.numpy()
 
 
+def test_a_traced_input_neither_token_column_nor_weight_is_refused(classifier_dir, tmp_path):
+    graph = onnx.load(str(classifier_dir / "model.onnx"), load_external_data=False)
+    stray = graph.graph.input.add()
+    stray.name = "past_key_values.0"
+    with pytest.raises(onnx_graph.GraphError, match="past_key_values.0.*neither a token column nor a weight"):
+        onnx_graph._bind_weights(graph, {}, classifier_dir / "model.safetensors")
+
+
 def test_graph_holds_no_weights_and_gives_torchs_logits(classifier_dir):
     graph = onnx.load(str(classifier_dir / "model.onnx"), load_external_data=False)
     weights = [i for i in graph.graph.initializer if i.name.startswith("model.")]
     assert weights and all(i.data_location == onnx.TensorProto.EXTERNAL for i in weights)
     assert {e.value for i in weights for e in i.external_data if e.key == "location"} == {"model.safetensors"}
     assert (classifier_dir / "model.onnx").stat().st_size < (classifier_dir / "model.safetensors").stat().st_size / 4
+    # Traced without its weights (export_params=False), the graph takes only the token columns: a weight
+    # left as an input could be fed by a caller, and ONNX Runtime would not fold it.
+    assert [i.name for i in graph.graph.input] == ["input_ids", "attention_mask", "token_type_ids"]
 
     rng = np.random.default_rng(1)
     ids = rng.integers(1000, 30000, size=(5, 23), dtype=np.int64)
