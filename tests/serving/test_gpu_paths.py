@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,10 @@ import torch
 
 from byoc.serving.backends import cuda_provider, onnx_session, runtimes
 from byoc.serving.backends.backend_choice import Plan
+import serve_helpers
 from byoc.serving.execution import passes
+from byoc.serving.execution.model_server import ModelServer
+from byoc.serving.settings import ServeSettings
 from byoc.serving.user_code import default_handlers
 from helpers import build_classifier_with_graph
 
@@ -74,6 +79,44 @@ def test_auto_falls_back_to_torch_when_the_cuda_provider_does_not_load(classifie
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "onnxruntime")  # asked for by name: an error, not a fallback
     with pytest.raises(cuda_provider.ProviderError):
         default_handlers.model_fn(str(classifier_dir))
+
+
+def test_on_a_gpu_served_by_torch_onnx_runtime_answers_until_torch_has_loaded(
+    tmp_path_factory, tiny_model_dir, monkeypatch, caplog
+):
+    """A GPU host whose onnxruntime has no CUDA provider: torch on CUDA serves, and takes seconds to start
+    (15 s on an H200). The folder byoc train writes answers on ONNX Runtime on the CPU meanwhile, through its
+    own code/inference.py, and torch takes over between batches. Here torch sees no CUDA and loads on the
+    CPU in fp32, so the answers before and after are the same."""
+    folder = serve_helpers.trained_classifier(tmp_path_factory, tiny_model_dir)
+    monkeypatch.setattr(default_handlers, "nvidia_gpu", lambda: True)
+    loading, real = threading.Event(), runtimes.load_torch
+
+    def held(*args, **kwargs):  # torch's load waits until the bridge has answered
+        loading.wait()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runtimes, "load_torch", held)
+    server = ModelServer(replace(ServeSettings.from_env({}), model_dir=folder))
+    with caplog.at_level(logging.INFO):
+        server.load()
+        assert server.error is None, server.error
+        model = server.model
+        assert (model.backend, model.device) == ("onnxruntime", "cpu") and model.upgrade is not None
+        before = server.predict_batch(TEXTS, {"top_k": 3})
+        assert model.backend == "onnxruntime"
+        loading.set()
+        model.upgrade.result(timeout=300)  # (the load itself, not a guessed time)
+        after = server.predict_batch(TEXTS, {"top_k": 3})
+    assert server.model is model and (model.backend, model.device, model.upgrade) == ("torch", "cpu", None)
+    assert_same_answers(after, before, 1e-4)
+    assert "answering on ONNX Runtime on the CPU until torch has loaded on CUDA" in caplog.text
+    assert "now serving on torch (cpu), instead of onnxruntime on the cpu" in caplog.text
+
+    waits = replace(ServeSettings.from_env({"BYOC_CPU_WHILE_LOADING": "false"}), model_dir=folder)
+    server = ModelServer(waits)
+    server.load()
+    assert server.error is None and (server.model.backend, server.model.upgrade) == ("torch", None)
 
 
 def test_fp16_graph_keeps_fp32_inputs_and_outputs_and_the_answers(classifier_dir, tmp_path):

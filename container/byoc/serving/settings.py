@@ -20,6 +20,7 @@ from byoc.logs import log_level
 from byoc.serving.backends.backend_choice import (
     ALLOW_UNTRAINED_HEAD_ENV,
     BACKENDS,
+    CPU_WHILE_LOADING_ENV,
     INFERENCE_BACKEND_ENV,
     INFERENCE_COMPILE_ENV,
     INFERENCE_PRECISION_ENV,
@@ -56,6 +57,8 @@ class InferenceSettings:
     backend: str = "auto"  # BYOC_INFERENCE_BACKEND: auto, onnxruntime or torch
     precision: str = "auto"  # BYOC_INFERENCE_PRECISION: auto, fp32, fp16, bf16 or int8
     compile: bool = False  # BYOC_INFERENCE_COMPILE: torch compiles per bucket shape
+    # BYOC_CPU_WHILE_LOADING: torch on CUDA picked on its own, ONNX Runtime on the CPU answers until it has loaded
+    cpu_while_loading: bool = True
     threads: int | None = None  # OMP_NUM_THREADS: the model's threads; None: the server's share of the cores
     # BYOC_ALLOW_UNTRAINED_HEAD: serve a folder whose classification head is missing (random answers)
     allow_untrained_head: bool = False
@@ -78,6 +81,7 @@ class InferenceSettings:
             backend=read.choice(INFERENCE_BACKEND_ENV, "auto", BACKENDS),
             precision=read.choice(INFERENCE_PRECISION_ENV, "auto", PRECISIONS),
             compile=read.flag(INFERENCE_COMPILE_ENV),
+            cpu_while_loading=read.flag(CPU_WHILE_LOADING_ENV, True),
             threads=read.integer("OMP_NUM_THREADS", None, 1),
             allow_untrained_head=read.flag(ALLOW_UNTRAINED_HEAD_ENV),
             task=_task(read.text(TASK_ENV)),

@@ -11,6 +11,7 @@ from byoc.serving.backends.backend_choice import (
     BackendError,
     Host,
     Plan,
+    bridge,
     choose,
     fallback,
     torch_dtype_name,
@@ -106,6 +107,29 @@ def test_fallback_to_torch_keeps_the_device_and_an_explicit_precision():
     assert "stale graph" in cpu.why
 
 
+@pytest.mark.parametrize(
+    "host, backend, precision, bridged",
+    [
+        (GPU_ORT_CPU, "auto", "auto", True),  # torch on CUDA picked on its own, the graph there: bridged
+        (GPU_ORT_CPU, "auto", "bf16", True),
+        (NO_GRAPH_GPU, "auto", "auto", False),  # nothing for ONNX Runtime to load
+        (Host(gpu=True, providers=(), onnxruntime=False), "auto", "auto", False),
+        (GPU_ORT_CPU, "torch", "auto", False),  # torch asked for by name: only torch answers
+        (GPU_ORT_GPU, "auto", "auto", False),  # ONNX Runtime on CUDA starts in seconds itself
+        (CPU_HOST, "auto", "auto", False),
+        (CPU_HOST, "torch", "auto", False),
+        (Host(gpu=True, providers=CPU_ORT, tokens=8192), "auto", "auto", False),  # the graph's attention: too big
+    ],
+)
+def test_onnx_runtime_on_the_cpu_answers_only_while_torch_loads_on_cuda_on_its_own(host, backend, precision, bridged):
+    plan = choose(backend, precision, host)
+    made = bridge(plan, host, backend)
+    assert (made is not None) == bridged
+    if made:
+        assert (made.backend, made.device, made.precision) == ("onnxruntime", "cpu", "fp32")
+        assert "BYOC_CPU_WHILE_LOADING=false" in made.why
+
+
 def test_settings_are_read_and_checked():
     def read(env):
         settings = InferenceSettings.from_env(env)
@@ -123,6 +147,8 @@ def test_settings_are_read_and_checked():
     assert compiled({"BYOC_INFERENCE_COMPILE": "1"}) and compiled({"BYOC_INFERENCE_COMPILE": "true"})
     with pytest.raises(ServeSettingsError, match="BYOC_INFERENCE_COMPILE='maybe': use 1 or 0"):
         compiled({"BYOC_INFERENCE_COMPILE": "maybe"})
+    bridged = lambda env: InferenceSettings.from_env(env).cpu_while_loading
+    assert bridged({}) and not bridged({"BYOC_CPU_WHILE_LOADING": "false"})
 
 
 def test_half_is_bf16_where_the_gpu_has_it():

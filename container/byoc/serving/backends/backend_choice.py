@@ -17,6 +17,10 @@ The rules, with both settings on `auto`:
 - a GPU and a CPU-only ONNX Runtime: torch on CUDA in half precision (bf16 where the GPU has it,
   else fp16: a cast at load, free), logits returned as fp32;
 - no model.onnx, no tokenizer.json or no onnxruntime: torch, on CUDA where there is a GPU.
+
+Where torch on CUDA was picked on its own (BYOC_INFERENCE_BACKEND=auto) and the folder has its graph,
+ONNX Runtime on the CPU answers while torch loads (`bridge`): about a second to the first answer instead
+of the 15 s torch and CUDA take to start on an H200 host; BYOC_CPU_WHILE_LOADING=false waits for torch.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ INFERENCE_BACKEND_ENV = "BYOC_INFERENCE_BACKEND"  # auto (default), onnxruntime 
 INFERENCE_PRECISION_ENV = "BYOC_INFERENCE_PRECISION"  # auto (default), fp32, fp16, bf16 or int8
 ALLOW_UNTRAINED_HEAD_ENV = "BYOC_ALLOW_UNTRAINED_HEAD"  # serve a folder whose classifier head is missing
 INFERENCE_COMPILE_ENV = "BYOC_INFERENCE_COMPILE"  # torch on CUDA: 1 captures each bucket shape as a CUDA graph
+CPU_WHILE_LOADING_ENV = "BYOC_CPU_WHILE_LOADING"  # torch on CUDA: ONNX Runtime on the CPU answers until it loads
 BACKENDS = ("auto", "onnxruntime", "torch")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16", "int8")
 # Past this many tokens a model is served on torch on the CPU where it can be (auto): the exported graph's eager
@@ -147,6 +152,22 @@ def _auto_backend(precision: str, host: Host, missing: str) -> tuple[str, str]:
     if host.cuda_ep:
         return "onnxruntime", f"a GPU and ONNX Runtime's {CUDA_EP}: starts without torch"
     return "torch", f"a GPU, and this onnxruntime has no {CUDA_EP} (install onnxruntime-gpu)"
+
+
+def bridge(plan: Plan, host: Host, backend: str) -> Plan | None:
+    """ONNX Runtime on the CPU, fp32, to answer while `plan` (torch on CUDA) loads; None where it cannot or
+    should not: another plan, a backend asked for by name (`backend`, the setting), something ONNX Runtime
+    lacks, or a long-context model (its graph's attention holds length x length scores: LONG_CONTEXT)."""
+    if plan.backend != "torch" or plan.device != "cuda" or backend != "auto" or host.missing:
+        return None
+    if host.tokens > LONG_CONTEXT:
+        return None
+    return Plan(
+        "onnxruntime",
+        "cpu",
+        "fp32",
+        f"until torch has loaded on CUDA, which then serves ({CPU_WHILE_LOADING_ENV}=false waits for it instead)",
+    )
 
 
 def fallback(plan: Plan, precision: str, reason: str) -> Plan:

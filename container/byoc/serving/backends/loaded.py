@@ -9,11 +9,21 @@ that raises the threshold), so it is a mutable mapping too: its fields by name, 
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Iterator, MutableMapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
+
+# What a model loaded in the background replaces when it takes over (`LoadedModel.settle`): how it runs and
+# where; what its outputs mean (task, labels, facts) is the folder's, the same on every backend.
+RUNTIME_FIELDS: tuple[str, ...] = ("backend", "model", "tokenizer", "encode", "logits", "windows", "max_length")
+RUNTIME_FIELDS += ("pad_id", "passes", "device", "precision")
 
 
 @dataclass(eq=False)
@@ -40,6 +50,34 @@ class LoadedModel(MutableMapping[str, Any]):
     # The numbers one answer may hold (the server's BYOC_MAX_ANSWER_VALUES; None: unbounded): a head whose answer
     # grows with the tokens (token vectors) checks it before building the answer (byoc.tasks.base.check_answer).
     max_answer_values: int | None = None
+    # The model loading in the background to take this one's place (torch on CUDA, while ONNX Runtime on the
+    # CPU answers: byoc.serving.backends.backend_choice.bridge); None once it has, or where none is.
+    upgrade: Future | None = field(default=None, repr=False)
+
+    def settle(self) -> bool:
+        """Called on the inference thread between batches: where the model loading in the background has
+        loaded, it takes this one's place (its runtime fields) and True is returned. Where it failed, this
+        one keeps serving, and the log says why."""
+        upgrade = self.upgrade
+        if upgrade is None or not upgrade.done():
+            return False
+        self.upgrade = None
+        try:
+            loaded = upgrade.result()
+        except Exception as err:
+            logger.error(
+                "the model could not load on its own backend, so %s on the %s keeps serving: %s: %s",
+                self.backend,
+                self.device,
+                type(err).__name__,
+                err,
+            )
+            return False
+        was = f"{self.backend} on the {self.device}"
+        for name in RUNTIME_FIELDS:
+            setattr(self, name, getattr(loaded, name))
+        logger.info("now serving on %s (%s), instead of %s", self.backend, self.device, was)
+        return True
 
     @classmethod
     def of(cls, task: Any, facts: dict[str, Any], **fields_: Any) -> LoadedModel:
@@ -73,4 +111,20 @@ class LoadedModel(MutableMapping[str, Any]):
         return len(_FIELDS) - 1 + len(self.facts)
 
 
-_FIELDS = tuple(f.name for f in fields(LoadedModel))
+_FIELDS = tuple(f.name for f in fields(LoadedModel) if f.name != "upgrade")  # (the mapping's keys: no upgrade)
+
+
+def in_background(load: Callable[[], LoadedModel], name: str) -> Future:
+    """`load()` run on a daemon thread of its own (a server stopping never waits for it), as a Future."""
+    future: Future = Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(load())
+        except BaseException as err:  # (a failed load is settle's to report)
+            future.set_exception(err)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future

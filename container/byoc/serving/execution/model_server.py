@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from byoc.errors import UserError
+from byoc.serving.backends.loaded import LoadedModel
 from byoc.serving.execution import long_texts
 from byoc.serving.execution.batching import Batcher, guarded, timed
 from byoc.serving.execution.memory import release_memory
@@ -168,6 +169,7 @@ class ModelServer:
         """The batcher's predict, in the inference thread."""
         assert self.handlers is not None and self.handlers.predict_fn is not None  # batching implies both
         self.busy_since = time.monotonic()
+        self._settle()
         try:
             data = {"inputs": inputs, "parameters": parameters, **({"shape": shape} if shape is not None else {})}
             return call(self.handlers.predict_fn, "predict_fn", data, self.model)
@@ -175,6 +177,13 @@ class ModelServer:
             self.busy_since = None
             if self.batcher is not None and self.batcher.idle:
                 release_memory()
+
+    def _settle(self) -> None:
+        """On the inference thread, between calls: the model loaded in the background takes over once it has
+        (torch on CUDA after ONNX Runtime on the CPU answered meanwhile: LoadedModel.settle), whichever
+        predict_fn runs, a user's included."""
+        if isinstance(self.model, LoadedModel):
+            self.model.settle()
 
     async def in_thread(self, fn: Any, *args: Any) -> Any:
         """One unbatched handler call in the inference thread, timed like the batched ones."""
@@ -184,6 +193,7 @@ class ModelServer:
     def _timed(self, fn: Any, args: tuple, called: float) -> Any:
         self.busy_since = time.monotonic()
         self.metrics.waited(time.perf_counter() - called)  # for the inference thread: the queue of unbatched calls
+        self._settle()
         try:
             return timed(self.metrics, 1, fn, *args)
         finally:

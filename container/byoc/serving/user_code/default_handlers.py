@@ -36,7 +36,7 @@ import orjson
 from byoc import tasks
 from byoc.serving import resources
 from byoc.serving.backends import backend_choice, runtimes
-from byoc.serving.backends.loaded import LoadedModel
+from byoc.serving.backends.loaded import LoadedModel, in_background
 from byoc.serving.execution import passes
 from byoc.serving.protocol import bodies, envelopes, negotiation, task_parameters
 from byoc.serving.protocol.bodies import CONTENT_TYPES, JSON_LINES, OPENAI, RERANK, valid_unicode
@@ -98,10 +98,12 @@ def model_fn(model_dir: str) -> LoadedModel:
     folder = Path(model_dir)
     settings = current_settings()
     backend, precision = settings.backend, settings.precision
-    plan = backend_choice.choose(backend, precision, runtimes.describe(folder, gpu=nvidia_gpu()))
+    host = runtimes.describe(folder, gpu=nvidia_gpu())
+    plan = backend_choice.choose(backend, precision, host)
     logger.info("serving with %s", plan)
-    loaded = None
-    if plan.backend == "onnxruntime":
+    bridge = backend_choice.bridge(plan, host, backend) if settings.cpu_while_loading else None
+    loaded = _while_torch_loads(folder, bridge, plan, settings) if bridge else None
+    if loaded is None and plan.backend == "onnxruntime":
         try:
             loaded = runtimes.load_onnx(folder, plan, inference_threads(settings), settings.task)
         except RuntimeError as err:  # GraphError: a stale graph is never used; a CUDA EP that did not load
@@ -110,10 +112,31 @@ def model_fn(model_dir: str) -> LoadedModel:
             plan = backend_choice.fallback(plan, precision, str(err))
             logger.warning("serving with torch instead of ONNX Runtime: %s", err)
     if loaded is None:
-        loaded = runtimes.load_torch(
-            folder, plan, settings.compile, settings.allow_untrained_head, settings.task, settings.trust_remote_code
-        )
+        loaded = _load_torch(folder, plan, settings)
     loaded.max_answer_values = settings.max_answer_values
+    return loaded
+
+
+def _load_torch(folder: Path, plan: backend_choice.Plan, settings: InferenceSettings) -> LoadedModel:
+    return runtimes.load_torch(
+        folder, plan, settings.compile, settings.allow_untrained_head, settings.task, settings.trust_remote_code
+    )
+
+
+def _while_torch_loads(
+    folder: Path, bridge: backend_choice.Plan, plan: backend_choice.Plan, settings: InferenceSettings
+) -> LoadedModel | None:
+    """The model on ONNX Runtime on the CPU (`bridge`), answering while torch loads it on CUDA (`plan`) in the
+    background: torch and CUDA take seconds to import and start (15 s on an H200 host), ONNX Runtime about
+    one. The server swaps torch in between batches once it has loaded (LoadedModel.settle). None, after a
+    warning, where the graph does not load: then torch is waited for, as without a bridge."""
+    try:
+        loaded = runtimes.load_onnx(folder, bridge, inference_threads(settings), settings.task)
+    except RuntimeError as err:
+        logger.warning("nothing answers while torch loads: ONNX Runtime could not load the graph (%s)", err)
+        return None
+    loaded.upgrade = in_background(lambda: _load_torch(folder, plan, settings), "byoc-torch-load")
+    logger.info("answering on ONNX Runtime on the CPU %s", bridge.why)
     return loaded
 
 
