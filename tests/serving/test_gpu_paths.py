@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import serve_helpers
 import torch
 
 from byoc.serving.backends import cuda_provider, onnx_session, runtimes
 from byoc.serving.backends.backend_choice import Plan
-import serve_helpers
 from byoc.serving.execution import passes
 from byoc.serving.execution.model_server import ModelServer
 from byoc.serving.settings import ServeSettings
