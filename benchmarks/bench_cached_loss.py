@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness  # (benchmarks/: every results file with its provenance)
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "container"))
 MINI_BATCH = 32
@@ -128,7 +130,7 @@ def main() -> int:
         results[config] = json.loads(done.stdout.strip().splitlines()[-1])
         figures = results[config]
         # Written after each configuration: a run stopped at a time limit keeps what it measured.
-        options.json.write_text(json.dumps(results, indent=2) + "\n")
+        harness.write_results(options.json, results)
         if figures.get("out_of_memory"):
             print(f"{config:14s} does not fit", flush=True)
             continue

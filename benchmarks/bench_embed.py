@@ -16,7 +16,6 @@ Same machine, same run, 127.0.0.1 only; SICK's sentences (../shared/data/sick):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -29,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serve  # noqa: E402  (the load generator and the server start)
+import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 import shared_data  # noqa: E402
 from child_process import exit_on_sigterm  # noqa: E402
 
@@ -157,7 +157,7 @@ def main() -> int:
             proc.wait(60)
     if opts.json:
         opts.json.parent.mkdir(parents=True, exist_ok=True)
-        opts.json.write_text(json.dumps(results, indent=1) + "\n")
+        harness.write_results(opts.json, results)
     return 0
 
 

@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness  # (benchmarks/: every results file with its provenance)
 import numpy as np
 import shared_data  # benchmarks/, beside this script
 from child_process import byoc_train, exit_on_sigterm
@@ -168,8 +169,7 @@ def main() -> int:
         return 0  # the recorded results stay the defaults'
     out = REPO / "benchmarks" / "results" / "embed_train.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"written to {out}")
+    harness.write_results(out, results)
     return 0
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_embed  # noqa: E402  (the model folder with byoc's graphs, SICK's sentences)
 import bench_serve  # noqa: E402  (the load generator, byoc's start)
+import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 from child_process import dies_with_parent, exit_on_sigterm  # noqa: E402
 
 WORK = Path("/tmp/byoc-bench-embed-vs")
@@ -203,7 +204,7 @@ def main() -> int:
             )
     if opts.json:
         opts.json.parent.mkdir(parents=True, exist_ok=True)
-        opts.json.write_text(json.dumps(results, indent=1) + "\n")
+        harness.write_results(opts.json, results)
     return 0
 
 

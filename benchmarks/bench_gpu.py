@@ -70,6 +70,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 import shared_data  # noqa: E402
 from bench_gpu_serve import CPU_SERVE_BACKENDS, SERVE_BACKENDS, TARGETS, serving  # noqa: E402
 from child_process import byoc_train, dies_with_parent, exit_on_sigterm  # noqa: E402
@@ -462,7 +463,7 @@ def main() -> int:
             for result in recipes.values():
                 result.pop("model_dir", None)
         opts.json.parent.mkdir(parents=True, exist_ok=True)
-        opts.json.write_text(json.dumps(results, indent=2) + "\n")
+        harness.write_results(opts.json, results)
     failed = [f"{s}/{r}" for s, rs in results["train"].items() for r, v in rs.items() if "error" in v]
     return 1 if failed else 0
 

@@ -19,13 +19,13 @@ figures to read (these machines are noisy).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 from bench_embed import ceiling, load, rate, sick_pairs  # noqa: E402  (the dense benchmark's loading and data)
 from child_process import exit_on_sigterm  # noqa: E402
 
@@ -110,8 +110,7 @@ def main() -> int:
         f"hybrid asked for its dense vectors alone: {hybrid['byoc_dense_only']:.1f} sentences/s",
         flush=True,
     )
-    options.json.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"written to {options.json}")
+    harness.write_results(options.json, results)
     return 0
 
 

@@ -27,6 +27,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serve  # noqa: E402
+import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 import reference_stack  # noqa: E402
 from child_process import dies_with_parent, exit_on_sigterm  # noqa: E402
 
@@ -167,7 +168,7 @@ def main() -> int:
         proc.wait(timeout=60)
     if opts.json:
         opts.json.parent.mkdir(parents=True, exist_ok=True)
-        opts.json.write_text(json.dumps(results, indent=2) + "\n")
+        harness.write_results(opts.json, results)
     return 0
 
 

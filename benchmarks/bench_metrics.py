@@ -14,7 +14,6 @@ Only 127.0.0.1; every phase is bounded in time and stops by itself. Run it alone
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -27,6 +26,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_mme  # noqa: E402
 import bench_serve  # noqa: E402
+import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 import reference_stack  # noqa: E402
 import shared_data  # noqa: E402
 from child_process import exit_on_sigterm  # noqa: E402
@@ -141,7 +141,7 @@ def main() -> int:
     if "scrape" in opts.parts:
         results["scrape"] = scrape_cost(model, opts.models, opts.scrapes, texts)
     if opts.json:
-        opts.json.write_text(json.dumps(results, indent=2))
+        harness.write_results(opts.json, results)
     return 0
 
 

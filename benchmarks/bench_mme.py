@@ -18,7 +18,6 @@ classifier (hard links: the disk holds one copy, the server loads each as its ow
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -30,6 +29,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serve  # noqa: E402
+import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 import reference_stack  # noqa: E402
 import shared_data  # noqa: E402
 from child_process import exit_on_sigterm  # noqa: E402
@@ -181,7 +181,7 @@ def main() -> int:
         flush=True,
     )
     if opts.json:
-        opts.json.write_text(json.dumps(results, indent=2) + "\n")
+        harness.write_results(opts.json, results)
     return 0
 
 

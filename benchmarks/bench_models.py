@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # (the reranker layout the tests build)
+import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 from bench_embed import ceiling, load, rate, sick_pairs  # noqa: E402  (the dense benchmark's model-alone loop)
 from child_process import exit_on_sigterm  # noqa: E402
 from generative_rerankers import QWEN3_TEMPLATE, SCORE_TYPE  # noqa: E402
@@ -165,7 +166,7 @@ def main() -> int:
     results["generative_reranker"] = compared(folder, pairs, theirs, opts.seconds, "pairs/s")
     if opts.json:
         opts.json.parent.mkdir(parents=True, exist_ok=True)
-        opts.json.write_text(json.dumps(results, indent=2) + "\n")
+        harness.write_results(opts.json, results)
     return 0
 
 

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness  # (benchmarks/: every results file with its provenance)
 from bench_embed_train import BATCH, LR, sick  # benchmarks/, beside this script
 from child_process import byoc_train, exit_on_sigterm
 
@@ -257,8 +258,7 @@ def main() -> int:
             print(f"reranker/byoc       {shown(results['reranker/byoc/corpus'])}  ({seconds:.0f} s)", flush=True)
             print(f"  its retriever     {shown(results['reranker/byoc/retriever'])}", flush=True)
     options.json.parent.mkdir(exist_ok=True)
-    options.json.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"written to {options.json}")
+    harness.write_results(options.json, results)
     return 0
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 import reference_stack  # noqa: E402
 import shared_data  # noqa: E402
 from child_process import byoc_train, dies_with_parent, exit_on_sigterm  # noqa: E402
@@ -345,7 +346,7 @@ def main() -> int:
             reference_stack.stop(ref)
         print_table(results)
     if opts.json:
-        opts.json.write_text(json.dumps(results, indent=2))
+        harness.write_results(opts.json, results)
     return 0
 
 

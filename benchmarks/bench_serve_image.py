@@ -29,6 +29,8 @@ import time
 import uuid
 from pathlib import Path
 
+import harness  # (benchmarks/: every results file with its provenance)
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(REPO / "tests" / "container"))
@@ -160,7 +162,7 @@ def main() -> int:
     report(results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        harness.write_results(args.json, results)
     return 0
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serve  # noqa: E402
+import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 import reference_stack  # noqa: E402
 import shared_data  # noqa: E402
 from child_process import exit_on_sigterm  # noqa: E402
@@ -269,7 +270,7 @@ def main() -> int:
         flush=True,
     )
     if opts.json:
-        opts.json.write_text(json.dumps(results, indent=2) + "\n")
+        harness.write_results(opts.json, results)
     clean = not soak["innocent_failed"] and not soak["hostile_unexpected"] and not siege["innocent_failed"]
     return 0 if alive and clean and set(siege["long_text_statuses"]) == {"200"} else 1
 

@@ -18,7 +18,6 @@ figures to read (these machines are noisy).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 from bench_embed import ceiling, load, rate, sick_pairs  # noqa: E402  (the dense benchmark's model-alone loop)
 from child_process import exit_on_sigterm  # noqa: E402
 
@@ -111,8 +111,7 @@ def main() -> int:
         results["sparse"]["byoc"] / results["sparse"]["sentence_transformers"], 3
     )
     print(f"sparse / dense (byoc): {results['sparse_over_dense']:.2f}x", flush=True)
-    options.json.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"written to {options.json}")
+    harness.write_results(options.json, results)
     return 0
 
 

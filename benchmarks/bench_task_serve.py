@@ -18,7 +18,6 @@ pipeline (at least 2x). Run it alone: it measures throughput on these 2 cores.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import signal
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serve  # noqa: E402
+import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 import reference_stack  # noqa: E402
 from child_process import exit_on_sigterm  # noqa: E402
 
@@ -133,7 +133,7 @@ def main() -> int:
             f"{r['byoc'] / r['pipeline']:.2f}x |"
         )
     if opts.json:
-        opts.json.write_text(json.dumps(results, indent=2))
+        harness.write_results(opts.json, results)
     return 0
 
 

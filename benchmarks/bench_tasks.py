@@ -42,6 +42,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import harness  # (benchmarks/: every results file with its provenance)
 import shared_data  # benchmarks/, beside this script
 from bench_serve import free_port
 from child_process import byoc_train, dies_with_parent, exit_on_sigterm
@@ -417,7 +418,7 @@ def main() -> int:
                 runs[recipe] = json.loads(line[0][7:])
                 print(f"epochs {epochs} {task:12s} {recipe:9s} {summary(task, runs[recipe])}", flush=True)
             if opts.json:  # after every task: a long run keeps what it measured
-                opts.json.write_text(json.dumps({"seed": opts.seed, "results": results}, indent=2) + "\n")
+                harness.write_results(opts.json, {"seed": opts.seed, "results": results})
     print("\n| epochs | task | data | metric | job's own test score | served | plain Trainer | served - plain |")
     print("|---|---|---|---|---|---|---|---|")
     for epochs, tasks in results.items():

@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+import harness  # (benchmarks/: every results file with its provenance)
 import shared_data  # benchmarks/, beside this script
 from child_process import dies_with_parent, exit_on_sigterm
 
@@ -252,7 +253,7 @@ def main() -> int:
             f"| {recipe} | {s['tokens_per_sample']:.1f} | {s['samples_per_second']:.1f} | {s['gflops']:.0f} | {ratio} |"
         )
     if opts.json:
-        opts.json.write_text(json.dumps({"summary": summary, "runs": results}, indent=2))
+        harness.write_results(opts.json, {"summary": summary, "runs": results})
     return 0
 
 

@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+import harness  # (benchmarks/: every results file with its provenance)
 import shared_data  # benchmarks/, beside this script
 from child_process import byoc_train, exit_on_sigterm
 
@@ -136,7 +137,7 @@ def main() -> int:
     results["speedup"] = ratio
     print(f"byoc / tutorial steady training samples/s on XLA CPU: {ratio:.2f}x")
     if opts.json:
-        opts.json.write_text(json.dumps(results, indent=2))
+        harness.write_results(opts.json, results)
     return 0
 
 

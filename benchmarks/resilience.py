@@ -29,6 +29,7 @@ import threading
 import time
 from pathlib import Path
 
+import harness  # (benchmarks/: every results file with its provenance)
 import shared_data  # benchmarks/, beside this script
 from child_process import dies_with_parent, exit_on_sigterm
 
@@ -171,7 +172,7 @@ def main() -> None:
         "steps": len(theirs),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    harness.write_results(Path(args.out), result)
     print("\n| # | signal | at | last step logged | resumed from | steps lost | SIGTERM to exit |")
     print("|---|---|---|---|---|---|---|")
     for e in events:

@@ -37,7 +37,9 @@ def test_the_gpu_benchmark_runs_every_kind_of_recipe(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert not list(tmp_path.glob("byoc-bench-gpu-*"))  # its work folder goes with it
-    results = json.loads(out.read_text())
+    written = json.loads(out.read_text())
+    assert written["provenance"]["machine"]["cores"] >= 1  # (benchmarks/harness.py)
+    results = written["results"]
     train = results["train"]["tiny"]
     assert set(train) == {"byoc:bf16", "byoc-packed:auto", "plain:fp32", "ceiling:eager-bf16"}
     assert train["byoc-packed:auto"]["packed_forwards"] > 0 and train["byoc:bf16"]["packed_forwards"] == 0

@@ -1,0 +1,65 @@
+"""The benchmarks' harness (benchmarks/harness.py): every results file carries the provenance of its figures
+(commit, date, machine, library versions) and no path of the machine; scenarios alternate round by round."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import harness  # noqa: E402
+
+
+def test_a_results_file_names_its_commit_date_machine_and_versions(tmp_path):
+    out = harness.write_results(
+        tmp_path / "r.json", {"rate": 12.5}, argv=["benchmarks/bench_x.py", f"--json={tmp_path}/r.json", "--n", "3"]
+    )
+    written = json.loads(out.read_text())
+    assert written["results"] == {"rate": 12.5}
+    stamp = written["provenance"]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert stamp["commit"] and head.startswith(stamp["commit"]) and isinstance(stamp["work_tree_changed"], bool)
+    assert stamp["date"].startswith("20") and stamp["date"].endswith("+00:00")
+    assert stamp["machine"]["cores"] >= 1 and stamp["machine"]["cpu"] and isinstance(stamp["machine"]["gpus"], list)
+    assert {"python", "torch", "transformers", "onnxruntime"} <= set(stamp["versions"])
+    assert stamp["command"] == "benchmarks/bench_x.py --json=r.json --n 3"  # (no path of this machine)
+
+
+def test_a_machine_path_in_the_results_is_written_as_its_last_part_and_reported(tmp_path, capsys):
+    results = {"runs": [{"model_dir": "/tmp/byoc-bench/model", "note": "see /work/x/docs/a.md"}], "url": "http://h/x"}
+    written = json.loads(harness.write_results(tmp_path / "r.json", results).read_text())
+    assert written["results"] == {"runs": [{"model_dir": "model", "note": "see a.md"}], "url": "http://h/x"}
+    said = capsys.readouterr().out
+    assert 'results["runs"][0]["model_dir"]' in said and 'results["runs"][0]["note"]' in said
+    assert "/tmp" not in (tmp_path / "r.json").read_text().split('"results"')[1]
+
+
+def test_scenarios_alternate_in_an_order_that_rotates_each_round():
+    calls = []
+    runs = harness.alternate({name: (lambda name=name: calls.append(name) or len(calls)) for name in "abc"}, 3)
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert runs == {"a": [1, 6, 8], "b": [2, 4, 9], "c": [3, 5, 7]}
+    assert harness.medians({"a": [{"x": 1, "y": "s"}, {"x": 5, "y": "t"}, {"x": 3}]}) == {"a": {"x": 3}}
+
+
+def test_every_benchmark_writes_its_results_through_the_harness():
+    """A script that writes a results file (--json, or benchmarks/results/) stamps it: never a JSON dump of its own."""
+    writers, own_dumps = [], []
+    for path in sorted((REPO / "benchmarks").glob("*.py")):
+        if path.name == "harness.py":
+            continue
+        source = path.read_text()
+        if '"--json"' in source or '"results"' in source and "benchmarks/results" in source:
+            writers.append(path.name)
+            assert "harness.write_results(" in source, path.name
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "write_text" and node.args:
+                text = ast.unparse(node)
+                if "json.dumps(results" in text or "json.dumps(result," in text:
+                    own_dumps.append(f"{path.name}:{node.lineno}")
+    assert len(writers) >= 20 and own_dumps == []
