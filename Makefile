@@ -16,7 +16,7 @@ XLA_VENV := .venv-xla
 XLA_PY := $(XLA_VENV)/bin/python
 XLA_STAMP := $(XLA_VENV)/.installed
 
-.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-embed-vs bench-embed-train bench-retrieval bench-sparse bench-multi-vector bench-hybrid bench-cached-loss bench-long-text bench-long-context bench-models bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
+.PHONY: demo test test-fast test-cpu test-xla test-gpu lint venv venv-xla venv-mlflow bench-train bench-tasks bench-task-serve bench-serve bench-embed bench-embed-vs bench-embed-train bench-retrieval bench-sparse bench-multi-vector bench-hybrid bench-encoders bench-cached-loss bench-long-text bench-long-context bench-models bench-precision bench-xla bench-gpu bench-soak bench-serve-image bench-mme bench-metrics clean
 
 venv: $(STAMP)
 
@@ -148,15 +148,19 @@ bench-retrieval: venv
 
 # A sparse (SPLADE) model served against a dense one on the same encoder, and against sentence-transformers.
 bench-sparse: venv
-	$(PY) benchmarks/bench_sparse.py --json benchmarks/results/sparse.json
+	$(PY) benchmarks/bench_encoders.py --families sparse --json benchmarks/results/sparse.json
 
 # A multi-vector (ColBERT) model served against a dense one on the same encoder, and against sentence-transformers.
 bench-multi-vector: venv
-	$(PY) benchmarks/bench_multi_vector.py --queries --json benchmarks/results/multi-vector.json
+	$(PY) benchmarks/bench_encoders.py --families multi-vector --queries --json benchmarks/results/multi-vector.json
 
 # A hybrid (bge-m3-format) model's three outputs against the dense model on the same encoder and FlagEmbedding.
 bench-hybrid: venv
-	$(PY) benchmarks/bench_hybrid.py --json benchmarks/results/hybrid.json
+	$(PY) benchmarks/bench_encoders.py --families hybrid --json benchmarks/results/hybrid.json
+
+# The three retrieval families in one run against dense, alternated over two rounds (docs/benchmarks.md).
+bench-encoders: venv
+	$(PY) benchmarks/bench_encoders.py --queries --rounds 2 --json benchmarks/results/encoders.json
 
 # Cached in-batch negatives (mini_batch_size) against the plain loss: samples/s and peak memory a batch size.
 bench-cached-loss: venv
