@@ -137,6 +137,26 @@ def test_architecture_doc_shows_the_current_graph():
     assert import_graph.render(import_graph.graph()) in doc
 
 
+def test_the_request_and_the_jobs_way_name_modules_that_exist_in_the_order_they_run():
+    """docs/architecture.md tells one request's way and one job's way, each module named where it acts: a module
+    renamed or moved must be renamed there too, and the job's steps are told in the order byoc.training.job runs them."""
+    import re
+
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    modules = set(import_graph.graph())
+    for title in ("## A request's way", "## A job's way"):
+        section = doc.split(title, 1)[1].split("\n## ", 1)[0]
+        named = {m.rstrip(".") for m in re.findall(r"`(byoc(?:\.[a-z_]+)*)", section)}
+        known = {m for m in named if m in modules or any(k.startswith(m + ".") for k in modules)}
+        missing = {m for m in named - known if m.rsplit(".", 1)[0] not in modules}  # (a module's function or class)
+        assert len(named) >= 15 and missing == set(), (title, missing)
+    job = doc.split("## A job's way", 1)[1].split("\n## ", 1)[0]
+    told = [
+        s for s in ("prepare", "load_model", "make_trainer", "train_and_evaluate", "finish", "teardown") if s in job
+    ]
+    assert sorted(told, key=job.index) == _job_steps((REPO / "container/byoc/training/job.py").read_text(), "main")[1:]
+
+
 def _job_steps(source: str, function: str) -> list[str]:
     """The byoc.training.job steps `function` calls, in order (`job.prepare(...)` and `prepare(...)` alike)."""
     import ast

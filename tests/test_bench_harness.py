@@ -31,12 +31,15 @@ def test_a_results_file_names_its_commit_date_machine_and_versions(tmp_path):
 
 
 def test_a_machine_path_in_the_results_is_written_as_its_last_part_and_reported(tmp_path, capsys):
-    results = {"runs": [{"model_dir": "/tmp/byoc-bench/model", "note": "see /work/x/docs/a.md"}], "url": "http://h/x"}
+    results = {
+        "runs": [{"model_dir": str(tmp_path / "model"), "note": f"see {tmp_path}/docs/a.md"}],
+        "url": "http://h/x",
+    }
     written = json.loads(harness.write_results(tmp_path / "r.json", results).read_text())
     assert written["results"] == {"runs": [{"model_dir": "model", "note": "see a.md"}], "url": "http://h/x"}
     said = capsys.readouterr().out
     assert 'results["runs"][0]["model_dir"]' in said and 'results["runs"][0]["note"]' in said
-    assert "/tmp" not in (tmp_path / "r.json").read_text().split('"results"')[1]
+    assert str(tmp_path) not in (tmp_path / "r.json").read_text().split('"results"')[1]
 
 
 def test_scenarios_alternate_in_an_order_that_rotates_each_round():
