@@ -196,5 +196,5 @@ def medians(runs: Mapping[str, list[Mapping[str, float]]]) -> dict[str, dict[str
     out = {}
     for name, rounds in runs.items():
         keys = [k for k in rounds[0] if all(isinstance(r.get(k), (int, float)) for r in rounds)]
-        out[name] = {k: statistics.median(r[k] for r in rounds) for k in keys}
+        out[name] = {k: round(statistics.median(r[k] for r in rounds), 3) for k in keys}
     return out
