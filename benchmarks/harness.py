@@ -51,10 +51,12 @@ _MACHINE_PATHS = re.compile(r"(?<![\w.])(/(?:home|root|tmp|work|Users|var/folder
 
 
 def provenance(argv: list[str] | None = None) -> dict[str, Any]:
-    """Where these figures come from: commit, date, machine, library versions and the command that ran."""
+    """Where these figures come from: the commit and the date when the benchmark started (this module's import:
+    the code it loaded; a tree changed later does not change what ran), the machine, library versions and the
+    command that ran."""
     return {
-        **_commit(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **_STARTED,
+        "written": _now(),
         "machine": machine(),
         "versions": {"python": platform.python_version(), **versions()},
         "command": command(sys.argv if argv is None else argv),
@@ -71,6 +73,10 @@ def _commit() -> dict[str, Any]:
 
     changed = git("status", "--porcelain", "--untracked-files=no")
     return {"commit": git("rev-parse", "--short=12", "HEAD"), "work_tree_changed": bool(changed)}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def machine() -> dict[str, Any]:
@@ -198,3 +204,6 @@ def medians(runs: Mapping[str, list[Mapping[str, float]]]) -> dict[str, dict[str
         keys = [k for k in rounds[0] if all(isinstance(r.get(k), (int, float)) for r in rounds)]
         out[name] = {k: round(statistics.median(r[k] for r in rounds), 3) for k in keys}
     return out
+
+
+_STARTED = {**_commit(), "date": _now()}  # (read as the benchmark starts: see provenance)
