@@ -139,7 +139,7 @@ def test_architecture_doc_shows_the_current_graph():
 
 def test_the_request_and_the_jobs_way_name_modules_that_exist_in_the_order_they_run():
     """docs/architecture.md tells one request's way and one job's way, each module named where it acts: a module
-    renamed or moved must be renamed there too, and the job's steps are told in the order byoc.training.job runs them."""
+    renamed or moved is renamed there too, and the job's steps are told in the order byoc.training.job runs them."""
     import re
 
     doc = (REPO / "docs" / "architecture.md").read_text()

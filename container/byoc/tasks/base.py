@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from byoc import model_folder
+from byoc.tasks.kinds import Kind
 
 TRANSFORMERS_PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 IGNORE_LABEL = -100  # what the classification loss ignores; marks filler rows and untagged sub-tokens
@@ -66,10 +67,13 @@ class Task:
     # "dense", "sparse", "maxsim": which of sentence-transformers' retrieval evaluators ranks a corpus with it (a
     # BEIR set in the test channel: byoc.training.corpus_evaluation); None: it retrieves nothing
     ranks_corpus: str | None = None
-    # The Text Embeddings Inference routes it answers (byoc.serving.protocol.clients: /embed, /embed_sparse,
-    # /embed_all, /predict; /rerank is any task's that reranks: `check_rerank`), each with the parameters the
-    # route adds to its request (a hybrid model's "output").
-    tei_routes: Mapping[str, Mapping[str, Any]] = {"predict": {}}
+    # The kinds of answer it gives (byoc.tasks.kinds: what the wire writes and the client routes answer, by kind),
+    # each with the request parameters that ask for it (a hybrid model's "output"); the first is its default.
+    kinds: Mapping[Kind, Mapping[str, Any]] = {Kind.LABELS: {}}
+
+    def kind_of(self, parameters: Mapping[str, Any]) -> Kind:
+        """The kind of each input's answer to a request with these (checked) `parameters`."""
+        return next(iter(self.kinds))
 
     def training_defaults(self, num_labels: int) -> Mapping[str, Any]:
         """Hyperparameters whose default differs for this task on data of `num_labels` labels (measured:

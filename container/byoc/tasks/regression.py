@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from byoc.tasks.base import Task, activated, check_pairs, kept_rows, trained_on_pairs
+from byoc.tasks.kinds import Kind
 
 NAME = "regression"
 
@@ -19,6 +20,7 @@ class Regression(Task):
     described = "a regression model"
     masks_rows = True
     metrics: tuple[str, ...] = ("pearson", "spearmanr", "mse", "mae")
+    kinds: Mapping[Kind, Mapping[str, Any]] = {Kind.NUMBER: {}}
 
     def head(self, num_labels: int) -> str:
         return "one output (regression)"

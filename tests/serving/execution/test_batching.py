@@ -96,6 +96,32 @@ def test_a_wrong_answer_or_a_base_exception_fails_its_request_and_the_batcher_li
         assert "SystemExit" in str(bad)
 
 
+def test_answers_that_say_their_kind_keep_it_request_by_request():
+    """A merged batch's answers are split back into requests: each keeps the kind the predict_fn gave them, so
+    output_fn writes them by kind (byoc.serving.protocol.outputs), not by guessing from their contents."""
+    from byoc.serving.protocol.outputs import Answers
+    from byoc.tasks.kinds import Kind
+
+    def entities(inputs, parameters, shape=None):
+        return Answers([[] for _ in inputs], Kind.ENTITIES)  # (no entity in any of them)
+
+    async def main(batcher):
+        return await asyncio.gather(outcome(batcher, ["a", "b"]), outcome(batcher, ["c"]))
+
+    async def wrapper():
+        with ThreadPoolExecutor(1) as executor:
+            batcher = Batcher(entities, executor, max_batch=8, max_delay=0.01)
+            batcher.start()
+            try:
+                return await asyncio.wait_for(main(batcher), WAIT)
+            finally:
+                await batcher.stop()
+
+    first, second = asyncio.run(wrapper())
+    assert (first, second) == ([[], []], [[]])
+    assert first.kind == second.kind == Kind.ENTITIES
+
+
 def test_a_big_request_cannot_hold_small_ones_behind_it():
     """Chunks of different requests take turns: a small request waits for one chunk of the big one,
     not for all 100 of them."""

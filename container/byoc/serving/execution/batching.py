@@ -39,6 +39,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from byoc.serving.protocol import outputs
+
 logger = logging.getLogger(__name__)
 
 
@@ -309,7 +311,10 @@ class Batcher:
                     request.future.set_exception(err)
             return
         offset = 0
+        kind = outputs.kind_of(results)  # (a predict_fn's answers that say their kind keep it, request by request)
         for request, start, end in items:
+            if kind is not None and not isinstance(request.results, outputs.Answers):
+                request.results = outputs.Answers(request.results, kind)
             request.results[start:end] = results[offset : offset + end - start]
             offset += end - start
             request.pending -= 1

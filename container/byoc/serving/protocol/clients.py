@@ -10,9 +10,10 @@ them over the same path: slots, timeouts, batching, errors):
 - Cohere's rerank (`/v1/rerank`, which Jina's clients call too, and `/v2/rerank`): `{"query", "documents",
   "top_n"}`, answered as `{"id", "results": [{"index", "relevance_score"(, "document")}], "meta"}`.
 
-Which routes a model answers is its task's (`Task.tei_routes`; any task that reranks answers a rerank): a route
-the model does not answer is a 400 naming those it does, never another task's answer. A model loaded by its
-own code (no byoc task) takes every route, its code deciding what to answer.
+Which routes a model answers follows from the kinds of answer its task gives (`Task.kinds`) and the kinds each
+route answers (byoc.tasks.kinds.ROUTE_KINDS; any task that reranks answers a rerank): a route the model does not
+answer is a 400 naming those it does, never another kind of answer. A model loaded by its own code (no byoc
+task) takes every route, its code deciding what to answer.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 from byoc import tasks
 from byoc.serving.protocol.bodies import valid_unicode
 from byoc.serving.protocol.request_errors import InputError
+from byoc.tasks.kinds import ROUTE_KINDS, Kind
 
 RERANK = "rerank"
 # Each TEI route's fields beside "inputs" (its request's parameters); TEI's "truncate" needs nothing (byoc
@@ -79,21 +81,20 @@ def tei(route: str, payload: Any, model: Any) -> Rewrite:
 
 
 def _route_parameters(task: tasks.Task | None, route: str, model: Any, asked: str | None = None) -> Mapping[str, Any]:
-    """The parameters TEI's `route` adds for `task`; InputError, naming the route the client called (`asked`,
-    by default `/<route>`) and those the model answers, where it answers none of that kind."""
+    """The parameters that ask `task` for the kind `route` answers (ROUTE_KINDS, in order); InputError, naming the
+    route the client called (`asked`, by default `/<route>`) and those the model answers, where it gives none."""
     if task is None:
         return {}
-    if route not in task.tei_routes:
+    kind = next((kind for kind in ROUTE_KINDS[route] if kind in task.kinds), None)
+    if kind is None:
         raise InputError(f"{asked or '/' + route} is not answered by {task.described}: {_routes_of(task, model)}")
-    return task.tei_routes[route]
+    return task.kinds[kind]
 
 
 def _routes_of(task: tasks.Task, model: Any) -> str:
-    """The client routes the loaded model answers, for a message: TEI's of its kind, OpenAI's where it embeds,
-    and the rerank routes where it reranks (a cross-encoder, a multi-vector model's MaxSim...)."""
-    answered = [f"/{name}" for name in task.tei_routes]
-    if "embed" in task.tei_routes:
-        answered.append("/v1/embeddings")
+    """The client routes the loaded model answers, for a message: those of the kinds it gives, and the rerank
+    routes where it reranks (a cross-encoder, a multi-vector model's MaxSim...)."""
+    answered = [f"/{route}" for route, kinds in ROUTE_KINDS.items() if set(kinds) & set(task.kinds)]
     if _reranks(task, model):
         answered += ["/rerank", "/v1/rerank", "/v2/rerank"]
     return f"its routes are {', '.join(answered)} (and /invocations)" if answered else "it answers /invocations"
@@ -143,7 +144,7 @@ def openai_embeddings(payload: Any, model: Any) -> Rewrite:
     _known(payload, OPENAI_FIELDS, "/v1/embeddings")
     if "input" not in payload:
         raise InputError('/v1/embeddings takes {"input": "a text"} or a list of texts; the body has no "input"')
-    _route_parameters(task_of(model), "embed", model, "/v1/embeddings")
+    _route_parameters(task_of(model), "v1/embeddings", model)
     if model is None:  # (still loading: the request meets the model server's 503 as it is)
         return Rewrite(payload)
     return Rewrite({**payload, "input": _texts_of_tokens(payload["input"], model)})
@@ -241,9 +242,10 @@ def info(model: Any, model_id: str, settings: Any) -> dict[str, Any]:
     task = task_of(model)
     labels = {str(index): label for index, label in sorted((model.get("id2label") or {}).items())} if task else {}
     kind = "custom" if task is None else task.name
-    if task is not None and "embed" in task.tei_routes:
+    gives = set(task.kinds) if task is not None else set()
+    if Kind.VECTOR in gives:
         model_type: dict[str, Any] = {"embedding": {"pooling": str(model.get("pooling") or "mean")}}
-    elif task is not None and task.tei_routes.keys() & {"embed_sparse", "embed_all"}:
+    elif gives & {Kind.SPARSE_TERMS, Kind.TOKEN_VECTORS}:
         model_type = {"embedding": {"pooling": kind}}
     else:
         kind = "reranker" if task is not None and _reranks(task, model) else "classifier" if task else kind

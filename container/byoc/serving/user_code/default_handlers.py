@@ -20,8 +20,6 @@ pipeline's: byoc.tasks.token_classification.head). A parameter the model's task 
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 import math
@@ -38,7 +36,7 @@ from byoc.serving import resources
 from byoc.serving.backends import backend_choice, runtimes
 from byoc.serving.backends.loaded import LoadedModel, in_background
 from byoc.serving.execution import passes
-from byoc.serving.protocol import bodies, envelopes, negotiation, task_parameters
+from byoc.serving.protocol import bodies, envelopes, negotiation, outputs, task_parameters
 from byoc.serving.protocol.bodies import CONTENT_TYPES, JSON_LINES, OPENAI, RERANK, valid_unicode
 from byoc.serving.protocol.request_errors import (  # noqa: F401  (NON_FINITE: re-exported, as before)
     NON_FINITE,
@@ -48,6 +46,7 @@ from byoc.serving.protocol.request_errors import (  # noqa: F401  (NON_FINITE: r
     UnsupportedMediaType,
 )
 from byoc.serving.settings import InferenceSettings
+from byoc.tasks.kinds import Kind
 
 ACCEPT_TYPES = ("application/json", "text/csv", *JSON_LINES)
 
@@ -242,7 +241,7 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
             answers = windowed.answers(passes.run(windowed.feeds, model, task.scores))
             if shape == OPENAI:  # (a hybrid model's dense vectors: each text its own feed, prompt none)
                 return [envelopes.Embedded(vector, len(f["input_ids"])) for vector, f in zip(answers, windowed.feeds)]
-            return answers
+            return outputs.Answers(answers, task.kind_of(parameters))
         inputs = task.prepare(inputs, parameters, model)
     except tasks.BadParameter as err:
         raise task_parameters.refused(err) from None
@@ -263,13 +262,13 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     try:
         if shape == RERANK:  # each pair's relevance: the request's list is built once its answers are back
             raw = bool(parameters.get("raw_scores"))
-            return [task.relevance(row, raw, model) for row in scores]
+            return outputs.Answers([task.relevance(row, raw, model) for row in scores], Kind.RELEVANCE)
         answers = task.answer(scores, model["id2label"], parameters, model)
     except tasks.BadParameter as err:
         raise task_parameters.refused(err) from None
     if shape == OPENAI:  # OpenAI's usage: the tokens each text ran, counted where they were made
         return [envelopes.Embedded(vector, len(e["input_ids"])) for vector, e in zip(answers, encoded)]
-    return answers
+    return outputs.Answers(answers, task.kind_of(parameters))  # (output_fn writes them by their kind)
 
 
 # The server may merge concurrent requests into one call: this predict_fn takes
@@ -328,41 +327,6 @@ def output_fn(prediction: list[Any], accept: str = "application/json") -> tuple[
     if kind == "text/csv":
         if isinstance(prediction, dict):
             raise NotAcceptable("this answer (OpenAI's embeddings object) is one JSON object: ask for application/json")
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        for p in prediction:
-            if _is_vector(p):
-                if not all(math.isfinite(v) for v in p):
-                    raise InvalidAnswer(NON_FINITE)
-                writer.writerow([f"{v:.9g}" for v in p])
-                continue
-            entries = p if isinstance(p, list) else [p]
-            if any("start" in e for e in entries):
-                raise NotAcceptable(
-                    "a token classifier's answer (entities with their offsets, several per input) does not fit a CSV "
-                    "row: ask for application/json or application/jsonlines"
-                )
-            if any(not isinstance(e, dict) or "score" not in e for e in entries):
-                raise NotAcceptable(
-                    "this answer (a sparse embedding's terms, or entries without a score) does not fit a CSV row: "
-                    "ask for application/json or application/jsonlines"
-                )
-            if any(not math.isfinite(e["score"]) for e in entries):
-                raise InvalidAnswer(NON_FINITE)
-            row = [
-                field
-                for e in entries
-                for field in (*(str(e[k]) for k in ("label", "index") if k in e), f"{e['score']:.6f}")
-            ]
-            writer.writerow(row or [""])  # one line per input, also for an input with no label
-        return out.getvalue(), "text/csv"
+        return outputs.csv_text(prediction), "text/csv"  # (written by the answers' kind)
     shown = accept if len(accept) <= 100 else accept[:100] + "..."
     raise NotAcceptable(f"unsupported accept type {shown!r}: ask for one of {', '.join(ACCEPT_TYPES)}")
-
-
-def _is_vector(answer: Any) -> bool:
-    return (
-        isinstance(answer, list)
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in answer)
-        and bool(answer)
-    )

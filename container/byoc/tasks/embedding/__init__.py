@@ -25,6 +25,7 @@ from byoc import sentence_folder
 from byoc.tasks.base import BadParameter, Task, kept_rows
 from byoc.tasks.embedding.collator import TEXT_GROUPS, GroupCollator
 from byoc.tasks.embedding.ranking import rank_metrics, retrieval_metrics  # noqa: F401  (rank_metrics: the families')
+from byoc.tasks.kinds import Kind
 from byoc.tasks.regression import regression_metrics
 
 NAME = "embedding"
@@ -34,7 +35,7 @@ ROWS_DEFAULTS = {"learning_rate": 5e-5, "dropout": None}  # (anchor, positive) r
 
 class Embedding(Task):
     name = NAME
-    tei_routes: Mapping[str, Mapping[str, Any]] = {"embed": {}}
+    kinds: Mapping[Kind, Mapping[str, Any]] = {Kind.VECTOR: {}}
     aliases = ("embeddings", "sentence_embedding", "sentence_embeddings", "feature_extraction")
     described = "an embedding model"
     parameters: tuple[str, ...] = ("normalize", "dimensions", "prompt_name", "output")

@@ -26,6 +26,7 @@ import numpy as np
 from byoc import sentence_folder
 from byoc.tasks.base import BadParameter, Task
 from byoc.tasks.hybrid.head import OFFSET, HybridRequest, outputs_of, weights_of
+from byoc.tasks.kinds import Kind
 from byoc.tasks.multi_vector.head import TokenEncoder
 
 NAME = "hybrid"
@@ -36,10 +37,10 @@ UNUSED_TOKENS = ("cls_token", "eos_token", "pad_token", "unk_token")
 
 class Hybrid(Task):
     name = NAME
-    tei_routes: Mapping[str, Mapping[str, Any]] = {
-        "embed": {"output": "dense"},
-        "embed_sparse": {"output": "sparse"},
-        "embed_all": {"output": "colbert"},
+    kinds: Mapping[Kind, Mapping[str, Any]] = {
+        Kind.VECTOR: {"output": "dense"},
+        Kind.SPARSE_TERMS: {"output": "sparse"},
+        Kind.TOKEN_VECTORS: {"output": "colbert"},
     }
     aliases = ("bge_m3", "m3", "hybrid_embedding")
     described = "a hybrid (dense, sparse and multi-vector) model"
@@ -105,6 +106,13 @@ class Hybrid(Task):
         weights_of(parameters.get("weights"))
         if parameters.get("return_tokens") is not None and not isinstance(parameters["return_tokens"], bool):
             raise BadParameter('"return_tokens" must be true or false')
+
+    def kind_of(self, parameters: Mapping[str, Any]) -> Kind:
+        """One output's kind, or several outputs by name where "output" is a list."""
+        names, listed = outputs_of(parameters.get("output"))
+        if listed:
+            return Kind.OUTPUTS
+        return next(kind for kind, asked in self.kinds.items() if asked["output"] == names[0])
 
     def check_rerank(self, model: Mapping) -> None:
         """A rerank body is scored as compute_score scores: nothing to refuse."""

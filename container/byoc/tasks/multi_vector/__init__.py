@@ -28,6 +28,7 @@ from byoc import model_folder, sentence_folder
 from byoc.tasks.base import BadParameter, Task
 from byoc.tasks.embedding import NAME as EMBEDDING
 from byoc.tasks.embedding import Embedding, dense_stack
+from byoc.tasks.kinds import Kind
 from byoc.tasks.multi_vector import rows
 from byoc.tasks.multi_vector.folder import MODEL_TYPE, projection, settings, transformer_config
 from byoc.tasks.multi_vector.head import SIDES, LateInteraction, TokenEncoder
@@ -41,7 +42,7 @@ class MultiVector(Embedding):
     and its documents; served as MultiVectorEncoder encodes."""
 
     name = NAME
-    tei_routes: Mapping[str, Mapping[str, Any]] = {"embed_all": {}}  # (TEI's token vectors route)
+    kinds: Mapping[Kind, Mapping[str, Any]] = {Kind.TOKEN_VECTORS: {}}
     aliases = ("colbert", "multi_vector_embedding", "multivector", "late_interaction")
     described = "a multi-vector (ColBERT) model"
     parameters = ("prompt_name", "output")

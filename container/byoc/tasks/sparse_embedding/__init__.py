@@ -20,6 +20,7 @@ import numpy as np
 from byoc import model_folder, sentence_folder
 from byoc.tasks.base import BadParameter, Task, kept_rows
 from byoc.tasks.embedding import Embedding
+from byoc.tasks.kinds import Kind
 from byoc.tasks.sparse_embedding.folder import QUERY, query_table, splade_settings
 
 NAME = "sparse_embedding"
@@ -30,7 +31,7 @@ class SparseEmbedding(Embedding):
     """Trained as the embedding model is (its rows, batches and metrics); served as TEI serves SPLADE."""
 
     name = NAME
-    tei_routes: Mapping[str, Mapping[str, Any]] = {"embed_sparse": {}}
+    kinds: Mapping[Kind, Mapping[str, Any]] = {Kind.SPARSE_TERMS: {}}
     aliases = ("sparse", "splade", "sparse_embeddings", "sparse_encoder")
     described = "a sparse embedding model"
     parameters = ("return_tokens", "prompt_name", "output")

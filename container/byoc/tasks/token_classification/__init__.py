@@ -13,6 +13,7 @@ import numpy as np
 
 from byoc import model_folder
 from byoc.tasks.base import IGNORE_LABEL, Task
+from byoc.tasks.kinds import Kind
 from byoc.tasks.token_classification import head
 from byoc.tasks.token_classification.head import DEFAULT_STRATEGY, default_strategy  # noqa: F401
 
@@ -21,7 +22,7 @@ NAME = "token_classification"
 
 class TokenClassification(Task):
     name = NAME
-    tei_routes: Mapping[str, Mapping[str, Any]] = {}  # (TEI's /predict answers labels; entities: /invocations)
+    kinds: Mapping[Kind, Mapping[str, Any]] = {Kind.ENTITIES: {}}  # (no client route answers entities)
     aliases = ("token", "ner")
     described = "a token classifier"
     parameters = ("aggregation_strategy",)
