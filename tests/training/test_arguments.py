@@ -174,19 +174,17 @@ def test_defaults_are_valid():
 
 def test_every_number_has_a_range_and_its_ends_are_accepted():
     """A new numeric hyperparameter needs a bound too: out-of-range values fail when read, not in the job."""
-    import dataclasses
-    import typing
-
     from byoc.sdk_values import base_type
+    from byoc.training.hyperparameters import hyperparameters
 
-    hints = typing.get_type_hints(TrainArguments)
-    for f in dataclasses.fields(TrainArguments):
-        kind = base_type(hints[f.name])[0]
-        bound = f.metadata["bound"]
-        assert (bound is not None) == (kind in (int, float)), f.name
+    for h in hyperparameters():  # (byoc's own and every task's recipe settings)
+        kind = base_type(h.hint)[0]
+        bound = h.bound
+        assert (bound is not None) == (kind in (int, float)), h.name
         for end, is_open in ((bound.low, bound.low_open), (bound.high, bound.high_open)) if bound else ():
-            if end is not None and not is_open and f.name != "epochs":
-                assert getattr(parse_hyperparameters({f.name: str(end)}), f.name) == end, f.name
+            if end is not None and not is_open and h.name != "epochs":
+                args = parse_hyperparameters({h.name: str(end)})
+                assert (args.recipe[h.name] if h.recipe else getattr(args, h.name)) == end, h.name
     assert parse_hyperparameters({"seed": str(2**32 - 1)}).seed == 2**32 - 1
     assert parse_hyperparameters({"epochs": "0", "max_steps": "10"}).epochs == 0
 

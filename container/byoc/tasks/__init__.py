@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from byoc.tasks.regression import NAME as REGRESSION
 from byoc.tasks.regression import Regression
 from byoc.tasks.reranker import NAME as RERANKER
 from byoc.tasks.reranker import Reranker
+from byoc.tasks.settings import RecipeSetting
 from byoc.tasks.single_label import NAME as SINGLE_LABEL
 from byoc.tasks.single_label import SingleLabel
 from byoc.tasks.sparse_embedding import NAME as SPARSE_EMBEDDING
@@ -120,6 +122,9 @@ __all__ = [
     "cross_encoder_activation",
     "get",
     "name_of",
+    "recipe_eager",
+    "recipe_settings",
+    "RecipeSetting",
     "trained_name",
     "of_config",
     "of_folder",
@@ -132,6 +137,18 @@ CROSS_ENCODER = "CrossEncoder"  # its model_type for a cross-encoder: a pair cla
 # What CrossEncoder.predict may apply to a cross-encoder's logits (its `activation_fn`), by the class's name:
 # served as the model dict's `activation` (byoc.serving.backends.runtimes; byoc.tasks.base.activated).
 ACTIVATIONS = ("Sigmoid", "Identity", "Tanh", "Softmax")
+
+
+def recipe_settings() -> dict[str, RecipeSetting]:
+    """Every task's training recipe settings by name, in the registry's order (one a name: a setting two tasks
+    take, lora_r, is declared once)."""
+    return {setting.name: setting for task in TASKS.values() for setting in task.recipe_settings}
+
+
+def recipe_eager(given: Mapping[str, Any]) -> str | None:
+    """Why a step is not compiled with these recipe settings given (`given`: name -> value), or None."""
+    settings = recipe_settings()
+    return next((settings[name].eager for name, value in given.items() if value and settings[name].eager), None)
 
 
 def get(name: str) -> Task:

@@ -20,6 +20,7 @@ import numpy as np
 
 from byoc import model_folder
 from byoc.tasks.kinds import Kind
+from byoc.tasks.settings import RecipeSetting
 
 TRANSFORMERS_PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 IGNORE_LABEL = -100  # what the classification loss ignores; marks filler rows and untagged sub-tokens
@@ -61,7 +62,7 @@ class Task:
     mines_negatives = False  # its model mines hard negatives (`mine_negatives`); else that refuses, saying why
     evaluates_negatives = False  # an eval split's negative column is kept where train has none (a reranker)
     several_negatives = False  # its rows may hold several negatives (num_negatives): a reranker's become pairs
-    recipe_settings: tuple[str, ...] = ()  # hyperparameters of its own training recipe (`apply_recipe`)
+    recipe_settings: tuple[RecipeSetting, ...] = ()  # its own training recipe's hyperparameters (`apply_recipe`)
     loss_runs_model = False  # its loss embeds the batch's columns itself: the step is never compiled (precision)
     any_columns = False  # its training model takes token columns of any name (**columns): the Trainer keeps them all
     # "dense", "sparse", "maxsim": which of sentence-transformers' retrieval evaluators ranks a corpus with it (a

@@ -146,15 +146,6 @@ class TrainArguments:
         0.05, "Mined negatives: at most (1 - margin) as similar to the anchor as its positive.", bound=FRACTION
     )
     num_negatives: int = _hp(1, "Mined negatives: how many a row (rerankers: several; the others: 1).", bound=COUNT)
-    matryoshka_dims: str = _hp("", "Embedding models: also train these leading dimensions alone (768,256,64).")
-    mini_batch_size: int | None = _hp(None, "In-batch negatives: embed N rows a pass, gradients cached.", bound=COUNT)
-    inference_free: bool = _hp(False, "Sparse models: queries weighed by a trained table, no model run at query time.")
-    lora_r: int | None = _hp(
-        None, "Embedders, generative rerankers: train LoRA adapters of this rank, merged when saved.", bound=COUNT
-    )
-    listwise_loss: str | None = _hp(
-        None, "Listwise rerankers: lambdaloss (default) or listnet.", (), ("lambdaloss", "listnet")
-    )
     validation_split: float = _hp(0.0, "No eval data: hold out this fraction of train (stratified).", bound=FRACTION)
     max_train_samples: int | None = _hp(None, "Use only the first N training examples (quick runs).", bound=COUNT)
     max_eval_samples: int | None = _hp(None, "Use only the first N eval and test examples.", bound=COUNT)
@@ -258,6 +249,14 @@ class TrainArguments:
     output_dir: str | None = _hp(
         None, "Accepted for tutorial compatibility; the model always goes to SM_MODEL_DIR (/opt/ml/model)."
     )
+    # The settings of the task's own training recipe the job gave, by name (each task declares its own:
+    # byoc.tasks.settings; docs/hyperparameters.md lists them after these).
+    recipe: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every hyperparameter by name, each recipe setting beside byoc's own (its default where not given)."""
+        own = {f.name: getattr(self, f.name) for f in own_fields()}
+        return {**own, **{name: self.recipe.get(name, s.default) for name, s in tasks.recipe_settings().items()}}
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -292,6 +291,11 @@ class TrainArguments:
         return dataclasses.replace(self, per_device_train_batch_size=size, **own)
 
 
+def own_fields() -> list[dataclasses.Field]:
+    """TrainArguments' fields that are hyperparameters of byoc's own (all but the recipe's settings)."""
+    return [f for f in dataclasses.fields(TrainArguments) if f.name != "recipe"]
+
+
 # The hyperparameters the Trainer owns, passed to TrainingArguments as they are: each under its own name
 # (None), or the Trainer's (which users may write too: an alias). They are read here rather than into a
 # TrainingArguments at once (run_glue's way) because building one sets up the device and accelerate's
@@ -316,7 +320,7 @@ def _validate(args: TrainArguments) -> None:
         raise HyperparameterError(
             "hyperparameter do_train=false: `byoc train` always trains; remove it or set it to true"
         )
-    bucket_sizes(args), matryoshka_sizes(args)  # a bad list fails here, before any work
+    bucket_sizes(args)  # a bad list fails here, before any work
     try:
         args.task = tasks.trained_name(args.task)
     except ValueError as err:
@@ -343,14 +347,15 @@ _RANGE_NOTES = {
 
 def _check_bounds(args: TrainArguments) -> None:
     """Every bounded hyperparameter against its range; the message names it, its range and the value."""
-    hints = typing.get_type_hints(TrainArguments)
-    for f in dataclasses.fields(args):
-        bound, value = f.metadata["bound"], getattr(args, f.name)
+    hints, recipes = typing.get_type_hints(TrainArguments), tasks.recipe_settings()
+    bounded = [(f.name, hints[f.name], f.metadata["bound"], getattr(args, f.name)) for f in own_fields()]
+    bounded += [(name, recipes[name].hint, recipes[name].bound, value) for name, value in args.recipe.items()]
+    for name, hint, bound, value in bounded:
         if bound is None or value is None or bound.holds(value):
             continue
-        unset = " or null (unset)" if base_type(hints[f.name])[1] else ""
+        unset = " or null (unset)" if base_type(hint)[1] else ""
         raise HyperparameterError(
-            f"hyperparameter {f.name} must be {bound.describe()}{unset}{_RANGE_NOTES.get(f.name, '')}, got {value!r}"
+            f"hyperparameter {name} must be {bound.describe()}{unset}{_RANGE_NOTES.get(name, '')}, got {value!r}"
         )
 
 
@@ -380,11 +385,6 @@ def bucket_sizes(args: TrainArguments) -> list[int] | None:
             "texts are cut at max_length, so no bucket needs to be longer; lower it or raise max_length"
         )
     return sizes or None
-
-
-def matryoshka_sizes(args: TrainArguments) -> list[int]:
-    """The `matryoshka_dims` hyperparameter, largest first ([] for none). Takes 256,64 and [256, 64]."""
-    return _sizes(args.matryoshka_dims, "matryoshka_dims", "a list of vector sizes such as 768,256,64")[::-1]
 
 
 def _sizes(value: Any, name: str, expected: str) -> list[int]:

@@ -15,33 +15,70 @@ apart for the launcher. Anything else unknown is an error that suggests the clos
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import logging
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from byoc import tasks
-from byoc.sdk_values import base_type, coerce, describe
-from byoc.training.arguments import HyperparameterError, TrainArguments
+from byoc.sdk_values import Bound, base_type, coerce, describe
+from byoc.tasks.settings import RecipeSetting
+from byoc.training.arguments import HyperparameterError, TrainArguments, own_fields
 
 logger = logging.getLogger(__name__)
 
 
-def _names() -> dict[str, str]:
-    """Every accepted name (canonical and alias) -> canonical name."""
+@dataclass(frozen=True)
+class Hyperparameter:
+    """One hyperparameter as it is read, checked and listed: byoc's own (a TrainArguments field) or a task's
+    recipe setting (`recipe`: kept in TrainArguments.recipe)."""
+
+    name: str
+    hint: Any
+    default: Any
+    help: str
+    aliases: tuple[str, ...]
+    choices: tuple[str, ...]
+    bound: Bound | None
+    recipe: RecipeSetting | None = None
+
+
+def hyperparameters() -> list[Hyperparameter]:
+    """Every hyperparameter `byoc train` reads: byoc's own, then every task's recipe settings."""
+    hints = typing.get_type_hints(TrainArguments)
+    own = [
+        Hyperparameter(
+            f.name,
+            hints[f.name],
+            f.default,
+            f.metadata["help"],
+            f.metadata["aliases"],
+            f.metadata["choices"],
+            f.metadata["bound"],
+        )
+        for f in own_fields()
+    ]
+    recipes = [
+        Hyperparameter(r.name, r.hint, r.default, r.help, r.aliases, r.choices, r.bound, r)
+        for r in tasks.recipe_settings().values()
+    ]
+    return own + recipes
+
+
+def _names() -> dict[str, Hyperparameter]:
+    """Every accepted name (canonical and alias) -> its hyperparameter."""
     names = {}
-    for f in dataclasses.fields(TrainArguments):
-        names[f.name] = f.name
-        for alias in f.metadata["aliases"]:
-            names[alias] = f.name
+    for h in hyperparameters():
+        for name in (h.name, *h.aliases):
+            names[name] = h
     return names
 
 
 def parse_hyperparameters(raw: Mapping[str, Any]) -> TrainArguments:
     """Decode a hyperparameters.json mapping (any SDK's encoding) into `TrainArguments`."""
-    names, fields = _names(), {f.name: f for f in dataclasses.fields(TrainArguments)}
+    names = _names()
     values: dict[str, Any] = {}
     given_as: dict[str, str] = {}
     for key, value in raw.items():
@@ -54,15 +91,16 @@ def parse_hyperparameters(raw: Mapping[str, Any]) -> TrainArguments:
                 f"unknown hyperparameter {key!r}: {f'did you mean {close[0]!r}? ' if close else ''}"
                 "See the hyperparameter table (docs/hyperparameters.md) for the valid names"
             )
-        canonical = names[name]
-        decoded = _decode(key, value, fields[canonical])
+        canonical = names[name].name
+        decoded = _decode(key, value, names[name])
         if canonical in values and values[canonical] != decoded:
             raise HyperparameterError(
                 f"hyperparameters {given_as[canonical]}={values[canonical]!r} and {key}={decoded!r} set the "
                 f"same setting ({canonical}) differently: keep one"
             )
         values[canonical], given_as[canonical] = decoded, key
-    args = TrainArguments(**values)
+    recipe = {name: values.pop(name) for name in list(values) if names[name].recipe is not None}
+    args = TrainArguments(**values, recipe=recipe)
     _check_mining(args)
     if args.output_dir:
         logger.info("output_dir=%s is ignored: the model is written to SM_MODEL_DIR", args.output_dir)
@@ -85,18 +123,22 @@ def given_names(raw: Mapping[str, Any]) -> frozenset[str]:
     """The canonical names of the hyperparameters `raw` (hyperparameters.json) gives: the others take their
     defaults, where a task's may differ from byoc's (`TrainArguments.for_task`)."""
     names = _names()
-    return frozenset(names[n] for n in (k.lstrip("-").replace("-", "_") for k in raw) if n in names)
+    return frozenset(names[n].name for n in (k.lstrip("-").replace("-", "_") for k in raw) if n in names)
 
 
-def _decode(key: str, value: Any, f: dataclasses.Field) -> Any:
-    kind, optional = base_type(typing.get_type_hints(TrainArguments)[f.name])
+def _decode(key: str, value: Any, h: Hyperparameter) -> Any:
+    kind, optional = base_type(h.hint)
     if optional and (value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null"))):
         return None
     try:
         decoded = coerce(value, kind)
     except (ValueError, TypeError):
         raise HyperparameterError(f"hyperparameter {key} must be {describe(kind)}, got {value!r}") from None
-    choices = f.metadata["choices"]
-    if choices and decoded not in choices:
-        raise HyperparameterError(f"hyperparameter {key} must be one of {', '.join(choices)}, got {decoded!r}")
+    if h.choices and decoded not in h.choices:
+        raise HyperparameterError(f"hyperparameter {key} must be one of {', '.join(h.choices)}, got {decoded!r}")
+    if h.recipe is not None:
+        try:
+            h.recipe.given(decoded)  # (a recipe's own reading of it: a list of sizes...) fails here, before any work
+        except ValueError as err:
+            raise HyperparameterError(f"hyperparameter {key} {err}, got {value!r}") from None
     return decoded

@@ -17,7 +17,7 @@ import logging
 import platform
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -361,7 +361,7 @@ def _job_summary(job: Job, trainer: TaskTrainer) -> dict[str, Any]:
         "model": job.source.origin,
         **xla_figures,
         **packing.summary(trainer),
-        "hyperparameters": asdict(job.args),
+        "hyperparameters": job.args.as_dict(),
         "versions": {
             "byoc": __version__,
             "transformers": transformers.__version__,
@@ -394,6 +394,6 @@ _NOT_TRAJECTORY = {
 
 
 def _job_fingerprint(args: TrainArguments, data: TaskData, source: ModelSource, world_size: int) -> dict[str, Any]:
-    job = {k: v for k, v in asdict(args).items() if k not in _NOT_TRAJECTORY}
+    job = {k: v for k, v in args.as_dict().items() if k not in _NOT_TRAJECTORY}
     job.update(labels=data.label_names, train_rows=len(data.train), model=source.origin, world_size=world_size)
     return job

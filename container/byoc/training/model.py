@@ -19,7 +19,7 @@ from byoc.contract import TrainingContract
 from byoc.errors import UserError, brief
 from byoc.launch import distributed
 from byoc.safe_files import UnsafeArchive, extract_archive
-from byoc.training.arguments import HyperparameterError, TrainArguments, matryoshka_sizes
+from byoc.training.arguments import HyperparameterError, TrainArguments
 
 logger = logging.getLogger(__name__)
 
@@ -223,28 +223,23 @@ def load_model(
 
 
 def recipe_settings(args: TrainArguments, kind: tasks.Task, use_xla: bool = False) -> dict[str, Any]:
-    """The settings of a task's own training recipe the job gives (`Task.recipe_settings`); refused, before the
-    model loads, for a task whose recipe has none of them."""
-    asked = {
-        "matryoshka_dims": matryoshka_sizes(args),
-        "mini_batch_size": args.mini_batch_size,
-        "listwise_loss": args.listwise_loss,
-        "inference_free": args.inference_free,
-        "lora_r": args.lora_r,
-    }
-    given = {name: value for name, value in asked.items() if value}
+    """The settings of a task's own training recipe the job gives (`Task.recipe_settings`, as the recipe reads
+    them); refused, before the model loads, for a task whose recipe has none of them, or where a setting keeps a
+    job to one process on a CPU or a GPU and this one is not."""
+    settings = tasks.recipe_settings()
+    given = {name: settings[name].given(value) for name, value in args.recipe.items()}
+    given = {name: value for name, value in given.items() if value}
     for name in given:
-        if name not in kind.recipe_settings:
-            takers = [task.described for task in tasks.TASKS.values() if name in task.recipe_settings]
+        if settings[name] not in kind.recipe_settings:
+            takers = [task.described for task in tasks.TASKS.values() if settings[name] in task.recipe_settings]
             raise HyperparameterError(
                 f"hyperparameter {name} is a setting of {' and '.join(takers)}; this job trains {kind.described}: "
                 f"drop {name}"
             )
-    if "mini_batch_size" in given and (use_xla or distributed.world_size() > 1):
-        raise HyperparameterError(
-            "mini_batch_size (cached in-batch negatives) trains in one process on a CPU or a GPU for now, not "
-            f"{'on XLA' if use_xla else f'in {distributed.world_size()} processes'}: drop it, or train on one device"
-        )
+        alone = settings[name].one_process
+        if alone and (use_xla or distributed.world_size() > 1):
+            where = "on XLA" if use_xla else f"in {distributed.world_size()} processes"
+            raise HyperparameterError(f"{alone}, not {where}: drop it, or train on one device")
     return given
 
 

@@ -99,8 +99,9 @@ def choose(args: TrainArguments, hardware: Hardware, steps: int | None = None) -
     if hardware.device == "xla":
         return _xla(asked)
     chosen = _cpu(asked, args.torch_compile) if hardware.device == "cpu" else _cuda(asked, args, hardware, steps)
-    if chosen.compile and args.mini_batch_size:  # the cached loss runs the model itself, in mini-batches
-        chosen = dataclasses.replace(chosen, compile=False, reason=f"{chosen.reason}; eager: mini_batch_size")
+    eager = tasks.recipe_eager(args.recipe)  # a recipe setting whose loss runs the model itself (cached negatives)
+    if chosen.compile and eager:
+        chosen = dataclasses.replace(chosen, compile=False, reason=f"{chosen.reason}; eager: {eager}")
     if chosen.compile and args.task in tasks.TASKS and tasks.get(args.task).loss_runs_model:
         chosen = dataclasses.replace(chosen, compile=False, reason=f"{chosen.reason}; eager: the {args.task} loss")
     if hardware.device == "cpu":
@@ -177,8 +178,9 @@ def _compile_blocker(asked: str, args: TrainArguments, hw: Hardware, steps: int 
             f"with {hw.processes} processes the step is compiled only when asked (torch_compile=true): "
             "not yet measured there"
         )
-    if args.mini_batch_size:
-        return "the cached loss (mini_batch_size) runs the model itself, which is not compiled"
+    eager = tasks.recipe_eager(args.recipe)
+    if eager:
+        return eager
     if args.task in tasks.TASKS and tasks.get(args.task).loss_runs_model:
         return f"the {args.task} loss runs the model itself, which is not compiled"
     needed = pays_after(args)

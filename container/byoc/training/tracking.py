@@ -28,7 +28,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any, TypeVar
 
 from byoc import __version__
@@ -211,7 +210,7 @@ def _drop_arn_headers() -> None:
 
 def params_of(args: Any) -> dict[str, Any]:
     """The resolved hyperparameters (every TrainArguments field, defaults included), secrets masked."""
-    return mask_hyperparameters({key: value for key, value in asdict(args).items() if value is not None})
+    return mask_hyperparameters({key: value for key, value in args.as_dict().items() if value is not None})
 
 
 def finish(run: Run | None, metrics: Any) -> None:

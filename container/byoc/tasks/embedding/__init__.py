@@ -27,10 +27,25 @@ from byoc.tasks.embedding.collator import TEXT_GROUPS, GroupCollator
 from byoc.tasks.embedding.ranking import rank_metrics, retrieval_metrics  # noqa: F401  (rank_metrics: the families')
 from byoc.tasks.kinds import Kind
 from byoc.tasks.regression import regression_metrics
+from byoc.tasks.settings import COUNT, LORA_R, RecipeSetting, sizes
 
 NAME = "embedding"
 NORM_EPS = 1e-12  # as torch.nn.functional.normalize (sentence-transformers' Normalize)
 ROWS_DEFAULTS = {"learning_rate": 5e-5, "dropout": None}  # (anchor, positive) rows: Embedding.training_defaults
+
+
+MATRYOSHKA_DIMS = RecipeSetting(
+    "matryoshka_dims", str, "", "Embedding models: also train these leading dimensions alone (768,256,64).", value=sizes
+)
+MINI_BATCH_SIZE = RecipeSetting(
+    "mini_batch_size",
+    int | None,
+    None,
+    "In-batch negatives: embed N rows a pass, gradients cached.",
+    bound=COUNT,
+    eager="the cached loss (mini_batch_size) runs the model itself, which is not compiled",
+    one_process="mini_batch_size (cached in-batch negatives) trains in one process on a CPU or a GPU for now",
+)
 
 
 class Embedding(Task):
@@ -48,7 +63,7 @@ class Embedding(Task):
     in_metric_definitions = False  # retrieval metrics: metric_definitions("embedding") gives them
     ranks_corpus: str | None = "dense"
     mined_by: str | None = NAME  # by the model the job trains, as loaded
-    recipe_settings: tuple[str, ...] = ("matryoshka_dims", "mini_batch_size", "lora_r")
+    recipe_settings: tuple[RecipeSetting, ...] = (MATRYOSHKA_DIMS, MINI_BATCH_SIZE, LORA_R)
     small_batches = True  # in-batch negatives and CoSENT's pairs of pairs: batch 16, sentence-transformers' default
     metrics: tuple[str, ...] = (
         "spearman_cosine",

@@ -22,6 +22,7 @@ from byoc.tasks.generative_reranker import template
 from byoc.tasks.generative_reranker.template import Renderer, TemplateError, restored, template_of, variables_of
 from byoc.tasks.limits import cut_text
 from byoc.tasks.reranker import Reranker
+from byoc.tasks.settings import LORA_R
 
 NAME = "generative_reranker"
 LOGIT_SCORE = sentence_folder.LOGIT_SCORE
@@ -35,7 +36,7 @@ class GenerativeReranker(Reranker):
     parameters = ("prompt_name",)
     rerank_parameters = ("prompt_name",)
     sentence_module = LOGIT_SCORE
-    recipe_settings = ("lora_r",)
+    recipe_settings = (LORA_R,)
 
     def head(self, num_labels: int) -> str:
         return "the decoder's next-token logits, true against false token (LogitScore)"

@@ -22,10 +22,16 @@ import numpy as np
 
 from byoc.tasks.base import IGNORE_LABEL, BadParameter
 from byoc.tasks.reranker import Reranker
+from byoc.tasks.settings import RecipeSetting
 
 NAME = "listwise_reranker"
 LOSSES = ("lambdaloss", "listnet")  # sentence-transformers' LambdaLoss (the default), ListNetLoss
 MISSING = -1.0  # a document a row does not have (fewer negatives than the widest row): out of its list
+
+
+LISTWISE_LOSS = RecipeSetting(
+    "listwise_loss", str | None, None, "Listwise rerankers: lambdaloss (default) or listnet.", choices=LOSSES
+)
 
 
 class ListwiseReranker(Reranker):
@@ -36,7 +42,7 @@ class ListwiseReranker(Reranker):
     masks_rows = False  # its model computes the loss, filler rows left out there
     loss_runs_model = True  # its lists' lengths are read in Python: the step is never compiled
     any_columns = True  # a group of token columns a document: as many as the widest row's list
-    recipe_settings = ("listwise_loss",)
+    recipe_settings = (LISTWISE_LOSS,)
     metrics = (*Reranker.metrics, "mrr_at_10")
 
     def head(self, num_labels: int) -> str:

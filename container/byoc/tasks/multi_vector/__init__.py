@@ -26,8 +26,8 @@ import numpy as np
 
 from byoc import model_folder, sentence_folder
 from byoc.tasks.base import BadParameter, Task
+from byoc.tasks.embedding import MINI_BATCH_SIZE, Embedding, dense_stack
 from byoc.tasks.embedding import NAME as EMBEDDING
-from byoc.tasks.embedding import Embedding, dense_stack
 from byoc.tasks.kinds import Kind
 from byoc.tasks.multi_vector import rows
 from byoc.tasks.multi_vector.folder import MODEL_TYPE, projection, settings, transformer_config
@@ -55,7 +55,7 @@ class MultiVector(Embedding):
         "mrr_at_10": "each eval row's query ranks every row's document by MaxSim; its own is the relevant one"
     }
     mined_by = EMBEDDING  # a dense model mines (sentence-transformers' miner takes one): the bundled one, or `miner`
-    recipe_settings = ("mini_batch_size",)  # (no Matryoshka: sentence-transformers has none for token vectors)
+    recipe_settings = (MINI_BATCH_SIZE,)  # (no Matryoshka: sentence-transformers has none for token vectors)
     ranks_corpus: str | None = "maxsim"  # a BEIR set: MultiVectorInformationRetrievalEvaluator (MaxSim)
     loss_runs_model = True  # sentence-transformers' multi-vector loss embeds the query and document columns
 

@@ -21,10 +21,16 @@ from byoc import model_folder, sentence_folder
 from byoc.tasks.base import BadParameter, Task, kept_rows
 from byoc.tasks.embedding import Embedding
 from byoc.tasks.kinds import Kind
+from byoc.tasks.settings import RecipeSetting
 from byoc.tasks.sparse_embedding.folder import QUERY, query_table, splade_settings
 
 NAME = "sparse_embedding"
 MODEL_TYPE = "SparseEncoder"  # config_sentence_transformers.json's model_type for one
+
+
+INFERENCE_FREE = RecipeSetting(
+    "inference_free", bool, False, "Sparse models: queries weighed by a trained table, no model run at query time."
+)
 
 
 class SparseEmbedding(Embedding):
@@ -42,7 +48,7 @@ class SparseEmbedding(Embedding):
     ranks_corpus = "sparse"
     mined_by = None  # (its own: sentence-transformers' miner takes dense models, so mine_negatives refuses)
     mines_negatives = False
-    recipe_settings = ("inference_free",)  # (no Matryoshka: a sparse vector's dimensions are the vocabulary's terms)
+    recipe_settings = (INFERENCE_FREE,)  # (no Matryoshka: a sparse vector's dimensions are the vocabulary's terms)
 
     def head(self, num_labels: int) -> str:
         return "sparse embeddings, " + ("scored pairs" if num_labels else "(anchor, positive) rows")
