@@ -31,9 +31,9 @@ def test_a_serving_module_that_imports_training_breaks_the_wall(tmp_path):
     server = copy / "serving" / "server.py"
     server.write_text(server.read_text() + "\n\ndef planted():\n    from byoc.training import job  # noqa\n")
     files = copy / "safe_files.py"
-    files.write_text(files.read_text() + "\nfrom byoc.serving.execution.passes import CPU  # noqa\n")
+    files.write_text(files.read_text() + "\nfrom byoc.serving.backends.passes import CPU  # noqa\n")
     assert import_graph.layer_violations(import_graph.graph(copy)) == [
-        "byoc.safe_files (floor) imports byoc.serving.execution.passes (serving)",
+        "byoc.safe_files (floor) imports byoc.serving.backends.passes (serving)",
         "byoc.serving.server (serving) imports byoc.training.job (training)",
     ]
 

@@ -17,9 +17,8 @@ import pytest
 import serve_helpers
 import torch
 
-from byoc.serving.backends import cuda_provider, onnx_session, runtimes
+from byoc.serving.backends import cuda_provider, onnx_session, passes, runtimes
 from byoc.serving.backends.backend_choice import Plan
-from byoc.serving.execution import passes
 from byoc.serving.execution.model_server import ModelServer
 from byoc.serving.settings import ServeSettings
 from byoc.serving.user_code import default_handlers

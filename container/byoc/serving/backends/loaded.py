@@ -43,7 +43,7 @@ class LoadedModel(MutableMapping[str, Any]):
     activation: str | None  # a cross-encoder's, as CrossEncoder.predict applies it; None for other models
     max_length: int
     pad_id: int
-    passes: Any  # how predict_fn cuts and pads a batch (byoc.serving.execution.passes)
+    passes: Any  # how predict_fn cuts and pads a batch (byoc.serving.backends.passes)
     device: str
     precision: str
     facts: dict[str, Any] = field(default_factory=dict)  # the task's (Task.serving_facts)

@@ -5,7 +5,7 @@ Both loaders return a `LoadedModel` (byoc.serving.backends.loaded; a mapping, as
 docs/serving.md): `backend`, `model`, `tokenizer`, `encode(inputs)`, `logits(feeds)` (one padded batch of
 numpy arrays -> fp32 numpy logits), `windows`, `id2label`, `task`, `activation` (a cross-encoder's, which
 CrossEncoder.predict applies to its logits: byoc.tasks.cross_encoder_activation; None for any other
-model), `max_length`, `pad_id`, `passes` (how predict_fn cuts and pads a batch: byoc.serving.execution.passes),
+model), `max_length`, `pad_id`, `passes` (how predict_fn cuts and pads a batch: byoc.serving.backends.passes),
 `device`, `precision`, and the task's own facts (`Task.serving_facts`: a multi-label model's `threshold`
 and `thresholds`, a token classifier's `aggregation`, a pair model's `pairs`...).
 
@@ -27,7 +27,7 @@ from tokenizers import Tokenizer
 
 from byoc import compat, model_folder, tasks
 from byoc.onnx_graph import GRAPH
-from byoc.serving.backends import cuda_provider
+from byoc.serving.backends import cuda_provider, passes
 from byoc.serving.backends.backend_choice import (
     ALLOW_UNTRAINED_HEAD_ENV,
     HALF,
@@ -39,7 +39,6 @@ from byoc.serving.backends.backend_choice import (
 )
 from byoc.serving.backends.loaded import LoadedModel
 from byoc.serving.backends.onnx_session import Session
-from byoc.serving.execution import passes
 from byoc.tasks.limits import CHARS_PER_TOKEN, cut_text  # noqa: F401  (CHARS_PER_TOKEN: as before)
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from byoc import tasks
-from byoc.serving.execution import passes
+from byoc.serving.backends import passes
 from byoc.serving.protocol import task_parameters
 
 # Requests with more characters than this run in steps (a few windows of a 512-token model at most):

@@ -33,9 +33,8 @@ import orjson
 
 from byoc import tasks
 from byoc.serving import resources
-from byoc.serving.backends import backend_choice, runtimes
+from byoc.serving.backends import backend_choice, passes, runtimes
 from byoc.serving.backends.loaded import LoadedModel, in_background
-from byoc.serving.execution import passes
 from byoc.serving.protocol import bodies, envelopes, negotiation, outputs, task_parameters
 from byoc.serving.protocol.bodies import CONTENT_TYPES, JSON_LINES, OPENAI, RERANK, valid_unicode
 from byoc.serving.protocol.request_errors import (  # noqa: F401  (NON_FINITE: re-exported, as before)
