@@ -58,21 +58,21 @@ def model_folder() -> Path:
 
 
 def vectors(model: dict, texts: list[str]) -> np.ndarray:
-    from byoc.serving.user_code import default_handlers
+    from byoc.serving import default_pipeline
 
     out = []
     for i in range(0, len(texts), 64):
-        out.extend(default_handlers.predict_fn({"inputs": texts[i : i + 64], "parameters": {}}, model))
+        out.extend(default_pipeline.predict_fn({"inputs": texts[i : i + 64], "parameters": {}}, model))
     return np.asarray(out, dtype=np.float64)
 
 
 def load(folder: Path, precision: str) -> dict:
+    from byoc.serving import default_pipeline
     from byoc.serving.settings import InferenceSettings
-    from byoc.serving.user_code import default_handlers
 
     settings = InferenceSettings(backend="onnxruntime", precision=precision, threads=os.cpu_count() or 1)
-    with default_handlers.serving_with(settings):
-        return default_handlers.model_fn(str(folder))
+    with default_pipeline.serving_with(settings):
+        return default_pipeline.model_fn(str(folder))
 
 
 def rate(encode: Callable[[list[str]], object], texts: list[str], seconds: float, batch: int = 32) -> float:
@@ -87,10 +87,10 @@ def rate(encode: Callable[[list[str]], object], texts: list[str], seconds: float
 
 def ceiling(model: dict, texts: list[str], seconds: float = 6.0, parameters: dict | None = None) -> float:
     """Sentences/s of the default predict_fn, 32 a call, in this process (`parameters`: the request's)."""
-    from byoc.serving.user_code import default_handlers
+    from byoc.serving import default_pipeline
 
     def answer(batch: list[str]) -> object:
-        return default_handlers.predict_fn({"inputs": batch, "parameters": parameters or {}}, model)
+        return default_pipeline.predict_fn({"inputs": batch, "parameters": parameters or {}}, model)
 
     return rate(answer, texts, seconds)
 

@@ -1,6 +1,6 @@
 """What int8 serving costs in accuracy and gains in speed, against fp32, on the emotion test split.
 
-Runs the default handlers (`byoc.serving.user_code.default_handlers`) in this process on each runtime: ONNX Runtime fp32
+Runs the default handlers (`byoc.serving.default_pipeline`) in this process on each runtime: ONNX Runtime fp32
 (the default), ONNX Runtime int8 (BYOC_INFERENCE_PRECISION=int8) and torch; for each, accuracy on
 the 2000 test tweets, how often it picks the label fp32 picks (and how far that label's score
 moves), and sentences/s of `predict_fn` over all of them (no HTTP). The model is one
@@ -24,7 +24,7 @@ import harness  # (benchmarks/: every results file with its provenance)
 import shared_data  # benchmarks/, beside this script
 from child_process import byoc_train, exit_on_sigterm
 
-from byoc.serving.user_code import default_handlers
+from byoc.serving import default_pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = shared_data.find("emotion")
@@ -48,14 +48,14 @@ def measure(model_dir: Path, settings: dict[str, str], texts: list[str], labels:
     os.environ.update(settings)  # model_fn reads the backend and precision variables when called
     try:
         started = time.perf_counter()
-        model = default_handlers.model_fn(str(model_dir))
+        model = default_pipeline.model_fn(str(model_dir))
         load_s = time.perf_counter() - started
-        default_handlers.predict_fn({"inputs": texts[:64]}, model)  # warm-up
+        default_pipeline.predict_fn({"inputs": texts[:64]}, model)  # warm-up
         started = time.perf_counter()
         answers = [
             a
             for i in range(0, len(texts), 32)
-            for a in default_handlers.predict_fn({"inputs": texts[i : i + 32]}, model)
+            for a in default_pipeline.predict_fn({"inputs": texts[i : i + 32]}, model)
         ]
         seconds = time.perf_counter() - started
     finally:

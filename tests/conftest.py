@@ -73,7 +73,7 @@ def _the_cpu_where_a_test_means_it(request, monkeypatch) -> None:
         return
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
-    monkeypatch.setattr("byoc.serving.user_code.default_handlers.nvidia_gpu", lambda: False)
+    monkeypatch.setattr("byoc.serving.default_pipeline.nvidia_gpu", lambda: False)
 
 
 @pytest.fixture(scope="session")

@@ -471,7 +471,7 @@ def own_inference(model_dir: Path, monkeypatch, backend: str) -> tuple:
 
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
     monkeypatch.setenv("BYOC_PRECISION", "fp32")
-    monkeypatch.setattr("byoc.serving.user_code.default_handlers.nvidia_gpu", lambda: False)
+    monkeypatch.setattr("byoc.serving.default_pipeline.nvidia_gpu", lambda: False)
     monkeypatch.syspath_prepend(str(Path(model_dir) / "code"))
     inference = importlib.reload(importlib.import_module("inference"))
     return inference, inference.model_fn(str(model_dir))

@@ -201,12 +201,16 @@ MODEL_SIDE = ("protocol", "backends", "execution", "user_code")  # serving's sub
 def test_the_model_side_of_the_server_knows_nothing_of_http():
     """The model side answers with an Answer or raises a request error; serving/http makes the response."""
     edges = import_graph.graph()
-    side = tuple(f"byoc.serving.{name}." for name in MODEL_SIDE) + ("byoc.serving.multi_model",)
+    side = tuple(f"byoc.serving.{name}." for name in MODEL_SIDE) + (
+        "byoc.serving.multi_model",
+        "byoc.serving.default_pipeline",
+    )
     model_side = {m: t for m, t in edges.items() if m.startswith(side)}
-    assert {m.split(".")[2] for m in model_side} == {*MODEL_SIDE, "multi_model"}  # every part is looked at
+    assert {m.split(".")[2] for m in model_side} == {*MODEL_SIDE, "multi_model", "default_pipeline"}  # every part
     assert not {(m, t) for m, ts in model_side.items() for t in ts if t.startswith("byoc.serving.http")}
     folders = [REPO / "container/byoc/serving" / name for name in MODEL_SIDE]
     source = "\n".join(p.read_text() for folder in folders for p in folder.glob("*.py"))
+    source += (REPO / "container/byoc/serving/default_pipeline.py").read_text()
     assert "starlette" not in source and (REPO / "container/byoc/serving/multi_model.py").exists()
 
 

@@ -128,8 +128,8 @@ def test_the_old_paths_are_the_same_objects_not_copies():
     """The server tells a user's override from a re-exported default by identity."""
     import byoc.handlers
     import byoc.inference
+    from byoc.serving import default_pipeline
     from byoc.serving.protocol import request_errors
-    from byoc.serving.user_code import default_handlers
 
-    assert byoc.inference.predict_fn is default_handlers.predict_fn
+    assert byoc.inference.predict_fn is default_pipeline.predict_fn
     assert byoc.handlers.InputError is request_errors.InputError

@@ -21,9 +21,9 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
 
 from byoc import onnx_graph
+from byoc.serving import default_pipeline
 from byoc.serving.backends import onnx_session
 from byoc.serving.settings import InferenceSettings
-from byoc.serving.user_code import default_handlers
 from helpers import build_classifier_with_graph
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,19 +160,19 @@ def test_backend_choice(classifier_dir, tmp_path, monkeypatch, caplog):
     shutil.copytree(classifier_dir, no_graph)
     (no_graph / "model.onnx").unlink()
     monkeypatch.delenv("BYOC_INFERENCE_BACKEND", raising=False)
-    assert default_handlers.choose_backend(classifier_dir, gpu=False) == "onnxruntime"
+    assert default_pipeline.choose_backend(classifier_dir, gpu=False) == "onnxruntime"
     cuda_ep = "CUDAExecutionProvider" in ort.get_available_providers()  # onnxruntime-gpu: ONNX Runtime on CUDA
-    assert default_handlers.choose_backend(classifier_dir, gpu=True) == ("onnxruntime" if cuda_ep else "torch")
-    assert default_handlers.choose_backend(classifier_dir, int8=True, gpu=True) == "onnxruntime"  # int8: the CPU's
+    assert default_pipeline.choose_backend(classifier_dir, gpu=True) == ("onnxruntime" if cuda_ep else "torch")
+    assert default_pipeline.choose_backend(classifier_dir, int8=True, gpu=True) == "onnxruntime"  # int8: the CPU's
     gpu_here = Path("/dev/nvidia0").exists() and not cuda_ep
-    assert default_handlers.choose_backend(classifier_dir) == ("torch" if gpu_here else "onnxruntime")
-    assert default_handlers.choose_backend(no_graph, gpu=False) == "torch"  # an artifact from before the graph existed
+    assert default_pipeline.choose_backend(classifier_dir) == ("torch" if gpu_here else "onnxruntime")
+    assert default_pipeline.choose_backend(no_graph, gpu=False) == "torch"  # an artifact from before the graph existed
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "onnxruntime")
     with pytest.raises(ValueError, match="model.onnx"):
-        default_handlers.choose_backend(no_graph)
+        default_pipeline.choose_backend(no_graph)
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "tensorrt")
     with pytest.raises(ValueError, match="use auto, onnxruntime or torch"):
-        default_handlers.choose_backend(classifier_dir)
+        default_pipeline.choose_backend(classifier_dir)
 
     stale = tmp_path / "stale"  # weights saved again in another layout: torch serves, with a warning
     shutil.copytree(classifier_dir, stale)
@@ -183,9 +183,9 @@ def test_backend_choice(classifier_dir, tmp_path, monkeypatch, caplog):
         metadata={"format": "pt"},
     )
     monkeypatch.delenv("BYOC_INFERENCE_BACKEND")
-    monkeypatch.setattr(default_handlers, "nvidia_gpu", lambda: False)  # auto picks ONNX Runtime, then falls back
+    monkeypatch.setattr(default_pipeline, "nvidia_gpu", lambda: False)  # auto picks ONNX Runtime, then falls back
     with caplog.at_level(logging.WARNING):
-        assert default_handlers.model_fn(str(stale))["backend"] == "torch"
+        assert default_pipeline.model_fn(str(stale))["backend"] == "torch"
     assert "serving with torch instead of ONNX Runtime" in caplog.text
 
 
@@ -195,14 +195,14 @@ def test_serving_on_torch_for_want_of_a_graph_says_how_to_write_it(classifier_di
     no_graph = tmp_path / "plain"
     shutil.copytree(classifier_dir, no_graph)
     (no_graph / "model.onnx").unlink()
-    monkeypatch.setattr(default_handlers, "nvidia_gpu", lambda: False)
-    with caplog.at_level(logging.INFO), default_handlers.serving_with(InferenceSettings()):
-        assert default_handlers.model_fn(str(no_graph))["backend"] == "torch"
+    monkeypatch.setattr(default_pipeline, "nvidia_gpu", lambda: False)
+    with caplog.at_level(logging.INFO), default_pipeline.serving_with(InferenceSettings()):
+        assert default_pipeline.model_fn(str(no_graph))["backend"] == "torch"
     assert "has no model.onnx, so torch serves it" in caplog.text
     assert f"`byoc export-onnx {no_graph}`" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.INFO), default_handlers.serving_with(InferenceSettings(backend="torch")):
-        assert default_handlers.model_fn(str(no_graph))["backend"] == "torch"
+    with caplog.at_level(logging.INFO), default_pipeline.serving_with(InferenceSettings(backend="torch")):
+        assert default_pipeline.model_fn(str(no_graph))["backend"] == "torch"
     assert "byoc export-onnx" not in caplog.text
 
 
@@ -300,16 +300,16 @@ def test_int8_choice(classifier_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "int8")
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "torch")
     with pytest.raises(ValueError, match="int8 needs the ONNX Runtime backend"):
-        default_handlers.model_fn(str(classifier_dir))
+        default_pipeline.model_fn(str(classifier_dir))
     monkeypatch.delenv("BYOC_INFERENCE_BACKEND")
     for gpu in (False, True):  # int8 is ONNX Runtime's on the CPU, on a GPU instance too
-        monkeypatch.setattr(default_handlers, "nvidia_gpu", lambda gpu=gpu: gpu)
-        model = default_handlers.model_fn(str(classifier_dir))
+        monkeypatch.setattr(default_pipeline, "nvidia_gpu", lambda gpu=gpu: gpu)
+        model = default_pipeline.model_fn(str(classifier_dir))
         assert model["backend"] == "onnxruntime" and model["model"].int8
-    assert len(default_handlers.predict_fn({"inputs": ["a text", "another one"]}, model)) == 2
+    assert len(default_pipeline.predict_fn({"inputs": ["a text", "another one"]}, model)) == 2
     monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "fp8")
     with pytest.raises(ValueError, match="use auto, fp32, fp16, bf16 or int8"):
-        default_handlers.model_fn(str(classifier_dir))
+        default_pipeline.model_fn(str(classifier_dir))
 
 
 def test_export_of_a_model_with_a_small_vocabulary(tmp_path):

@@ -233,15 +233,15 @@ def test_two_servers_in_one_process_load_with_their_own_settings(
     tmp_path, tmp_path_factory, tiny_model_dir, monkeypatch
 ):
     """model_fn(model_dir) has no room for settings: each server wraps its load in its own
-    (default_handlers.serving_with), so the default model_fn and inference_threads() called from a
+    (default_pipeline.serving_with), so the default model_fn and inference_threads() called from a
     user's model_fn see that server's backend and threads, and nothing is left behind for the next."""
     import sys
     from dataclasses import replace
 
     import serve_helpers
 
+    from byoc.serving import default_pipeline
     from byoc.serving.execution.model_server import ModelServer
-    from byoc.serving.user_code import default_handlers
 
     torch = sys.modules.get("torch")
     threads_before = torch.get_num_threads() if torch is not None else None
@@ -270,7 +270,7 @@ def test_two_servers_in_one_process_load_with_their_own_settings(
         "torch": {"threads": 2, "backend": "torch"},
     }
     monkeypatch.setenv("OMP_NUM_THREADS", "5")
-    assert default_handlers.inference_threads() == 5  # outside a server's load: the environment's, read now
+    assert default_pipeline.inference_threads() == 5  # outside a server's load: the environment's, read now
 
 
 def test_a_job_passes_its_settings_to_main_and_an_older_main_still_runs(job):

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from byoc.serving import default_pipeline
 from byoc.serving.protocol import envelopes
-from byoc.serving.user_code import default_handlers
 
 RECORD = Path(__file__).parent / "data" / "task_answers.json"
 TEXTS = ["i love this so much", "i hate this a lot number 3", "what a great day it was", "rude people and cold food"]
@@ -115,16 +115,16 @@ def rounded(value: Any) -> Any:
 def answers(tmp_path_factory) -> list[Any]:
     mp = pytest.MonkeyPatch()
     mp.setenv("BYOC_INFERENCE_BACKEND", "torch")
-    mp.setattr(default_handlers, "nvidia_gpu", lambda: False)
+    mp.setattr(default_pipeline, "nvidia_gpu", lambda: False)
     try:
         loaded = {
-            name: default_handlers.model_fn(str(build(tmp_path_factory.mktemp(name), spec, seed)))
+            name: default_pipeline.model_fn(str(build(tmp_path_factory.mktemp(name), spec, seed)))
             for seed, (name, spec) in enumerate(MODELS.items())
         }
         answers = []
         for name, body in REQUESTS:
-            data = default_handlers.input_fn(json.dumps(body))
-            answer = default_handlers.predict_fn(data, loaded[name])
+            data = default_pipeline.input_fn(json.dumps(body))
+            answer = default_pipeline.predict_fn(data, loaded[name])
             answers.append(rounded(envelopes.shaped(data, answer)))
         return answers
     finally:

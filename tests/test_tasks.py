@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from byoc import sentence_folder, tasks
+from byoc.serving import default_pipeline
 from byoc.serving.protocol import task_parameters
-from byoc.serving.user_code import default_handlers
 from byoc.tasks.base import activated
 from byoc.training import metrics
 
@@ -84,7 +84,7 @@ def test_each_task_says_what_it_is_and_what_it_reports():
 
 def test_serving_imports_the_tasks_without_torch_transformers_or_pandas():
     code = (
-        "import sys, byoc.tasks, byoc.serving.user_code.default_handlers; "
+        "import sys, byoc.tasks, byoc.serving.default_pipeline; "
         "print(sorted({'torch', 'transformers', 'pandas'} & set(sys.modules)))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -112,10 +112,10 @@ def test_a_task_registered_in_the_package_is_served_with_no_edit_elsewhere(monke
         "pad_id": 0,
         "id2label": {0: "neg", 1: "pos"},
     }
-    answer = default_handlers.predict_fn({"inputs": ["bad", "good"]}, model)
+    answer = default_pipeline.predict_fn({"inputs": ["bad", "good"]}, model)
     assert answer == [{"polarity": -0.7616}, {"polarity": 0.7616}]  # softmax: tanh(1) either way
     with pytest.raises(task_parameters.InputError, match="does not apply to a polarity model: it takes no parameters"):
-        default_handlers.predict_fn({"inputs": ["bad"], "parameters": {"top_k": 2}}, model)
+        default_pipeline.predict_fn({"inputs": ["bad"], "parameters": {"top_k": 2}}, model)
 
 
 def test_a_tasks_own_values_are_checked_for_that_tasks_models_only():

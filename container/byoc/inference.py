@@ -1,9 +1,9 @@
 """`byoc.inference`, public API: the default inference handlers, which every model's
 `code/inference.py` imports (`from byoc.inference import input_fn, model_fn, output_fn`) and
 overrides one of; models already trained carry that import, so the names below stay. The handlers
-live in byoc.serving.user_code.default_handlers; this module re-exports them, the same objects, by name."""
+live in byoc.serving.default_pipeline; this module re-exports them, the same objects, by name."""
 
-from byoc.serving.user_code.default_handlers import (
+from byoc.serving.default_pipeline import (
     ACCEPT_TYPES,
     CONTENT_TYPES,
     input_fn,

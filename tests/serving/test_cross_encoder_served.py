@@ -14,9 +14,9 @@ import onnx
 import pytest
 
 from byoc import onnx_graph, tasks
+from byoc.serving import default_pipeline
 from byoc.serving.protocol import envelopes
 from byoc.serving.settings import InferenceSettings
-from byoc.serving.user_code import default_handlers
 
 pytestmark = [pytest.mark.integration, pytest.mark.cpu]  # real models, compared with CrossEncoder on the CPU
 
@@ -57,13 +57,13 @@ def cross_encoder(tmp_path_factory, tiny_model_dir):
 
 
 def load(folder: Path, backend: str):
-    with default_handlers.serving_with(InferenceSettings(backend=backend, precision="fp32")):
-        return default_handlers.model_fn(str(folder))
+    with default_pipeline.serving_with(InferenceSettings(backend=backend, precision="fp32")):
+        return default_pipeline.model_fn(str(folder))
 
 
 def ask(model, body: dict):
-    data = default_handlers.input_fn(json.dumps(body))
-    return envelopes.shaped(data, default_handlers.predict_fn(data, model))
+    data = default_pipeline.input_fn(json.dumps(body))
+    return envelopes.shaped(data, default_pipeline.predict_fn(data, model))
 
 
 def test_sentence_transformers_6_writes_a_cross_encoder_as_the_issue_says(cross_encoder):

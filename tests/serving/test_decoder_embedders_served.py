@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from byoc import onnx_graph
+from byoc.serving import default_pipeline
 from byoc.serving.protocol import envelopes
 from byoc.serving.settings import InferenceSettings
-from byoc.serving.user_code import default_handlers
 
 pytestmark = pytest.mark.cpu  # compared with sentence-transformers on the CPU at fp32
 
@@ -67,13 +67,13 @@ def graph(folder, tmp_path_factory) -> Path:
 
 
 def load(folder: Path, backend: str, precision: str = "fp32"):
-    with default_handlers.serving_with(InferenceSettings(backend=backend, precision=precision)):
-        return default_handlers.model_fn(str(folder))
+    with default_pipeline.serving_with(InferenceSettings(backend=backend, precision=precision)):
+        return default_pipeline.model_fn(str(folder))
 
 
 def ask(model, body: dict):
-    data = default_handlers.input_fn(json.dumps(body))
-    return np.asarray(envelopes.shaped(data, default_handlers.predict_fn(data, model)))
+    data = default_pipeline.input_fn(json.dumps(body))
+    return np.asarray(envelopes.shaped(data, default_pipeline.predict_fn(data, model)))
 
 
 def cosines(a, b) -> np.ndarray:
@@ -98,8 +98,8 @@ def test_a_qwen3_embedding_folder_embeds_as_sentence_transformers_does(folder, g
 
 
 def _openai(model, texts: list[str]):
-    data = default_handlers.input_fn(json.dumps({"input": texts, "model": "m"}))
-    return data, default_handlers.predict_fn(data, model)
+    data = default_pipeline.input_fn(json.dumps({"input": texts, "model": "m"}))
+    return data, default_pipeline.predict_fn(data, model)
 
 
 def test_its_int8_graph_stays_close_to_fp32(graph, tmp_path):

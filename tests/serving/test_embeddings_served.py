@@ -15,10 +15,10 @@ import pytest
 from serve_helpers import Server
 
 from byoc import onnx_graph
+from byoc.serving import default_pipeline
 from byoc.serving.protocol import envelopes
 from byoc.serving.protocol.request_errors import InputError
 from byoc.serving.settings import InferenceSettings
-from byoc.serving.user_code import default_handlers
 from byoc.training.model import bundled_model_dir
 
 pytestmark = pytest.mark.integration  # real models, and servers in processes
@@ -59,13 +59,13 @@ def reference() -> np.ndarray:
 
 
 def load(folder: Path, backend: str, **settings):
-    with default_handlers.serving_with(InferenceSettings(backend=backend, precision="fp32", **settings)):
-        return default_handlers.model_fn(str(folder))
+    with default_pipeline.serving_with(InferenceSettings(backend=backend, precision="fp32", **settings)):
+        return default_pipeline.model_fn(str(folder))
 
 
 def ask(model, body: dict):
-    data = default_handlers.input_fn(json.dumps(body))
-    return envelopes.shaped(data, default_handlers.predict_fn(data, model))
+    data = default_pipeline.input_fn(json.dumps(body))
+    return envelopes.shaped(data, default_pipeline.predict_fn(data, model))
 
 
 def cosines(a, b) -> np.ndarray:
@@ -121,8 +121,8 @@ def test_int8_vectors_stay_within_cosine_0_99_of_fp32(minilm_graph, tmp_path, re
     the pairs' similarities ranked alike."""
     folder = Path(shutil.copytree(minilm_graph, tmp_path / "model"))
     assert onnx_graph.export_int8(folder) == folder / onnx_graph.INT8_GRAPH
-    with default_handlers.serving_with(InferenceSettings(backend="onnxruntime", precision="int8")):
-        int8 = default_handlers.model_fn(str(folder))
+    with default_pipeline.serving_with(InferenceSettings(backend="onnxruntime", precision="int8")):
+        int8 = default_pipeline.model_fn(str(folder))
     assert int8["precision"] == "int8"
     vectors = np.asarray(ask(int8, {"inputs": TEXTS}))
     assert cosines(vectors, reference).mean() >= 0.99

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from byoc import onnx_graph, tasks
+from byoc.serving import default_pipeline
 from byoc.serving.protocol import envelopes
 from byoc.serving.protocol.request_errors import InputError
 from byoc.serving.settings import InferenceSettings
-from byoc.serving.user_code import default_handlers
 
 pytestmark = pytest.mark.cpu  # compared with the reference on the CPU at fp32
 
@@ -38,13 +38,13 @@ def graph(folder, tmp_path_factory) -> Path:
 
 
 def load(folder: Path, backend: str, precision: str = "fp32"):
-    with default_handlers.serving_with(InferenceSettings(backend=backend, precision=precision)):
-        return default_handlers.model_fn(str(folder))
+    with default_pipeline.serving_with(InferenceSettings(backend=backend, precision=precision)):
+        return default_pipeline.model_fn(str(folder))
 
 
 def ask(model, body: dict):
-    data = default_handlers.input_fn(json.dumps(body))
-    return envelopes.shaped(data, default_handlers.predict_fn(data, model))
+    data = default_pipeline.input_fn(json.dumps(body))
+    return envelopes.shaped(data, default_pipeline.predict_fn(data, model))
 
 
 def ranked(answer: list[dict]) -> np.ndarray:

@@ -17,11 +17,11 @@ import pytest
 import serve_helpers
 import torch
 
+from byoc.serving import default_pipeline
 from byoc.serving.backends import cuda_provider, onnx_session, passes, runtimes
 from byoc.serving.backends.backend_choice import Plan
 from byoc.serving.execution.model_server import ModelServer
 from byoc.serving.settings import ServeSettings
-from byoc.serving.user_code import default_handlers
 from helpers import build_classifier_with_graph
 
 pytestmark = pytest.mark.cpu  # (the GPU's own runs: tests/test_gpu.py)
@@ -66,18 +66,18 @@ def test_a_cuda_session_that_runs_on_the_cpu_is_refused(classifier_dir):
 
 def test_auto_falls_back_to_torch_when_the_cuda_provider_does_not_load(classifier_dir, monkeypatch, caplog):
     """A GPU host whose onnxruntime lists the CUDA provider, which then does not load (here: no GPU)."""
-    monkeypatch.setattr(default_handlers, "nvidia_gpu", lambda: True)
+    monkeypatch.setattr(default_pipeline, "nvidia_gpu", lambda: True)
     monkeypatch.setattr(cuda_provider, "available_providers", lambda: ("CUDAExecutionProvider", "CPUExecutionProvider"))
     monkeypatch.delenv("BYOC_INFERENCE_BACKEND", raising=False)
     monkeypatch.delenv("BYOC_INFERENCE_PRECISION", raising=False)
     with caplog.at_level(logging.INFO):
-        model = default_handlers.model_fn(str(classifier_dir))
+        model = default_pipeline.model_fn(str(classifier_dir))
     assert model["backend"] == "torch" and "serving with torch instead of ONNX Runtime" in caplog.text
     assert "CUDAExecutionProvider did not load" in caplog.text
-    assert len(default_handlers.predict_fn({"inputs": TEXTS[:2]}, model)) == 2
+    assert len(default_pipeline.predict_fn({"inputs": TEXTS[:2]}, model)) == 2
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "onnxruntime")  # asked for by name: an error, not a fallback
     with pytest.raises(cuda_provider.ProviderError):
-        default_handlers.model_fn(str(classifier_dir))
+        default_pipeline.model_fn(str(classifier_dir))
 
 
 def test_on_a_gpu_served_by_torch_onnx_runtime_answers_until_torch_has_loaded(
@@ -88,7 +88,7 @@ def test_on_a_gpu_served_by_torch_onnx_runtime_answers_until_torch_has_loaded(
     own code/inference.py, and torch takes over between batches. Here torch sees no CUDA and loads on the
     CPU in fp32, so the answers before and after are the same."""
     folder = serve_helpers.trained_classifier(tmp_path_factory, tiny_model_dir)
-    monkeypatch.setattr(default_handlers, "nvidia_gpu", lambda: True)
+    monkeypatch.setattr(default_pipeline, "nvidia_gpu", lambda: True)
     loading, real = threading.Event(), runtimes.load_torch
 
     def held(*args, **kwargs):  # torch's load waits until the bridge has answered
@@ -137,7 +137,7 @@ def test_fp16_graph_keeps_fp32_inputs_and_outputs_and_the_answers(classifier_dir
 
 
 def answers(model: dict, texts: list[str]) -> list:
-    return default_handlers.predict_fn({"inputs": texts, "parameters": {"top_k": 3}}, model)
+    return default_pipeline.predict_fn({"inputs": texts, "parameters": {"top_k": 3}}, model)
 
 
 def assert_same_answers(a: list, b: list, tolerance: float) -> None:
@@ -150,9 +150,9 @@ def test_torch_in_bf16_gives_fp32s_answers(classifier_dir, monkeypatch):
     """Half precision inside, fp32 logits out; bf16 runs on CPUs too, so the CPU can check it."""
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", "torch")
     monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "fp32")
-    exact = default_handlers.model_fn(str(classifier_dir))
+    exact = default_pipeline.model_fn(str(classifier_dir))
     monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "bf16")
-    half = default_handlers.model_fn(str(classifier_dir))
+    half = default_pipeline.model_fn(str(classifier_dir))
     assert half["precision"] == "bfloat16" and next(half["model"].parameters()).dtype == torch.bfloat16
     assert half["logits"](feeds()).dtype == np.float32
     assert_same_answers(answers(half, TEXTS), answers(exact, TEXTS), 0.02)
@@ -204,7 +204,7 @@ def test_bucketed_batches_are_few_shapes_and_pad_rows_that_are_never_fully_maske
 def test_bucketed_answers_equal_exact_padding(classifier_dir, monkeypatch, backend):
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
     monkeypatch.setenv("BYOC_INFERENCE_PRECISION", "fp32")
-    model = default_handlers.model_fn(str(classifier_dir))
+    model = default_pipeline.model_fn(str(classifier_dir))
     assert model["passes"] == passes.CPU
     exact = answers(model, TEXTS)
     padded: list = []
@@ -227,4 +227,4 @@ def test_torch_compile_per_shape_gives_the_eager_answers(classifier_dir):
 def test_a_test_that_means_the_cpu_sees_no_gpu_even_on_a_gpu_machine():
     """This module is marked `cpu` (conftest): its processes and byoc's choices here see no GPU."""
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
-    assert not torch.cuda.is_available() and not default_handlers.nvidia_gpu()
+    assert not torch.cuda.is_available() and not default_pipeline.nvidia_gpu()

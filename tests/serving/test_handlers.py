@@ -13,18 +13,18 @@ import pytest
 import serve_helpers
 from accept_cases import ACCEPT_CASES
 
+from byoc.serving import default_pipeline
 from byoc.serving.backends import runtimes
 from byoc.serving.execution import long_texts
 from byoc.serving.protocol import bodies
 from byoc.serving.protocol.request_errors import InputError, InvalidAnswer, NotAcceptable
-from byoc.serving.user_code import default_handlers
 from byoc.serving.user_code.handler_loader import HandlerError, call, load_handlers
 
 
 @pytest.fixture(scope="module")
 def tiny_classifier_model(tmp_path_factory, tiny_model_dir):
     """What the default model_fn returns for a tiny classifier (ONNX Runtime)."""
-    return default_handlers.model_fn(str(serve_helpers.tiny_classifier(tmp_path_factory, tiny_model_dir)))
+    return default_pipeline.model_fn(str(serve_helpers.tiny_classifier(tmp_path_factory, tiny_model_dir)))
 
 
 def test_handlers_get_context_only_when_they_take_it():
@@ -77,7 +77,7 @@ def test_handlers_get_context_only_when_they_take_it():
 )
 def test_input_fn_refuses_what_the_model_cannot_take(body, content_type, words):
     with pytest.raises(InputError) as caught:
-        default_handlers.input_fn(body, content_type)
+        default_pipeline.input_fn(body, content_type)
     assert caught.value.status == 400 and words in str(caught.value)
     assert "sys." not in str(caught.value)  # Python's internals mean nothing to an HTTP client
 
@@ -89,46 +89,46 @@ NER_CSV = b'John Smith, of Paris\n"Smith, John"\r\na,"b,c"\n"two\nlines, one tex
 def test_a_csv_row_is_one_text_where_each_input_is_one_text():
     """A token classifier's text with a comma was a 400 "not a pair": CSV split it into two fields."""
     texts = ["John Smith, of Paris", "Smith, John", 'a,"b,c"', '"two\nlines, one text",x', "plain"]
-    assert default_handlers.input_fn(NER_CSV, "text/csv", one_text=True)["inputs"] == texts
+    assert default_pipeline.input_fn(NER_CSV, "text/csv", one_text=True)["inputs"] == texts
     pairs = [("John Smith", " of Paris"), "Smith, John", ("a", "b,c"), ("two\nlines, one text", "x"), "plain"]
-    assert default_handlers.input_fn(NER_CSV, "text/csv")["inputs"] == pairs  # a classifier's: pairs, as before
+    assert default_pipeline.input_fn(NER_CSV, "text/csv")["inputs"] == pairs  # a classifier's: pairs, as before
 
 
 def test_an_object_without_inputs_names_a_bounded_few_of_its_keys():
     body = json.dumps({f"{i:03d}" + "k" * 1000: i for i in range(10_000)}).encode()
     with pytest.raises(InputError) as caught:
-        default_handlers.input_fn(body, "application/json")
+        default_pipeline.input_fn(body, "application/json")
     said = str(caught.value)
     assert said.count('"000kkk') == 1 and '"007' in said and '"008' not in said and said.endswith(", ...")
     assert len(said) < 1000
     # the shapes that are read stay read: a pair as the whole body, and null parameters
-    assert default_handlers.input_fn(b'{"text": "a", "text_pair": "b"}', "application/json")["inputs"] == [("a", "b")]
-    assert default_handlers.input_fn(b'{"text": "a"}', "application/json")["inputs"] == ["a"]
-    assert default_handlers.input_fn(b'{"inputs": "a", "parameters": null}', "application/json")["parameters"] == {}
+    assert default_pipeline.input_fn(b'{"text": "a", "text_pair": "b"}', "application/json")["inputs"] == [("a", "b")]
+    assert default_pipeline.input_fn(b'{"text": "a"}', "application/json")["inputs"] == ["a"]
+    assert default_pipeline.input_fn(b'{"inputs": "a", "parameters": null}', "application/json")["parameters"] == {}
 
 
 def test_input_fn_keeps_every_valid_text():
     texts = ["plain", "émotions 😀", "\x00nul", "", "\uffff", '"quoted, with comma"']
-    parsed = default_handlers.input_fn(json.dumps({"inputs": texts}).encode(), "application/json")
+    parsed = default_pipeline.input_fn(json.dumps({"inputs": texts}).encode(), "application/json")
     assert parsed["inputs"] == texts
 
 
 def test_predict_fn_names_the_input_a_custom_input_fn_let_through(tiny_classifier_model):
     """A user's input_fn may skip the checks: the default predict_fn still blames the input (4xx)."""
     with pytest.raises(InputError, match="input 1 is not valid Unicode"):
-        default_handlers.predict_fn({"inputs": ["fine", "\ud800"], "parameters": {}}, tiny_classifier_model)
+        default_pipeline.predict_fn({"inputs": ["fine", "\ud800"], "parameters": {}}, tiny_classifier_model)
 
 
 @pytest.mark.parametrize("accept,kind", ACCEPT_CASES)
 def test_output_fn_reads_a_whole_accept_header(accept, kind):
     prediction = [{"label": "positive", "score": 0.75}]
-    _, content_type = default_handlers.output_fn(prediction, accept)
+    _, content_type = default_pipeline.output_fn(prediction, accept)
     assert content_type == kind
 
 
 def test_output_fn_refuses_what_nobody_accepts():
     with pytest.raises(NotAcceptable):
-        default_handlers.output_fn([{"label": "a", "score": 1.0}], "image/png, */*;q=0")
+        default_pipeline.output_fn([{"label": "a", "score": 1.0}], "image/png, */*;q=0")
 
 
 # --- a model's own code, loaded like the AWS toolkits load it ---------------------------------
@@ -240,7 +240,7 @@ def test_inputs_are_counted_without_building_them(body, content_type, count):
     assert bodies.too_many_inputs(body, content_type, count - 1)
     assert not bodies.too_many_inputs(body, content_type, count)
     if count < 5:  # the count is input_fn's own
-        assert len(default_handlers.input_fn(body, content_type)["inputs"]) == count
+        assert len(default_pipeline.input_fn(body, content_type)["inputs"]) == count
 
 
 def test_counting_a_huge_body_stops_at_the_limit():
@@ -264,11 +264,11 @@ def test_output_fn_never_writes_nan():
     broken = [{"label": "joy", "score": float("nan")}]
     for accept in ("application/json", "application/jsonlines", "text/csv"):
         with pytest.raises(InvalidAnswer, match="NaN or infinity"):
-            default_handlers.output_fn(broken, accept)
-    assert json.loads(default_handlers.output_fn([{"label": "joy", "score": 0.5}], "application/json")[0])
+            default_pipeline.output_fn(broken, accept)
+    assert json.loads(default_pipeline.output_fn([{"label": "joy", "score": 0.5}], "application/json")[0])
     for vector in ([0.1, float("inf")], [float("-inf")], [[0.5], [float("nan")]]):  # inside a vector too
         with pytest.raises(InvalidAnswer, match="NaN or infinity"):
-            default_handlers.output_fn([vector], "application/json")
+            default_pipeline.output_fn([vector], "application/json")
 
 
 def test_json_answers_hold_the_same_values_as_json_writes_them():
@@ -284,10 +284,10 @@ def test_json_answers_hold_the_same_values_as_json_writes_them():
         [1e16, -0.0, 2**70],  # exponents, a negative zero, an integer past 64 bits
     ]
     for value in values:
-        text = default_handlers.json_text(value)
+        text = default_pipeline.json_text(value)
         assert json.loads(text) == json.loads(json.dumps(value)), value
     with pytest.raises(ValueError):
-        default_handlers.json_text([{"score": np.float64("nan")}])
+        default_pipeline.json_text([{"score": np.float64("nan")}])
 
 
 # --------------------------------------------------------------------------- multi-label and regression
@@ -309,7 +309,7 @@ def fake_model(task: str, logits: list[list[float]], id2label: dict[int, str], t
 def test_multi_label_answers_every_label_at_or_above_the_threshold_best_first():
     id2label = {0: "anger", 1: "joy", 2: "love"}
     logits = [[-3.0, 2.0, 0.5], [-3.0, -2.0, -4.0]]  # sigmoid: .05 .88 .62; .05 .12 .02
-    ask = lambda parameters: default_handlers.predict_fn(  # noqa: E731
+    ask = lambda parameters: default_pipeline.predict_fn(  # noqa: E731
         {"inputs": ["a", "b"], "parameters": parameters}, fake_model("multi_label_classification", logits, id2label)
     )
     answer = ask({})
@@ -318,11 +318,11 @@ def test_multi_label_answers_every_label_at_or_above_the_threshold_best_first():
     assert [[e["label"] for e in row] for row in ask({"threshold": 0.7})] == [["joy"], []]
     assert [[e["label"] for e in row] for row in ask({"top_k": 1})] == [["joy"], ["joy"]]  # top_k alone: the k best
     assert [[e["label"] for e in row] for row in ask({"top_k": 1, "threshold": 0.5})] == [["joy"], []]
-    saved = default_handlers.predict_fn(
+    saved = default_pipeline.predict_fn(
         {"inputs": ["a"], "parameters": {}}, fake_model("multi_label_classification", logits[:1], id2label, 0.7)
     )
     assert [e["label"] for e in saved[0]] == ["joy"]  # the model's own threshold (config.json)
-    body, kind = default_handlers.output_fn(answer, "text/csv")
+    body, kind = default_pipeline.output_fn(answer, "text/csv")
     assert kind == "text/csv" and body.splitlines()[1] == '""' and body.splitlines()[0].startswith("joy,0.88")
 
 
@@ -335,7 +335,7 @@ def test_multi_label_labels_with_their_own_thresholds_are_answered_at_them():
     model = {**fake_model("multi_label_classification", logits * 3, id2label), "thresholds": [np.nan, 0.25, 0.15]}
     ask = lambda parameters: [  # noqa: E731
         [e["label"] for e in row]
-        for row in default_handlers.predict_fn({"inputs": ["a"], "parameters": parameters}, model)
+        for row in default_pipeline.predict_fn({"inputs": ["a"], "parameters": parameters}, model)
     ]
     assert ask({}) == [["anger", "joy", "love"]]
     assert ask({"threshold": 0.2}) == [["anger", "joy"]]
@@ -367,10 +367,10 @@ def test_a_model_folder_with_tuned_thresholds_serves_two_labels_under_half(
     model.config.byoc_thresholds = {"joy": 0.25, "love": 0.15}
     folder = serve_helpers._publish(model, tiny_model_dir, tmp_path / "model")
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
-    monkeypatch.setattr("byoc.serving.user_code.default_handlers.nvidia_gpu", lambda: False)
-    loaded = default_handlers.model_fn(str(folder))
+    monkeypatch.setattr("byoc.serving.default_pipeline.nvidia_gpu", lambda: False)
+    loaded = default_pipeline.model_fn(str(folder))
     assert loaded["backend"] == backend
-    answer = default_handlers.predict_fn({"inputs": ["so happy and in love"], "parameters": {}}, loaded)
+    answer = default_pipeline.predict_fn({"inputs": ["so happy and in love"], "parameters": {}}, loaded)
     assert [e["label"] for e in answer[0]] == ["joy", "love"]
     assert [e["score"] for e in answer[0]] == pytest.approx([0.2689, 0.1824], abs=1e-3)
 
@@ -392,7 +392,7 @@ def test_a_parameter_the_task_does_not_use_is_a_bad_request(task, parameters, wo
     """A token classifier ignored top_k and threshold, a regression model top_k: answered as if applied."""
     model = fake_model(task, [[0.0, 0.0]], {0: "O", 1: "B-PER"})
     with pytest.raises(InputError) as caught:
-        default_handlers.predict_fn({"inputs": ["a text"], "parameters": parameters}, model)
+        default_pipeline.predict_fn({"inputs": ["a text"], "parameters": parameters}, model)
     assert caught.value.status == 400 and words in str(caught.value)
     nulls = {name: None for name in parameters}  # null is not sent
     if task == "token_classification":  # a long text's steps check as one call does
@@ -400,15 +400,15 @@ def test_a_parameter_the_task_does_not_use_is_a_bad_request(task, parameters, wo
             long_texts.Stepwise(["a text"], parameters, model)
         assert long_texts.Stepwise(["a text"], nulls, model).request.strategy == "simple"
     else:
-        assert len(default_handlers.predict_fn({"inputs": ["a text"], "parameters": nulls}, model)) == 1
+        assert len(default_pipeline.predict_fn({"inputs": ["a text"], "parameters": nulls}, model)) == 1
 
 
 def test_a_left_cut_of_a_model_from_the_users_own_model_fn_is_refused_not_ignored():
     """Its encode is its own (one argument): it cannot be asked to cut on the left."""
     model = fake_model("single_label_classification", [[0.0, 1.0]], {0: "a", 1: "b"})
     with pytest.raises(InputError, match="needs the model byoc's model_fn loads"):
-        default_handlers.predict_fn({"inputs": ["x"], "parameters": {"truncation_direction": "left"}}, model)
-    answer = default_handlers.predict_fn({"inputs": ["x"], "parameters": {"truncation_direction": "Right"}}, model)
+        default_pipeline.predict_fn({"inputs": ["x"], "parameters": {"truncation_direction": "left"}}, model)
+    answer = default_pipeline.predict_fn({"inputs": ["x"], "parameters": {"truncation_direction": "Right"}}, model)
     assert answer == [{"label": "b", "score": pytest.approx(0.7311, abs=1e-4)}]
 
 
@@ -416,19 +416,19 @@ def test_a_left_cut_of_a_model_from_the_users_own_model_fn_is_refused_not_ignore
 def test_a_threshold_outside_zero_to_one_is_a_bad_request(threshold):
     with pytest.raises(InputError, match="threshold"):
         body = json.dumps({"inputs": "x", "parameters": {"threshold": threshold}})
-        default_handlers.input_fn(body, "application/json")
+        default_pipeline.input_fn(body, "application/json")
 
 
 def test_regression_answers_the_value_named_after_the_target():
-    answer = default_handlers.predict_fn(
+    answer = default_pipeline.predict_fn(
         {"inputs": ["a", "b"], "parameters": {}}, fake_model("regression", [[3.25], [-1.5]], {0: "similarity"})
     )
     assert answer == [{"label": "similarity", "score": 3.25}, {"label": "similarity", "score": -1.5}]
-    unnamed = default_handlers.predict_fn(
+    unnamed = default_pipeline.predict_fn(
         {"inputs": ["a"], "parameters": {}}, fake_model("regression", [[0.5]], {0: "LABEL_0"})
     )
     assert unnamed == [{"score": 0.5}]
-    assert default_handlers.output_fn(unnamed, "text/csv")[0] == "0.500000\n"
+    assert default_pipeline.output_fn(unnamed, "text/csv")[0] == "0.500000\n"
 
 
 def test_a_folder_without_a_classifier_head_is_refused_not_served_at_random(tmp_path, tiny_model_dir):
@@ -441,12 +441,12 @@ def test_a_folder_without_a_classifier_head_is_refused_not_served_at_random(tmp_
 
     folder = tmp_path / "model"
     shutil.copytree(tiny_model_dir, folder)  # a BertModel: no classifier weights
-    with default_handlers.serving_with(InferenceSettings(backend="torch", precision="fp32")):
+    with default_pipeline.serving_with(InferenceSettings(backend="torch", precision="fp32")):
         with pytest.raises(
             BackendError, match=r"no trained classification head.*classifier\.bias, classifier\.weight"
         ) as e:
-            default_handlers.model_fn(str(folder))
+            default_pipeline.model_fn(str(folder))
     assert "BYOC_TASK=embedding" in str(e.value)
-    with default_handlers.serving_with(InferenceSettings(backend="torch", precision="fp32", allow_untrained_head=True)):
-        model = default_handlers.model_fn(str(folder))
-    assert len(default_handlers.predict_fn({"inputs": ["a cat"], "parameters": {}}, model)) == 1
+    with default_pipeline.serving_with(InferenceSettings(backend="torch", precision="fp32", allow_untrained_head=True)):
+        model = default_pipeline.model_fn(str(folder))
+    assert len(default_pipeline.predict_fn({"inputs": ["a cat"], "parameters": {}}, model)) == 1

@@ -30,8 +30,8 @@ from serve_helpers import (
     wait_for,
 )
 
+from byoc.serving import default_pipeline
 from byoc.serving.protocol import negotiation
-from byoc.serving.user_code import default_handlers
 
 pytestmark = pytest.mark.integration  # servers in processes: not in make test-fast
 
@@ -139,7 +139,7 @@ def test_generated_requests_never_get_a_5xx_or_hang(shared_server, request):
     answer = shared_server.client.post("/invocations", content=body, headers=headers, timeout=INVOCATION_S)
     assert answer.status_code in (200, 400, 406, 413, 415), answer.text
     if answer.status_code == 200:
-        chosen = negotiation.choose(accept, default_handlers.ACCEPT_TYPES, "application/json")
+        chosen = negotiation.choose(accept, default_pipeline.ACCEPT_TYPES, "application/json")
         assert chosen and answer.headers["content-type"].startswith(chosen)
     else:
         assert answer.json()["status"] == answer.status_code and "Traceback" not in answer.text

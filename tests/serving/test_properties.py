@@ -14,17 +14,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from request_strategies import requests
 
+from byoc.serving import default_pipeline
 from byoc.serving.execution.batching import Batcher
 from byoc.serving.protocol import negotiation
 from byoc.serving.protocol.request_errors import InputError, NotAcceptable
-from byoc.serving.user_code import default_handlers
 
 HANDLER_EXAMPLES = 1200  # generated requests through the default handlers
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory, tiny_model_dir):
-    return default_handlers.model_fn(str(serve_helpers.tiny_classifier(tmp_path_factory, tiny_model_dir)))
+    return default_pipeline.model_fn(str(serve_helpers.tiny_classifier(tmp_path_factory, tiny_model_dir)))
 
 
 @settings(
@@ -39,11 +39,11 @@ def test_the_default_handlers_answer_or_refuse_with_a_4xx(model, request):
     """input_fn -> predict_fn -> output_fn on a generated request: an answer per input, of the type
     negotiation chose, or an InputError (a 4xx). Anything else would be a 500 for a malformed request."""
     body, content_type, accept = request
-    chosen = negotiation.choose(accept, default_handlers.ACCEPT_TYPES, "application/json")
+    chosen = negotiation.choose(accept, default_pipeline.ACCEPT_TYPES, "application/json")
     try:
-        data = default_handlers.input_fn(body, content_type)
-        prediction = default_handlers.predict_fn(data, model)
-        text, kind = default_handlers.output_fn(prediction, accept or "application/json")
+        data = default_pipeline.input_fn(body, content_type)
+        prediction = default_pipeline.predict_fn(data, model)
+        text, kind = default_pipeline.output_fn(prediction, accept or "application/json")
     except NotAcceptable:
         assert chosen is None  # output_fn refuses exactly what the server's check before the model refuses
         return

@@ -19,7 +19,8 @@ import torch
 from serve_helpers import GATE_CODE, HANG_GUARD_S, INVOCATION_S, PING_S, STOP_GRACE_S, TEXTS, Gates, Server, wait_for
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from byoc.serving.user_code import default_handlers, handler_loader
+from byoc.serving import default_pipeline
+from byoc.serving.user_code import handler_loader
 from byoc.serving.user_code.handler_loader import load_handlers
 from helpers import CPU_ONLY
 
@@ -197,12 +198,12 @@ def test_every_model_carries_the_template_which_serves_as_the_defaults(trained_m
     assert handlers.source == "default handlers" and handlers.is_default("predict_fn")
     edited = model_with_code(trained_model, tmp_path, (REPO / "code" / "inference.py").read_text() + "\n# my change\n")
     handlers = load_handlers(edited)
-    assert "(predict_fn overridden)" in handlers.source and handlers.predict_fn is not default_handlers.predict_fn
-    assert handlers.batchable and handlers.accept_types == default_handlers.ACCEPT_TYPES
+    assert "(predict_fn overridden)" in handlers.source and handlers.predict_fn is not default_pipeline.predict_fn
+    assert handlers.batchable and handlers.accept_types == default_pipeline.ACCEPT_TYPES
     assert (handlers.model_fn, handlers.input_fn, handlers.output_fn) == (
-        default_handlers.model_fn,
-        default_handlers.input_fn,
-        default_handlers.output_fn,
+        default_pipeline.model_fn,
+        default_pipeline.input_fn,
+        default_pipeline.output_fn,
     )
     sys.modules.pop("inference", None)
 
@@ -329,13 +330,14 @@ def test_sigterm_drains_in_flight_requests(trained_model, tmp_path):
 # (a real load alone can finish before the first /ping on a fast one).
 _LOAD_WAITS_FOR_A_FILE = """
 import os, time
-from byoc.serving.user_code import default_handlers, handler_loader
+from byoc.serving import default_pipeline
+from byoc.serving.user_code import handler_loader
 
 def model_fn(model_dir, context=None):
     deadline = time.monotonic() + 120
     while not os.path.exists(os.environ["RELEASE_LOAD"]) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return default_handlers.model_fn(model_dir)
+    return default_pipeline.model_fn(model_dir)
 """
 
 

@@ -127,11 +127,11 @@ def test_a_long_query_is_cut_to_what_the_model_reads_before_it_is_rendered(folde
     """A 5.4 MB query was rendered whole into the template once a document (2.6 s and 810 MB for 128 of them)
     before the tokenizer cut it. Each side is cut to the characters the model can read first, as a cross-encoder's
     texts are: the scores are the same."""
+    from byoc.serving import default_pipeline
     from byoc.serving.settings import InferenceSettings
-    from byoc.serving.user_code import default_handlers
 
-    with default_handlers.serving_with(InferenceSettings(backend="torch", precision="fp32")):
-        model = default_handlers.model_fn(str(folder))
+    with default_pipeline.serving_with(InferenceSettings(backend="torch", precision="fp32")):
+        model = default_pipeline.model_fn(str(folder))
     renderer, rendered = model["renderer"], []
     render = renderer.render
     renderer.render = lambda query, document, system=None: (
@@ -142,7 +142,7 @@ def test_a_long_query_is_cut_to_what_the_model_reads_before_it_is_rendered(folde
 
     def scores(q: str) -> list:
         body = {"query": q, "texts": documents, "raw_scores": True}
-        return default_handlers.predict_fn(default_handlers.input_fn(json.dumps(body)), model)
+        return default_pipeline.predict_fn(default_pipeline.input_fn(json.dumps(body)), model)
 
     long = scores(query)
     assert rendered and max(rendered) <= most + max(map(len, documents))

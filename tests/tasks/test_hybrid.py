@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from byoc import onnx_graph, tasks
+from byoc.serving import default_pipeline
 from byoc.serving.protocol.request_errors import InputError
 from byoc.serving.settings import InferenceSettings
-from byoc.serving.user_code import default_handlers
 from byoc.tasks.hybrid import COLBERT, SPARSE
 
 pytestmark = pytest.mark.cpu  # answers compared with BGEM3FlagModel's on the CPU at fp32's tolerances
@@ -86,12 +86,12 @@ def reference(folder: Path):
 
 
 def load(folder: Path, backend: str, precision: str = "fp32"):
-    with default_handlers.serving_with(InferenceSettings(backend=backend, precision=precision)):
-        return default_handlers.model_fn(str(folder))
+    with default_pipeline.serving_with(InferenceSettings(backend=backend, precision=precision)):
+        return default_pipeline.model_fn(str(folder))
 
 
 def ask(model, body: dict):
-    return default_handlers.predict_fn(default_handlers.input_fn(json.dumps(body)), model)
+    return default_pipeline.predict_fn(default_pipeline.input_fn(json.dumps(body)), model)
 
 
 def test_a_folder_with_flagembeddings_heads_is_hybrid_though_it_is_a_dense_sentence_folder_too(m3, tmp_path):

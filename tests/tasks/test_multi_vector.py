@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from byoc import onnx_graph, sentence_folder, tasks
+from byoc.serving import default_pipeline
 from byoc.serving.protocol.request_errors import InputError
 from byoc.serving.settings import InferenceSettings
-from byoc.serving.user_code import default_handlers
 from byoc.tasks.multi_vector.folder import settings
 
 TEXTS = ["A man is playing a guitar.", "the weather, is lovely today!", "word " * 60, ""]
@@ -122,12 +122,12 @@ def reference(folder: Path):
 
 
 def load(folder: Path, backend: str, precision: str = "fp32"):
-    with default_handlers.serving_with(InferenceSettings(backend=backend, precision=precision)):
-        return default_handlers.model_fn(str(folder))
+    with default_pipeline.serving_with(InferenceSettings(backend=backend, precision=precision)):
+        return default_pipeline.model_fn(str(folder))
 
 
 def ask(model, body: dict):
-    return default_handlers.predict_fn(default_handlers.input_fn(json.dumps(body)), model)
+    return default_pipeline.predict_fn(default_pipeline.input_fn(json.dumps(body)), model)
 
 
 def test_a_multi_vector_encoder_folder_is_a_multi_vector_model(colbert):

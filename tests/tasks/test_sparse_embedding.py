@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from byoc import compat, onnx_graph, sentence_folder, tasks
+from byoc.serving import default_pipeline
 from byoc.serving.protocol.request_errors import InputError, NotAcceptable
 from byoc.serving.settings import InferenceSettings
-from byoc.serving.user_code import default_handlers
 from byoc.tasks.sparse_embedding import splade_settings
 from helpers import build_tiny_mlm
 
@@ -55,13 +55,13 @@ def reference(folder: Path, texts: list[str]) -> np.ndarray:
 
 
 def load(folder: Path, backend: str):
-    with default_handlers.serving_with(InferenceSettings(backend=backend, precision="fp32")):
-        return default_handlers.model_fn(str(folder))
+    with default_pipeline.serving_with(InferenceSettings(backend=backend, precision="fp32")):
+        return default_pipeline.model_fn(str(folder))
 
 
 def ask(model, body: dict):
-    data = default_handlers.input_fn(json.dumps(body))
-    return default_handlers.predict_fn(data, model)
+    data = default_pipeline.input_fn(json.dumps(body))
+    return default_pipeline.predict_fn(data, model)
 
 
 def dense(answer: list[dict], width: int) -> np.ndarray:
@@ -110,7 +110,7 @@ def test_return_tokens_names_each_term_and_csv_is_refused(sparse):
     with pytest.raises(InputError, match='"top_k" does not apply to a sparse embedding model'):
         ask(model, {"inputs": "Paris", "parameters": {"top_k": 2}})
     with pytest.raises(NotAcceptable, match="application/json"):
-        default_handlers.output_fn([answer], "text/csv")
+        default_pipeline.output_fn([answer], "text/csv")
 
 
 def test_a_sparse_folder_without_splade_pooling_is_refused_naming_it(sparse, tmp_path):
@@ -168,8 +168,8 @@ def test_the_int8_graph_keeps_the_terms_that_matter(sparse_graph, tmp_path):
     """int8 (opt-in) changes the weights a little: the strongest terms stay, and the answer's form is the same."""
     folder = Path(shutil.copytree(sparse_graph, tmp_path / "model"))
     assert onnx_graph.export_int8(folder) == folder / onnx_graph.INT8_GRAPH
-    with default_handlers.serving_with(InferenceSettings(backend="onnxruntime", precision="int8")):
-        model = default_handlers.model_fn(str(folder))
+    with default_pipeline.serving_with(InferenceSettings(backend="onnxruntime", precision="int8")):
+        model = default_pipeline.model_fn(str(folder))
     assert model["precision"] == "int8"
     expected = reference(sparse_graph, TEXTS[:2])
     for terms, row in zip(ask(model, {"inputs": TEXTS[:2]}), expected):

@@ -27,7 +27,7 @@ QUICK = {"max_steps": "30", "logging_steps": "10", "learning_rate": "5e-3", "per
 def serve(model_dir, monkeypatch, backend: str):
     """The model's own code/inference.py handlers, on the given backend."""
     monkeypatch.setenv("BYOC_INFERENCE_BACKEND", backend)
-    monkeypatch.setattr("byoc.serving.user_code.default_handlers.nvidia_gpu", lambda: False)
+    monkeypatch.setattr("byoc.serving.default_pipeline.nvidia_gpu", lambda: False)
     monkeypatch.syspath_prepend(str(model_dir / "code"))
     inference = importlib.reload(importlib.import_module("inference"))
     return inference, inference.model_fn(str(model_dir))

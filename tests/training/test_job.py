@@ -142,7 +142,7 @@ def test_the_model_folder_records_the_length_training_used_and_serving_truncates
     """Training truncated at max_length: the saved tokenizer says so, and the default handlers cut
     there too, instead of at the pretrained model's 512 (positions fine-tuning never saw, at several
     times the cost of a forward pass)."""
-    from byoc.serving.user_code import default_handlers
+    from byoc.serving import default_pipeline
 
     job.hyperparameters({**QUICK, "max_steps": "3", "max_length": "24"})
     job.model_channel(tiny_model_dir)
@@ -150,7 +150,7 @@ def test_the_model_folder_records_the_length_training_used_and_serving_truncates
     assert train_in_process(job) == 0, job.failure
     saved = json.loads((job.model_dir / "tokenizer_config.json").read_text())
     assert saved["model_max_length"] == 24
-    model = default_handlers.model_fn(str(job.model_dir))
+    model = default_pipeline.model_fn(str(job.model_dir))
     assert model["max_length"] == 24
     (encoded,) = model["encode"](["word " * 200])
     assert len(encoded["input_ids"]) == 24
@@ -162,7 +162,7 @@ def test_trained_model_serves_through_the_default_handlers(job, tiny_model_dir, 
     write_csv(job.channel("train") / "train.csv", sentiment_rows(64))
     assert train_in_process(job) == 0, job.failure
     # The CPU default: ONNX Runtime (on a GPU, auto picks torch).
-    monkeypatch.setattr("byoc.serving.user_code.default_handlers.nvidia_gpu", lambda: False)
+    monkeypatch.setattr("byoc.serving.default_pipeline.nvidia_gpu", lambda: False)
     sys.path.insert(0, str(job.model_dir / "code"))
     try:
         import importlib

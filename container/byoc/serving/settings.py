@@ -51,7 +51,7 @@ class ServeSettingsError(SettingError):
 
 @dataclass(frozen=True)
 class InferenceSettings:
-    """How the default handlers load the model (byoc.serving.user_code.default_handlers and
+    """How the default handlers load the model (byoc.serving.default_pipeline and
     byoc.serving.backends.backend_choice)."""
 
     backend: str = "auto"  # BYOC_INFERENCE_BACKEND: auto, onnxruntime or torch

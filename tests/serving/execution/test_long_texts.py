@@ -7,10 +7,10 @@ import random
 import pytest
 import serve_helpers
 
+from byoc.serving import default_pipeline
 from byoc.serving.execution import long_texts
 from byoc.serving.protocol.request_errors import InputError
 from byoc.serving.settings import InferenceSettings
-from byoc.serving.user_code import default_handlers
 from byoc.tasks.token_classification import head as entities
 
 WORDS = [
@@ -36,9 +36,9 @@ def model(tmp_path_factory, tiny_model_dir) -> dict:
     one call does, and only the CPU's exact padding makes that change no bit of a score."""
     folder = serve_helpers.task_classifier(tmp_path_factory, tiny_model_dir, "token_classification")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(default_handlers, "nvidia_gpu", lambda: False)
-        with default_handlers.serving_with(InferenceSettings(backend="onnxruntime", precision="fp32")):
-            return default_handlers.model_fn(str(folder))
+        patch.setattr(default_pipeline, "nvidia_gpu", lambda: False)
+        with default_pipeline.serving_with(InferenceSettings(backend="onnxruntime", precision="fp32")):
+            return default_pipeline.model_fn(str(folder))
 
 
 def run(work: long_texts.Stepwise) -> int:
@@ -60,7 +60,7 @@ def test_steps_answer_what_one_call_answers(model, strategy):
     steps = run(work)
     assert steps > 3  # the tokenizer, then the windows (128 tokens in the tiny model) STEP_TOKENS at a time
     answers = work.answers()
-    assert answers == default_handlers.predict_fn({"inputs": texts, "parameters": parameters}, model)
+    assert answers == default_pipeline.predict_fn({"inputs": texts, "parameters": parameters}, model)
     assert answers[0], "the tiny model's random head tags some tokens"
 
 

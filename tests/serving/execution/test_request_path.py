@@ -17,19 +17,19 @@ from typing import Any
 import numpy as np
 import pytest
 
+from byoc.serving import default_pipeline
 from byoc.serving.execution import model_server
 from byoc.serving.execution.model_server import ModelServer
 from byoc.serving.protocol import bodies, envelopes
 from byoc.serving.protocol.request_errors import InputError, InvalidAnswer, PayloadTooLarge
 from byoc.serving.settings import ServeSettings
-from byoc.serving.user_code import default_handlers
 from byoc.serving.user_code.handler_loader import Handlers
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 def parse(body: Any, content_type: str = "application/json") -> dict[str, Any]:
-    return default_handlers.input_fn(json.dumps(body) if not isinstance(body, str) else body, content_type)
+    return default_pipeline.input_fn(json.dumps(body) if not isinstance(body, str) else body, content_type)
 
 
 # -- the shape is the body's form ----------------------------------------------------------------------
@@ -44,7 +44,7 @@ def test_a_clients_parameters_cannot_set_the_answers_shape():
     assert envelopes.shaped(data, answers) == answers  # one answer per input, as the client's body asked
     data = parse({"inputs": ["a"], "parameters": {"shape": "rerank", "return_text": True}})
     with pytest.raises(InputError, match='"return_text" applies to rerank requests'):
-        default_handlers.predict_fn(data, {"task": "single_label_classification"})
+        default_pipeline.predict_fn(data, {"task": "single_label_classification"})
 
 
 def test_the_body_forms_set_their_shapes():
@@ -62,9 +62,9 @@ def test_a_rerank_text_that_is_not_a_string_is_a_400_naming_its_position(text, k
 
 def test_a_rerank_query_is_checked_once_and_a_bad_one_named():
     with pytest.raises(InputError, match='"query" is not valid Unicode'):
-        default_handlers.input_fn('{"query": "\\ud800", "texts": ["a", "b"]}')
+        default_pipeline.input_fn('{"query": "\\ud800", "texts": ["a", "b"]}')
     with pytest.raises(InputError, match=r'"texts"\[1\] is not valid Unicode'):
-        default_handlers.input_fn('{"query": "q", "texts": ["a", "\\ud800"]}')
+        default_pipeline.input_fn('{"query": "q", "texts": ["a", "\\ud800"]}')
     calls = []
     real = bodies.valid_unicode
     try:
@@ -83,7 +83,7 @@ def test_an_openai_body_with_no_input_names_input():
 def test_rerank_keys_beside_inputs_and_truncation_direction_are_never_ignored():
     data = parse({"inputs": ["a"], "top_n": 2})
     with pytest.raises(InputError, match='"top_n" applies to rerank requests'):
-        default_handlers.predict_fn(data, {"task": "single_label_classification"})
+        default_pipeline.predict_fn(data, {"task": "single_label_classification"})
     for direction in ("Right", "left"):  # (TEI's capitalised, huggingface_hub's lower case)
         assert (
             parse({"inputs": ["a"], "truncation_direction": direction})["parameters"]["truncation_direction"]
@@ -98,7 +98,7 @@ def test_rerank_keys_beside_inputs_and_truncation_direction_are_never_ignored():
 @pytest.mark.parametrize("task", ["token_classification", "embedding"])
 def test_a_rerank_body_to_a_model_that_does_not_rerank_says_so(task):
     with pytest.raises(InputError, match="does not rerank: a rerank request"):
-        default_handlers.predict_fn(parse({"query": "q", "texts": ["a, b", "c"]}), {"task": task})
+        default_pipeline.predict_fn(parse({"query": "q", "texts": ["a, b", "c"]}), {"task": task})
 
 
 def test_the_early_count_reads_the_key_the_parser_reads():
@@ -133,11 +133,11 @@ def test_a_rerank_answer_that_is_not_a_number_is_a_500_saying_what_predict_fn_mu
 
 
 def test_json_text_refuses_non_finite_numbers_and_writes_null_words_without_json():
-    assert default_handlers.json_text({"model": "null", "v": [0.5, None]}) == '{"model":"null","v":[0.5,null]}'
+    assert default_pipeline.json_text({"model": "null", "v": [0.5, None]}) == '{"model":"null","v":[0.5,null]}'
     for bad in ([[0.1, math.nan]], {"a": [math.inf]}, [1e308, 1e308, math.nan], -math.inf):
         with pytest.raises(ValueError):
-            default_handlers.json_text(bad)
-    assert default_handlers.json_text([1e308, 1e308, None]) == "[1e+308,1e+308,null]"  # an overflowing sum: no NaN
+            default_pipeline.json_text(bad)
+    assert default_pipeline.json_text([1e308, 1e308, None]) == "[1e+308,1e+308,null]"  # an overflowing sum: no NaN
 
 
 # -- through ModelServer.invoke --------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def invoke(
 
 
 def user_handlers(predict_fn: Any) -> Handlers:
-    d = default_handlers
+    d = default_pipeline
     return Handlers(d.model_fn, d.input_fn, predict_fn, d.output_fn, None, "test", d.ACCEPT_TYPES)
 
 
@@ -226,10 +226,10 @@ def test_a_two_label_classifier_trained_on_single_texts_refuses_rerank_before_it
     """It answered rerank requests without a word; config.json now says whether training read pairs."""
     model = {"task": "single_label_classification", "id2label": {0: "neg", 1: "pos"}, "pairs": False}
     with pytest.raises(InputError, match="trained on single texts, not on \\(query, text\\) pairs"):
-        default_handlers.predict_fn(parse({"query": "q", "texts": ["a"]}), model)  # no "encode": it never ran
+        default_pipeline.predict_fn(parse({"query": "q", "texts": ["a"]}), model)  # no "encode": it never ran
     three = {"task": "single_label_classification", "id2label": {0: "a", 1: "b", 2: "c"}}
     with pytest.raises(InputError, match="a single-label classifier does not rerank"):
-        default_handlers.predict_fn(parse({"query": "q", "texts": ["a"]}), three)
+        default_pipeline.predict_fn(parse({"query": "q", "texts": ["a"]}), three)
 
 
 def test_openai_usage_counts_what_ran_prompt_included_where_it_was_tokenized():
@@ -251,7 +251,7 @@ def test_openai_usage_counts_what_ran_prompt_included_where_it_was_tokenized():
         "default_prompt_name": "query",
     }
     data = parse({"input": ["a b", "c"], "model": "m"})
-    answers = default_handlers.predict_fn(data, model)
+    answers = default_pipeline.predict_fn(data, model)
     assert [a.tokens for a in answers] == [3 + 2, 3 + 1] and encoded == [["query of mine: a b", "query of mine: c"]]
     assert envelopes.shaped(data, answers)["usage"] == {"prompt_tokens": 9, "total_tokens": 9}
     assert len(encoded) == 1  # the answer's envelope tokenized nothing again

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from accept_cases import ACCEPT_CASES, CSV, JSON
 
+from byoc.serving import default_pipeline
 from byoc.serving.protocol import negotiation
-from byoc.serving.user_code import default_handlers
 
-OFFERED = default_handlers.ACCEPT_TYPES  # application/json, text/csv, the JSON Lines types
+OFFERED = default_pipeline.ACCEPT_TYPES  # application/json, text/csv, the JSON Lines types
 
 
 @pytest.mark.parametrize("header,chosen", ACCEPT_CASES)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from byoc.serving import default_pipeline
 from byoc.serving.protocol.outputs import Answers, csv_text, kind_of, read_kind
 from byoc.serving.protocol.request_errors import InvalidAnswer, NotAcceptable
-from byoc.serving.user_code import default_handlers
 from byoc.tasks.kinds import Kind
 
 
@@ -34,17 +34,17 @@ def test_each_kind_that_fits_a_row_is_written_its_own_way():
 )
 def test_a_kind_no_csv_row_holds_is_refused_by_its_name(kind, answer, named):
     with pytest.raises(NotAcceptable, match=f"this answer \\({named}.*application/json"):
-        default_handlers.output_fn(Answers([answer], kind), "text/csv")
+        default_pipeline.output_fn(Answers([answer], kind), "text/csv")
 
 
 def test_a_token_classifiers_answer_without_entities_is_refused_as_with_them():
     """Read from its contents, an input without entities ([]) looked like a multi-label input without labels: the
     CSV answer was a 200 of empty lines when no input had an entity, a 406 when one had. By its kind: a 406 both."""
     with pytest.raises(NotAcceptable, match="entities"):
-        default_handlers.output_fn(Answers([[], []], Kind.ENTITIES), "text/csv")
+        default_pipeline.output_fn(Answers([[], []], Kind.ENTITIES), "text/csv")
     with_one = [[{"entity_group": "LOC", "score": 0.9, "word": "Paris", "start": 0, "end": 5}], []]
     with pytest.raises(NotAcceptable, match="entities"):
-        default_handlers.output_fn(Answers(with_one, Kind.ENTITIES), "text/csv")
+        default_pipeline.output_fn(Answers(with_one, Kind.ENTITIES), "text/csv")
 
 
 def test_a_plain_lists_kind_is_read_from_each_answer():
@@ -54,9 +54,9 @@ def test_a_plain_lists_kind_is_read_from_each_answer():
     assert read_kind([{"index": 1, "score": 0.5}]) == Kind.RELEVANCE
     assert read_kind([{"entity_group": "LOC", "score": 0.9, "start": 0, "end": 5}]) == Kind.ENTITIES
     assert read_kind([{"index": 3, "value": 0.5}]) is None  # (no CSV row holds it)
-    assert default_handlers.output_fn([[0.5, 1.0], {"label": "a", "score": 0.5}], "text/csv") == (
+    assert default_pipeline.output_fn([[0.5, 1.0], {"label": "a", "score": 0.5}], "text/csv") == (
         "0.5,1\na,0.500000\n",
         "text/csv",
     )
     with pytest.raises(NotAcceptable, match="entries without a score"):
-        default_handlers.output_fn([[{"index": 3, "value": 0.5}]], "text/csv")
+        default_pipeline.output_fn([[{"index": 3, "value": 0.5}]], "text/csv")

@@ -393,7 +393,7 @@ def test_a_matryoshka_job_trains_and_its_cut_vectors_serve_as_sentence_transform
         texts, truncate_dim=8, normalize_embeddings=True
     )
     monkeypatch.setenv("BYOC_PRECISION", "fp32")
-    monkeypatch.setattr("byoc.serving.user_code.default_handlers.nvidia_gpu", lambda: False)
+    monkeypatch.setattr("byoc.serving.default_pipeline.nvidia_gpu", lambda: False)
     monkeypatch.syspath_prepend(str(job.model_dir / "code"))
     inference = importlib.reload(importlib.import_module("inference"))
     model = inference.model_fn(str(job.model_dir))

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from byoc.errors import UserError
+from byoc.serving import default_pipeline
 from byoc.serving.backends.loaded import LoadedModel
 from byoc.serving.execution import long_texts
 from byoc.serving.execution.batching import Batcher, guarded, timed
@@ -35,7 +36,6 @@ from byoc.serving.prometheus import NO_METRICS, ModelMetrics
 from byoc.serving.protocol import bodies, envelopes, negotiation
 from byoc.serving.protocol.request_errors import InputError, InvalidAnswer, NotAcceptable, PayloadTooLarge
 from byoc.serving.settings import JSON, ServeSettings
-from byoc.serving.user_code import default_handlers
 from byoc.serving.user_code.handler_loader import HandlerError, Handlers, call, forget_isolated, load_handlers
 
 logger = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class ModelServer:
             threads = _split_cores(self.settings)
             isolated = self.code_name if self.name is not None else None
             # The default handlers load with this server's settings (its share of the cores among them).
-            with default_handlers.serving_with(replace(self.settings.inference, threads=threads)):
+            with default_pipeline.serving_with(replace(self.settings.inference, threads=threads)):
                 self.handlers = load_handlers(self.settings.model_dir, self.settings.program, isolated)
                 accept_types = self.handlers.accept_types
                 if accept_types and self.settings.default_accept not in accept_types:
@@ -290,7 +290,7 @@ class ModelServer:
         inputs is refused as soon as the count passes the limit, not after a full parse."""
         if bodies.too_many_inputs(body, content_type, self.settings.max_inputs):
             self._check_count(self.settings.max_inputs + 1, counted=False)
-        return default_handlers.input_fn(body, content_type, one_text=long_texts.reads_whole(self.model))
+        return default_pipeline.input_fn(body, content_type, one_text=long_texts.reads_whole(self.model))
 
     def _check_count(self, count: int, counted: bool = True) -> None:
         """413 past BYOC_MAX_INPUTS_PER_REQUEST (`counted`: the exact count is known, not just that it is over)."""
@@ -349,9 +349,9 @@ def _is_response(result: Any) -> bool:
 def to_json(value: Any) -> str:
     """JSON, never with NaN or Infinity (which JSON does not have, and clients fail to parse)."""
     try:
-        return default_handlers.json_text(value)
+        return default_pipeline.json_text(value)
     except ValueError as err:
-        raise InvalidAnswer(default_handlers.NON_FINITE) from err
+        raise InvalidAnswer(default_pipeline.NON_FINITE) from err
 
 
 def _quote(header: str | None, limit: int = 100) -> str:

@@ -1,6 +1,6 @@
 """The errors a handler raises to answer a request with an honest status instead of a 500.
 
-A leaf module (no imports) so that the default handlers (`byoc.serving.user_code.default_handlers`)
+A leaf module (no imports) so that the default handlers (`byoc.serving.default_pipeline`)
 and the handler loader (`byoc.serving.user_code.handler_loader`, which re-exports them for users'
 code) can both use them without importing each other.
 """

@@ -3,7 +3,7 @@
 The contract is the AWS inference toolkits': `model_fn(model_dir)`, `input_fn(body, content_type)`,
 `predict_fn(data, model)`, `output_fn(prediction, accept)`, or a single
 `transform_fn(model, body, content_type, accept)`; each may take a trailing `context`. The
-defaults are the module `byoc.serving.user_code.default_handlers`; a model's own `code/inference.py`
+defaults are the module `byoc.serving.default_pipeline`; a model's own `code/inference.py`
 overrides any subset.
 Mixing `transform_fn` with the others is a start-up error, as in the toolkits.
 """
@@ -24,9 +24,10 @@ from typing import Any
 
 from byoc.errors import UserError
 from byoc.requirements import RequirementsError, install_requirements
+from byoc.serving import default_pipeline
+from byoc.serving.default_pipeline import inference_threads  # noqa: F401  (re-exported, as are the request errors)
 from byoc.serving.protocol.request_errors import InputError, NotAcceptable, UnsupportedMediaType  # noqa: F401
-from byoc.serving.user_code import default_handlers, model_code
-from byoc.serving.user_code.default_handlers import inference_threads  # noqa: F401  (re-exported, as are the request errors)
+from byoc.serving.user_code import model_code
 
 # Users' handlers and the code older models carry import these errors and inference_threads from
 # byoc.handlers (the public path, which re-exports them); they stay importable here too, the same objects.
@@ -57,7 +58,7 @@ class Handlers:
 
     def is_default(self, name: str) -> bool:
         """Whether the handler `name` is byoc's own (bounded work: it may run on the event loop)."""
-        return getattr(self, name) is getattr(default_handlers, name, None)
+        return getattr(self, name) is getattr(default_pipeline, name, None)
 
     @property
     def batchable(self) -> bool:
@@ -160,14 +161,14 @@ def shipped_template(path: Path) -> bool:
 
 
 def load_handlers(model_dir: Path, program: str = "inference.py", isolated_as: str | None = None) -> Handlers:
-    """The default handlers (`byoc.serving.user_code.default_handlers`), overridden by `model_dir/code/inference.py`
+    """The default handlers (`byoc.serving.default_pipeline`), overridden by `model_dir/code/inference.py`
     (or the `program` SAGEMAKER_PROGRAM names: `ServeSettings.program`), after installing
     `model_dir/code/requirements.txt`. `isolated_as`: one model of many, whose code is imported under
     that private module name (multi-model endpoints)."""
     user_dir = model_dir / "code"
     user_file = user_dir / program
     user = None
-    if user_file.exists() and not _same_file(user_file, default_handlers.__file__):
+    if user_file.exists() and not _same_file(user_file, default_pipeline.__file__):
         try:
             install_requirements(user_dir)
         except RequirementsError as err:
@@ -179,7 +180,7 @@ def load_handlers(model_dir: Path, program: str = "inference.py", isolated_as: s
     # A default the user's module imports (the template re-exports model_fn, input_fn and output_fn, so
     # that it is a complete handler module) is no override: the server keeps treating it as the default.
     functions = {name: getattr(user, name, None) for name in HANDLER_NAMES} if user else {}
-    functions = {name: None if fn is getattr(default_handlers, name, None) else fn for name, fn in functions.items()}
+    functions = {name: None if fn is getattr(default_pipeline, name, None) else fn for name, fn in functions.items()}
     overridden = sorted(name for name, fn in functions.items() if fn is not None)
     if functions.get("transform_fn") and set(overridden) & {"input_fn", "predict_fn", "output_fn"}:
         raise HandlerError(
@@ -190,16 +191,16 @@ def load_handlers(model_dir: Path, program: str = "inference.py", isolated_as: s
     for name, fn in functions.items():
         if fn is not None and not callable(fn):
             raise HandlerError(f"{user_file}: {name} is not a function")
-    pick = lambda name: functions.get(name) or getattr(default_handlers, name, None)
+    pick = lambda name: functions.get(name) or getattr(default_pipeline, name, None)
     transform = functions.get("transform_fn")
     handlers = Handlers(
-        model_fn=functions.get("model_fn") or default_handlers.model_fn,
+        model_fn=functions.get("model_fn") or default_pipeline.model_fn,
         input_fn=None if transform else pick("input_fn"),
         predict_fn=None if transform else pick("predict_fn"),
         output_fn=None if transform else pick("output_fn"),
         transform_fn=transform,
         source=f"{user_file} ({', '.join(overridden) or 'nothing'} overridden)" if user else "default handlers",
-        accept_types=None if (transform or functions.get("output_fn")) else default_handlers.ACCEPT_TYPES,
+        accept_types=None if (transform or functions.get("output_fn")) else default_pipeline.ACCEPT_TYPES,
     )
     logger.info("handlers: %s", handlers.source)
     return handlers
