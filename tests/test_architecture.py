@@ -284,6 +284,57 @@ def test_no_module_outside_the_task_package_names_a_task_or_reads_its_flags(tmp_
     assert set(task_reads(tmp_path)) == {f"handler.py:{line}" for line in (2, 4, 6, 8, 9)}  # never j's line 11
 
 
+def test_no_module_outside_the_task_package_dispatches_on_a_familys_output_name():
+    """How a family ranks a corpus (its evaluator) and what it answers (its kinds) are the task's to say: the rooms
+    hold no "dense", "sparse", "maxsim" or "colbert" of their own to branch on (corpus_evaluation and compat did)."""
+    import ast
+
+    names = {"dense", "sparse", "maxsim", "colbert"}
+    found = []
+    for path in (REPO / "container" / "byoc").rglob("*.py"):
+        if "tasks" in path.relative_to(REPO / "container" / "byoc").parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{path.name}:{node.lineno} {node.value!r}")
+    assert found == []
+
+
+def test_serving_reads_a_task_through_its_head_and_training_through_its_recipe():
+    """A task is its identity and model folder (byoc.tasks.base.Task), a serving head (byoc.tasks.head.Head) and a
+    training recipe (byoc.tasks.recipe.Recipe): the serving room asks a task only what its head and identity say,
+    the training room only what its recipe and identity say (a task held as `task` or `kind`, or fresh from
+    tasks.get / of_folder / of_config)."""
+    import ast
+
+    from byoc.tasks.base import Task
+    from byoc.tasks.head import Head
+    from byoc.tasks.recipe import Recipe
+
+    def members(cls: type) -> set[str]:
+        return {name for name in vars(cls) if not name.startswith("__")}
+
+    every, shared = {name for name in dir(Task) if not name.startswith("__")}, members(Task)
+    allowed = {"serving": members(Head) | shared, "training": members(Recipe) | shared}
+    assert not members(Head) & members(Recipe) and members(Head) and members(Recipe)
+    asked: dict[str, set[str]] = {"serving": set(), "training": set()}
+    for room in asked:
+        for path in (REPO / "container" / "byoc" / room).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.Attribute) or node.attr not in every:
+                    continue
+                held = isinstance(node.value, ast.Name) and node.value.id in ("task", "kind")
+                fresh = isinstance(node.value, ast.Call) and getattr(node.value.func, "attr", "") in (
+                    "get",
+                    "of_folder",
+                    "of_config",
+                )
+                if held or fresh:
+                    asked[room].add(node.attr)
+    assert {room: names - allowed[room] for room, names in asked.items()} == {"serving": set(), "training": set()}
+    assert len(asked["serving"]) >= 10 and len(asked["training"]) >= 25  # (the scan sees the rooms' questions)
+
+
 def test_no_global_statement():
     """State is passed down; what is truly the process's (a signal's, the process group's) is one object
     in its module, never a rebinding of module names."""

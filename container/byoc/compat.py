@@ -235,18 +235,9 @@ def sparse_encoder_api() -> Any:
     return SparseEncoder, MLMTransformer, SpladePooling, losses
 
 
-def retrieval_evaluator(kind: str) -> Any:
-    """sentence-transformers' information-retrieval evaluator for a `kind` of model ("dense", "sparse" or
-    "maxsim": a multi-vector model's): 6.x keeps the dense one in `sentence_transformer.evaluation` (the old path
-    warns), 5.1 only at the old path."""
-    if kind == "sparse":
-        from sentence_transformers.sparse_encoder.evaluation import SparseInformationRetrievalEvaluator
-
-        return SparseInformationRetrievalEvaluator
-    if kind == "maxsim":  # (sentence-transformers 6.2 on, as the multi-vector model itself)
-        from sentence_transformers.multi_vector_encoder.evaluation import MultiVectorInformationRetrievalEvaluator
-
-        return MultiVectorInformationRetrievalEvaluator
+def dense_retrieval_evaluator() -> Any:
+    """sentence-transformers' information-retrieval evaluator for dense vectors: 6.x keeps it in
+    `sentence_transformer.evaluation` (the old path warns), 5.1 only at the old path."""
     try:
         from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
     except ImportError:

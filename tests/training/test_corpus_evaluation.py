@@ -61,7 +61,7 @@ def test_on_the_xla_path_the_model_encodes_on_the_host_then_goes_back(tmp_path, 
     monkeypatch.setattr(corpus_evaluation, "evaluator", lambda *args: Scoring())
     retriever = Retriever()
     found = read_set(write_beir(tmp_path / "test"), "test", "test")
-    assert model_scores(found, "dense", retriever, 8) == dict.fromkeys(REPORTED.values(), 0.5)
+    assert model_scores(found, None, retriever, 8) == dict.fromkeys(REPORTED.values(), 0.5)
     assert retriever.moves == ["cpu", "xla"]
 
 
@@ -71,7 +71,8 @@ def evaluated(kind: str, folder, found) -> dict[str, float]:
         from sentence_transformers import MultiVectorEncoder as model_class  # (6.2 on: the test skips before)
     else:
         model_class = compat.sparse_encoder_api()[0] if kind == "sparse" else compat.sentence_transformers_api()[0]
-    scoring = corpus_evaluation.evaluator(found, kind)
+    task = tasks.get({"sparse": "sparse_embedding", "maxsim": "multi_vector"}.get(kind, "embedding"))
+    scoring = corpus_evaluation.evaluator(found, task.corpus_evaluator())  # (the task's own evaluator)
     results = scoring(model_class(str(folder), device="cpu"))
     prefix = scoring.primary_metric.removesuffix("ndcg@10")
     return {name: results[prefix + key] for key, name in REPORTED.items()}
@@ -183,7 +184,7 @@ def test_a_reranker_is_evaluated_reordering_the_embedding_models_top_100(job, ti
     assert {key: metrics[f"test_retriever_{key}"] for key in REPORTED.values()} == pytest.approx(
         evaluated("dense", bundled_model_dir(), found), abs=1e-6
     )
-    scoring = corpus_evaluation.evaluator(found, "dense")
+    scoring = corpus_evaluation.evaluator(found)
     cross_encoder = CrossEncoder(str(job.model_dir), device="cpu")  # every document is in the top 100 of 12
     hits = []
     for query in scoring.queries_ids:
@@ -206,7 +207,7 @@ def test_a_generative_reranker_is_evaluated_reordering_the_top_100_by_its_templa
     write_jsonl(job.channel("train") / "train.jsonl", topic_rows(16, negatives=True))
     found = read_set(write_beir(job.channel("test")), "test", "test")
     assert entry.train() == 0, job.failure
-    scoring = corpus_evaluation.evaluator(found, "dense")
+    scoring = corpus_evaluation.evaluator(found)
     hits = []
     for query in scoring.queries_ids:  # (the images' sentence-transformers predates LogitScore: transformers' score)
         pairs = [(found.queries[query], found.corpus[doc]) for doc in scoring.corpus_ids]

@@ -35,7 +35,7 @@ class Reranker(Regression):
     in_metric_definitions = False  # metric_definitions("reranker") gives them
     metrics: tuple[str, ...] = ("accuracy", "f1", "average_precision")
     evaluates_negatives = True  # an eval row's negative is an irrelevant pair
-    ranks_corpus = "rerank"  # an embedding model's top 100 (byoc.training.corpus_evaluation)
+    ranks_corpus = True  # an embedding model's top 100 (byoc.training.corpus_evaluation: corpus_evaluator is None)
     several_negatives = True  # each becomes a pair of its own (num_negatives)
     mined_by = "embedding"  # an embedding model mines its negatives (a cross-encoder cannot index a corpus)
 
@@ -80,6 +80,9 @@ class Reranker(Regression):
                 "BYOC_TASK (a two-label pair classifier reranks by its second label's probability)"
             )
         super().check_rerank(model)
+
+    def corpus_evaluator(self) -> Any:
+        return None  # it reorders an embedding model's top documents (byoc.training.corpus_evaluation)
 
     def retriever_of(self, model: Any) -> Any:
         return model  # the cross-encoder itself: it scores the pairs an embedding model retrieved

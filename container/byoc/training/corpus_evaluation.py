@@ -55,14 +55,14 @@ def check_sets(sets: dict[str, RetrievalSet], task: str, miner_dir: Path | None 
     """Refuse, before training, a retrieval set for a model that ranks nothing; for a reranker, the embedding
     model that retrieves what it reranks (byoc.training.model.embedder_path), else None."""
     kind = tasks.get(task)
-    if sets and kind.ranks_corpus is None:
+    if sets and not kind.ranks_corpus:
         channels = " and ".join(f"the {'test' if role == 'test' else 'validation'} channel" for role in sets)
         raise HyperparameterError(
             f"{channels} holds a BEIR retrieval set (corpus.jsonl, queries.jsonl, qrels), which evaluates a retrieval "
             f"model (task=embedding, sparse_embedding, multi_vector or reranker); this job trains {kind.described}. "
             "Give rows to evaluate it on instead (the same columns as the train data), or train a retrieval model"
         )
-    if sets and kind.ranks_corpus == "rerank":
+    if sets and kind.corpus_evaluator() is None:  # a reranker: it reorders an embedding model's top documents
         return embedder_path(miner_dir, f"retrieving the retrieval set's top {RERANKED} for the reranker")
     return None
 
@@ -83,11 +83,12 @@ def evaluate_sets(
     metrics: dict[str, float] = {}
     for role, found in sets.items():
         logger.info("evaluating on the %s retrieval set: %s", role, found.describe())
-        if kind.ranks_corpus == "rerank":
+        ranks_with = kind.corpus_evaluator()
+        if ranks_with is None:  # a reranker
             reranker = kind.retriever_of(model)
             ranked = reranked_scores(found, reranker, tokenizer, retriever or "", batch_size, max_length, kind)
         else:
-            ranked = {"corpus": model_scores(found, kind.ranks_corpus or "dense", kind.retriever_of(model), batch_size)}
+            ranked = {"corpus": model_scores(found, ranks_with, kind.retriever_of(model), batch_size)}
         baseline = bm25_or_none(found)
         if baseline is not None:
             ranked["bm25"] = baseline
@@ -114,14 +115,15 @@ def evaluate_sets(
     return metrics
 
 
-def evaluator(found: RetrievalSet, kind: str, batch_size: int = 32) -> Any:
-    """sentence-transformers' evaluator (`kind`: "dense", "sparse", "maxsim") over the set, at byoc's cut-offs."""
-    return compat.retrieval_evaluator(kind)(
+def evaluator(found: RetrievalSet, kind: Any = None, batch_size: int = 32) -> Any:
+    """sentence-transformers' evaluator over the set, at byoc's cut-offs: `kind` (an evaluator class: the task's
+    `corpus_evaluator()`), by default the dense one (BM25's and a reranker's retriever's figures)."""
+    return (kind or compat.dense_retrieval_evaluator())(
         found.queries, found.corpus, found.relevant, batch_size=batch_size, name="corpus", write_csv=False, **AT_K
     )
 
 
-def model_scores(found: RetrievalSet, kind: str, retriever: Any, batch_size: int) -> dict[str, float]:
+def model_scores(found: RetrievalSet, kind: Any, retriever: Any, batch_size: int) -> dict[str, float]:
     """The evaluator's figures for the sentence-transformers model `retriever`, at its own similarity. On the XLA
     path it encodes on the host: every length of text would compile a graph of its own on a NeuronCore."""
     scoring = evaluator(found, kind, batch_size)
@@ -151,7 +153,7 @@ def reranked_scores(
     from sentence_transformers.util import semantic_search  # training's alone
 
     embedder = compat.sentence_transformers_api()[0](retriever, device="cpu")
-    scoring = evaluator(found, "dense", batch_size)
+    scoring = evaluator(found, None, batch_size)
     queries = [found.queries[query] for query in scoring.queries_ids]
     ids = list(found.corpus)
     encoded = [
@@ -231,7 +233,7 @@ def bm25_scores(found: RetrievalSet) -> dict[str, float]:
     ids = list(found.corpus)
     index = bm25s.BM25()
     index.index(_tokens(bm25s, [found.corpus[doc] for doc in ids]), show_progress=False)
-    scoring = evaluator(found, "dense")
+    scoring = evaluator(found)
     asked = _tokens(bm25s, [found.queries[query] for query in scoring.queries_ids])
     docs, scores = index.retrieve(asked, k=min(BM25_DEPTH, len(ids)), show_progress=False)
     hits = [

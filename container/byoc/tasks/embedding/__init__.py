@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from byoc import sentence_folder
+from byoc import compat, sentence_folder
 from byoc.tasks.base import BadParameter, Task, kept_rows
 from byoc.tasks.embedding.collator import TEXT_GROUPS, GroupCollator
 from byoc.tasks.embedding.ranking import rank_metrics, retrieval_metrics  # noqa: F401  (rank_metrics: the families')
@@ -61,7 +61,7 @@ class Embedding(Task):
     auto_class = "AutoModel"
     sentence_model_type = "SentenceTransformer"  # (also where an older folder's config leaves model_type out)
     in_metric_definitions = False  # retrieval metrics: metric_definitions("embedding") gives them
-    ranks_corpus: str | None = "dense"
+    ranks_corpus = True
     mined_by: str | None = NAME  # by the model the job trains, as loaded
     recipe_settings: tuple[RecipeSetting, ...] = (MATRYOSHKA_DIMS, MINI_BATCH_SIZE, LORA_R)
     small_batches = True  # in-batch negatives and CoSENT's pairs of pairs: batch 16, sentence-transformers' default
@@ -166,6 +166,9 @@ class Embedding(Task):
             recipe.train_leading_dimensions(model, settings["matryoshka_dims"])
         if settings.get("mini_batch_size"):
             recipe.cache_negatives(model, settings["mini_batch_size"])
+
+    def corpus_evaluator(self) -> Any:
+        return compat.dense_retrieval_evaluator()  # (its import path moved in sentence-transformers 6)
 
     def retriever_of(self, model: Any) -> Any:
         return model.model  # byoc.tasks.embedding.model.EmbeddingModel's SentenceTransformer (or SparseEncoder)

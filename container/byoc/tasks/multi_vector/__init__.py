@@ -56,8 +56,15 @@ class MultiVector(Embedding):
     }
     mined_by = EMBEDDING  # a dense model mines (sentence-transformers' miner takes one): the bundled one, or `miner`
     recipe_settings = (MINI_BATCH_SIZE,)  # (no Matryoshka: sentence-transformers has none for token vectors)
-    ranks_corpus: str | None = "maxsim"  # a BEIR set: MultiVectorInformationRetrievalEvaluator (MaxSim)
+    ranks_corpus = True  # a BEIR set: MultiVectorInformationRetrievalEvaluator (MaxSim)
     loss_runs_model = True  # sentence-transformers' multi-vector loss embeds the query and document columns
+
+    def corpus_evaluator(self) -> Any:
+        from sentence_transformers.multi_vector_encoder.evaluation import (  # (training's; 6.2 on, as the model)
+            MultiVectorInformationRetrievalEvaluator,
+        )
+
+        return MultiVectorInformationRetrievalEvaluator
 
     def head(self, num_labels: int) -> str:
         return "a vector per token (late interaction), (query, positive) rows"

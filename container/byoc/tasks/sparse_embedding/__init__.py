@@ -45,10 +45,15 @@ class SparseEmbedding(Embedding):
     auto_class = "AutoModelForMaskedLM"
     sentence_model_type = MODEL_TYPE
     metrics = (*Embedding.metrics, "active_dims")
-    ranks_corpus = "sparse"
+    ranks_corpus = True
     mined_by = None  # (its own: sentence-transformers' miner takes dense models, so mine_negatives refuses)
     mines_negatives = False
     recipe_settings = (INFERENCE_FREE,)  # (no Matryoshka: a sparse vector's dimensions are the vocabulary's terms)
+
+    def corpus_evaluator(self) -> Any:
+        from sentence_transformers.sparse_encoder.evaluation import SparseInformationRetrievalEvaluator  # (training's)
+
+        return SparseInformationRetrievalEvaluator
 
     def head(self, num_labels: int) -> str:
         return "sparse embeddings, " + ("scored pairs" if num_labels else "(anchor, positive) rows")
