@@ -156,7 +156,7 @@ def run_reference(epochs: float, workdir: Path) -> tuple[Path, float]:
 
 def evaluated(folder: Path, test_set: Path) -> dict[str, float]:
     found = read_set(test_set, "test", "test")
-    scoring = corpus_evaluation.evaluator(found, "dense", 64)
+    scoring = corpus_evaluation.evaluator(found, None, 64)
     results = scoring(compat.sentence_transformers_api()[0](str(folder), device="cpu"))
     prefix = scoring.primary_metric.removesuffix("ndcg@10")
     return {name: float(results[prefix + key]) for key, name in corpus_evaluation.REPORTED.items()}
@@ -176,7 +176,7 @@ def served(precision: str, found: Any, workdir: Path) -> dict[str, float]:
         shutil.copytree(bundled_model_dir(), folder)
         assert onnx_graph.export(folder) and onnx_graph.export_int8(folder)
     model = load(folder, precision)
-    scoring = corpus_evaluation.evaluator(found, "dense")
+    scoring = corpus_evaluation.evaluator(found)
     queries = vectors(model, [found.queries[query] for query in scoring.queries_ids])
     documents = vectors(model, scoring.corpus)
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)

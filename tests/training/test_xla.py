@@ -225,7 +225,7 @@ def test_an_embedding_model_trained_on_xla_is_evaluated_on_a_retrieval_set_on_th
     found = read_set(write_beir(job.channel("test")), "test", "test")
     done = run_train_process(job.root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    scoring = corpus_evaluation.evaluator(found, "dense")
+    scoring = corpus_evaluation.evaluator(found)
     results = scoring(compat.sentence_transformers_api()[0](str(job.model_dir), device="cpu"))
     assert job.metrics["test_corpus_ndcg_at_10"] == pytest.approx(results["corpus_cosine_ndcg@10"], abs=1e-6)
     assert job.metrics["device"] == "xla" and "test_bm25_ndcg_at_10" in job.metrics
