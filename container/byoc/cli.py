@@ -72,6 +72,15 @@ def main(argv: list[str] | None = None) -> None:
         "BYOC_INFERENCE_PRECISION, BYOC_PROFILE (realtime, async), BYOC_MAX_ANSWER_VALUES, "
         f"BYOC_TASK (one of {', '.join(tasks.NAMES)})",
     )
+    sub.add_parser(
+        "encode",
+        help="encode the corpus channel into Parquet shards with the model channel's folder (/opt/ml, as train)",
+        description="encode a corpus with a model folder byoc serves (embedding, sparse, multi-vector, hybrid): the "
+        "job /opt/ml (or $SAGEMAKER_BASE_DIR) describes, its channels corpus (JSON Lines, CSV, Parquet; BEIR's "
+        "corpus.jsonl) and model, its hyperparameters (docs/encoding.md) and hosts. Writes one Parquet file a shard "
+        "and manifest.json to model/ (or output_dir), keeps finished shards in the checkpoint folder (a restart "
+        "skips them), and output/failure when it fails",
+    )
     sub.add_parser("worker", help="(internal) one rank of a launched training job")
     sub.add_parser("healthcheck", help="exit 0 if this container is healthy (the image's HEALTHCHECK)")
     what = (
@@ -107,6 +116,19 @@ def main(argv: list[str] | None = None) -> None:
         from byoc.training.entry import run_job, train
 
         sys.exit(train() if options.command == "train" else run_job())
+    if options.command == "encode":
+        from byoc import encoding
+
+        problem = encoding.unavailable()
+        if problem:
+            from byoc.contract import Paths, write_failure
+
+            logging.getLogger("byoc.encoding").error("encode failed: %s", problem)
+            write_failure(Paths.from_env(), problem)
+            sys.exit(1)
+        from byoc.encoding.entry import encode
+
+        sys.exit(encode())
     if options.command == "export-onnx":
         from byoc import onnx_graph
 

@@ -18,9 +18,17 @@ folder (it does not exist; it holds no config.json or no weights), before any lo
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import tarfile
 from pathlib import Path
 from typing import Any
+
+from byoc.errors import UserError
+from byoc.safe_files import UnsafeArchive, extract_archive
+
+logger = logging.getLogger(__name__)
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -259,3 +267,42 @@ def _layout_hint(model_dir: Path) -> str:
     return (
         f" (it holds {shown}{' and more' if len(entries) > 6 else ''}); save_pretrained writes {CONFIG} and {WEIGHTS}"
     )
+
+
+class NoModelFolder(UserError, ValueError):
+    """A path given as a model (a channel, a hyperparameter) holds no model folder; the message says what it holds."""
+
+
+def locate(path: Path, cache_dir: Path) -> Path:
+    """The model folder at `path` (a channel's, a job's model_name_or_path): the path itself (config.json), a
+    model.tar.gz in it or named by it (an earlier job's output, unpacked under `cache_dir`), or its one subfolder
+    holding a model. `byoc train` and `byoc encode` read their `model` channel through it."""
+    if path.is_file() and path.name.endswith((".tar.gz", ".tgz", ".tar")):
+        return _unpack(path, cache_dir)
+    if (path / CONFIG).exists() or router_routes(path):  # (a Router's transformer: inside)
+        return path
+    archives = sorted(path.glob("*.tar.gz")) + sorted(path.glob("*.tgz"))
+    if len(archives) == 1:
+        return _unpack(archives[0], cache_dir)
+    candidates = sorted(p.parent for pattern in (f"*/{CONFIG}", f"*/*/{CONFIG}") for p in path.glob(pattern))
+    if len(candidates) == 1:
+        return candidates[0]
+    found = ", ".join(sorted(p.name for p in path.iterdir())[:10]) if path.is_dir() else "nothing"
+    raise NoModelFolder(
+        f"no model in {path} (found: {found or 'an empty folder'}): the model channel or model_name_or_path "
+        "must hold a Hugging Face model folder (config.json, weights, tokenizer) or a model.tar.gz"
+    )
+
+
+def _unpack(archive: Path, cache_dir: Path) -> Path:
+    """Unpack a model.tar.gz (e.g. an earlier job's output) into the writable cache, never beside it."""
+    key = hashlib.sha256(f"{archive.resolve()}:{archive.stat().st_size}".encode()).hexdigest()[:16]
+    target = cache_dir / "models" / key
+    if not (target / CONFIG).exists() and not router_routes(target):  # (unpacked before)
+        target.mkdir(parents=True, exist_ok=True)
+        logger.info("unpacking %s into %s", archive, target)
+        try:
+            extract_archive(archive, target)
+        except (tarfile.TarError, OSError, UnsafeArchive) as err:
+            raise NoModelFolder(f"cannot unpack the model archive {archive.name}: {err}") from None
+    return locate(target, cache_dir)

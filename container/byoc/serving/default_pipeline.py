@@ -26,6 +26,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -97,7 +98,7 @@ def model_fn(model_dir: str) -> LoadedModel:
     settings = current_settings()
     backend, precision = settings.backend, settings.precision
     host = runtimes.describe(folder, gpu=nvidia_gpu())
-    plan = backend_choice.choose(backend, precision, host)
+    plan = replace(backend_choice.choose(backend, precision, host), max_length=settings.max_length)
     logger.info("serving with %s", plan)
     bridge = backend_choice.bridge(plan, host, backend) if settings.cpu_while_loading else None
     loaded = _while_torch_loads(folder, bridge, plan, settings) if bridge else None

@@ -73,6 +73,8 @@ class InferenceSettings:
     # for a real-time endpoint) at 4 bytes a number, the most compact form byoc writes (base64 float32), so an
     # answer refused is over that limit in every format.
     max_answer_values: int = 1_572_864  # (answer_values_of(6))
+    # The tokens an input is cut to, under the model's own limit; None: the model's (byoc encode's max_length)
+    max_length: int | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> InferenceSettings:

@@ -3,10 +3,8 @@ default), its tokenizer, and the sequence classifier with the job's labels and f
 
 from __future__ import annotations
 
-import hashlib
 import importlib.resources
 import logging
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -18,7 +16,6 @@ from byoc import compat, model_folder, sentence_folder, tasks
 from byoc.contract import TrainingContract
 from byoc.errors import UserError, brief
 from byoc.launch import distributed
-from byoc.safe_files import UnsafeArchive, extract_archive
 from byoc.training.arguments import HyperparameterError, TrainArguments
 
 logger = logging.getLogger(__name__)
@@ -88,38 +85,10 @@ def resolve_model(args: TrainArguments, contract: TrainingContract, cache_dir: P
 
 def _model_folder(path: Path, cache_dir: Path) -> Path:
     """A folder with config.json: the path itself, a model.tar.gz in it (unpacked), or one subfolder."""
-    if path.is_file() and path.name.endswith((".tar.gz", ".tgz", ".tar")):
-        return _unpack(path, cache_dir)
-    if (path / "config.json").exists() or model_folder.router_routes(path):  # (a Router's transformer: inside)
-        return path
-    archives = sorted(path.glob("*.tar.gz")) + sorted(path.glob("*.tgz"))
-    if len(archives) == 1:
-        return _unpack(archives[0], cache_dir)
-    candidates = sorted(p.parent for p in path.glob("*/config.json")) + sorted(
-        p.parent for p in path.glob("*/*/config.json")
-    )
-    if len(candidates) == 1:
-        return candidates[0]
-    found = ", ".join(sorted(p.name for p in path.iterdir())[:10]) if path.is_dir() else "nothing"
-    raise ModelError(
-        f"no model in {path} (found: {found or 'an empty folder'}): the model channel or model_name_or_path "
-        "must hold a Hugging Face model folder (config.json, weights, tokenizer) or a model.tar.gz"
-    )
-
-
-def _unpack(archive: Path, cache_dir: Path) -> Path:
-    """Unpack a model.tar.gz (e.g. an earlier job's output) into the writable cache, never beside it."""
-    target = (
-        cache_dir / "models" / hashlib.sha256(f"{archive.resolve()}:{archive.stat().st_size}".encode()).hexdigest()[:16]
-    )
-    if not (target / "config.json").exists() and not model_folder.router_routes(target):  # (unpacked before)
-        target.mkdir(parents=True, exist_ok=True)
-        logger.info("unpacking %s into %s", archive, target)
-        try:
-            extract_archive(archive, target)
-        except (tarfile.TarError, OSError, UnsafeArchive) as err:
-            raise ModelError(f"cannot unpack the model archive {archive.name}: {err}") from None
-    return _model_folder(target, cache_dir)
+    try:
+        return model_folder.locate(path, cache_dir)
+    except model_folder.NoModelFolder as err:
+        raise ModelError(str(err)) from None
 
 
 def load_tokenizer(source: ModelSource, args: TrainArguments) -> PreTrainedTokenizerBase:

@@ -87,6 +87,7 @@ class Plan:
     device: str
     precision: str
     why: str
+    max_length: int | None = None  # the tokens an input is cut to, under the model's own limit (None: the model's)
 
     @property
     def bucketed(self) -> bool:
@@ -174,7 +175,7 @@ def fallback(plan: Plan, precision: str, reason: str) -> Plan:
     """Torch on the same device, where ONNX Runtime could not load (`precision`: the setting)."""
     if precision == "auto":
         precision = HALF if plan.device == "cuda" else "fp32"
-    return Plan("torch", plan.device, precision, f"ONNX Runtime could not load: {reason}")
+    return Plan("torch", plan.device, precision, f"ONNX Runtime could not load: {reason}", plan.max_length)
 
 
 def torch_dtype_name(precision: str, bf16_supported: bool, fp16_safe: bool = True) -> str:

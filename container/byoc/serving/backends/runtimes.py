@@ -107,6 +107,7 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None =
     limit = model_folder.max_length(
         tokenizer_config.get("model_max_length"), model_folder.positions(config), facts.get("max_seq_length")
     )
+    limit = min(limit, plan.max_length or limit)
     tokenizer = Tokenizer.from_file(str(files / "tokenizer.json"))
     tokenizer.no_padding()  # batches are padded here, per length-sorted chunk
     # longest_first, as transformers' truncation=True, on the side the tokenizer was saved with
@@ -222,6 +223,7 @@ def load_torch(
     module.to(device=device, dtype=dtype).eval()
     positions = model_folder.positions(model.config)
     limit = model_folder.max_length(tokenizer.model_max_length, positions, facts.get("max_seq_length"))
+    limit = min(limit, plan.max_length or limit)
     names = [n for n in tokenizer.model_input_names if n in ("input_ids", "attention_mask", "token_type_ids")]
     backend = getattr(tokenizer, "backend_tokenizer", None)  # (a slow tokenizer has none: no task windows it)
     windows = task.window_encoder(backend, limit, names) if backend is not None else None

@@ -1,0 +1,256 @@
+"""`byoc encode`: encode a corpus into Parquet shards, as a SageMaker training job (or `docker run` with a
+mounted /opt/ml): the contract's hyperparameters, `corpus` and `model` channels, hosts and checkpoint folder.
+
+The job reads the corpus once to check it (ids present and unique) and count it, cuts it into shards
+(byoc.encoding.shards), deals them among its ranks, runs the ranks (this process alone, or one process per GPU
+or per `processes_per_host`), then writes the manifest of this host's shards. Every failure reaches
+output/failure; a SIGTERM stops the ranks between batches, keeps what is finished, and exits 143: run the job
+again with the same checkpoint location and it goes on from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import re
+import signal
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from byoc import __version__
+from byoc.contract import Paths, TrainingContract, read_training_contract, write_failure
+from byoc.encoding import columns, encoder, shards
+from byoc.encoding.encoder import RankJob
+from byoc.encoding.settings import EncodeError, EncodeSettings
+from byoc.errors import EXIT_FAILURE, EXIT_STOPPED, describe
+from byoc.logs import configure_logging
+from byoc.model_folder import locate
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+SHARDS = "shards"  # the output's subfolder of Parquet files: pyarrow, pandas and DuckDB read it whole
+STATE = "encode"  # the checkpoint folder's subfolder holding finished shards and the job's fingerprint
+
+
+def encode(root: Path | None = None) -> int:
+    """Run the encode job /opt/ml (or $SAGEMAKER_BASE_DIR, or `root`) describes; the exit code."""
+    paths = Paths.from_env(base=root)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        contract = read_training_contract(root)
+        settings = EncodeSettings.from_hyperparameters(contract.hyperparameters)
+        return _run(contract, settings)
+    except (Exception, encoder.Stopped) as err:
+        stopped = isinstance(err, encoder.Stopped)
+        message = (
+            "stopped by SIGTERM: the shards finished so far are kept in the checkpoint folder; run the job again "
+            "with the same checkpoint location (checkpoint_s3_uri) and it encodes only what is left"
+            if stopped
+            else describe(err)
+        )
+        if not stopped and not isinstance(err, EncodeError):
+            logger.exception("encode failed")
+        logger.error("encode failed: %s", message)
+        write_failure(paths, message)
+        return EXIT_STOPPED if stopped else EXIT_FAILURE
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        encoder.stop_requested.clear()
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    logger.warning("SIGTERM: stopping after the batch at hand")
+    encoder.stop_requested.set()
+    for child in multiprocessing.active_children():  # (ranks of their own: each stops between its batches)
+        if child.pid:
+            os.kill(child.pid, signal.SIGTERM)
+
+
+def _run(contract: TrainingContract, settings: EncodeSettings) -> int:
+    started = time.monotonic()
+    channel = contract.channels.get("corpus")
+    if channel is None:
+        raise EncodeError(
+            f"no `corpus` channel (channels: {', '.join(contract.channels) or 'none'}): give the job the corpus "
+            "as an input channel named corpus (JSON Lines, CSV or Parquet)"
+        )
+    if "model" not in contract.channels:
+        raise EncodeError(
+            "no `model` channel: give the job the model folder (or model.tar.gz) as a channel named model"
+        )
+    state = contract.checkpoint_folder / STATE
+    model_dir = locate(contract.channels["model"].path, state / "cache")
+    files = shards.read_corpus(channel.path, settings)
+    every = shards.plan(files, settings.shard_size)
+    per_host = settings.processes_per_host or max(1, gpu_count())
+    sharded = channel.distribution == "ShardedByS3Key"
+    ranks = shards.Ranks.of(per_host, contract.hosts, contract.current_host, sharded)
+    out = Path(settings.output_dir) if settings.output_dir else contract.paths.model_dir
+    _check_state(state, settings, model_dir)
+    documents = sum(f.documents for f in files)
+    logger.info(
+        "byoc %s encode: %d document(s) in %d file(s), %d shard(s) of up to %d; ranks %d-%d of %d (%s channel)",
+        __version__,
+        documents,
+        len(files),
+        len(every),
+        settings.shard_size,
+        ranks.first,
+        ranks.first + per_host - 1,
+        ranks.world,
+        channel.distribution,
+    )
+    cores = os.cpu_count() or 1
+    jobs = [
+        RankJob(
+            settings,
+            model_dir,
+            tuple(shards.owned(every, ranks.first + local, ranks.world)),
+            state,
+            out / SHARDS,
+            ranks.first + local,
+            threads=max(1, cores // per_host) if per_host > 1 else None,
+            device_index=local if gpu_count() else None,
+        )
+        for local in range(per_host)
+    ]
+    if per_host == 1:
+        encoder.run(jobs[0])
+    else:
+        _run_ranks(jobs)
+    mine = [shard for job in jobs for shard in job.shards]
+    manifest = write_manifest(out, mine, settings, model_dir, contract)
+    logger.info(
+        "encoded %d document(s) into %d shard(s) in %s in %.1f s",
+        manifest["documents"],
+        len(mine),
+        out,
+        time.monotonic() - started,
+    )
+    return 0
+
+
+def _run_ranks(jobs: list[RankJob]) -> None:
+    """Each rank a process of its own (spawned: a fresh interpreter, so each loads its model on its own device);
+    a rank that fails fails the job, naming it."""
+    context = multiprocessing.get_context("spawn")
+    errors = context.Queue()
+    processes = [context.Process(target=_rank, args=(job, errors), name=f"byoc-encode-{job.rank}") for job in jobs]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join()
+    failures = [errors.get() for _ in range(errors.qsize())] if not errors.empty() else []
+    if encoder.stop_requested.is_set() or any(kind == "stopped" for kind, _ in failures):
+        raise encoder.Stopped("stopped by SIGTERM")
+    if failures:
+        kind, message = failures[0]
+        raise (EncodeError if kind == "user" else RuntimeError)(message)
+    codes = [p.exitcode for p in processes if p.exitcode]
+    if codes:
+        raise RuntimeError(f"{len(codes)} rank(s) ended with exit code {codes[0]} (the job's log says why)")
+
+
+def _rank(job: RankJob, errors: Any) -> None:
+    configure_logging()
+    signal.signal(signal.SIGTERM, lambda *_: encoder.stop_requested.set())
+    try:
+        encoder.run(job)
+    except encoder.Stopped as err:
+        errors.put(("stopped", str(err)))
+        raise SystemExit(EXIT_STOPPED) from None
+    except Exception as err:
+        if not isinstance(err, EncodeError):
+            logger.exception("rank %d failed", job.rank)
+        errors.put(("user" if isinstance(err, EncodeError) else "error", f"rank {job.rank}: {describe(err)}"))
+        raise SystemExit(EXIT_FAILURE) from None
+
+
+def gpu_count() -> int:
+    """The NVIDIA GPUs this container sees (its /dev/nvidiaN devices; CUDA_VISIBLE_DEVICES where set), counted
+    without importing torch."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = [p for p in Path("/dev").glob("nvidia*") if re.fullmatch(r"nvidia\d+", p.name)]
+    if visible is not None and devices:
+        return len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"])
+    return len(devices)
+
+
+def _check_state(state: Path, settings: EncodeSettings, model_dir: Path) -> None:
+    """The checkpoint folder holds shards of this very job, or none: a job whose model or settings changed
+    must not mix its vectors with an earlier one's."""
+    state.mkdir(parents=True, exist_ok=True)
+    kept = {name: value for name, value in asdict(settings).items() if name not in ("processes_per_host", "output_dir")}
+    fingerprint = {"settings": kept, "model": _model_fingerprint(model_dir)}
+    path = state / "job.json"
+    if path.exists():
+        before = json.loads(path.read_text())
+        if before != fingerprint and any(state.glob("*.parquet")):
+            changed = sorted(k for k in set(before["settings"]) | set(kept) if before["settings"].get(k) != kept.get(k))
+            what = f"settings changed ({', '.join(changed)})" if changed else "the model changed"
+            raise EncodeError(
+                f"the checkpoint folder {state} holds shards of another encode job ({what}): give this job a new "
+                "checkpoint location (checkpoint_s3_uri), or empty it to encode everything again"
+            )
+    path.write_text(json.dumps(fingerprint, indent=1, sort_keys=True))
+
+
+def _model_fingerprint(model_dir: Path) -> str:
+    """The model's files by name and size, and its config.json's text: what a restart sees the same."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        digest.update(f"{path.relative_to(model_dir).as_posix()}:{path.stat().st_size}\n".encode())
+    config = model_dir / "config.json"
+    if config.is_file():
+        digest.update(config.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def write_manifest(
+    out: Path, mine: list[shards.Shard], settings: EncodeSettings, model_dir: Path, contract: TrainingContract
+) -> dict[str, Any]:
+    """manifest.json (manifest-HOST.json where several hosts each write their own): the model, the settings,
+    and each shard's file, documents and sha256, with the columns' widths."""
+    entries, made, widths = [], {}, {}
+    for shard in sorted(mine, key=lambda s: s.name):
+        path = out / SHARDS / shard.name
+        facts = columns.read_metadata(path)
+        widths = facts.pop("widths")
+        made = {k: v for k, v in facts.items() if k != "rows"}
+        entries.append(
+            {
+                "file": f"{SHARDS}/{shard.name}",
+                "source": shard.file.path.name,
+                "documents": facts["rows"],
+                "sha256": _sha256(path),
+            }
+        )
+    manifest = {
+        "format": "byoc-encode/1",
+        "byoc": __version__,
+        "model": {"folder": model_dir.name, **made},
+        "settings": {k: v for k, v in asdict(settings).items() if k != "output_dir"},
+        "dimensions": widths,
+        "documents": sum(e["documents"] for e in entries),
+        "shards": entries,
+        "host": contract.current_host,
+        "hosts": contract.hosts,
+    }
+    name = MANIFEST if len(contract.hosts) == 1 else f"manifest-{contract.current_host}.json"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
