@@ -37,3 +37,13 @@ def test_values_as_the_sdks_write_them_are_parsed_and_auto_means_the_default():
 def test_a_bad_value_is_refused_saying_what_it_must_be(values, message):
     with pytest.raises(EncodeError, match=message):
         EncodeSettings.from_hyperparameters(values)
+
+
+def test_docs_encoding_md_lists_every_setting():
+    from dataclasses import fields
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "encoding.md").read_text()
+    table = page.split("## Settings", 1)[1].split("\n## ", 1)[0]
+    listed = [line.split("`")[1] for line in table.splitlines() if line.startswith("| `")]
+    assert listed == [f.name for f in fields(EncodeSettings)]
