@@ -42,3 +42,22 @@ def test_demo_trains_predicts_and_serves_the_readme_answer(tmp_path):
     answer = response.json()
     assert shape(answer) == shape(example.answer), f"README shows {example.answer}, the server answered {answer}"
     assert labels(answer) == labels(example.answer), f"README shows {example.answer}, the server answered {answer}"
+
+
+def test_the_retrieval_demo_trains_evaluates_encodes_serves_and_answers_its_query(tmp_path):
+    """`make demo-retrieval`: byoc train, encode and serve one after another on the CPU; the held-out questions
+    ranked better than BM25 ranks them, and the query's best article is the one it asks about."""
+    env = {**os.environ, "BYOC_DEMO_DIR": str(tmp_path)}
+    env.pop("SAGEMAKER_BASE_DIR", None)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "demo_retrieval.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = re.search(r"NDCG@10 ([0-9.]+) on the held-out questions \(BM25: ([0-9.]+)\)", done.stdout)
+    assert float(found.group(1)) > float(found.group(2)), done.stdout
+    assert "encoded 16 articles" in done.stdout and "1. Lost parcels" in done.stdout, done.stdout
+    assert (tmp_path / "retrieval" / "encode" / "model" / "manifest.json").exists()

@@ -421,3 +421,44 @@ def test_a_retrieval_job_on_cuda_mines_trains_and_reports_its_figures_on_a_beir_
     # On cuda in this process (no TF32) against the job's (TF32): a near tie may swap one pair of 15 documents.
     for key, name in corpus_evaluation.REPORTED.items():
         assert metrics[f"test_corpus_{name}"] == pytest.approx(results[prefix + key], abs=0.05), name
+
+
+@pytest.mark.parametrize("ranks", ["auto", "2"])
+def test_byoc_encode_on_cuda_encodes_each_document_once_as_sentence_transformers_does(tmp_path, tiny_model_dir, ranks):
+    """`byoc encode` as a job runs it: one rank a GPU by default (auto), or two ranks sharing this machine's GPUs;
+    torch on cuda in half precision (serving's choice), each document once, close to sentence-transformers' fp32
+    vectors on the CPU."""
+    import subprocess
+    import sys
+
+    import pyarrow.dataset as ds
+
+    from byoc import compat
+
+    SentenceTransformer, _, _, _ = compat.sentence_transformers_api()
+    try:
+        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    except ImportError:  # (sentence-transformers 5: the images' tier)
+        from sentence_transformers.models import Pooling, Transformer
+    folder = tmp_path / "embedder"
+    encoder = Transformer(str(tiny_model_dir))
+    SentenceTransformer(modules=[encoder, Pooling(encoder.get_word_embedding_dimension())]).save(str(folder))
+    job = Job(tmp_path / "opt-ml").resources().hyperparameters({"shard_size": "16", "processes_per_host": ranks})
+    job.model_channel(folder)
+    texts = {f"d{n}": f"{EMBED_TEXTS[n % 4]} number {n}" for n in range(100)}
+    write_jsonl(job.channel("corpus") / "c.jsonl", [{"id": k, "text": v} for k, v in texts.items()])
+    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(job.root)}
+    done = subprocess.run(
+        [sys.executable, "-m", "byoc.cli", "encode"], env=env, capture_output=True, text=True, timeout=180
+    )
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-3000:]
+    assert log.count("with torch on cuda") == (1 if ranks == "auto" else 2), log[-3000:]
+    table = ds.dataset(job.model_dir / "shards", format="parquet").to_table()
+    ids = table["id"].to_pylist()
+    assert sorted(ids) == sorted(texts)
+    got = unit(np.stack(table["vector"].to_numpy(zero_copy_only=False)))
+    reference = SentenceTransformer(str(folder), device="cpu").encode(
+        [texts[i] for i in ids], normalize_embeddings=True
+    )
+    assert (got * reference).sum(axis=1).min() >= 0.99

@@ -46,3 +46,14 @@ def test_a_shard_file_is_there_whole_or_not_at_all(tmp_path):
     writer.abort()  # (after close: nothing to drop)
     assert pq.read_table(target)["id"].to_pylist() == ["a", "b"]
     assert columns.read_metadata(target) == {"task": "embedding", "widths": {"vector": 2}, "rows": 2}
+
+    big = tmp_path / "c-00001.parquet"
+    writer = columns.ShardWriter(big, {})
+    for start in range(0, 5000, 64):  # (batches of 64 gathered into row groups of ROW_GROUP documents)
+        count = min(64, 5000 - start)
+        writer.write(
+            columns.table([str(start + n) for n in range(count)], [[1.0]] * count, {None: Kind.VECTOR}, "auto")
+        )
+    writer.close()
+    groups = pq.ParquetFile(big).metadata
+    assert [groups.row_group(g).num_rows for g in range(groups.num_row_groups)] == [2048, 2048, 904]

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from byoc.tasks.kinds import Kind
 
 ENCODED = (Kind.VECTOR, Kind.SPARSE_TERMS, Kind.TOKEN_VECTORS)
-COLUMNS = {Kind.VECTOR: ("vector",), Kind.SPARSE_TERMS: ("indices", "values"), Kind.TOKEN_VECTORS: ("token_vectors",)}
+ROW_GROUP = 2048  # documents a Parquet row group holds (the last one of a shard: what is left)
 
 
 def number_type(kind: Kind, dtype: str) -> np.dtype:
@@ -43,28 +43,40 @@ def table(ids: Sequence[str], answers: Sequence[Any], kinds: Mapping[str | None,
 
 
 class ShardWriter:
-    """One shard's Parquet file, written a batch (a row group) at a time beside its name and renamed there once
-    whole (`close`): a file under a shard's name is always whole; a job stopped mid-shard leaves none (`abort`)."""
+    """One shard's Parquet file, written beside its name a row group at a time (batches gathered to ROW_GROUP
+    documents: a row group a batch of 64 slows writing and reading alike) and renamed there once whole (`close`):
+    a file under a shard's name is always whole; a job stopped mid-shard leaves none (`abort`)."""
 
     def __init__(self, target: Path, metadata: Mapping[str, Any]) -> None:
         self.target, self.metadata = target, dict(metadata)  # (more may be added before the first batch)
         self.partial = target.with_name(f".{target.name}.partial")
         self.writer: pq.ParquetWriter | None = None
+        self.pending: list[pa.Table] = []
 
     def write(self, data: pa.Table) -> None:
+        self.pending.append(data)
+        if sum(t.num_rows for t in self.pending) >= ROW_GROUP:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.pending:
+            return
         if self.writer is None:
             facts = {key.encode(): json.dumps(value).encode() for key, value in self.metadata.items()}  # (JSON each)
-            schema = data.schema.with_metadata({**(data.schema.metadata or {}), **facts})
+            schema = self.pending[0].schema.with_metadata({**(self.pending[0].schema.metadata or {}), **facts})
             self.writer = pq.ParquetWriter(self.partial, schema, compression="zstd")
-        self.writer.write_table(data.cast(self.writer.schema))
+        self.writer.write_table(pa.concat_tables([t.cast(self.writer.schema) for t in self.pending]))
+        self.pending = []
 
     def close(self) -> None:
+        self._flush()
         if self.writer is not None:
             self.writer.close()
             self.writer = None
             os.replace(self.partial, self.target)
 
     def abort(self) -> None:
+        self.pending = []
         if self.writer is not None:
             self.writer.close()
             self.writer = None

@@ -51,7 +51,7 @@ class RankJob:
     output_dir: Path
     rank: int
     threads: int | None = None  # the model's threads (cores / ranks on the CPU)
-    device_index: int | None = None  # the GPU this rank runs on
+    device: str | None = None  # the GPU this rank runs on, as CUDA_VISIBLE_DEVICES names it
 
 
 def done(shard: Shard, state_dir: Path) -> bool:
@@ -89,8 +89,8 @@ def run(job: RankJob) -> int:
 
 def load(job: RankJob) -> tuple[Any, dict[str, Any]]:
     """The model, loaded as byoc serve loads it, and the request parameters every batch is encoded with."""
-    if job.device_index is not None:  # (before torch is imported, on loading: the rank sees its own GPU only)
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(job.device_index)
+    if job.device is not None:  # (before torch is imported, on loading: the rank sees its own GPU only)
+        os.environ["CUDA_VISIBLE_DEVICES"] = job.device
     inference = replace(
         InferenceSettings.from_env(),
         backend=job.settings.backend,

@@ -88,7 +88,8 @@ def _run(contract: TrainingContract, settings: EncodeSettings) -> int:
     model_dir = locate(contract.channels["model"].path, state / "cache")
     files = shards.read_corpus(channel.path, settings)
     every = shards.plan(files, settings.shard_size)
-    per_host = settings.processes_per_host or max(1, gpu_count())
+    gpus = gpu_ids()
+    per_host = settings.processes_per_host or max(1, len(gpus))
     sharded = channel.distribution == "ShardedByS3Key"
     ranks = shards.Ranks.of(per_host, contract.hosts, contract.current_host, sharded)
     out = Path(settings.output_dir) if settings.output_dir else contract.paths.model_dir
@@ -116,7 +117,7 @@ def _run(contract: TrainingContract, settings: EncodeSettings) -> int:
             out / SHARDS,
             ranks.first + local,
             threads=max(1, cores // per_host) if per_host > 1 else None,
-            device_index=local if gpu_count() else None,
+            device=gpus[local % len(gpus)] if gpus else None,  # (more ranks than GPUs: they share)
         )
         for local in range(per_host)
     ]
@@ -172,14 +173,16 @@ def _rank(job: RankJob, errors: Any) -> None:
         raise SystemExit(EXIT_FAILURE) from None
 
 
-def gpu_count() -> int:
-    """The NVIDIA GPUs this container sees (its /dev/nvidiaN devices; CUDA_VISIBLE_DEVICES where set), counted
-    without importing torch."""
+def gpu_ids() -> list[str]:
+    """The NVIDIA GPUs this container sees, as CUDA_VISIBLE_DEVICES names them (its /dev/nvidiaN devices, or the
+    variable's list where it is set), found without importing torch."""
+    devices = [
+        p.name.removeprefix("nvidia") for p in Path("/dev").glob("nvidia*") if re.fullmatch(r"nvidia\d+", p.name)
+    ]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    devices = [p for p in Path("/dev").glob("nvidia*") if re.fullmatch(r"nvidia\d+", p.name)]
     if visible is not None and devices:
-        return len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"])
-    return len(devices)
+        return [v.strip() for v in visible.split(",") if v.strip() and v.strip() != "-1"]
+    return sorted(devices, key=int)
 
 
 def _check_state(state: Path, settings: EncodeSettings, model_dir: Path) -> None:

@@ -1,0 +1,191 @@
+"""Encoding a corpus (make bench-encode): `byoc encode` as a job runs it (a process of its own on a temporary
+/opt/ml), against sentence-transformers' `encode` and byoc serve's own pass (the default predict_fn in this process,
+no HTTP) on the same folder and batch size; its peak memory on a corpus and on one 10 times larger; int8's
+recall@10 against fp32's.
+
+The model: the bundled all-MiniLM-L6-v2 with its graphs (fp32 and int8) written by byoc's export. The corpus:
+SICK's distinct sentences (shared data), each a document; the queries: each test pair's first sentence where
+the pair is related (relatedness at least 4), its second sentence the relevant document.
+
+Scenarios (alternated over `--rounds`, benchmarks/harness.py; the medians reported):
+  byoc_encode      documents/s of the job's encoding (its rank's rate: model loaded, corpus read), and the job's
+                   whole time from start to manifest; fp32 (the default on the CPU)
+  byoc_encode_int8 the same with precision=int8 (ONNX Runtime's quantized graph)
+  st_encode        SentenceTransformer.encode(corpus, batch_size=BATCH) on the whole corpus in one call (sorted by
+                   length throughout, as users call it), in this process, model loaded before
+  serve_pass       byoc serve's predict_fn, BATCH texts a call, in this process, model loaded before
+Then, once: peak resident memory of `byoc encode` on SMALL documents and on 10 times as many; recall@10 of the
+int8 corpus and queries against fp32's.
+
+    .venv/bin/python benchmarks/bench_encode.py [--rounds 2] [--json benchmarks/results/encode.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
+from bench_embed import load, model_folder, rate, sick_pairs  # noqa: E402  (the dense benchmark's model and data)
+from child_process import dies_with_parent, exit_on_sigterm  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "container"))
+WORK = Path("/tmp/byoc-bench-encode")
+BATCH = 64
+SMALL = 2_000  # documents of the memory check's small corpus (the large one: 10 times as many)
+RUN = (
+    "import json, resource, sys\n"
+    "from byoc.logs import configure_logging\n"
+    "from byoc.encoding.entry import encode\n"
+    "configure_logging()\n"
+    "code = encode()\n"
+    "print('PEAK_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)\n"
+    "sys.exit(code)\n"
+)
+
+
+def corpus() -> tuple[dict[str, str], list[str], list[str]]:
+    """SICK's distinct sentences by id, and the related test pairs' queries with their documents' ids."""
+    first, second, gold = sick_pairs()
+    texts = list(dict.fromkeys(first + second))
+    ids = {text: f"sick-{n}" for n, text in enumerate(texts)}
+    related = [(a, b) for a, b, g in zip(first, second, gold) if g >= 4.0 and a != b]
+    return {ids[t]: t for t in texts}, [a for a, _ in related], [ids[b] for _, b in related]
+
+
+def job_tree(root: Path, model: Path, documents: dict[str, str], hyperparameters: dict[str, str]) -> Path:
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "input" / "config").mkdir(parents=True)
+    (root / "input" / "data" / "corpus").mkdir(parents=True)
+    (root / "input" / "data" / "model").symlink_to(model, target_is_directory=True)
+    (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(hyperparameters))
+    channels = {
+        name: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated"} for name in ("corpus", "model")
+    }
+    (root / "input" / "config" / "inputdataconfig.json").write_text(json.dumps(channels))
+    with (root / "input" / "data" / "corpus" / "corpus.jsonl").open("w") as file:
+        for doc_id, text in documents.items():
+            file.write(json.dumps({"id": doc_id, "text": text}) + "\n")
+    return root
+
+
+def run_job(root: Path) -> dict[str, float]:
+    """`byoc encode` in a process of its own: its rank's documents/s, its whole time, its peak memory."""
+    started = time.monotonic()
+    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "PYTHONPATH": str(REPO / "container")}
+    done = subprocess.run(
+        [sys.executable, "-c", RUN], env=env, capture_output=True, text=True, preexec_fn=dies_with_parent
+    )
+    output = done.stdout + done.stderr
+    if done.returncode:
+        raise RuntimeError(f"byoc encode failed ({done.returncode}):\n{output[-3000:]}")
+    rate_found = re.findall(r"documents_per_second=([0-9.]+)", output)
+    peak = re.search(r"PEAK_KIB (\d+)", output)
+    return {
+        "documents_per_s": float(rate_found[-1]),
+        "job_s": time.monotonic() - started,
+        "peak_mib": int(peak.group(1)) / 1024 if peak else float("nan"),
+    }
+
+
+def vectors(root: Path) -> tuple[list[str], np.ndarray]:
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(root / "model" / "shards", format="parquet").to_table()
+    return table["id"].to_pylist(), np.stack(table["vector"].to_numpy(zero_copy_only=False)).astype(np.float32)
+
+
+def recall_at_10(ids: list[str], documents: np.ndarray, queries: np.ndarray, relevant: list[str]) -> float:
+    scores = queries @ documents.T
+    top = np.argsort(-scores, axis=1)[:, :10]
+    return float(np.mean([relevant[q] in {ids[i] for i in row} for q, row in enumerate(top)]))
+
+
+def main() -> int:
+    exit_on_sigterm()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "encode.json")
+    options = parser.parse_args()
+    from sentence_transformers import SentenceTransformer
+
+    from byoc.serving import default_pipeline
+
+    folder = model_folder()
+    documents, queries, relevant = corpus()
+    texts = list(documents.values())
+    reference = SentenceTransformer(str(folder), device="cpu")
+    served = load(folder, "fp32")
+    seconds = 10.0
+
+    def byoc_encode() -> dict[str, float]:
+        return run_job(job_tree(WORK / "job", folder, documents, {"batch_size": str(BATCH)}))
+
+    def byoc_encode_int8() -> dict[str, float]:
+        return run_job(job_tree(WORK / "job", folder, documents, {"batch_size": str(BATCH), "precision": "int8"}))
+
+    def st_encode() -> dict[str, float]:
+        started = time.monotonic()  # (the whole corpus in one call, as users call it: sorted by length throughout)
+        reference.encode(texts, batch_size=BATCH)
+        return {"documents_per_s": len(texts) / (time.monotonic() - started)}
+
+    def serve_pass() -> dict[str, float]:
+        def answer(batch: list[str]) -> object:
+            return default_pipeline.predict_fn({"inputs": batch, "parameters": {}}, served)
+
+        return {"documents_per_s": rate(answer, texts, seconds, BATCH)}
+
+    scenarios = {"byoc_encode": byoc_encode, "byoc_encode_int8": byoc_encode_int8, "st_encode": st_encode}
+    runs = harness.alternate({**scenarios, "serve_pass": serve_pass}, options.rounds)
+    results: dict[str, Any] = {
+        "batch": BATCH,
+        "documents": len(documents),
+        "rounds": options.rounds,
+        "threads": os.cpu_count(),
+    }
+    results.update(harness.medians(runs))
+    encoded = results["byoc_encode"]["documents_per_s"]
+    results["byoc_encode_over_st_encode"] = encoded / results["st_encode"]["documents_per_s"]
+    results["byoc_encode_over_serve_pass"] = encoded / results["serve_pass"]["documents_per_s"]
+    int8 = results["byoc_encode_int8"]["documents_per_s"]
+    results["byoc_encode_int8_over_st_encode"] = int8 / results["st_encode"]["documents_per_s"]
+
+    small = dict(list(documents.items())[:SMALL])
+    large = {f"{doc_id}-{copy}": text for copy in range(10) for doc_id, text in small.items()}
+    results["memory"] = {
+        "small_documents": len(small),
+        "large_documents": len(large),
+        "small_peak_mib": run_job(job_tree(WORK / "small", folder, small, {"batch_size": str(BATCH)}))["peak_mib"],
+        "large_peak_mib": run_job(job_tree(WORK / "large", folder, large, {"batch_size": str(BATCH)}))["peak_mib"],
+    }
+    results["memory"]["large_over_small"] = results["memory"]["large_peak_mib"] / results["memory"]["small_peak_mib"]
+
+    recall = {}
+    for precision in ("fp32", "int8"):
+        root = job_tree(WORK / precision, folder, documents, {"batch_size": str(BATCH), "precision": precision})
+        run_job(root)
+        ids, corpus_vectors = vectors(root)
+        model = load(folder, precision)
+        asked = np.asarray(default_pipeline.predict_fn({"inputs": queries, "parameters": {}}, model), dtype=np.float32)
+        recall[precision] = recall_at_10(ids, corpus_vectors, asked, relevant)
+    results["recall_at_10"] = {**recall, "queries": len(queries), "int8_minus_fp32": recall["int8"] - recall["fp32"]}
+    print({k: v for k, v in results.items() if "_over_" in k or k in ("memory", "recall_at_10")}, flush=True)
+    harness.write_results(options.json, results)
+    shutil.rmtree(WORK, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
