@@ -14,7 +14,8 @@ from typing import Any
 
 from byoc.sdk_values import Bound
 
-COUNT = Bound(1, 2**31 - 1)  # a positive whole number (as byoc.training.arguments.COUNT)
+INT_LIMIT = 2**31 - 1  # the largest whole number a setting takes (a C int: what the libraries underneath hold)
+COUNT = Bound(1, INT_LIMIT)  # a positive whole number (byoc.training.arguments' too)
 
 
 @dataclass(frozen=True)

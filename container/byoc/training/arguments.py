@@ -16,6 +16,7 @@ from typing import Any
 from byoc import tasks
 from byoc.errors import UserError
 from byoc.sdk_values import Bound, base_type
+from byoc.tasks.settings import COUNT, INT_LIMIT, sizes
 
 logger = logging.getLogger(__name__)
 
@@ -26,13 +27,11 @@ class HyperparameterError(UserError, ValueError):
 
 # Past these a job fails late (an OverflowError when the Trainer counts its steps, a tensor too
 # large to allocate); no real job comes near them.
-INT_LIMIT = 2**31 - 1
 EPOCHS_LIMIT = 100_000
 SEED_LIMIT = 2**32 - 1  # numpy's seeds are 32-bit, and transformers.set_seed seeds numpy
 DEFAULT_BATCH_SIZE, SMALL_BATCH_SIZE = 32, 16  # 16: token classification, and runs under SMALL_RUN rows
 SMALL_RUN = 4096  # rows the whole run sees (rows x epochs): at 32, under 128 steps in all
 # The ranges, each checked when the hyperparameters are read, so a bad value fails before any work.
-COUNT = Bound(1, INT_LIMIT)
 WHOLE = Bound(0, INT_LIMIT)
 POSITIVE = Bound(0, low_open=True)
 NOT_NEGATIVE = Bound(0)
@@ -389,10 +388,9 @@ def bucket_sizes(args: TrainArguments) -> list[int] | None:
 
 def _sizes(value: Any, name: str, expected: str) -> list[int]:
     """Positive whole numbers written as a list ([] for none, or auto), ascending, each once."""
-    parts = [part.strip() for part in str(value or "").strip("[]() ").replace(";", ",").split(",") if part.strip()]
-    if parts == ["auto"] or not parts:
+    if str(value or "").strip("[]() ").lower() == "auto":
         return []
-    sizes = sorted({int(part) for part in parts}) if all(part.isdigit() for part in parts) else [0]
-    if sizes[0] < 1:
-        raise HyperparameterError(f"hyperparameter {name} must be {expected}, got {value!r}")
-    return sizes
+    try:
+        return sorted(sizes(value))
+    except ValueError:
+        raise HyperparameterError(f"hyperparameter {name} must be {expected}, got {value!r}") from None
