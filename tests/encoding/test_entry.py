@@ -215,9 +215,8 @@ def test_a_job_stopped_mid_way_keeps_its_finished_shards_and_the_restart_encodes
     assert run(job, monkeypatch) == EXIT_STOPPED
     assert "stopped by SIGTERM" in job.failure and "encodes only what is left" in job.failure
     state = job.root / "checkpoints" / "encode"
-    assert sorted(p.name for p in state.iterdir()) == ["job.json", "part-0-00000.parquet"]  # (no partial file)
+    assert sorted(p.name for p in state.iterdir()) == ["job-algo-1.json", "part-0-00000.parquet"]  # (no partial)
     monkeypatch.setattr(encoder, "publish", published)
-    (job.root / "output" / "failure").unlink()
     with caplog.at_level("INFO"):
         assert run(job, monkeypatch) == 0, job.failure
     assert "1 of its 6 shard(s) finished before: skipped" in caplog.text
@@ -226,6 +225,12 @@ def test_a_job_stopped_mid_way_keeps_its_finished_shards_and_the_restart_encodes
     job.hyperparameters({"shard_size": "10", "max_length": "8"})  # (another job's vectors must not mix in)
     assert run(job, monkeypatch) != 0
     assert "holds shards of another encode job (settings changed (max_length))" in job.failure
+    job.hyperparameters({"shard_size": "10", "batch_size": "3"})  # (how the work is cut: the same job)
+    assert run(job, monkeypatch) == 0, job.failure
+    assert job.failure is None  # (the attempt before's, gone)
+    write_jsonl(job.channel("corpus") / "part-1.jsonl", [{"id": "1-0", "text": "another text"}])
+    assert run(job, monkeypatch) != 0
+    assert "holds shards of another encode job (the corpus changed)" in job.failure
 
 
 @pytest.mark.cpu

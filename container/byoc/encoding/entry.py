@@ -41,6 +41,7 @@ STATE = "encode"  # the checkpoint folder's subfolder holding finished shards an
 def encode(root: Path | None = None) -> int:
     """Run the encode job /opt/ml (or $SAGEMAKER_BASE_DIR, or `root`) describes; the exit code."""
     paths = Paths.from_env(base=root)
+    paths.failure_file.unlink(missing_ok=True)  # (an earlier attempt's, run again in the same tree: not this one's)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         contract = read_training_contract(root)
@@ -93,7 +94,7 @@ def _run(contract: TrainingContract, settings: EncodeSettings) -> int:
     sharded = channel.distribution == "ShardedByS3Key"
     ranks = shards.Ranks.of(per_host, contract.hosts, contract.current_host, sharded)
     out = Path(settings.output_dir) if settings.output_dir else contract.paths.model_dir
-    _check_state(state, settings, model_dir)
+    _check_state(state / f"job-{contract.current_host}.json", settings, model_dir, files)
     documents = sum(f.documents for f in files)
     logger.info(
         "byoc %s encode: %d document(s) in %d file(s), %d shard(s) of up to %d; ranks %d-%d of %d (%s channel)",
@@ -185,20 +186,28 @@ def gpu_ids() -> list[str]:
     return sorted(devices, key=int)
 
 
-def _check_state(state: Path, settings: EncodeSettings, model_dir: Path) -> None:
-    """The checkpoint folder holds shards of this very job, or none: a job whose model or settings changed
-    must not mix its vectors with an earlier one's."""
-    state.mkdir(parents=True, exist_ok=True)
-    kept = {name: value for name, value in asdict(settings).items() if name not in ("processes_per_host", "output_dir")}
-    fingerprint = {"settings": kept, "model": _model_fingerprint(model_dir)}
-    path = state / "job.json"
+def _check_state(path: Path, settings: EncodeSettings, model_dir: Path, files: list[shards.CorpusFile]) -> None:
+    """The checkpoint folder holds shards of this very job, or none: a job whose model, settings or corpus changed
+    must not mix its vectors with an earlier one's. `path`: this host's record of the job (every host syncs the
+    same checkpoint location)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ignored = ("processes_per_host", "output_dir", "batch_size")  # (how the work is cut, not what it gives)
+    kept = {name: value for name, value in asdict(settings).items() if name not in ignored}
+    corpus = [[f.name, f.path.stat().st_size, f.documents] for f in files]
+    fingerprint = {"settings": kept, "model": _model_fingerprint(model_dir), "corpus": corpus}
     if path.exists():
         before = json.loads(path.read_text())
-        if before != fingerprint and any(state.glob("*.parquet")):
+        if before != fingerprint and any(path.parent.glob("*.parquet")):
             changed = sorted(k for k in set(before["settings"]) | set(kept) if before["settings"].get(k) != kept.get(k))
-            what = f"settings changed ({', '.join(changed)})" if changed else "the model changed"
+            what = (
+                f"settings changed ({', '.join(changed)})"
+                if changed
+                else "the model changed"
+                if before.get("model") != fingerprint["model"]
+                else "the corpus changed"
+            )
             raise EncodeError(
-                f"the checkpoint folder {state} holds shards of another encode job ({what}): give this job a new "
+                f"the checkpoint folder {path.parent} holds shards of another encode job ({what}): give this job a new "
                 "checkpoint location (checkpoint_s3_uri), or empty it to encode everything again"
             )
     path.write_text(json.dumps(fingerprint, indent=1, sort_keys=True))
