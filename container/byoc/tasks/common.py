@@ -1,10 +1,10 @@
-"""What the tasks' heads and recipes share: the error a request's parameter raises, the label filler rows
-carry, and the NumPy functions both sides apply to a model's outputs."""
+"""What the tasks' heads and recipes share: a task's identity, the error a request's parameter raises, the label
+filler rows carry, and the NumPy functions both sides apply to a model's outputs."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -12,6 +12,18 @@ from byoc import model_folder
 
 TRANSFORMERS_PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 IGNORE_LABEL = -100  # what the classification loss ignores; marks filler rows and untagged sub-tokens
+
+
+class Identity:
+    """What a task is, which its head and its recipe both read and byoc.tasks.base.Task gives: its name, how
+    messages name it, the transformers class its folder loads as, its scores from a batch's outputs."""
+
+    if TYPE_CHECKING:
+        name: str
+        described: str
+        auto_class: str
+
+        def scores(self, logits: np.ndarray) -> np.ndarray: ...
 
 
 class BadParameter(ValueError):

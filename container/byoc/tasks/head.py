@@ -6,25 +6,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from byoc.tasks.common import (
     BadParameter,
+    Identity,
 )
 from byoc.tasks.kinds import Kind
 
 
-class Head:
+class Head(Identity):
     """The serving half of a `Task` (byoc.tasks.base), with a whole-text classifier's defaults."""
-
-    if TYPE_CHECKING:  # (the task's identity, which byoc.tasks.base.Task gives)
-        name: str
-        described: str
-        auto_class: str
-
-        def scores(self, logits: np.ndarray) -> np.ndarray: ...
 
     parameters: tuple[str, ...] = ()  # the request parameters byoc's predict_fn takes for it
     rerank_parameters: tuple[str, ...] = ()  # those of them a rerank body may carry (in its "parameters")

@@ -5,7 +5,7 @@ alone (tests/test_architecture.py); torch, transformers and sentence-transformer
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -13,20 +13,14 @@ from byoc import model_folder
 from byoc.tasks.common import (
     TRANSFORMERS_PROBLEM_TYPES,
     BadParameter,
+    Identity,
     kept_rows,
 )
 from byoc.tasks.settings import RecipeSetting
 
 
-class Recipe:
+class Recipe(Identity):
     """The training half of a `Task` (byoc.tasks.base), with a whole-text classifier's defaults."""
-
-    if TYPE_CHECKING:  # (the task's identity, which byoc.tasks.base.Task gives)
-        name: str
-        described: str
-        auto_class: str
-
-        def scores(self, logits: np.ndarray) -> np.ndarray: ...
 
     row_unit = "texts"  # what a training row is, for the log
     in_metric_definitions = True  # its metrics are in METRIC_DEFINITIONS (SageMaker reads 40 a job at most)
