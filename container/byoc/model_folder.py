@@ -21,6 +21,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import shutil
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -295,14 +297,20 @@ def locate(path: Path, cache_dir: Path) -> Path:
 
 
 def _unpack(archive: Path, cache_dir: Path) -> Path:
-    """Unpack a model.tar.gz (e.g. an earlier job's output) into the writable cache, never beside it."""
-    key = hashlib.sha256(f"{archive.resolve()}:{archive.stat().st_size}".encode()).hexdigest()[:16]
+    """Unpack a model.tar.gz (e.g. an earlier job's output) into the writable cache, never beside it: into a
+    folder of its own, renamed to its name once whole (a job killed mid-way leaves no half model to reuse)."""
+    facts = archive.stat()
+    key = hashlib.sha256(f"{archive.resolve()}:{facts.st_size}:{facts.st_mtime_ns}".encode()).hexdigest()[:16]
     target = cache_dir / "models" / key
-    if not (target / CONFIG).exists() and not router_routes(target):  # (unpacked before)
-        target.mkdir(parents=True, exist_ok=True)
+    if not target.is_dir():  # (else unpacked before, whole)
+        partial = target.with_name(f"{key}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
         logger.info("unpacking %s into %s", archive, target)
         try:
-            extract_archive(archive, target)
+            extract_archive(archive, partial)
         except (tarfile.TarError, OSError, UnsafeArchive) as err:
+            shutil.rmtree(partial, ignore_errors=True)
             raise NoModelFolder(f"cannot unpack the model archive {archive.name}: {err}") from None
+        os.replace(partial, target)
     return locate(target, cache_dir)

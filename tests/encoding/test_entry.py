@@ -217,6 +217,7 @@ def test_a_job_stopped_mid_way_keeps_its_finished_shards_and_the_restart_encodes
     state = job.root / "checkpoints" / "encode"
     assert sorted(p.name for p in state.iterdir()) == ["job-algo-1.json", "part-0-00000.parquet"]  # (no partial)
     monkeypatch.setattr(encoder, "publish", published)
+    (job.model_dir / "shards" / "stale-00000.parquet").write_text("an earlier run's")  # (goes: not this job's)
     with caplog.at_level("INFO"):
         assert run(job, monkeypatch) == 0, job.failure
     assert "1 of its 6 shard(s) finished before: skipped" in caplog.text
@@ -234,8 +235,12 @@ def test_a_job_stopped_mid_way_keeps_its_finished_shards_and_the_restart_encodes
 
 
 @pytest.mark.cpu
-def test_sigterm_stops_the_byoc_encode_command_between_batches_and_a_rerun_finishes(trained, tmp_path, monkeypatch):
-    job = encode_job(tmp_path / "opt-ml", trained["dense"], {"shard_size": "4", "batch_size": "2"})
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_sigterm_stops_the_byoc_encode_command_between_batches_and_a_rerun_finishes(
+    trained, tmp_path, monkeypatch, processes
+):
+    hyperparameters = {"shard_size": "4", "batch_size": "2", "processes_per_host": processes}
+    job = encode_job(tmp_path / "opt-ml", trained["dense"], hyperparameters)
     corpus_of(job.channel("corpus"), files=1, each=400)
     state = job.root / "checkpoints" / "encode"
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(job.root), "CUDA_VISIBLE_DEVICES": ""}
@@ -246,10 +251,20 @@ def test_sigterm_stops_the_byoc_encode_command_between_batches_and_a_rerun_finis
         assert process.wait(timeout=serve_helpers.HANG_GUARD_S) == EXIT_STOPPED
     finally:
         process.kill()
+    assert "stopped by SIGTERM" in job.failure
     kept = list(state.glob("part-0-*.parquet"))
     assert 0 < len(kept) < 100 and not list(state.glob(".*"))
     assert run(job, monkeypatch) == 0, job.failure
     assert len(rows(job.model_dir / "shards")) == 400
+
+
+@pytest.mark.cpu
+def test_a_host_sagemaker_gave_no_file_of_a_sharded_channel_has_nothing_to_do(trained, tmp_path, monkeypatch):
+    job = encode_job(tmp_path / "opt-ml", trained["dense"], {}, current="algo-3", hosts=["algo-1", "algo-2", "algo-3"])
+    job.channel("corpus", distribution="ShardedByS3Key")  # (fewer files than hosts: none here)
+    assert run(job, monkeypatch) == 0, job.failure
+    manifest = json.loads((job.model_dir / "manifest-algo-3.json").read_text())
+    assert manifest["documents"] == 0 and manifest["shards"] == []
 
 
 @pytest.mark.cpu

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from byoc.encoding import shards
+from byoc.encoding import corpus, shards
 from byoc.encoding.settings import EncodeError, EncodeSettings
 
 
@@ -45,3 +45,20 @@ def test_ids_given_twice_are_refused_naming_them_and_their_files(tmp_path):
         EncodeError, match=r"1 document id\(s\) appear more than once in the corpus: 'y' \(a.jsonl, b.jsonl\)"
     ):
         shards.read_corpus(tmp_path, EncodeSettings())
+
+
+def test_files_whose_shards_would_share_a_name_are_refused_and_empty_files_skipped(tmp_path):
+    write(tmp_path / "part.jsonl", ["a"])
+    (tmp_path / "part.csv").write_text("id,text\nb,x\n")
+    with pytest.raises(EncodeError, match=r"part.csv and part.jsonl would write shards of one name \(part-NNNNN"):
+        shards.read_corpus(tmp_path, EncodeSettings())
+    (tmp_path / "part.csv").unlink()
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "header.csv").write_text("id,text\n")
+    assert [f.source for f in shards.read_corpus(tmp_path, EncodeSettings())] == ["part.jsonl"]
+
+
+def test_ids_that_only_share_a_hash_are_not_duplicates(tmp_path, monkeypatch):
+    write(tmp_path / "a.jsonl", ["x", "y"])
+    monkeypatch.setattr(corpus, "id_hash", lambda doc_id: 7)  # (two ids, one 64-bit hash)
+    assert [f.documents for f in shards.read_corpus(tmp_path, EncodeSettings())] == [2]

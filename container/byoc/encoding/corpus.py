@@ -44,9 +44,10 @@ class Fields:
     title: str | None
 
 
-def corpus_files(folder: Path) -> list[Path]:
+def corpus_files(folder: Path, may_be_empty: bool = False) -> list[Path]:
     """The channel's corpus files, in a stable order (their paths), hidden files and others left out; where the
-    channel holds BEIR sets, their corpus.jsonl files only."""
+    channel holds BEIR sets, their corpus.jsonl files only. `may_be_empty`: a host of a channel sharded by S3 key,
+    which SageMaker may give no file (fewer files than hosts)."""
     if not folder.is_dir():
         raise EncodeError(f"the corpus channel {folder} does not exist: give the job a `corpus` input channel")
     found = [
@@ -58,7 +59,7 @@ def corpus_files(folder: Path) -> list[Path]:
     beir = [p for p in files if p.name == BEIR_CORPUS]
     if beir:  # a BEIR set (corpus.jsonl, queries.jsonl, qrels/): its corpus only
         return beir
-    if not files:
+    if not files and not (may_be_empty and not found):
         shown = ", ".join(p.name for p in found[:5]) or "nothing"
         raise EncodeError(
             f"no corpus file in {folder} (it holds {shown}): byoc encode reads JSON Lines (.jsonl), CSV (.csv), "
@@ -67,9 +68,12 @@ def corpus_files(folder: Path) -> list[Path]:
     return files
 
 
-def fields_of(path: Path, settings: EncodeSettings) -> Fields:
-    """The fields named by the settings, else found by their usual names in the file's first row."""
+def fields_of(path: Path, settings: EncodeSettings) -> Fields | None:
+    """The fields named by the settings, else found by their usual names in the file's first row; None for a file
+    without a document (an empty part file, a CSV header alone: nothing to encode)."""
     columns = _columns(path)
+    if columns is None:
+        return None
     id_field = settings.id_field or next((name for name in ID_FIELDS if name in columns), None)
     text_field = settings.text_field or next((name for name in TEXT_FIELDS if name in columns), None)
     shown = ", ".join(columns[:12]) or "none"
@@ -123,13 +127,15 @@ def _document(row: dict[str, Any], fields: Fields, path: Path, where: str) -> tu
     return str(doc_id), text
 
 
-def _columns(path: Path) -> list[str]:
+def _columns(path: Path) -> list[str] | None:
+    """The first row's fields (a Parquet file's columns); None where the file holds no document."""
     kind = SUFFIXES[path.suffix.lower()]
     if kind == "parquet":
-        return list(pq.ParquetFile(path).schema_arrow.names)
+        file = pq.ParquetFile(path)
+        return list(file.schema_arrow.names) if file.metadata.num_rows else None
     for _, row in _rows(path, None):
         return list(row)
-    raise EncodeError(f"{path.name} holds no document")
+    return None
 
 
 def _rows(path: Path, fields: Fields | None) -> Iterator[tuple[str, dict[str, Any]]]:

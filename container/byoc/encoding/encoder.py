@@ -32,7 +32,20 @@ from byoc.tasks.kinds import Kind
 logger = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 30.0
-stop_requested = threading.Event()  # set by the SIGTERM handler (byoc.encoding.entry); read between batches
+stop_requested = threading.Event()  # set by this process's SIGTERM handler (byoc.encoding.entry); read between batches
+# The job's stop, shared with ranks of their own (a multiprocessing Event, set by the job's process): a rank
+# started after the SIGTERM came, which its own handler never saw, stops too (byoc.encoding.ranks).
+shared_stop: Any = None
+
+
+def stopping() -> bool:
+    return stop_requested.is_set() or (shared_stop is not None and shared_stop.is_set())
+
+
+def check_stop(where: str) -> None:
+    """Raise Stopped where a stop was asked for: between two files, two batches, before the model loads."""
+    if stopping():
+        raise Stopped(f"stopped by SIGTERM {where}")
 
 
 class Stopped(BaseException):
@@ -78,6 +91,7 @@ def run(job: RankJob) -> int:
         )
     if not todo:
         return 0
+    check_stop("before the model loaded")
     model, parameters = load(job)
     progress = Progress(job.rank, sum(shard.documents for shard in todo))
     for shard, documents in shard_documents(todo, job.settings.shard_size):
@@ -155,8 +169,7 @@ def encode_shard(
     writer = columns.ShardWriter(job.state_dir / shard.name, {"byoc": facts(model, job.settings)})
     try:
         for start in range(0, len(documents), job.settings.batch_size):
-            if stop_requested.is_set():
-                raise Stopped(f"stopped by SIGTERM in shard {shard.name}")
+            check_stop(f"in shard {shard.name}")
             batch = documents[start : start + job.settings.batch_size]
             request = {"inputs": [text for _, text in batch], "parameters": parameters}
             try:
@@ -201,15 +214,20 @@ def vocabulary(model: Any) -> list[str]:
 
 
 def publish(path: Path, output_dir: Path) -> None:
-    """The finished shard in the output folder too: a hard link where both are on one file system, else a copy."""
+    """The finished shard in the output folder too: a hard link where both are on one file system, else a copy;
+    made beside its name and renamed there, so that the output holds this shard whole, never an earlier run's
+    file of the same name or a copy cut short."""
     output_dir.mkdir(parents=True, exist_ok=True)
     target = output_dir / path.name
-    if target.exists():
+    if target.exists() and os.path.samefile(path, target):
         return
+    partial = output_dir / f".{path.name}.partial"
+    partial.unlink(missing_ok=True)
     try:
-        os.link(path, target)
+        os.link(path, partial)
     except OSError:
-        shutil.copy2(path, target)
+        shutil.copyfile(path, partial)
+    os.replace(partial, target)
 
 
 def shard_documents(shards: list[Shard], shard_size: int) -> Iterator[tuple[Shard, list[tuple[str, str]]]]:

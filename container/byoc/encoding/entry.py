@@ -13,10 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
-import re
 import signal
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -24,17 +23,20 @@ from typing import Any
 
 from byoc import __version__
 from byoc.contract import Paths, TrainingContract, read_training_contract, write_failure
-from byoc.encoding import columns, encoder, shards
+from byoc.encoding import columns, encoder, ranks, shards
 from byoc.encoding.encoder import RankJob
 from byoc.encoding.settings import EncodeError, EncodeSettings
+from byoc.environment import Environment
 from byoc.errors import EXIT_FAILURE, EXIT_STOPPED, describe
-from byoc.logs import configure_logging
 from byoc.model_folder import locate
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 SHARDS = "shards"  # the output's subfolder of Parquet files: pyarrow, pandas and DuckDB read it whole
+CACHE_DIR_ENV = (
+    "BYOC_CACHE_DIR"  # where a model.tar.gz is unpacked (the variable training reads too), never the checkpoints
+)
 STATE = "encode"  # the checkpoint folder's subfolder holding finished shards and the job's fingerprint
 
 
@@ -63,14 +65,12 @@ def encode(root: Path | None = None) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         encoder.stop_requested.clear()
+        ranks.job_stop.clear()
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     logger.warning("SIGTERM: stopping after the batch at hand")
-    encoder.stop_requested.set()
-    for child in multiprocessing.active_children():  # (ranks of their own: each stops between its batches)
-        if child.pid:
-            os.kill(child.pid, signal.SIGTERM)
+    ranks.stop()
 
 
 def _run(contract: TrainingContract, settings: EncodeSettings) -> int:
@@ -86,13 +86,22 @@ def _run(contract: TrainingContract, settings: EncodeSettings) -> int:
             "no `model` channel: give the job the model folder (or model.tar.gz) as a channel named model"
         )
     state = contract.checkpoint_folder / STATE
-    model_dir = locate(contract.channels["model"].path, state / "cache")
-    files = shards.read_corpus(channel.path, settings)
-    every = shards.plan(files, settings.shard_size)
-    gpus = gpu_ids()
-    per_host = settings.processes_per_host or max(1, len(gpus))
+    cache = Environment().path(CACHE_DIR_ENV) or Path(tempfile.gettempdir()) / "byoc-cache"  # (as training's)
+    model_dir = locate(contract.channels["model"].path, cache)
     sharded = channel.distribution == "ShardedByS3Key"
-    ranks = shards.Ranks.of(per_host, contract.hosts, contract.current_host, sharded)
+    several = len(contract.hosts) > 1
+    between = lambda: encoder.check_stop("while the corpus was read")  # noqa: E731
+    files = shards.read_corpus(channel.path, settings, may_be_empty=sharded and several, between=between)
+    every = shards.plan(files, settings.shard_size)
+    gpus = ranks.gpu_ids()
+    per_host = settings.processes_per_host or max(1, len(gpus))
+    if several and not sharded and not settings.processes_per_host:
+        logger.warning(
+            "%d ranks on this host, one a GPU: every host must have as many (set processes_per_host where the "
+            "hosts differ, or documents are missed or encoded twice)",
+            per_host,
+        )
+    placed = shards.Ranks.of(per_host, contract.hosts, contract.current_host, sharded)
     out = Path(settings.output_dir) if settings.output_dir else contract.paths.model_dir
     _check_state(state / f"job-{contract.current_host}.json", settings, model_dir, files)
     documents = sum(f.documents for f in files)
@@ -103,9 +112,9 @@ def _run(contract: TrainingContract, settings: EncodeSettings) -> int:
         len(files),
         len(every),
         settings.shard_size,
-        ranks.first,
-        ranks.first + per_host - 1,
-        ranks.world,
+        placed.first,
+        placed.first + per_host - 1,
+        placed.world,
         channel.distribution,
     )
     cores = os.cpu_count() or 1
@@ -113,20 +122,21 @@ def _run(contract: TrainingContract, settings: EncodeSettings) -> int:
         RankJob(
             settings,
             model_dir,
-            tuple(shards.owned(every, ranks.first + local, ranks.world)),
+            tuple(shards.owned(every, placed.first + local, placed.world)),
             state,
             out / SHARDS,
-            ranks.first + local,
+            placed.first + local,
             threads=max(1, cores // per_host) if per_host > 1 else None,
             device=gpus[local % len(gpus)] if gpus else None,  # (more ranks than GPUs: they share)
         )
         for local in range(per_host)
     ]
+    mine = [shard for job in jobs for shard in job.shards]
+    _remove_others(out / SHARDS, {shard.name for shard in mine})
     if per_host == 1:
         encoder.run(jobs[0])
     else:
-        _run_ranks(jobs)
-    mine = [shard for job in jobs for shard in job.shards]
+        ranks.run(jobs)
     manifest = write_manifest(out, mine, settings, model_dir, contract)
     logger.info(
         "encoded %d document(s) into %d shard(s) in %s in %.1f s",
@@ -138,52 +148,13 @@ def _run(contract: TrainingContract, settings: EncodeSettings) -> int:
     return 0
 
 
-def _run_ranks(jobs: list[RankJob]) -> None:
-    """Each rank a process of its own (spawned: a fresh interpreter, so each loads its model on its own device);
-    a rank that fails fails the job, naming it."""
-    context = multiprocessing.get_context("spawn")
-    errors = context.Queue()
-    processes = [context.Process(target=_rank, args=(job, errors), name=f"byoc-encode-{job.rank}") for job in jobs]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join()
-    failures = [errors.get() for _ in range(errors.qsize())] if not errors.empty() else []
-    if encoder.stop_requested.is_set() or any(kind == "stopped" for kind, _ in failures):
-        raise encoder.Stopped("stopped by SIGTERM")
-    if failures:
-        kind, message = failures[0]
-        raise (EncodeError if kind == "user" else RuntimeError)(message)
-    codes = [p.exitcode for p in processes if p.exitcode]
-    if codes:
-        raise RuntimeError(f"{len(codes)} rank(s) ended with exit code {codes[0]} (the job's log says why)")
-
-
-def _rank(job: RankJob, errors: Any) -> None:
-    configure_logging()
-    signal.signal(signal.SIGTERM, lambda *_: encoder.stop_requested.set())
-    try:
-        encoder.run(job)
-    except encoder.Stopped as err:
-        errors.put(("stopped", str(err)))
-        raise SystemExit(EXIT_STOPPED) from None
-    except Exception as err:
-        if not isinstance(err, EncodeError):
-            logger.exception("rank %d failed", job.rank)
-        errors.put(("user" if isinstance(err, EncodeError) else "error", f"rank {job.rank}: {describe(err)}"))
-        raise SystemExit(EXIT_FAILURE) from None
-
-
-def gpu_ids() -> list[str]:
-    """The NVIDIA GPUs this container sees, as CUDA_VISIBLE_DEVICES names them (its /dev/nvidiaN devices, or the
-    variable's list where it is set), found without importing torch."""
-    devices = [
-        p.name.removeprefix("nvidia") for p in Path("/dev").glob("nvidia*") if re.fullmatch(r"nvidia\d+", p.name)
-    ]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and devices:
-        return [v.strip() for v in visible.split(",") if v.strip() and v.strip() != "-1"]
-    return sorted(devices, key=int)
+def _remove_others(folder: Path, names: set[str]) -> None:
+    """Shard files in the output that this job does not write (an earlier run's, in the same tree) go: the
+    output holds this job's shards alone."""
+    for path in folder.glob("*.parquet") if folder.is_dir() else []:
+        if path.name not in names:
+            logger.info("removing %s from the output: this job writes no shard of that name", path.name)
+            path.unlink()
 
 
 def _check_state(path: Path, settings: EncodeSettings, model_dir: Path, files: list[shards.CorpusFile]) -> None:
@@ -193,10 +164,13 @@ def _check_state(path: Path, settings: EncodeSettings, model_dir: Path, files: l
     path.parent.mkdir(parents=True, exist_ok=True)
     ignored = ("processes_per_host", "output_dir", "batch_size")  # (how the work is cut, not what it gives)
     kept = {name: value for name, value in asdict(settings).items() if name not in ignored}
-    corpus = [[f.name, f.path.stat().st_size, f.documents] for f in files]
+    corpus = [[f.source, f.path.stat().st_size, f.documents, f.digest] for f in files]
     fingerprint = {"settings": kept, "model": _model_fingerprint(model_dir), "corpus": corpus}
     if path.exists():
-        before = json.loads(path.read_text())
+        try:
+            before = json.loads(path.read_text())
+        except ValueError:
+            before = {"settings": {}}  # (unreadable: another job's, for all this one knows)
         if before != fingerprint and any(path.parent.glob("*.parquet")):
             changed = sorted(k for k in set(before["settings"]) | set(kept) if before["settings"].get(k) != kept.get(k))
             what = (
@@ -205,12 +179,16 @@ def _check_state(path: Path, settings: EncodeSettings, model_dir: Path, files: l
                 else "the model changed"
                 if before.get("model") != fingerprint["model"]
                 else "the corpus changed"
+                if before.get("corpus")
+                else "its record is unreadable"
             )
             raise EncodeError(
                 f"the checkpoint folder {path.parent} holds shards of another encode job ({what}): give this job a new "
                 "checkpoint location (checkpoint_s3_uri), or empty it to encode everything again"
             )
-    path.write_text(json.dumps(fingerprint, indent=1, sort_keys=True))
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(fingerprint, indent=1, sort_keys=True))
+    os.replace(partial, path)
 
 
 def _model_fingerprint(model_dir: Path) -> str:
@@ -238,7 +216,7 @@ def write_manifest(
         entries.append(
             {
                 "file": f"{SHARDS}/{shard.name}",
-                "source": shard.file.path.name,
+                "source": shard.file.source,
                 "documents": facts["rows"],
                 "sha256": _sha256(path),
             }

@@ -9,8 +9,9 @@ files of its own, and the shards are dealt among that host's ranks only.
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,9 +29,11 @@ SHOWN_DUPLICATES = 5
 @dataclass(frozen=True)
 class CorpusFile:
     path: Path
-    name: str  # its path in the channel, as shard names hold it ("part-0.jsonl" -> "part-0")
+    source: str  # its path in the channel ("parts/part-0.jsonl")
+    name: str  # as shard names hold it ("parts__part-0")
     fields: Fields
     documents: int
+    digest: str  # of its ids in order: a restart over a file edited or reordered is told apart
 
 
 @dataclass(frozen=True)
@@ -59,22 +62,45 @@ class Ranks:
         return cls(per_host, hosts.index(current_host) * per_host, per_host * len(hosts))
 
 
-def read_corpus(folder: Path, settings: EncodeSettings) -> list[CorpusFile]:
+def read_corpus(
+    folder: Path, settings: EncodeSettings, may_be_empty: bool = False, between: Callable[[], None] = lambda: None
+) -> list[CorpusFile]:
     """The channel's files, each with its fields and document count, after checking every id is there and
-    none is given twice (EncodeError naming the duplicates and their files)."""
+    none is given twice (EncodeError naming the duplicates and their files). `between` runs between two files
+    (a stop asked for ends the reading there)."""
     files, hashes = [], []
-    for path in corpus.corpus_files(folder):
+    for path in corpus.corpus_files(folder, may_be_empty):
+        between()
+        source = path.relative_to(folder).as_posix()
         fields = corpus.fields_of(path, settings)
+        if fields is None:
+            logger.info("%s holds no document: nothing to encode in it", source)
+            continue
         count, found = corpus.id_hashes(path, fields)
-        name = path.relative_to(folder).as_posix()
-        stem = name[: -len(path.suffix)] if path.suffix else name
-        files.append(CorpusFile(path, stem.replace("/", "__"), fields, count))
+        stem = source[: -len(path.suffix)] if path.suffix else source
+        digest = hashlib.sha256(found.tobytes()).hexdigest()[:16]
+        files.append(CorpusFile(path, source, stem.replace("/", "__"), fields, count, digest))
         hashes.append(found)
+    _check_names(files)
     every = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
     unique, counts = np.unique(every, return_counts=True)
     if len(unique) < len(every):
-        raise EncodeError(_duplicates(files, set(unique[counts > 1].tolist())))
+        repeated = _duplicates(files, set(unique[counts > 1].tolist()))
+        if repeated:  # (else two ids shared a 64-bit hash: nothing is repeated)
+            raise EncodeError(repeated)
     return files
+
+
+def _check_names(files: list[CorpusFile]) -> None:
+    """Two files whose shards would share names ("part.jsonl" and "part.csv"; "a/b.jsonl" and "a__b.jsonl")."""
+    seen: dict[str, str] = {}
+    for file in files:
+        if file.name in seen:
+            raise EncodeError(
+                f"the corpus files {seen[file.name]} and {file.source} would write shards of one name "
+                f"({file.name}-NNNNN.parquet): rename one of them"
+            )
+        seen[file.name] = file.source
 
 
 def plan(files: Iterable[CorpusFile], shard_size: int) -> list[Shard]:
@@ -91,14 +117,16 @@ def owned(shards: list[Shard], rank: int, world: int) -> list[Shard]:
     return [shard for number, shard in enumerate(shards) if number % world == rank]
 
 
-def _duplicates(files: list[CorpusFile], wanted: set[int]) -> str:
+def _duplicates(files: list[CorpusFile], wanted: set[int]) -> str | None:
     """The message for ids given twice: the first few, with where each is (read again: only now are ids held)."""
     seen: dict[str, list[str]] = {}
     for file in files:
         for doc_id, _ in corpus.documents(file.path, file.fields):
             if corpus.id_hash(doc_id) in wanted:
-                seen.setdefault(doc_id, []).append(file.path.name)
+                seen.setdefault(doc_id, []).append(file.source)
     repeated = {doc_id: where for doc_id, where in seen.items() if len(where) > 1}
+    if not repeated:
+        return None
     shown = "; ".join(f"{doc_id!r} ({', '.join(where)})" for doc_id, where in list(repeated.items())[:SHOWN_DUPLICATES])
     more = f" and {len(repeated) - SHOWN_DUPLICATES} more" if len(repeated) > SHOWN_DUPLICATES else ""
     return (
