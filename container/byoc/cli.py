@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> None:
         "job /opt/ml (or $SAGEMAKER_BASE_DIR) describes, its channels corpus (JSON Lines, CSV, Parquet; BEIR's "
         "corpus.jsonl) and model, its hyperparameters (docs/encoding.md) and hosts. Writes one Parquet file a shard "
         "and manifest.json to model/ (or output_dir), keeps finished shards in the checkpoint folder (a restart "
-        "skips them), and output/failure when it fails",
+        "skips them), and output/failure when it fails. As a processing job: its inputs corpus and model, its "
+        "output; settings as arguments over the hyperparameters (--name value, docs/encoding.md)",
     )
     sub.add_parser("worker", help="(internal) one rank of a launched training job")
     sub.add_parser("healthcheck", help="exit 0 if this container is healthy (the image's HEALTHCHECK)")
@@ -106,7 +107,9 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="run the code a model folder ships (config.json's auto_map) to trace it; the graph serves without it",
     )
-    options = parser.parse_args(argv)
+    options, extra = parser.parse_known_args(argv)  # (byoc encode's settings: --name value, any name it takes)
+    if extra and options.command != "encode":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if options.command == "healthcheck":
         from byoc.serving.server import healthcheck
 
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(1)
         from byoc.encoding.entry import encode
 
-        sys.exit(encode())
+        sys.exit(encode(arguments=extra))
     if options.command == "export-onnx":
         from byoc import onnx_graph
 

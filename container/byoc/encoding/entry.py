@@ -17,13 +17,13 @@ import os
 import signal
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from byoc import __version__
 from byoc.contract import Paths, TrainingContract, read_training_contract, write_failure
-from byoc.encoding import columns, encoder, ranks, shards
+from byoc.encoding import columns, encoder, processing, ranks, shards
 from byoc.encoding.encoder import RankJob
 from byoc.encoding.settings import EncodeError, EncodeSettings
 from byoc.environment import Environment
@@ -40,14 +40,23 @@ CACHE_DIR_ENV = (
 STATE = "encode"  # the checkpoint folder's subfolder holding finished shards and the job's fingerprint
 
 
-def encode(root: Path | None = None) -> int:
-    """Run the encode job /opt/ml (or $SAGEMAKER_BASE_DIR, or `root`) describes; the exit code."""
+def encode(root: Path | None = None, arguments: list[str] | None = None) -> int:
+    """Run the encode job /opt/ml (or $SAGEMAKER_BASE_DIR, or `root`) describes, a training job's or a processing
+    job's; `arguments`: settings given on the command line (a processing job's ContainerArguments), over the
+    hyperparameters. The exit code."""
     paths = Paths.from_env(base=root)
+    processing_job = processing.is_processing(paths.base)
     paths.failure_file.unlink(missing_ok=True)  # (an earlier attempt's, run again in the same tree: not this one's)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        contract = read_training_contract(root)
-        settings = EncodeSettings.from_hyperparameters(contract.hyperparameters)
+        if processing_job:
+            contract, output = processing.read_contract(paths.base)
+        else:
+            contract, output = read_training_contract(root), None
+        given = arguments_of(arguments or [])
+        settings = EncodeSettings.from_hyperparameters({**contract.hyperparameters, **given})
+        if output is not None and settings.output_dir is None:
+            settings = replace(settings, output_dir=str(output))
         return _run(contract, settings)
     except (Exception, encoder.Stopped) as err:
         stopped = isinstance(err, encoder.Stopped)
@@ -61,11 +70,30 @@ def encode(root: Path | None = None) -> int:
             logger.exception("encode failed")
         logger.error("encode failed: %s", message)
         write_failure(paths, message)
+        if processing_job:
+            processing.write_message(paths, message)
         return EXIT_STOPPED if stopped else EXIT_FAILURE
     finally:
         signal.signal(signal.SIGTERM, previous)
         encoder.stop_requested.clear()
         ranks.job_stop.clear()
+
+
+def arguments_of(words: list[str]) -> dict[str, str]:
+    """`--name value`, `--name=value` or `name=value` pairs from the command line, as hyperparameters."""
+    out: dict[str, str] = {}
+    words = list(words)
+    while words:
+        word = words.pop(0)
+        name, equals, value = word.lstrip("-").partition("=")
+        if not equals:
+            if not word.startswith("--") or not words:
+                raise EncodeError(
+                    f"byoc encode: {word!r} is not a setting: give --name value, --name=value or name=value"
+                )
+            value = words.pop(0)
+        out[name.replace("-", "_")] = value
+    return out
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
