@@ -88,6 +88,33 @@ def test_anything_else_runs_as_given(image):
     assert result.returncode == 0 and result.stdout.startswith("ok 2.13.0"), result.stderr
 
 
+def test_encode_writes_a_corpus_shards_and_manifest(image, tmp_path, tiny_model_dir):
+    """`docker run IMAGE encode --name value` on a mounted /opt/ml: the entry point's `encode`, settings given."""
+    import pyarrow.dataset as ds
+
+    from byoc import compat
+
+    SentenceTransformer = compat.sentence_transformers_api()[0]
+    try:
+        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    except ImportError:  # (sentence-transformers 5)
+        from sentence_transformers.models import Pooling, Transformer
+    encoder = Transformer(str(tiny_model_dir))
+    folder = tmp_path / "embedder"
+    SentenceTransformer(modules=[encoder, Pooling(encoder.get_word_embedding_dimension())]).save(str(folder))
+    job = Job(tmp_path / "opt-ml").resources().hyperparameters({"batch_size": "4"})
+    job.model_channel(folder)
+    rows = [{"id": f"d{n}", "text": text} for n, (text, _) in enumerate(sentiment_rows(12))]
+    (job.channel("corpus") / "c.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = docker("run", "--rm", "-v", f"{job.root}:/opt/ml", image, "encode", "--shard_size", "5")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    manifest = json.loads((job.model_dir / "manifest.json").read_text())
+    assert manifest["documents"] == 12 and [s["documents"] for s in manifest["shards"]] == [5, 5, 2]
+    assert ds.dataset(job.model_dir / "shards", format="parquet").to_table()["id"].to_pylist() == [
+        r["id"] for r in rows
+    ]
+
+
 class Container:
     def __init__(self, *args: str) -> None:
         self.name = f"byoc-test-{uuid.uuid4().hex[:8]}"
