@@ -68,7 +68,7 @@ class RankJob:
 
 
 def done(shard: Shard, state_dir: Path) -> bool:
-    """Whether `shard` was written whole before (a file under its name is whole: columns.write renames it there)."""
+    """Whether `shard` was written whole before (a file under its name is whole: ShardWriter renames it there)."""
     path = state_dir / shard.name
     try:
         return path.is_file() and pq.ParquetFile(path).metadata.num_rows == shard.documents
