@@ -329,6 +329,7 @@ WRITERS = {
     "byoc.serving.execution.model_server": "OMP_NUM_THREADS, which torch reads at import",
     "byoc.serving.prometheus": "PROMETHEUS_MULTIPROC_DIR, which prometheus_client reads as each worker imports it",
     "byoc.training.tracking": "MLflow's retries and timeouts, shortened where unset: it reads them as it sends",
+    "byoc.encoding.encoder": "CUDA_VISIBLE_DEVICES, an encode rank's own GPU, set before torch loads and reads it",
 }
 _WRITING_METHODS = {"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
 

@@ -23,12 +23,10 @@ import json
 import logging
 import os
 import shutil
-import tarfile
 from pathlib import Path
 from typing import Any
 
 from byoc.errors import UserError
-from byoc.safe_files import UnsafeArchive, extract_archive
 
 logger = logging.getLogger(__name__)
 
@@ -302,6 +300,12 @@ def _unpack(archive: Path, cache_dir: Path) -> Path:
     facts = archive.stat()
     key = hashlib.sha256(f"{archive.resolve()}:{facts.st_size}:{facts.st_mtime_ns}".encode()).hexdigest()[:16]
     target = cache_dir / "models" / key
+    # Only where an archive is unpacked: serving imports this module and never tarfile, so a model's own
+    # tarfile.py (its code/ on the path) stays its own.
+    import tarfile
+
+    from byoc.safe_files import UnsafeArchive, extract_archive  # (which imports tarfile: here alike)
+
     if not target.is_dir():  # (else unpacked before, whole)
         partial = target.with_name(f"{key}.partial")
         shutil.rmtree(partial, ignore_errors=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import multiprocessing.connection
-import os
 import queue
 import re
 import signal
@@ -21,6 +20,7 @@ from typing import Any, cast
 from byoc.encoding import encoder
 from byoc.encoding.encoder import RankJob
 from byoc.encoding.settings import EncodeError
+from byoc.environment import Environment
 from byoc.errors import EXIT_FAILURE, EXIT_STOPPED, describe
 from byoc.logs import configure_logging
 
@@ -36,7 +36,7 @@ def gpu_ids() -> list[str]:
     devices = [
         p.name.removeprefix("nvidia") for p in Path("/dev").glob("nvidia*") if re.fullmatch(r"nvidia\d+", p.name)
     ]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = Environment().env.get("CUDA_VISIBLE_DEVICES")  # (set and empty: no GPU, as CUDA reads it)
     if visible is not None and devices:
         return [v.strip() for v in visible.split(",") if v.strip() and v.strip() != "-1"]
     return sorted(devices, key=int)
