@@ -442,7 +442,8 @@ def test_byoc_encode_on_cuda_encodes_each_document_once_as_sentence_transformers
         from sentence_transformers.models import Pooling, Transformer
     folder = tmp_path / "embedder"
     encoder = Transformer(str(tiny_model_dir))
-    SentenceTransformer(modules=[encoder, Pooling(encoder.get_word_embedding_dimension())]).save(str(folder))
+    width = getattr(encoder, "get_embedding_dimension", None) or encoder.get_word_embedding_dimension  # (5.x's name)
+    SentenceTransformer(modules=[encoder, Pooling(width())]).save(str(folder))
     job = Job(tmp_path / "opt-ml").resources().hyperparameters({"shard_size": "16", "processes_per_host": ranks})
     job.model_channel(folder)
     texts = {f"d{n}": f"{EMBED_TEXTS[n % 4]} number {n}" for n in range(100)}

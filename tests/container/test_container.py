@@ -101,7 +101,8 @@ def test_encode_writes_a_corpus_shards_and_manifest(image, tmp_path, tiny_model_
         from sentence_transformers.models import Pooling, Transformer
     encoder = Transformer(str(tiny_model_dir))
     folder = tmp_path / "embedder"
-    SentenceTransformer(modules=[encoder, Pooling(encoder.get_word_embedding_dimension())]).save(str(folder))
+    width = getattr(encoder, "get_embedding_dimension", None) or encoder.get_word_embedding_dimension  # (5.x's name)
+    SentenceTransformer(modules=[encoder, Pooling(width())]).save(str(folder))
     job = Job(tmp_path / "opt-ml").resources().hyperparameters({"batch_size": "4"})
     job.model_channel(folder)
     rows = [{"id": f"d{n}", "text": text} for n, (text, _) in enumerate(sentiment_rows(12))]
