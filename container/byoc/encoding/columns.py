@@ -86,14 +86,15 @@ class ShardWriter:
 def read_metadata(path: Path) -> dict[str, Any]:
     """What a shard's file says of itself (its `byoc` metadata: how it was made), with its rows and the width of
     each vector column."""
-    schema = pq.read_schema(path)
+    file = pq.ParquetFile(path)  # (opened once: its schema and its row count)
+    schema = file.schema_arrow
     facts = json.loads((schema.metadata or {}).get(b"byoc", b"{}"))
     widths = {}
     for column in schema:
         kind = column.type.value_type if pa.types.is_list(column.type) else column.type
         if pa.types.is_fixed_size_list(kind):
             widths[column.name] = kind.list_size
-    return {**facts, "widths": widths, "rows": pq.ParquetFile(path).metadata.num_rows}
+    return {**facts, "widths": widths, "rows": file.metadata.num_rows}
 
 
 def _columns(kind: Kind, values: list[Any], numbers: np.dtype) -> dict[str, pa.Array]:

@@ -10,10 +10,9 @@ from typing import Any
 
 from byoc import sdk_values
 from byoc.errors import UserError
+from byoc.serving.backends.backend_choice import BACKENDS, PRECISIONS  # (byoc serve's, as it picks them)
 
 DTYPES = ("auto", "float32", "float16")
-BACKENDS = ("auto", "onnxruntime", "torch")
-PRECISIONS = ("auto", "fp32", "fp16", "bf16", "int8")
 CHOICES = {"dtype": DTYPES, "backend": BACKENDS, "precision": PRECISIONS}
 MINIMUM = {"batch_size": 1, "shard_size": 1, "processes_per_host": 1, "dimensions": 1, "max_length": 2}
 
