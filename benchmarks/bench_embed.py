@@ -66,11 +66,11 @@ def vectors(model: dict, texts: list[str]) -> np.ndarray:
     return np.asarray(out, dtype=np.float64)
 
 
-def load(folder: Path, precision: str) -> dict:
+def load(folder: Path, precision: str, backend: str = "onnxruntime") -> dict:
     from byoc.serving import default_pipeline
     from byoc.serving.settings import InferenceSettings
 
-    settings = InferenceSettings(backend="onnxruntime", precision=precision, threads=os.cpu_count() or 1)
+    settings = InferenceSettings(backend=backend, precision=precision, threads=os.cpu_count() or 1)
     with default_pipeline.serving_with(settings):
         return default_pipeline.model_fn(str(folder))
 

@@ -1,7 +1,7 @@
 """Encoding a corpus (make bench-encode): `byoc encode` as a job runs it (a process of its own on a temporary
 /opt/ml), against sentence-transformers' `encode` and byoc serve's own pass (the default predict_fn in this process,
-no HTTP) on the same folder and batch size; its peak memory on a corpus and on one 10 times larger; int8's
-recall@10 against fp32's.
+no HTTP) on the same folder and batch size; its peak memory on a corpus and on one 10 times larger; int8's and
+bf16's recall@10 against fp32's.
 
 The model: the bundled all-MiniLM-L6-v2 with its graphs (fp32 and int8) written by byoc's export. The corpus:
 SICK's distinct sentences (shared data), each a document; the queries: each test pair's first sentence where
@@ -11,6 +11,8 @@ Scenarios (alternated over `--rounds`, benchmarks/harness.py; the medians report
   byoc_encode      documents/s of the job's encoding (its rank's rate: model loaded, corpus read), and the job's
                    whole time from start to manifest; fp32 (the default on the CPU)
   byoc_encode_int8 the same with precision=int8 (ONNX Runtime's quantized graph)
+  byoc_encode_bf16 the same with precision=bf16 (torch, the weights in bfloat16: fast where the CPU has bf16
+                   instructions, AVX512-BF16 or AMX, about as slow as fp32 or slower where it has none)
   st_encode        SentenceTransformer.encode(corpus, batch_size=BATCH) on the whole corpus in one call (sorted by
                    length throughout, as users call it), in this process, model loaded before
   serve_pass       byoc serve's predict_fn, BATCH texts a call, in this process, model loaded before
@@ -147,7 +149,15 @@ def main() -> int:
 
         return {"documents_per_s": rate(answer, texts, seconds, BATCH)}
 
-    scenarios = {"byoc_encode": byoc_encode, "byoc_encode_int8": byoc_encode_int8, "st_encode": st_encode}
+    def byoc_encode_bf16() -> dict[str, float]:
+        return run_job(job_tree(WORK / "job", folder, documents, {"batch_size": str(BATCH), "precision": "bf16"}))
+
+    scenarios = {
+        "byoc_encode": byoc_encode,
+        "byoc_encode_int8": byoc_encode_int8,
+        "byoc_encode_bf16": byoc_encode_bf16,
+        "st_encode": st_encode,
+    }
     runs = harness.alternate({**scenarios, "serve_pass": serve_pass}, options.rounds)
     results: dict[str, Any] = {
         "batch": BATCH,
@@ -161,6 +171,8 @@ def main() -> int:
     results["byoc_encode_over_serve_pass"] = encoded / results["serve_pass"]["documents_per_s"]
     int8 = results["byoc_encode_int8"]["documents_per_s"]
     results["byoc_encode_int8_over_st_encode"] = int8 / results["st_encode"]["documents_per_s"]
+    bf16 = results["byoc_encode_bf16"]["documents_per_s"]
+    results["byoc_encode_bf16_over_st_encode"] = bf16 / results["st_encode"]["documents_per_s"]
 
     small = dict(list(documents.items())[:SMALL])
     large = {f"{doc_id}-{copy}": text for copy in range(10) for doc_id, text in small.items()}
@@ -173,14 +185,19 @@ def main() -> int:
     results["memory"]["large_over_small"] = results["memory"]["large_peak_mib"] / results["memory"]["small_peak_mib"]
 
     recall = {}
-    for precision in ("fp32", "int8"):
+    for precision in ("fp32", "int8", "bf16"):
         root = job_tree(WORK / precision, folder, documents, {"batch_size": str(BATCH), "precision": precision})
         run_job(root)
         ids, corpus_vectors = vectors(root)
-        model = load(folder, precision)
+        model = load(folder, precision, backend="auto")  # (bf16: torch's, as the job chose)
         asked = np.asarray(default_pipeline.predict_fn({"inputs": queries, "parameters": {}}, model), dtype=np.float32)
         recall[precision] = recall_at_10(ids, corpus_vectors, asked, relevant)
-    results["recall_at_10"] = {**recall, "queries": len(queries), "int8_minus_fp32": recall["int8"] - recall["fp32"]}
+    results["recall_at_10"] = {
+        **recall,
+        "queries": len(queries),
+        "int8_minus_fp32": recall["int8"] - recall["fp32"],
+        "bf16_minus_fp32": recall["bf16"] - recall["fp32"],
+    }
     print({k: v for k, v in results.items() if "_over_" in k or k in ("memory", "recall_at_10")}, flush=True)
     harness.write_results(options.json, results)
     shutil.rmtree(WORK, ignore_errors=True)

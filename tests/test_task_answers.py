@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from byoc.serving import default_pipeline
-from byoc.serving.protocol import envelopes
+from byoc.serving.protocol import outputs
 
 RECORD = Path(__file__).parent / "data" / "task_answers.json"
 TEXTS = ["i love this so much", "i hate this a lot number 3", "what a great day it was", "rude people and cold food"]
@@ -125,7 +125,7 @@ def answers(tmp_path_factory) -> list[Any]:
         for name, body in REQUESTS:
             data = default_pipeline.input_fn(json.dumps(body))
             answer = default_pipeline.predict_fn(data, loaded[name])
-            answers.append(rounded(envelopes.shaped(data, answer)))
+            answers.append(rounded(outputs.shaped(data, answer)))
         return answers
     finally:
         mp.undo()

@@ -15,7 +15,7 @@ import pytest
 
 from byoc import onnx_graph, tasks
 from byoc.serving import default_pipeline
-from byoc.serving.protocol import envelopes
+from byoc.serving.protocol import outputs
 from byoc.serving.settings import InferenceSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.cpu]  # real models, compared with CrossEncoder on the CPU
@@ -63,7 +63,7 @@ def load(folder: Path, backend: str):
 
 def ask(model, body: dict):
     data = default_pipeline.input_fn(json.dumps(body))
-    return envelopes.shaped(data, default_pipeline.predict_fn(data, model))
+    return outputs.shaped(data, default_pipeline.predict_fn(data, model))
 
 
 def test_sentence_transformers_6_writes_a_cross_encoder_as_the_issue_says(cross_encoder):

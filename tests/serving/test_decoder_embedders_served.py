@@ -15,7 +15,7 @@ import pytest
 
 from byoc import onnx_graph
 from byoc.serving import default_pipeline
-from byoc.serving.protocol import envelopes
+from byoc.serving.protocol import outputs
 from byoc.serving.settings import InferenceSettings
 
 pytestmark = pytest.mark.cpu  # compared with sentence-transformers on the CPU at fp32
@@ -73,7 +73,7 @@ def load(folder: Path, backend: str, precision: str = "fp32"):
 
 def ask(model, body: dict):
     data = default_pipeline.input_fn(json.dumps(body))
-    return np.asarray(envelopes.shaped(data, default_pipeline.predict_fn(data, model)))
+    return np.asarray(outputs.shaped(data, default_pipeline.predict_fn(data, model)))
 
 
 def cosines(a, b) -> np.ndarray:
@@ -93,7 +93,7 @@ def test_a_qwen3_embedding_folder_embeds_as_sentence_transformers_does(folder, g
     queries = ask(model, {"inputs": TEXTS, "prompt_name": "query"})
     assert cosines(queries, reference.encode(TEXTS, prompt_name="query")).min() >= 0.9999
     assert cosines(queries, documents).max() < 0.9999  # the instruction counts
-    openai = envelopes.shaped(*_openai(model, TEXTS[:2]))
+    openai = outputs.shaped(*_openai(model, TEXTS[:2]))
     assert openai["usage"]["prompt_tokens"] == sum(len(reference.tokenize([t])["input_ids"][0]) for t in TEXTS[:2])
 
 
@@ -163,13 +163,13 @@ def embedding_gemma(target: Path) -> Path:
     )
     from safetensors.torch import save_file
 
-    for name, (inputs, outputs) in (("2_Dense", (width, 4 * width)), ("3_Dense", (4 * width, width))):
+    for name, (in_width, out_width) in (("2_Dense", (width, 4 * width)), ("3_Dense", (4 * width, width))):
         (target / name).mkdir()
-        dense = {"in_features": inputs, "out_features": outputs, "bias": False}
+        dense = {"in_features": in_width, "out_features": out_width, "bias": False}
         (target / name / "config.json").write_text(
             json.dumps({**dense, "activation_function": "torch.nn.modules.linear.Identity"})
         )
-        save_file({"linear.weight": torch.randn(outputs, inputs) * 0.1}, str(target / name / "model.safetensors"))
+        save_file({"linear.weight": torch.randn(out_width, in_width) * 0.1}, str(target / name / "model.safetensors"))
     (target / "4_Normalize").mkdir()
     prompts = {"query": "task: search result | query: ", "document": "title: none | text: "}
     (target / "config_sentence_transformers.json").write_text(

@@ -16,7 +16,7 @@ from serve_helpers import Server
 
 from byoc import onnx_graph
 from byoc.serving import default_pipeline
-from byoc.serving.protocol import envelopes
+from byoc.serving.protocol import outputs
 from byoc.serving.protocol.request_errors import InputError
 from byoc.serving.settings import InferenceSettings
 from byoc.training.model import bundled_model_dir
@@ -65,7 +65,7 @@ def load(folder: Path, backend: str, **settings):
 
 def ask(model, body: dict):
     data = default_pipeline.input_fn(json.dumps(body))
-    return envelopes.shaped(data, default_pipeline.predict_fn(data, model))
+    return outputs.shaped(data, default_pipeline.predict_fn(data, model))
 
 
 def cosines(a, b) -> np.ndarray:

@@ -15,7 +15,7 @@ import pytest
 
 from byoc import onnx_graph, tasks
 from byoc.serving import default_pipeline
-from byoc.serving.protocol import envelopes
+from byoc.serving.protocol import outputs
 from byoc.serving.protocol.request_errors import InputError
 from byoc.serving.settings import InferenceSettings
 
@@ -44,7 +44,7 @@ def load(folder: Path, backend: str, precision: str = "fp32"):
 
 def ask(model, body: dict):
     data = default_pipeline.input_fn(json.dumps(body))
-    return envelopes.shaped(data, default_pipeline.predict_fn(data, model))
+    return outputs.shaped(data, default_pipeline.predict_fn(data, model))
 
 
 def ranked(answer: list[dict]) -> np.ndarray:

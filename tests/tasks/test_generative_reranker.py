@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from byoc import tasks
-from byoc.serving.protocol import envelopes
+from byoc.serving.protocol import outputs
 from byoc.tasks.base import BadParameter
 from byoc.tasks.generative_reranker import template
 from byoc.training import entry
@@ -108,7 +108,7 @@ def test_a_job_fine_tunes_it_and_serves_what_it_wrote(job, folder, monkeypatch, 
     for backend in ("torch", "onnxruntime"):
         inference, model = own_inference(written, monkeypatch, backend)
         data = inference.input_fn(json.dumps({"query": query, "texts": texts, "raw_scores": True}), "application/json")
-        answer = envelopes.shaped(data, inference.predict_fn(data, model))
+        answer = outputs.shaped(data, inference.predict_fn(data, model))
         served = [item["score"] for item in sorted(answer, key=lambda item: item["index"])]
         reference = generative_rerankers.reference_logits(written, [(query, t) for t in texts])
         np.testing.assert_allclose(served, reference, atol=1e-4)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from byoc import tasks
-from byoc.serving.protocol import envelopes
+from byoc.serving.protocol import outputs
 from byoc.tasks.base import IGNORE_LABEL, BadParameter
 from byoc.training import entry
 from helpers import build_tiny_bert, own_inference, topic_rows, write_jsonl
@@ -151,7 +151,7 @@ def test_a_listwise_job_trains_on_mined_lists_and_serves_as_cross_encoder_predic
     for backend in ("torch", "onnxruntime"):
         inference, model = own_inference(job.model_dir, monkeypatch, backend)
         data = inference.input_fn(json.dumps({"query": query, "texts": texts}), "application/json")
-        answer = envelopes.shaped(data, inference.predict_fn(data, model))
+        answer = outputs.shaped(data, inference.predict_fn(data, model))
         served = [item["score"] for item in sorted(answer, key=lambda item: item["index"])]
         np.testing.assert_allclose(served, expected, rtol=1e-4, atol=1e-5)
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from byoc import tasks
-from byoc.serving.protocol import envelopes
+from byoc.serving.protocol import outputs
 from byoc.tasks.base import BadParameter
 from byoc.training import entry
 from byoc.training.trainer import masked_loss
@@ -99,7 +99,7 @@ def reranked(model_dir, monkeypatch, backend: str, query: str, texts: list[str])
     """The model's own code/inference.py's TEI rerank answer, as scores in the texts' order."""
     inference, model = own_inference(model_dir, monkeypatch, backend)
     data = inference.input_fn(json.dumps({"query": query, "texts": texts}), "application/json")
-    answer = envelopes.shaped(data, inference.predict_fn(data, model))  # as `byoc serve` answers: TEI's rerank
+    answer = outputs.shaped(data, inference.predict_fn(data, model))  # as `byoc serve` answers: TEI's rerank
     return [item["score"] for item in sorted(answer, key=lambda item: item["index"])]
 
 

@@ -36,7 +36,7 @@ from byoc import tasks
 from byoc.serving import resources
 from byoc.serving.backends import backend_choice, passes, runtimes
 from byoc.serving.backends.loaded import LoadedModel, in_background
-from byoc.serving.protocol import bodies, envelopes, negotiation, outputs, task_parameters
+from byoc.serving.protocol import bodies, negotiation, outputs, task_parameters
 from byoc.serving.protocol.bodies import CONTENT_TYPES, JSON_LINES, OPENAI, RERANK, valid_unicode
 from byoc.serving.protocol.request_errors import (  # noqa: F401  (NON_FINITE: re-exported, as before)
     NON_FINITE,
@@ -154,7 +154,7 @@ def choose_backend(model_dir: Path, int8: bool = False, gpu: bool | None = None)
 def input_fn(body: bytes | str, content_type: str = "application/json", *, one_text: bool = False) -> dict[str, Any]:
     """Parse a request into {"inputs": [text or (text, text_pair)], "parameters": {...}}, and "shape" where
     the body's form asks for an answer other than one per input (TEI's rerank body: "rerank"; OpenAI's
-    embeddings body: "openai"; byoc.serving.protocol.envelopes). The shape comes from the body's form alone:
+    embeddings body: "openai"; byoc.serving.protocol.outputs). The shape comes from the body's form alone:
     a client's "parameters" cannot set it.
 
     Everything a model could choke on is refused here, with a 4xx naming the input, before the
@@ -213,8 +213,8 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     {"label", "score"} or the top_k of them; a multi-label model's labels at or above the threshold; a
     regression model's {"score": value}; a token classifier's entities. For a rerank body ("shape":
     "rerank") each pair's relevance, a number; for an OpenAI body ("shape": "openai") each text's
-    `envelopes.Embedded` (its vector and the tokens it ran, prompt included): the server builds the
-    request's answer from them (byoc.serving.protocol.envelopes)."""
+    `outputs.Embedded` (its vector and the tokens it ran, prompt included): the server builds the
+    request's answer from them (byoc.serving.protocol.outputs)."""
     inputs, parameters, shape = data["inputs"], data.get("parameters", {}), data.get("shape")
     task = tasks.TASKS.get(model.get("task", tasks.DEFAULT))  # (the name config.json gave: runtimes)
     task_parameters.check_values(parameters)
@@ -240,7 +240,7 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
             windowed.encode()
             answers = windowed.answers(passes.run(windowed.feeds, model, task.scores))
             if shape == OPENAI:  # (a hybrid model's dense vectors: each text its own feed, prompt none)
-                return [envelopes.Embedded(vector, len(f["input_ids"])) for vector, f in zip(answers, windowed.feeds)]
+                return [outputs.Embedded(vector, len(f["input_ids"])) for vector, f in zip(answers, windowed.feeds)]
             return outputs.Answers(answers, task.kind_of(parameters))
         inputs = task.prepare(inputs, parameters, model)
     except tasks.BadParameter as err:
@@ -267,7 +267,7 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     except tasks.BadParameter as err:
         raise task_parameters.refused(err) from None
     if shape == OPENAI:  # OpenAI's usage: the tokens each text ran, counted where they were made
-        return [envelopes.Embedded(vector, len(e["input_ids"])) for vector, e in zip(answers, encoded)]
+        return [outputs.Embedded(vector, len(e["input_ids"])) for vector, e in zip(answers, encoded)]
     return outputs.Answers(answers, task.kind_of(parameters))  # (output_fn writes them by their kind)
 
 

@@ -20,7 +20,7 @@ import pytest
 from byoc.serving import default_pipeline
 from byoc.serving.execution import model_server
 from byoc.serving.execution.model_server import ModelServer
-from byoc.serving.protocol import bodies, envelopes
+from byoc.serving.protocol import bodies, outputs
 from byoc.serving.protocol.request_errors import InputError, InvalidAnswer, PayloadTooLarge
 from byoc.serving.settings import ServeSettings
 from byoc.serving.user_code.handler_loader import Handlers
@@ -41,7 +41,7 @@ def test_a_clients_parameters_cannot_set_the_answers_shape():
     data = parse({"inputs": ["hello world", "bye now"], "parameters": {"shape": "rerank"}})
     assert "shape" not in data and data["inputs"] == ["hello world", "bye now"]
     answers = [{"label": "a", "score": 0.1}, {"label": "b", "score": 0.9}]
-    assert envelopes.shaped(data, answers) == answers  # one answer per input, as the client's body asked
+    assert outputs.shaped(data, answers) == answers  # one answer per input, as the client's body asked
     data = parse({"inputs": ["a"], "parameters": {"shape": "rerank", "return_text": True}})
     with pytest.raises(InputError, match='"return_text" applies to rerank requests'):
         default_pipeline.predict_fn(data, {"task": "single_label_classification"})
@@ -119,8 +119,8 @@ def test_the_early_count_reads_the_key_the_parser_reads():
 def test_base64_refuses_nan_as_the_float_answer_does():
     data = {"inputs": ["a"], "parameters": {"encoding_format": "base64"}, "shape": "openai"}
     with pytest.raises(InvalidAnswer, match="NaN or infinity"):
-        envelopes.shaped(data, [envelopes.Embedded([0.5, math.nan], 3)])
-    answer = envelopes.shaped(data, [envelopes.Embedded([0.5, 0.25], 3)])
+        outputs.shaped(data, [outputs.Embedded([0.5, math.nan], 3)])
+    answer = outputs.shaped(data, [outputs.Embedded([0.5, 0.25], 3)])
     assert np.frombuffer(base64.b64decode(answer["data"][0]["embedding"]), "<f4").tolist() == [0.5, 0.25]
     assert answer["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
 
@@ -128,8 +128,8 @@ def test_base64_refuses_nan_as_the_float_answer_does():
 def test_a_rerank_answer_that_is_not_a_number_is_a_500_saying_what_predict_fn_must_return():
     data = parse({"query": "q", "texts": ["a", "b"]})
     with pytest.raises(InvalidAnswer, match="pair 0 with dict"):
-        envelopes.shaped(data, [{"label": "x", "score": 0.3}, {"label": "y", "score": 0.2}])
-    assert envelopes.shaped({**data, "parameters": {"top_n": 1}}, [0.1, 0.7]) == [{"index": 1, "score": 0.7}]
+        outputs.shaped(data, [{"label": "x", "score": 0.3}, {"label": "y", "score": 0.2}])
+    assert outputs.shaped({**data, "parameters": {"top_n": 1}}, [0.1, 0.7]) == [{"index": 1, "score": 0.7}]
 
 
 def test_json_text_refuses_non_finite_numbers_and_writes_null_words_without_json():
@@ -196,7 +196,7 @@ def test_a_large_answer_to_a_small_request_is_written_off_the_event_loop():
     assert written_on == [False] and len(answer.body.splitlines()) == 512
     answer, written_on = invoke(user_handlers(Vectors(4)), {"inputs": ["a"] * 4}, accept="text/csv")
     assert written_on == [True]  # a small answer still costs no thread hop
-    assert envelopes.cells([[0.0] * 1024] * 512) == 512 * 1024 > model_server.INLINE_CELLS
+    assert outputs.cells([[0.0] * 1024] * 512) == 512 * 1024 > model_server.INLINE_CELLS
 
 
 def test_the_shapes_are_built_around_a_models_own_predict_fn():
@@ -253,5 +253,5 @@ def test_openai_usage_counts_what_ran_prompt_included_where_it_was_tokenized():
     data = parse({"input": ["a b", "c"], "model": "m"})
     answers = default_pipeline.predict_fn(data, model)
     assert [a.tokens for a in answers] == [3 + 2, 3 + 1] and encoded == [["query of mine: a b", "query of mine: c"]]
-    assert envelopes.shaped(data, answers)["usage"] == {"prompt_tokens": 9, "total_tokens": 9}
+    assert outputs.shaped(data, answers)["usage"] == {"prompt_tokens": 9, "total_tokens": 9}
     assert len(encoded) == 1  # the answer's envelope tokenized nothing again

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from byoc.serving.protocol import envelopes
+from byoc.serving.protocol import outputs
 from byoc.serving.protocol.request_errors import InputError
 from byoc.tasks.embedding import rank_metrics
 from byoc.training import entry
@@ -117,7 +117,7 @@ def test_a_multi_vector_job_trains_and_its_folder_serves_as_multi_vector_encoder
     data = inference.input_fn(
         json.dumps({"query": test[0]["anchor"], "texts": [r["positive"] for r in test]}), "application/json"
     )
-    ranked = envelopes.shaped(data, inference.predict_fn(data, model))
+    ranked = outputs.shaped(data, inference.predict_fn(data, model))
     assert [item["index"] for item in ranked] == sorted(range(8), key=lambda i: (-expected_all[i], i))[: len(ranked)]
     with pytest.raises(InputError, match="needs an embedding model"):
         inference.predict_fn(inference.input_fn(json.dumps({"input": ["a"], "model": "m"}), "application/json"), model)

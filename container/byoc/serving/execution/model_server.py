@@ -33,7 +33,7 @@ from byoc.serving.execution.batching import Batcher, guarded, timed
 from byoc.serving.execution.memory import release_memory
 from byoc.serving.execution.threads import DaemonThreads
 from byoc.serving.prometheus import NO_METRICS, ModelMetrics
-from byoc.serving.protocol import bodies, envelopes, negotiation
+from byoc.serving.protocol import bodies, negotiation, outputs
 from byoc.serving.protocol.request_errors import InputError, InvalidAnswer, NotAcceptable, PayloadTooLarge
 from byoc.serving.settings import JSON, ServeSettings
 from byoc.serving.user_code.handler_loader import HandlerError, Handlers, call, forget_isolated, load_handlers
@@ -252,17 +252,17 @@ class ModelServer:
         # answer is about 2,000x its request (4,096 one-letter texts to a 1,024-wide model: 4 M floats), a
         # multi-vector one a vector a token. (Past INLINE_ANSWERS answers, even counting them waits.)
         count = len(prediction) if isinstance(prediction, list) else 1
-        small = len(body) < INLINE_LIMIT and count <= INLINE_ANSWERS and envelopes.cells(prediction) <= INLINE_CELLS
+        small = len(body) < INLINE_LIMIT and count <= INLINE_ANSWERS and outputs.cells(prediction) <= INLINE_CELLS
         result = await self._handler(self._write, builtin and small, data, prediction, accept)
         return self._response(result, accept)
 
     def _write(self, data: Any, prediction: Any, accept: str) -> Any:
         """The request's answer in the shape its body's form asked for (any predict_fn's answers: rerank,
-        OpenAI; byoc.serving.protocol.envelopes), written by the output_fn; a 413 for an answer of more
+        OpenAI; byoc.serving.protocol.outputs), written by the output_fn; a 413 for an answer of more
         numbers than the server answers, whoever's predict_fn made it, before it is written."""
         assert self.handlers is not None and self.handlers.output_fn is not None
         limit = self.settings.inference.max_answer_values
-        values = envelopes.cells(prediction)
+        values = outputs.cells(prediction)
         if limit and values > limit:
             raise PayloadTooLarge(
                 f"the answer holds {values:,} numbers, over the {limit:,} one answer may hold "
@@ -270,7 +270,7 @@ class ModelServer:
                 'limit): send fewer texts a request, or ask for less of each ("dimensions", "top_k")'
             )
         if isinstance(data, dict) and data.get("shape") is not None:
-            prediction = envelopes.shaped(data, prediction)
+            prediction = outputs.shaped(data, prediction)
         return call(self.handlers.output_fn, "output_fn", prediction, accept)
 
     async def _in_steps(self, work: long_texts.Stepwise) -> list[Any]:

@@ -10,6 +10,8 @@ them over the same path: slots, timeouts, batching, errors):
 - Cohere's rerank (`/v1/rerank`, which Jina's clients call too, and `/v2/rerank`): `{"query", "documents",
   "top_n"}`, answered as `{"id", "results": [{"index", "relevance_score"(, "document")}], "meta"}`.
 
+The answers are written by byoc.serving.protocol.outputs, beside every other writer.
+
 Which routes a model answers follows from the kinds of answer its task gives (`Task.kinds`) and the kinds each
 route answers (byoc.tasks.kinds.ROUTE_KINDS; any task that reranks answers a rerank): a route the model does not
 answer is a 400 naming those it does, never another kind of answer. A model loaded by its own code (no byoc
@@ -18,7 +20,6 @@ task) takes every route, its code deciding what to answer.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from byoc import tasks
+from byoc.serving.protocol import outputs
 from byoc.serving.protocol.bodies import valid_unicode
 from byoc.serving.protocol.request_errors import InputError
 from byoc.tasks.kinds import ROUTE_KINDS, Kind
@@ -125,8 +127,7 @@ def _predict(inputs: Any, parameters: dict[str, Any], task: tasks.Task | None, m
         if relevance and not raw:  # the logit through the model's activation, as TEI's /predict and /rerank give it
             assert task is not None
             answers = [{**a, "score": task.relevance(np.asarray([a["score"]]), False, model)} for a in answers]
-        listed = [answer if isinstance(answer, list) else [answer] for answer in answers]
-        return listed[0] if single else listed
+        return outputs.tei_predict(answers, single)
 
     return Rewrite({"inputs": batch, "parameters": parameters}, reshape)
 
@@ -211,19 +212,7 @@ def cohere_rerank(version: int, payload: Any, model: Any = None) -> Rewrite:
     if payload.get("top_n") is not None:
         body["top_n"] = payload["top_n"]
 
-    def reshape(ranked: list[dict[str, Any]]) -> dict[str, Any]:
-        results = [
-            {
-                "index": entry["index"],
-                "relevance_score": entry["score"],
-                **({"document": {"text": entry["text"]}} if returned else {}),
-            }
-            for entry in ranked
-        ]
-        meta = {"api_version": {"version": str(version)}, "billed_units": {"search_units": 1}}
-        return {"id": str(uuid.uuid4()), "results": results, "meta": meta, "model": payload.get("model")}
-
-    return Rewrite(body, reshape)
+    return Rewrite(body, lambda ranked: outputs.cohere(ranked, version, returned, payload.get("model")))
 
 
 def _document_text(document: Any, index: int) -> str:
