@@ -53,7 +53,7 @@ def bert_base_folder(into: Path) -> Path:
 def one(config: str, steps: int, device: str, model_name: str) -> dict:
     """Run one configuration here; its figures."""
     import torch
-    from bench_embed_train import sick  # benchmarks/, beside this script
+    from fixtures import sick  # benchmarks/, beside this script
 
     from byoc.tasks.embedding import model as embedding
     from byoc.training.model import bundled_model_dir

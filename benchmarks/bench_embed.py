@@ -17,82 +17,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_serve  # noqa: E402  (the load generator and the server start)
+import fixtures  # noqa: E402  (the shared models and data)
 import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
-import shared_data  # noqa: E402
+import reference_stack  # noqa: E402
+import servers  # noqa: E402  (byoc serve started, the load generator, memory)
 from child_process import exit_on_sigterm  # noqa: E402
-
-WORK = Path("/tmp/byoc-bench-embed")
-SHAPES = ((1, 32), (16, 8))  # (sentences a request, concurrency)
-
-
-def sick_pairs() -> tuple[list[str], list[str], np.ndarray]:
-    rows = [
-        line.split("\t") for line in (shared_data.folder("sick") / "SICK_test_annotated.txt").read_text().splitlines()
-    ]
-    rows = [r for r in rows[1:] if len(r) >= 4]
-    return [r[1] for r in rows], [r[2] for r in rows], np.array([float(r[3]) for r in rows])
-
-
-def model_folder() -> Path:
-    """The Hub folder, copied, with model.onnx and model.int8.onnx written by byoc's own export."""
-    from byoc import onnx_graph
-    from byoc.training.model import bundled_model_dir
-
-    target = WORK / "model"
-    if not (target / onnx_graph.INT8_GRAPH).exists():
-        shutil.rmtree(WORK, ignore_errors=True)
-        shutil.copytree(bundled_model_dir(), target)
-        assert onnx_graph.export(target) and onnx_graph.export_int8(target)
-    return target
-
-
-def vectors(model: dict, texts: list[str]) -> np.ndarray:
-    from byoc.serving import default_pipeline
-
-    out = []
-    for i in range(0, len(texts), 64):
-        out.extend(default_pipeline.predict_fn({"inputs": texts[i : i + 64], "parameters": {}}, model))
-    return np.asarray(out, dtype=np.float64)
-
-
-def load(folder: Path, precision: str, backend: str = "onnxruntime") -> dict:
-    from byoc.serving import default_pipeline
-    from byoc.serving.settings import InferenceSettings
-
-    settings = InferenceSettings(backend=backend, precision=precision, threads=os.cpu_count() or 1)
-    with default_pipeline.serving_with(settings):
-        return default_pipeline.model_fn(str(folder))
-
-
-def rate(encode: Callable[[list[str]], object], texts: list[str], seconds: float, batch: int = 32) -> float:
-    """Sentences/s of `encode`, `batch` texts a call (SICK's in turn), for `seconds`, in this process."""
-    done, started, i = 0, time.monotonic(), 0
-    while time.monotonic() - started < seconds:
-        chunk = texts[i : i + batch] or texts[:batch]
-        encode(chunk)
-        done, i = done + len(chunk), (i + batch) % len(texts)
-    return done / (time.monotonic() - started)
-
-
-def ceiling(model: dict, texts: list[str], seconds: float = 6.0, parameters: dict | None = None) -> float:
-    """Sentences/s of the default predict_fn, 32 a call, in this process (`parameters`: the request's)."""
-    from byoc.serving import default_pipeline
-
-    def answer(batch: list[str]) -> object:
-        return default_pipeline.predict_fn({"inputs": batch, "parameters": parameters or {}}, model)
-
-    return rate(answer, texts, seconds)
 
 
 def quality(folder: Path) -> dict:
@@ -100,13 +36,13 @@ def quality(folder: Path) -> dict:
 
     from byoc.tasks.regression import regression_metrics
 
-    first, second, gold = sick_pairs()
+    first, second, gold = fixtures.sick_pairs()
     result = {}
     reference = SentenceTransformer(str(folder), device="cpu")
     encoded = {"sentence-transformers": (reference.encode(first), reference.encode(second))}
     for precision in ("fp32", "int8"):
-        model = load(folder, precision)
-        encoded[precision] = (vectors(model, first), vectors(model, second))
+        model = fixtures.load(folder, precision)
+        encoded[precision] = (fixtures.vectors(model, first), fixtures.vectors(model, second))
     fp32 = np.concatenate(encoded["fp32"])
     for name, (a, b) in encoded.items():
         a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
@@ -130,20 +66,20 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--json", type=Path)
     opts = parser.parse_args()
-    folder = model_folder()
-    first, second, _ = sick_pairs()
+    folder = fixtures.model_folder()
+    first, second, _ = fixtures.sick_pairs()
     texts = list(dict.fromkeys(first + second))
     results: dict = {"quality": quality(folder), "serve": {}, "ceiling": {}}
     for precision in ("fp32", "int8"):
-        results["ceiling"][precision] = ceiling(load(folder, precision), texts)
+        results["ceiling"][precision] = fixtures.ceiling(fixtures.load(folder, precision), texts)
         print(f"model alone, {precision}: {results['ceiling'][precision]:.1f} sentences/s", flush=True)
-        port = bench_serve.free_port()
+        port = servers.free_port()
         settings = {"BYOC_INFERENCE_BACKEND": "onnxruntime", "BYOC_INFERENCE_PRECISION": precision}
-        proc, started = bench_serve.start_byoc(folder, port, settings)
+        proc, started = servers.start_byoc(folder, port, settings)
         try:
-            bench_serve.reference_stack.wait_ready(port, timeout=300, since=started, proc=proc)
-            for per_request, concurrency in SHAPES:
-                r = bench_serve.run_load(port, texts, per_request, concurrency, opts.warmup, opts.seconds)
+            reference_stack.wait_ready(port, timeout=300, since=started, proc=proc)
+            for per_request, concurrency in fixtures.SHAPES:
+                r = servers.run_load(port, texts, per_request, concurrency, opts.warmup, opts.seconds)
                 results["serve"][f"{precision} {per_request}x{concurrency}"] = r
                 print(
                     f"byoc {precision} {per_request:2d}/request, concurrency {concurrency:2d}: "
@@ -151,7 +87,7 @@ def main() -> int:
                     f"{'  errors ' + str(r['errors']) if r['errors'] else ''}",
                     flush=True,
                 )
-            results["serve"][f"{precision} rss_mib"] = bench_serve.rss_tree_mib(proc.pid)
+            results["serve"][f"{precision} rss_mib"] = servers.rss_tree_mib(proc.pid)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)  # the server and its workers (a session of their own)
             proc.wait(60)

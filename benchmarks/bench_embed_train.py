@@ -17,7 +17,6 @@ every model is then encoded by sentence-transformers from the folder the run wro
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import sys
@@ -25,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import fixtures  # benchmarks/, beside this script (the shared models and data)
 import harness  # (benchmarks/: every results file with its provenance)
 import numpy as np
-import shared_data  # benchmarks/, beside this script
 from child_process import byoc_train, exit_on_sigterm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,22 +37,12 @@ from byoc.tasks.embedding import retrieval_metrics  # noqa: E402
 from byoc.tasks.regression import regression_metrics  # noqa: E402
 from byoc.training.model import bundled_model_dir  # noqa: E402
 
-BATCH, LR = 16, 5e-5
+BATCH, LR = fixtures.EMBED_BATCH, fixtures.EMBED_LR
 SEED = [42]  # --seed: both recipes'
 
 
-SICK_COLUMNS = ["pair_ID", "sentence_A", "sentence_B", "relatedness_score", "entailment_judgment"]
-
-
-def sick(name: str) -> list[dict]:
-    """One SICK split's rows (the test file has no header line)."""
-    with (shared_data.folder("sick") / name).open(encoding="utf-8") as f:
-        rows = list(csv.DictReader(f, fieldnames=SICK_COLUMNS, delimiter="\t"))
-    return [row for row in rows if row["pair_ID"] != "pair_ID"]
-
-
 def train_rows(shape: str) -> list[dict]:
-    rows = sick("SICK_train.txt")
+    rows = fixtures.sick("SICK_train.txt")
     if shape == "scored":
         return [
             {"sentence1": r["sentence_A"], "sentence2": r["sentence_B"], "score": float(r["relatedness_score"])}
@@ -121,7 +110,7 @@ def scores(folder: Path) -> dict[str, float]:
     """The model's test figures: Spearman of cosine on every scored pair; MRR@10 and recall@1 on ENTAILMENT pairs."""
     SentenceTransformer, _, _, _ = compat.sentence_transformers_api()
     model = SentenceTransformer(str(folder), device="cpu")
-    test = sick("SICK_test_annotated.txt")
+    test = fixtures.sick("SICK_test_annotated.txt")
 
     def encode(texts: list[str]) -> np.ndarray:
         return model.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True)

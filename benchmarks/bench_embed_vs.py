@@ -30,9 +30,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_embed  # noqa: E402  (the model folder with byoc's graphs, SICK's sentences)
-import bench_serve  # noqa: E402  (the load generator, byoc's start)
+import fixtures  # noqa: E402  (the shared models and data)
 import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
+import reference_stack  # noqa: E402
+import servers  # noqa: E402  (byoc serve started, the load generator, memory)
 from child_process import dies_with_parent, exit_on_sigterm  # noqa: E402
 
 WORK = Path("/tmp/byoc-bench-embed-vs")
@@ -93,7 +94,7 @@ def start_infinity(competitors: str, folder: Path, port: int) -> tuple[subproces
         if proc.poll() is not None:
             raise SystemExit(f"infinity_emb exited: {proc.stderr.read().decode()[-3000:] if proc.stderr else ''}")
         try:
-            status, _ = bench_serve.reference_stack._request(port, "/health", timeout=2)
+            status, _ = reference_stack._request(port, "/health", timeout=2)
             if status == 200:
                 return proc, started
         except OSError:
@@ -124,11 +125,11 @@ def fastembed_rate(competitors: str, folder: Path, texts: list[str]) -> float:
 
 def measure(port: int, texts: list[str], opts: argparse.Namespace, infinity_model: str | None) -> dict[str, float]:
     rates = {}
-    for per_request, concurrency in bench_embed.SHAPES:
+    for per_request, concurrency in fixtures.SHAPES:
         if infinity_model is None:
-            r = bench_serve.run_load(port, texts, per_request, concurrency, opts.warmup, opts.seconds)
+            r = servers.run_load(port, texts, per_request, concurrency, opts.warmup, opts.seconds)
         else:
-            r = bench_serve.run_load(
+            r = servers.run_load(
                 port,
                 texts,
                 per_request,
@@ -163,18 +164,18 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     opts = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
-    ours, theirs = bench_embed.model_folder(), optimum_folders(opts.competitors)
-    first, second, _ = bench_embed.sick_pairs()
+    ours, theirs = fixtures.model_folder(), optimum_folders(opts.competitors)
+    first, second, _ = fixtures.sick_pairs()
     texts = list(dict.fromkeys(first + second))
     runs: dict[str, list[dict[str, float]]] = {}
     for round_ in range(opts.rounds):
         for precision in ("fp32", "int8"):
             for server in ("byoc", "infinity-emb"):
-                port = bench_serve.free_port()
+                port = servers.free_port()
                 if server == "byoc":
                     settings = {"BYOC_INFERENCE_BACKEND": "onnxruntime", "BYOC_INFERENCE_PRECISION": precision}
-                    proc, started = bench_serve.start_byoc(ours, port, settings)
-                    bench_serve.reference_stack.wait_ready(port, timeout=300, since=started, proc=proc)
+                    proc, started = servers.start_byoc(ours, port, settings)
+                    reference_stack.wait_ready(port, timeout=300, since=started, proc=proc)
                     model = None
                 else:
                     proc, started = start_infinity(opts.competitors, theirs[precision], port)
@@ -194,7 +195,7 @@ def main() -> int:
     print("\n| | byoc | infinity-emb | byoc / infinity-emb | fastembed in-process |")
     print("|---|---|---|---|---|")
     for precision in ("fp32", "int8"):
-        for per_request, concurrency in bench_embed.SHAPES:
+        for per_request, concurrency in fixtures.SHAPES:
             shape = f"{per_request}x{concurrency}"
             ours_rate = results["medians"][f"byoc {precision}"][shape]
             theirs_rate = results["medians"][f"infinity-emb {precision}"][shape]

@@ -39,8 +39,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
-from bench_embed import load, model_folder, rate, sick_pairs  # noqa: E402  (the dense benchmark's model and data)
 from child_process import dies_with_parent, exit_on_sigterm  # noqa: E402
+from fixtures import load, model_folder, rate, sick_pairs  # noqa: E402  (the dense benchmark's model and data)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "container"))

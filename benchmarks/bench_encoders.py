@@ -41,8 +41,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
-from bench_embed import ceiling, load, rate, sick_pairs  # noqa: E402  (the dense benchmark's loading and data)
 from child_process import exit_on_sigterm  # noqa: E402
+from fixtures import ceiling, load, rate, sick_pairs  # noqa: E402  (the dense benchmark's loading and data)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "container"))

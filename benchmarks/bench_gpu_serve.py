@@ -39,10 +39,10 @@ def serving(model_dir: Path, texts: list[str], seconds: float, backends: dict[st
 
 
 def serve_one(model_dir: Path, texts: list[str], seconds: float, settings: dict[str, str]) -> dict:
-    import bench_serve
     import reference_stack
+    import servers
 
-    port = bench_serve.free_port()
+    port = servers.free_port()
     log = tempfile.NamedTemporaryFile("w+", prefix="byoc-serve-", suffix=".log", delete=False)
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(model_dir.parent), "SAGEMAKER_BIND_TO_PORT": str(port), **settings}
     env.pop("SM_MODEL_DIR", None)
@@ -67,11 +67,11 @@ def serve_one(model_dir: Path, texts: list[str], seconds: float, settings: dict[
         if takeover is not None:  # ONNX Runtime on the CPU answered first: the load is measured on torch
             out["torch_takeover_s"] = takeover
         for per_request, concurrency in ((1, 1), (1, 32), (16, 32)):
-            r = bench_serve.run_load(port, texts, per_request, concurrency, min(2.0, seconds / 4), seconds)
+            r = servers.run_load(port, texts, per_request, concurrency, min(2.0, seconds / 4), seconds)
             out["load"][f"{per_request}x{concurrency}"] = {
                 k: r[k] for k in ("sentences_per_second", "p50_ms", "errors")
             }
-        out["rss_mib"] = bench_serve.rss_tree_mib(proc.pid)
+        out["rss_mib"] = servers.rss_tree_mib(proc.pid)
         lines = Path(log.name).read_text().splitlines()
         out["served_by"] = next((x.split("serving with ", 1)[1] for x in lines if "serving with " in x), None)
         runs_on = [x.split("model runs on ", 1)[1] for x in lines if "model runs on " in x]

@@ -28,9 +28,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_serve  # noqa: E402
 import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 import reference_stack  # noqa: E402
+import servers  # noqa: E402  (byoc serve started, the load generator, memory)
 from child_process import dies_with_parent, exit_on_sigterm  # noqa: E402
 
 WORK = Path("/tmp/byoc-bench-long-context")
@@ -102,7 +102,7 @@ def measure(port: int, pid: int, tokens: int) -> dict:
     url = f"http://127.0.0.1:{port}"
     client = httpx.Client(base_url=url, timeout=60)
     assert client.post("/invocations", json={"inputs": ["a short sentence"]}).status_code == 200  # warm
-    resting = bench_serve.rss_tree_mib(pid)
+    resting = servers.rss_tree_mib(pid)
     stop, pings, memory = threading.Event(), [], [resting]
 
     def pinger() -> None:
@@ -114,7 +114,7 @@ def measure(port: int, pid: int, tokens: int) -> dict:
 
     def sampler() -> None:
         while not stop.is_set():
-            memory.append(bench_serve.rss_tree_mib(pid))
+            memory.append(servers.rss_tree_mib(pid))
             time.sleep(0.1)
 
     threads = [threading.Thread(target=pinger), threading.Thread(target=sampler)]
@@ -151,7 +151,7 @@ def main() -> int:
     model = build_model(opts.shape, max(8192, opts.tokens))
     results = []
     for backend in opts.backends:
-        port = bench_serve.free_port()
+        port = servers.free_port()
         proc = serve(model, port, backend)
         try:
             reference_stack.wait_ready(port, timeout=600, since=time.monotonic(), proc=proc)

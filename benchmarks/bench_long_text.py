@@ -26,9 +26,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_serve  # noqa: E402
 import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 import reference_stack  # noqa: E402
+import servers  # noqa: E402  (byoc serve started, the load generator, memory)
 from child_process import dies_with_parent, exit_on_sigterm  # noqa: E402
 
 WORK = Path("/tmp/byoc-bench-long-text")
@@ -110,7 +110,7 @@ def measure(port: int, pid: int, chars: int) -> dict:
         "small_worst_s": round(max(s for s, _ in smalls), 3),
         "small_codes": sorted({code for _, code in smalls}),
         "ping_worst_s": round(max(pings), 3),
-        "rss_mib": round(bench_serve.rss_tree_mib(pid)),
+        "rss_mib": round(servers.rss_tree_mib(pid)),
     }
 
 
@@ -141,7 +141,7 @@ def main() -> int:
     model = build_model()
     results = []
     for container in ([opts.container] if opts.container else []) + [None]:
-        port = bench_serve.free_port()
+        port = servers.free_port()
         proc = serve(model, port, container, {"BYOC_MAX_TEXT_CHARS_PER_REQUEST": opts.limit})
         try:
             reference_stack.wait_ready(port, timeout=300, since=time.monotonic(), proc=proc)
@@ -153,7 +153,7 @@ def main() -> int:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
     # The text: 5.8 MB, inside the 6 MB payload limit, at the default BYOC_MAX_TEXT_CHARS_PER_REQUEST.
-    port = bench_serve.free_port()
+    port = servers.free_port()
     proc = serve(model, port, None, {})
     try:
         reference_stack.wait_ready(port, timeout=300, since=time.monotonic(), proc=proc)

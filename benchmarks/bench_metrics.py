@@ -1,6 +1,6 @@
 """What `GET /metrics` costs (byoc.serving.prometheus), in the same run against its own baseline.
 
-1. Serving with metrics on (the default) against BYOC_METRICS=false: two `byoc serve` on bench_serve.py's
+1. Serving with metrics on (the default) against BYOC_METRICS=false: two `byoc serve` on fixtures.py's
    MiniLM emotion classifier, loaded in turns (A B A B ...: the machine's drift falls on both), one
    and 16 tweets per request at concurrency 8; the median of the rounds' requests/s and p50 latency.
 2. A scrape with 100 models loaded: a multi-model endpoint holding 100 copies of that classifier, each
@@ -24,29 +24,29 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_mme  # noqa: E402
-import bench_serve  # noqa: E402
+import fixtures  # noqa: E402  (the shared models and data)
 import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 import reference_stack  # noqa: E402
+import servers  # noqa: E402  (byoc serve started, the load generator, memory)
 import shared_data  # noqa: E402
 from child_process import exit_on_sigterm  # noqa: E402
 
 
 def serving_overhead(model: Path, texts: list[str], rounds: int, seconds: float, warmup: float) -> dict:
     """Requests/s and p50 with metrics on and off, the two servers loaded in turns."""
-    servers = {}
+    running = {}
     try:
         for name, settings in (("metrics", {}), ("no-metrics", {"BYOC_METRICS": "false"})):
-            port = bench_serve.free_port()
-            proc, started = bench_serve.start_byoc(model, port, settings)
-            servers[name] = (port, proc)
+            port = servers.free_port()
+            proc, started = servers.start_byoc(model, port, settings)
+            running[name] = (port, proc)
             reference_stack.wait_ready(port, timeout=300, since=started, proc=proc)
         results: dict = {}
         for per_request in (1, 16):
-            runs: dict[str, list[dict]] = {name: [] for name in servers}
+            runs: dict[str, list[dict]] = {name: [] for name in running}
             for _ in range(rounds):
-                for name, (port, _) in servers.items():
-                    runs[name].append(bench_serve.run_load(port, texts, per_request, 8, warmup, seconds))
+                for name, (port, _) in running.items():
+                    runs[name].append(servers.run_load(port, texts, per_request, 8, warmup, seconds))
             key = f"{per_request}x8"
             results[key] = {
                 name: {
@@ -67,19 +67,19 @@ def serving_overhead(model: Path, texts: list[str], rounds: int, seconds: float,
             )
         return results
     finally:
-        for _, proc in servers.values():
+        for _, proc in running.values():
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(60)
 
 
 def scrape_cost(model: Path, count: int, scrapes: int, texts: list[str]) -> dict:
     """Scrape time, size and series with `count` models loaded (after 1, for scale)."""
-    root = bench_mme.WORK / "metrics-mme"
-    folders = bench_mme.model_copies(model, count)
-    port = bench_serve.free_port()
+    root = fixtures.MME_WORK / "metrics-mme"
+    folders = fixtures.model_copies(model, count)
+    port = servers.free_port()
     (root / "model").mkdir(parents=True, exist_ok=True)
     settings = {"SAGEMAKER_MULTI_MODEL": "true", "BYOC_INFERENCE_BACKEND": "onnxruntime"}
-    proc, started = bench_serve.start_byoc(root / "model", port, settings)
+    proc, started = servers.start_byoc(root / "model", port, settings)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)
     results: dict = {}
     try:
@@ -131,10 +131,10 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--parts", nargs="*", default=["serving", "scrape"], choices=("serving", "scrape"))
     opts = parser.parse_args()
-    if bench_serve.DATA is None:
+    if fixtures.EMOTION is None:
         sys.exit(shared_data.missing("emotion"))
-    texts = bench_serve.sentences()
-    model = bench_serve.train_model()
+    texts = fixtures.sentences()
+    model = fixtures.train_model()
     results = {}
     if "serving" in opts.parts:
         results["serving"] = serving_overhead(model, texts, opts.rounds, opts.seconds, opts.warmup)

@@ -2,7 +2,7 @@
 MiniLM-size classifiers loaded from disk.
 
 One server (SAGEMAKER_MULTI_MODEL=true, the default settings, 127.0.0.1), models loaded one after
-the other as SageMaker loads them (`POST /models`), each a copy of bench_serve.py's MiniLM emotion
+the other as SageMaker loads them (`POST /models`), each a copy of fixtures.py's MiniLM emotion
 classifier (hard links: the disk holds one copy, the server loads each as its own). It measures:
 - load time per model (the POST /models answer), p50 and p99;
 - resident memory (RSS) per loaded model, and the accounting the server's budget uses;
@@ -28,29 +28,14 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_serve  # noqa: E402
+import fixtures  # noqa: E402  (the shared models and data)
 import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 import reference_stack  # noqa: E402
+import servers  # noqa: E402  (byoc serve started, the load generator, memory)
 import shared_data  # noqa: E402
 from child_process import exit_on_sigterm  # noqa: E402
 
-WORK = Path("/tmp/byoc-bench-mme")
-
-
-def model_copies(model: Path, count: int) -> list[Path]:
-    """`count` model folders as SageMaker unpacks them (/opt/ml/models/{name}/model), hard-linked."""
-    folders = []
-    for i in range(count):
-        target = WORK / "models" / f"m{i:03d}" / "model"
-        if not (target / "model.safetensors").exists():
-            for source in model.rglob("*"):
-                if source.is_file():
-                    dest = target / source.relative_to(model)
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    if not dest.exists():
-                        os.link(source, dest)
-        folders.append(target)
-    return folders
+WORK = fixtures.MME_WORK
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -88,12 +73,12 @@ def with_code(folder: Path) -> Path:
 
 def churn(client: httpx.Client, pid: int, folder: Path, cycles: int, body: dict) -> dict:
     """Load, invoke and unload one model `cycles` times; resident memory along the way."""
-    rss, began = [bench_serve.rss_tree_mib(pid)], time.monotonic()
+    rss, began = [servers.rss_tree_mib(pid)], time.monotonic()
     for cycle in range(cycles):
         assert client.post("/models", json={"model_name": "churn", "url": str(folder)}).status_code == 200
         assert client.post("/models/churn/invoke", json=body).status_code == 200
         assert client.delete("/models/churn").status_code == 200
-        rss.append(bench_serve.rss_tree_mib(pid))
+        rss.append(servers.rss_tree_mib(pid))
         if (cycle + 1) % 50 == 0:
             print(f"churn: {cycle + 1} cycles, rss {rss[-1]:.0f} MiB", flush=True)
     measured = max(1, cycles - WARM_UP)
@@ -106,16 +91,16 @@ def churn(client: httpx.Client, pid: int, folder: Path, cycles: int, body: dict)
 
 
 def run(model: Path, count: int, texts: list[str], cycles: int = 200) -> dict:
-    folders = model_copies(model, count)
-    port = bench_serve.free_port()
+    folders = fixtures.model_copies(model, count)
+    port = servers.free_port()
     (WORK / "model").mkdir(parents=True, exist_ok=True)
     env = {"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_BASE_DIR": str(WORK)}
-    proc, started = bench_serve.start_byoc(WORK / "model", port, env)
+    proc, started = servers.start_byoc(WORK / "model", port, env)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
     try:
         reference_stack.wait_ready(port, timeout=120, since=started, proc=proc)
         body = {"inputs": texts[0]}
-        rss_start = bench_serve.rss_tree_mib(proc.pid)
+        rss_start = servers.rss_tree_mib(proc.pid)
         loads, first, warm, rss = [], [], [], [rss_start]
         for i, folder in enumerate(folders):
             name = f"m{i:03d}"
@@ -127,13 +112,13 @@ def run(model: Path, count: int, texts: list[str], cycles: int = 200) -> dict:
                 began = time.monotonic()
                 assert client.post(f"/models/{name}/invoke", json=body).status_code == 200
                 kind.append(time.monotonic() - began)
-            rss.append(bench_serve.rss_tree_mib(proc.pid))
+            rss.append(servers.rss_tree_mib(proc.pid))
             print(f"{name}: load {loads[-1] * 1000:.0f} ms, first {first[-1] * 1000:.1f} ms, rss {rss[-1]:.0f} MiB")
         rss_loaded = rss[-1]
         for i in range(count):
             assert client.delete(f"/models/m{i:03d}").status_code == 200
         time.sleep(1)
-        rss_unloaded = bench_serve.rss_tree_mib(proc.pid)
+        rss_unloaded = servers.rss_tree_mib(proc.pid)
         churn_result = churn(client, proc.pid, with_code(folders[0]), cycles, body)
     finally:
         client.close()
@@ -159,10 +144,10 @@ def main() -> int:
     parser.add_argument("--churn", type=int, default=200, help="load/unload cycles of a model with code")
     parser.add_argument("--json", type=Path, help="also write the results here")
     opts = parser.parse_args()
-    if bench_serve.DATA is None:
+    if fixtures.EMOTION is None:
         sys.exit(shared_data.missing("emotion"))
-    texts = bench_serve.sentences()
-    model = bench_serve.train_model()
+    texts = fixtures.sentences()
+    model = fixtures.train_model()
     results = run(model, opts.models, texts, opts.churn)
     print(
         f"{results['models']} models of {results['model_files_mib']:.0f} MiB on disk: load p50 "

@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # (the reranker layout the tests build)
 import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
-from bench_embed import ceiling, load, rate, sick_pairs  # noqa: E402  (the dense benchmark's model-alone loop)
 from child_process import exit_on_sigterm  # noqa: E402
+from fixtures import ceiling, load, rate, sick_pairs  # noqa: E402  (the dense benchmark's model-alone loop)
 from generative_rerankers import QWEN3_TEMPLATE, SCORE_TYPE  # noqa: E402
 
 WORK = Path("/tmp/byoc-bench-models")

@@ -42,8 +42,10 @@ from pathlib import Path
 from typing import Any
 
 import harness  # (benchmarks/: every results file with its provenance)
-from bench_embed_train import BATCH, LR, sick  # benchmarks/, beside this script
 from child_process import byoc_train, exit_on_sigterm
+from fixtures import EMBED_BATCH as BATCH  # noqa: E402  (the embedding jobs' recipe, bench_embed_train's)
+from fixtures import EMBED_LR as LR  # noqa: E402
+from fixtures import sick  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "container"))
@@ -167,7 +169,7 @@ def served(precision: str, found: Any, workdir: Path) -> dict[str, float]:
     import shutil
 
     import numpy as np
-    from bench_embed import load, vectors  # (the dense serving benchmark's loaders)
+    from fixtures import load, vectors  # (the dense serving benchmark's loaders)
 
     from byoc import onnx_graph
 

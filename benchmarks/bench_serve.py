@@ -20,178 +20,21 @@ not to starve the servers on these 2 cores. Run it alone.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fixtures  # noqa: E402  (the shared models and data)
 import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 import reference_stack  # noqa: E402
+import servers  # noqa: E402  (byoc serve started, the load generator, memory)
 import shared_data  # noqa: E402
-from child_process import byoc_train, dies_with_parent, exit_on_sigterm  # noqa: E402
-
-DATA = shared_data.find("emotion")
-WORK = Path("/tmp/byoc-bench-serve")
-
-
-def free_port() -> int:
-    """A free port below 10000 (MMS rejects 5-digit ports: "Invalid port number")."""
-    for port in range(8081, 10000):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 8081-9999")
-
-
-def sentences() -> list[str]:
-    lines = (DATA / "test.txt").read_text(encoding="utf-8").split("\n")[1:]
-    return [line.rsplit(";", 1)[0] for line in lines if line.strip()]
-
-
-def train_model() -> Path:
-    """A MiniLM emotion classifier from `byoc train` (a short run: speed, not accuracy, is measured)."""
-    root = WORK / "opt-ml"
-    model = root / "model"
-    if (model / "model.safetensors").exists():
-        # Today's template (the installed default handlers, predict_fn overridden), not an old copy of them.
-        shutil.copy(REPO / "code" / "inference.py", model / "code" / "inference.py")
-        if not (model / "model.int8.onnx").exists():  # trained before byoc wrote the serving graphs
-            subprocess.run(
-                [str(Path(sys.executable).parent / "byoc"), "export-onnx", "--int8", str(model)],
-                check=True,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        return model
-    shutil.rmtree(root, ignore_errors=True)
-    (root / "input" / "data" / "train").mkdir(parents=True)
-    shutil.copy(DATA / "train.txt", root / "input" / "data" / "train" / "train.txt")
-    (root / "input" / "config").mkdir(parents=True)
-    hyperparameters = {"max_steps": "60", "logging_steps": "20", "serving_int8": "true"}
-    (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(hyperparameters))
-    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(WORK / "cache")}
-    byoc_train(env, check=True, stdout=subprocess.DEVNULL)
-    return model
-
-
-# --- load generator -----------------------------------------------------------------------------
-
-
-async def _request(
-    reader,
-    writer,
-    body: bytes,
-    content_type: bytes = b"application/json",
-    accept: bytes = b"application/json",
-    path: bytes = b"/invocations",
-) -> int:
-    writer.write(
-        b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: " + content_type + b"\r\n"
-        b"Accept: " + accept + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-    )
-    await writer.drain()
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1])
-    length = 0
-    chunked = False
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-        elif name.strip().lower() == b"transfer-encoding" and b"chunked" in value.lower():
-            chunked = True
-    if chunked:
-        while True:
-            size = int((await reader.readline()).strip(), 16)
-            await reader.readexactly(size + 2)
-            if size == 0:
-                break
-    else:
-        await reader.readexactly(length)
-    return status
-
-
-async def _load(
-    port: int, bodies: list[bytes], concurrency: int, warmup: float, seconds: float, path: bytes = b"/invocations"
-) -> dict:
-    start = time.monotonic()
-    measure_from, stop_at = start + warmup, start + warmup + seconds
-    latencies: list[float] = []
-    errors = 0
-
-    async def client(i: int) -> None:
-        nonlocal errors
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        n = i
-        try:
-            while time.monotonic() < stop_at:
-                began = time.monotonic()
-                status = await asyncio.wait_for(
-                    _request(reader, writer, bodies[n % len(bodies)], path=path), stop_at + 60 - began
-                )
-                ended = time.monotonic()
-                n += concurrency
-                # Counted by when it ends: a request that began before the window still completes in
-                # it. (Counting only requests that both begin and end inside undercounts throughput
-                # by about latency / window: half of it for 6 s requests in a 12 s window.)
-                if measure_from <= ended <= stop_at:
-                    if status == 200:
-                        latencies.append(ended - began)
-                    else:
-                        errors += 1
-        finally:
-            writer.close()
-
-    tasks = [asyncio.create_task(client(i)) for i in range(concurrency)]
-    # Bounded: whatever is still in flight at the end of the window is abandoned.
-    await asyncio.wait(tasks, timeout=warmup + seconds + 5)
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    latencies.sort()
-    pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000 if latencies else float("nan")
-    return {
-        "requests": len(latencies),
-        "errors": errors,
-        "requests_per_second": len(latencies) / seconds,
-        "p50_ms": pick(0.50),
-        "p90_ms": pick(0.90),
-        "p99_ms": pick(0.99),
-    }
-
-
-def run_load(
-    port: int,
-    texts: list[str],
-    per_request: int,
-    concurrency: int,
-    warmup: float,
-    seconds: float,
-    path: str = "/invocations",
-    key: str = "inputs",
-    extra: dict | None = None,
-) -> dict:
-    """`per_request` texts a request (TEI's `{"inputs": ...}`; `key`, `extra` and `path` for other servers'
-    bodies, such as OpenAI's `{"input": [...], "model": ...}` on /embeddings)."""
-    bodies = [
-        json.dumps({key: texts[i : i + per_request] if per_request > 1 else texts[i], **(extra or {})}).encode()
-        for i in range(0, len(texts) - per_request, per_request)
-    ]
-    result = asyncio.run(_load(port, bodies, concurrency, warmup, seconds, path.encode()))
-    result["sentences_per_second"] = result["requests_per_second"] * per_request
-    return result
-
+from child_process import dies_with_parent, exit_on_sigterm  # noqa: E402
 
 # --- the model alone -----------------------------------------------------------------------------
 
@@ -221,46 +64,6 @@ def model_ceiling(model: Path, texts: list[str], settings: dict[str, str]) -> fl
     return float(done.stdout.strip().splitlines()[-1])
 
 
-# --- servers ------------------------------------------------------------------------------------
-
-
-def rss_tree_mib(pid: int) -> float:
-    """RSS of a process and all its descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        todo.extend(children.get(p, []))
-        try:
-            status = Path(f"/proc/{p}/status").read_text().splitlines()
-        except OSError:
-            continue
-        total += sum(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
-    return total
-
-
-def start_byoc(model: Path, port: int, settings: dict[str, str]) -> tuple[subprocess.Popen, float]:
-    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(model.parent), "SAGEMAKER_BIND_TO_PORT": str(port), **settings}
-    env.pop("SM_MODEL_DIR", None)
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "byoc"), "serve"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=dies_with_parent,
-    )
-    return proc, started
-
-
 def measure(name: str, port: int, proc, started: float, texts: list[str], opts) -> dict:
     ping = reference_stack.wait_ready(port, timeout=300, since=started, proc=proc)
     first, _ = reference_stack.wait_first_answer(port, {"inputs": texts[0]}, timeout=300, since=started, proc=proc)
@@ -270,7 +73,7 @@ def measure(name: str, port: int, proc, started: float, texts: list[str], opts) 
     for per_request in (1, 16):
         for concurrency in (1, 8, 32):
             key = f"{per_request}x{concurrency}"
-            result["load"][key] = run_load(port, texts, per_request, concurrency, opts.warmup, opts.seconds)
+            result["load"][key] = servers.run_load(port, texts, per_request, concurrency, opts.warmup, opts.seconds)
             r = result["load"][key]
             print(
                 f"{name:10s} {per_request:2d} sentence(s)/request, concurrency {concurrency:2d}: "
@@ -283,7 +86,7 @@ def measure(name: str, port: int, proc, started: float, texts: list[str], opts) 
         result["rss_mib"] = sum(reference_stack.memory(proc, "Rss").values())
         result["pss_mib"] = sum(reference_stack.memory(proc, "Pss").values())
     else:
-        result["rss_mib"] = rss_tree_mib(proc.pid)
+        result["rss_mib"] = servers.rss_tree_mib(proc.pid)
     print(
         f"{name:10s} cold start: /ping {ping:.1f} s, first answer {first:.1f} s; resident {result['rss_mib']:.0f} MiB",
         flush=True,
@@ -306,10 +109,10 @@ def main() -> int:
         help="leave out byoc serve on torch, or its int8 mode",
     )
     opts = parser.parse_args()
-    if DATA is None:
+    if fixtures.EMOTION is None:
         sys.exit(shared_data.missing("emotion"))
-    texts = sentences()
-    model = train_model()
+    texts = fixtures.sentences()
+    model = fixtures.train_model()
     results = {}
 
     results["ceiling"] = {}
@@ -328,8 +131,8 @@ def main() -> int:
     ):
         if name != "byoc" and name.split("-")[1] in opts.skip:
             continue
-        port = free_port()
-        proc, started = start_byoc(model, port, settings)
+        port = servers.free_port()
+        proc, started = servers.start_byoc(model, port, settings)
         try:
             results[name] = measure(name, port, proc, started, texts, opts)
         finally:
@@ -338,8 +141,8 @@ def main() -> int:
 
     if not opts.skip_reference:
         reference_stack.setup()
-        port = free_port()
-        ref = reference_stack.start(model, port, log_path=WORK / "reference.log")
+        port = servers.free_port()
+        ref = reference_stack.start(model, port, log_path=fixtures.SERVE_WORK / "reference.log")
         try:
             results["reference"] = measure("reference", port, ref, ref.started_at, texts, opts)
         finally:

@@ -3,7 +3,7 @@
 Builds the image as the container tests do (tests/container/images.py: on the stand-in for the slim
 Python base, offline from wheels/, since neither python:3.12-slim nor PyPI can be reached from a
 container here), serves the all-MiniLM-L6-v2 emotion classifier `make bench-serve` trains
-(bench_serve.train_model, kept in /tmp/byoc-bench-serve), and measures:
+(fixtures.train_model, kept in /tmp/byoc-bench-serve), and measures:
 - environment: du of the image's /opt/byoc/venv (byoc and everything it serves with);
 - image: its size as `docker image inspect` reports it;
 - first answer: from just before `docker run -d` to the first 200 from /invocations, polled every
@@ -34,8 +34,9 @@ import harness  # (benchmarks/: every results file with its provenance)
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(REPO / "tests" / "container"))
-import bench_serve  # noqa: E402
+import fixtures  # noqa: E402  (the shared models and data)
 import images  # noqa: E402
+import servers  # noqa: E402  (byoc serve started, the load generator, memory)
 
 TARGETS = {"environment_mb": 400, "image_mb": 700, "first_answer_s": 1.5, "rss_mb": 250}
 
@@ -104,17 +105,17 @@ def measure(image: str, model: Path, args: argparse.Namespace) -> dict:
     options += [f"--memory={args.memory}"] if args.memory else []
     firsts = []
     for _ in range(args.starts):
-        name, seconds = start(image, model, bench_serve.free_port(), options)
+        name, seconds = start(image, model, servers.free_port(), options)
         firsts.append(seconds)
         stop(name)
-    port = bench_serve.free_port()
+    port = servers.free_port()
     queue = max(args.large, 16384)  # BYOC_MAX_INPUTS_PER_REQUEST may not exceed BYOC_MAX_QUEUED_INPUTS
     limits = [f"--env=BYOC_MAX_INPUTS_PER_REQUEST={args.large}", f"--env=BYOC_MAX_QUEUED_INPUTS={queue}"]
     name, seconds = start(image, model, port, [*options, *limits, "--env=SAGEMAKER_MODEL_SERVER_TIMEOUT=900"])
-    texts = bench_serve.sentences()
+    texts = fixtures.sentences()
     try:
         loaded = memory(name)
-        load = bench_serve.run_load(port, texts, args.per_request, args.concurrency, warmup=2, seconds=args.seconds)
+        load = servers.run_load(port, texts, args.per_request, args.concurrency, warmup=2, seconds=args.seconds)
         after = memory(name)
         large = large_request(port, texts, args.large)
         after_large = memory(name)
@@ -145,10 +146,10 @@ def main() -> int:
     args = parser.parse_args()
     if error := images.engine_error():
         sys.exit(error)
-    if bench_serve.DATA is None:
-        sys.exit("the emotion dataset is missing (bench_serve.DATA): see docs/benchmarks.md")
+    if fixtures.EMOTION is None:
+        sys.exit("the emotion dataset is missing (fixtures.EMOTION): see docs/benchmarks.md")
     build = {} if args.no_build else images.build_serve()
-    model = bench_serve.train_model()
+    model = fixtures.train_model()
     results = {
         "image": images.SERVE,
         "base": images.SLIM_BASE,

@@ -1,6 +1,6 @@
 """Soak: `byoc serve` under ordinary traffic with hostile requests mixed in.
 
-One server (the default: ONNX Runtime fp32, on bench_serve.py's MiniLM emotion classifier), two
+One server (the default: ONNX Runtime fp32, on fixtures.py's MiniLM emotion classifier), two
 phases of `--seconds` each (60 by default), 32 clients on keep-alive connections:
 - baseline: every request is innocent (one emotion test tweet, as JSON);
 - soak: the same, with 10% of requests hostile (`--hostile`), in turn: a string the tokenizer cannot
@@ -34,9 +34,10 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_serve  # noqa: E402
+import fixtures  # noqa: E402  (the shared models and data)
 import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 import reference_stack  # noqa: E402
+import servers  # noqa: E402  (byoc serve started, the load generator, memory)
 import shared_data  # noqa: E402
 from child_process import exit_on_sigterm  # noqa: E402
 
@@ -82,7 +83,7 @@ async def _soak(port: int, texts: list[str], concurrency: int, seconds: float, h
                 began = time.monotonic()
                 try:
                     status: int | str = await asyncio.wait_for(
-                        bench_serve._request(reader, writer, body, content_type, accept), 90
+                        servers.request(reader, writer, body, content_type, accept), 90
                     )
                 except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as err:
                     status = type(err).__name__  # the connection is gone: open another
@@ -166,7 +167,7 @@ async def _harass(port: int, seconds: float, idle: int = 1100, stalled: int = 25
             began = time.monotonic()
             try:
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                status: int | str = await asyncio.wait_for(bench_serve._request(reader, writer, LONG_TEXT), 60)
+                status: int | str = await asyncio.wait_for(servers.request(reader, writer, LONG_TEXT), 60)
                 writer.close()
             except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as err:
                 status = type(err).__name__
@@ -217,21 +218,21 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the results here")
     opts = parser.parse_args()
-    if bench_serve.DATA is None:
+    if fixtures.EMOTION is None:
         sys.exit(shared_data.missing("emotion"))
-    texts = bench_serve.sentences()
-    model = bench_serve.train_model()
-    port = bench_serve.free_port()
-    proc, started = bench_serve.start_byoc(model, port, {})
+    texts = fixtures.sentences()
+    model = fixtures.train_model()
+    port = servers.free_port()
+    proc, started = servers.start_byoc(model, port, {})
     try:
         reference_stack.wait_ready(port, timeout=300, since=started, proc=proc)
         asyncio.run(_soak(port, texts, opts.concurrency, opts.warmup, 0.0, opts.seed))  # warm-up, not measured
         baseline = asyncio.run(_soak(port, texts, opts.concurrency, opts.seconds, 0.0, opts.seed))
-        rss_start = bench_serve.rss_tree_mib(proc.pid)
+        rss_start = servers.rss_tree_mib(proc.pid)
         soak = asyncio.run(_soak(port, texts, opts.concurrency, opts.seconds, opts.hostile, opts.seed))
-        rss_end = bench_serve.rss_tree_mib(proc.pid)
+        rss_end = servers.rss_tree_mib(proc.pid)
         siege = asyncio.run(_under_siege(port, texts, opts.concurrency, opts.seconds, opts.seed))
-        rss_siege = bench_serve.rss_tree_mib(proc.pid)
+        rss_siege = servers.rss_tree_mib(proc.pid)
         alive = proc.poll() is None
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

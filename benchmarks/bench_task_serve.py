@@ -25,9 +25,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_serve  # noqa: E402
+import fixtures  # noqa: E402  (the shared models and data)
 import harness  # noqa: E402  (benchmarks/: every results file with its provenance)
 import reference_stack  # noqa: E402
+import servers  # noqa: E402  (byoc serve started, the load generator, memory)
+import shared_data  # noqa: E402
 from child_process import exit_on_sigterm  # noqa: E402
 
 WORK = Path("/tmp/byoc-bench-task-serve")
@@ -74,11 +76,11 @@ def build_model(task: str) -> Path:
 
 
 def byoc_rate(model: Path, texts: list[str], opts) -> float:
-    port = bench_serve.free_port()
-    proc, started = bench_serve.start_byoc(model, port, {"BYOC_INFERENCE_BACKEND": "onnxruntime"})
+    port = servers.free_port()
+    proc, started = servers.start_byoc(model, port, {"BYOC_INFERENCE_BACKEND": "onnxruntime"})
     try:
         reference_stack.wait_ready(port, timeout=300, since=started, proc=proc)
-        result = bench_serve.run_load(port, texts, 16, 8, opts.warmup, opts.seconds)
+        result = servers.run_load(port, texts, 16, 8, opts.warmup, opts.seconds)
         if result.get("errors"):
             raise RuntimeError(f"{model}: {result['errors']} failed requests")
         return result["sentences_per_second"]
@@ -113,9 +115,9 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--json", type=Path)
     opts = parser.parse_args()
-    if bench_serve.DATA is None:
-        sys.exit(bench_serve.shared_data.missing("emotion"))
-    texts = bench_serve.sentences()
+    if fixtures.EMOTION is None:
+        sys.exit(shared_data.missing("emotion"))
+    texts = fixtures.sentences()
     results = {}
     for task in TASKS:
         model = build_model(task)

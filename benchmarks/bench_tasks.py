@@ -44,8 +44,8 @@ from pathlib import Path
 
 import harness  # (benchmarks/: every results file with its provenance)
 import shared_data  # benchmarks/, beside this script
-from bench_serve import free_port
 from child_process import byoc_train, dies_with_parent, exit_on_sigterm
+from servers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH, LR = 16, 5e-5

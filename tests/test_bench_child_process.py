@@ -78,15 +78,15 @@ def test_sigterm_runs_the_benchmarks_cleanup(tmp_path):
     wait_until(lambda: gone(child), "the child outlived its parent")
 
 
-# A benchmark's own server start (bench_serve.start_byoc, which most serving benchmarks use), then the
+# A benchmark's own server start (servers.start_byoc, which most serving benchmarks use), then the
 # benchmark hangs: it is killed by its pid the way a CI timeout kills it.
 SERVING_PARENT = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
     sys.path.insert(0, {benchmarks!r})
-    import bench_serve
-    proc, _ = bench_serve.start_byoc(Path({model!r}), {port}, {{}})
+    import servers
+    proc, _ = servers.start_byoc(Path({model!r}), {port}, {{}})
     print(proc.pid, flush=True)
     time.sleep(600)
     """

@@ -66,3 +66,23 @@ def test_every_benchmark_writes_its_results_through_the_harness():
                 if "json.dumps(results" in text or "json.dumps(result," in text:
                     own_dumps.append(f"{path.name}:{node.lineno}")
     assert len(writers) >= 18 and own_dumps == []
+
+
+# bench_gpu.py's serving half, kept in a module of its own (the GPU run's two parts): the one script imported.
+SCRIPT_PARTS = {"bench_gpu.py": {"bench_gpu_serve"}}
+
+
+def test_scenario_scripts_share_the_harness_modules_never_each_other():
+    """The set-up every script needs (servers and load, models and data, results) lives in the shared modules, not
+    inside one script that a dozen others import: a script imports no other bench_* script."""
+    shared = {path.stem for path in (REPO / "benchmarks").glob("*.py") if not path.name.startswith("bench_")}
+    assert {"harness", "servers", "fixtures"} <= shared
+    for path in sorted((REPO / "benchmarks").glob("bench_*.py")):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+        scripts = {name for name in imported if name.startswith("bench_")}
+        assert scripts <= SCRIPT_PARTS.get(path.name, set()), (path.name, scripts)

@@ -8,14 +8,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import bench_serve  # noqa: E402
+import servers  # noqa: E402  (byoc serve started, the load generator, memory)
 
 LATENCY = 0.5  # every answer of the fake server comes this long after its request, on the clock below
 CONCURRENCY = 4
 
 
 class Clock:
-    """The load generator's clock (bench_serve reads `time.monotonic()`), moved only by the fake server:
+    """The load generator's clock (benchmarks/servers.py reads `time.monotonic()`), moved only by the fake server:
     the answers come at the moments the test says, however fast the machine runs the clients."""
 
     def __init__(self) -> None:
@@ -62,13 +62,13 @@ def test_throughput_counts_requests_that_began_before_the_window(monkeypatch):
     Counting only requests that also began inside the window sees 2 per client (5.3/s): with long
     latencies (the reference's 16-sentence requests) that undercounted throughput by up to half."""
     clock = Clock()
-    monkeypatch.setattr(bench_serve, "time", clock)
+    monkeypatch.setattr(servers, "time", clock)
 
     async def main() -> dict:
         server = await asyncio.start_server(_lockstep_server(clock), "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         async with server:
-            return await bench_serve._load(port, [b"{}"], concurrency=CONCURRENCY, warmup=0.25, seconds=1.5)
+            return await servers.load_phase(port, [b"{}"], concurrency=CONCURRENCY, warmup=0.25, seconds=1.5)
 
     result = asyncio.run(main())
     assert result["errors"] == 0
