@@ -47,6 +47,17 @@ def test_csv_tsv_and_parquet_read_alike_with_fields_named_or_found(tmp_path):
     assert [p.name for p in corpus.corpus_files(tmp_path)] == ["a.csv", "b.tsv", "c.parquet"]
 
 
+def test_a_long_csv_document_is_read_and_the_process_s_csv_limit_put_back(tmp_path):
+    """The csv module's field limit is the process's: raised for a long document, it is put back when the file
+    is read (left raised, it let the server's CSV bodies past the limit they are refused at)."""
+    import csv
+
+    before = csv.field_size_limit()
+    (tmp_path / "long.csv").write_text("id,text\n1," + "x" * (before + 10) + "\n")
+    assert read(tmp_path / "long.csv") == [("1", "x" * (before + 10))]
+    assert csv.field_size_limit() == before
+
+
 def test_what_cannot_be_encoded_is_named_with_its_file_and_row(tmp_path):
     missing_id = lines(tmp_path / "m.jsonl", [{"id": "a", "text": "x"}, {"text": "y"}])
     with pytest.raises(EncodeError, match=r"m.jsonl line 2: the document has no id \(field 'id'\)"):

@@ -146,11 +146,16 @@ def _rows(path: Path, fields: Fields | None) -> Iterator[tuple[str, dict[str, An
     elif kind == "parquet":
         yield from _parquet_rows(path, fields)
     else:
-        csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # (a document may be long)
-        with path.open(newline="", encoding="utf-8") as file:
-            reader = csv.DictReader(file, delimiter="\t" if kind == "tsv" else ",")
-            for number, row in enumerate(reader, start=2):  # (line 1: the header)
-                yield f"row {number}", row
+        # A document may be long; the limit is the process's, so it is put back when the file is read (the
+        # default's 131,072 characters is what the server's CSV bodies are refused past).
+        before = csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+        try:
+            with path.open(newline="", encoding="utf-8") as file:
+                reader = csv.DictReader(file, delimiter="\t" if kind == "tsv" else ",")
+                for number, row in enumerate(reader, start=2):  # (line 1: the header)
+                    yield f"row {number}", row
+        finally:
+            csv.field_size_limit(before)
 
 
 def _json_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
