@@ -15,6 +15,7 @@ from byoc import sentence_folder, tasks
 from byoc.serving import default_pipeline
 from byoc.serving.protocol import task_parameters
 from byoc.tasks.base import activated
+from byoc.tasks.head import Head
 from byoc.training import metrics
 
 
@@ -60,8 +61,8 @@ def test_the_task_of_a_saved_config(config, name):
 
 def test_each_task_says_what_it_is_and_what_it_reports():
     for task in tasks.TASKS.values():
-        assert task.name and task.described and (task.metrics or not task.trains), task.name
-        assert set(task.parameters) <= set(task_parameters.KNOWN), task.name
+        assert task.name and task.described and (task.evaluation.metrics or not task.trains), task.name
+        assert set(task.head.parameters) <= set(task_parameters.KNOWN), task.name
     # The metrics every evaluation may report, in the order METRIC_DEFINITIONS lists them: under
     # SageMaker's 40 definitions per job with the training ones.
     assert metrics.EVALUATED == (
@@ -78,7 +79,7 @@ def test_each_task_says_what_it_is_and_what_it_reports():
         own = metrics.metric_definitions(name)
         assert len(own) <= 40
         reported = {d["Name"].split(":", 1)[1] for d in own if d["Name"].startswith("eval:")}
-        assert set(tasks.get(name).metrics) <= reported, name
+        assert set(tasks.get(name).evaluation.metrics) <= reported, name
     assert "eval:mrr_at_10" not in {d["Name"] for d in metrics.METRIC_DEFINITIONS}
 
 
@@ -91,15 +92,27 @@ def test_serving_imports_the_tasks_without_torch_transformers_or_pandas():
     assert loaded.strip() == "[]"
 
 
+class SentimentHead(Head):
+    def answer(self, scores, id2label, parameters, model):
+        return [{"polarity": round(float(row[1] - row[0]), 4)} for row in scores]
+
+
 class Sentiment(tasks.Task):
     """A task no room knows: a score from -1 to 1 out of two logits."""
 
     name = "sentiment_polarity"
     described = "a polarity model"
-    metrics = ("polarity_error",)
+    head_class = SentimentHead
 
-    def answer(self, scores, id2label, parameters, model):
-        return [{"polarity": round(float(row[1] - row[0]), 4)} for row in scores]
+
+def test_a_part_s_member_on_the_task_itself_is_refused_naming_its_part():
+    """A task written as one class (byoc before the parts) would define its answer where no room asks: refused when
+    the class is made, saying where it goes."""
+    with pytest.raises(TypeError, match=r"OldStyle defines answer.*the head's \(byoc.tasks.head.Head\).*head_class"):
+
+        class OldStyle(tasks.Task):
+            def answer(self, scores, id2label, parameters, model):
+                return []
 
 
 def test_a_task_registered_in_the_package_is_served_with_no_edit_elsewhere(monkeypatch):

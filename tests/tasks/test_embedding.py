@@ -18,34 +18,34 @@ EMBEDDING = tasks.get(tasks.EMBEDDING)
 
 def test_vectors_are_unit_length_unless_asked_and_dimensions_cut_then_normalize():
     rows = [np.array([3.0, 4.0, 12.0], dtype=np.float32), np.array([0.0, 0.0, 0.0], dtype=np.float32)]
-    unit = EMBEDDING.answer(rows, {}, {}, {})
+    unit = EMBEDDING.head.answer(rows, {}, {}, {})
     assert unit[0] == pytest.approx([3 / 13, 4 / 13, 12 / 13]) and unit[1] == [0.0, 0.0, 0.0]  # zero stays zero
-    assert EMBEDDING.answer(rows, {}, {"normalize": False}, {})[0] == [3.0, 4.0, 12.0]
-    assert EMBEDDING.answer(rows, {}, {"dimensions": 2}, {})[0] == pytest.approx([0.6, 0.8])
-    assert EMBEDDING.answer(rows, {}, {"dimensions": 2, "normalize": False}, {})[0] == [3.0, 4.0]
+    assert EMBEDDING.head.answer(rows, {}, {"normalize": False}, {})[0] == [3.0, 4.0, 12.0]
+    assert EMBEDDING.head.answer(rows, {}, {"dimensions": 2}, {})[0] == pytest.approx([0.6, 0.8])
+    assert EMBEDDING.head.answer(rows, {}, {"dimensions": 2, "normalize": False}, {})[0] == [3.0, 4.0]
     with pytest.raises(tasks.BadParameter, match='"dimensions" is 4, more than the model\'s 3'):
-        EMBEDDING.answer(rows, {}, {"dimensions": 4}, {})
+        EMBEDDING.head.answer(rows, {}, {"dimensions": 4}, {})
 
 
 def test_a_request_may_name_the_dense_output_it_gets():
     """A client naming the output the model gives (byoc's, sentence-transformers' output_value, FlagEmbedding's
     key) gets it; another output is refused naming the one there is."""
     for name in ("dense", "sentence_embedding", "dense_vecs"):
-        EMBEDDING.check_values({"output": name})
+        EMBEDDING.head.check_values({"output": name})
     with pytest.raises(tasks.BadParameter, match='"output": an embedding model answers one output, "dense"'):
-        EMBEDDING.check_values({"output": "token_embeddings"})
-    assert "output" in EMBEDDING.parameters
+        EMBEDDING.head.check_values({"output": "token_embeddings"})
+    assert "output" in EMBEDDING.head.parameters
 
 
 def test_prompts_come_before_the_text():
     model = {"prompts": {"query": "query: ", "doc": "passage: "}, "default_prompt_name": "query"}
-    assert EMBEDDING.prepare(["a", "b"], {}, model) == ["query: a", "query: b"]
-    assert EMBEDDING.prepare(["a"], {"prompt_name": "doc"}, model) == ["passage: a"]
-    assert EMBEDDING.prepare(["a"], {}, {}) == ["a"]
+    assert EMBEDDING.head.prepare(["a", "b"], {}, model) == ["query: a", "query: b"]
+    assert EMBEDDING.head.prepare(["a"], {"prompt_name": "doc"}, model) == ["passage: a"]
+    assert EMBEDDING.head.prepare(["a"], {}, {}) == ["a"]
     with pytest.raises(tasks.BadParameter, match="not one of the model's prompts \\(doc, query\\)"):
-        EMBEDDING.prepare(["a"], {"prompt_name": "nope"}, model)
+        EMBEDDING.head.prepare(["a"], {"prompt_name": "nope"}, model)
     with pytest.raises(tasks.BadParameter, match="not pairs"):
-        EMBEDDING.prepare([("a", "b")], {}, {})
+        EMBEDDING.head.prepare([("a", "b")], {}, {})
 
 
 @pytest.mark.parametrize("mode", ["cls", "max", "mean", "mean_sqrt_len", "weightedmean", "lasttoken"])
@@ -162,13 +162,13 @@ def test_an_evaluation_scores_pairs_by_spearman_of_cosine_or_rows_by_retrieval()
     first, second = _unit([[1, 0]] * 4), _unit(np.stack([np.cos(angles), np.sin(angles)], axis=1))
     logits = np.concatenate([first, second], axis=1)
     scores = np.array([5.0, 3.0, 0.5, 4.0], dtype=np.float32)
-    metrics, _ = task.evaluate(logits, scores, ["score"], 0.0)
+    metrics, _ = task.evaluation.evaluate(logits, scores, ["score"], 0.0)
     assert metrics["spearman_cosine"] == pytest.approx(1.0)  # cosines in the scores' order
     # A fixed-shape batch's filler row (IGNORE_LABEL) is dropped; rows without scores (NaN) are retrieval.
     filled = np.concatenate([logits, np.zeros((1, 4), dtype=np.float32)])
     unscored = np.array([np.nan] * 4 + [IGNORE_LABEL], dtype=np.float32)
-    metrics, _ = task.evaluate(filled, unscored, [], 0.0)
+    metrics, _ = task.evaluation.evaluate(filled, unscored, [], 0.0)
     assert set(metrics) == {"mrr_at_10", "ndcg_at_10", "recall_at_1", "recall_at_10"}
-    lines = task.predictions(logits, scores, ["score"], np.asarray(0.5))
+    lines = task.evaluation.predictions(logits, scores, ["score"], np.asarray(0.5))
     assert [line["label"] for line in lines] == [5.0, 3.0, 0.5, 4.0]
     assert lines[0]["cosine"] == pytest.approx(float(first[0] @ second[0]), abs=1e-6)

@@ -52,8 +52,8 @@ def test_the_training_models_logit_is_the_layouts_score(folder, side):
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     tokenizer.padding_side = side
-    model = GENERATIVE.training_model(str(folder), ["label"], {}, {}, False, 512, 1).eval()
-    encoded = GENERATIVE.encoder(tokenizer, 512, False, ["label"], False, True)(
+    model = GENERATIVE.recipe.training_model(str(folder), ["label"], {}, {}, False, 512, 1).eval()
+    encoded = GENERATIVE.rows.encoder(tokenizer, 512, False, ["label"], False, True)(
         {"text": [q for q, _ in PAIRS], "text_pair": [d for _, d in PAIRS], "label": [1.0, 0.0]}
     )
     batch = tokenizer.pad({k: encoded[k] for k in ("input_ids", "attention_mask")}, return_tensors="pt")
@@ -81,7 +81,7 @@ def test_a_tokenizer_without_a_template_is_refused_saying_how_to_add_one(folder,
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     tokenizer.chat_template = None
     with pytest.raises(BadParameter, match="the model's tokenizer has none: save one with it"):
-        GENERATIVE.encoder(tokenizer, 128, False, ["label"], False, True)
+        GENERATIVE.rows.encoder(tokenizer, 128, False, ["label"], False, True)
 
 
 @pytest.mark.integration

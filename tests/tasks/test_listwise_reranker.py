@@ -77,8 +77,8 @@ def test_the_loss_is_sentence_transformers_listwise_loss_on_the_same_lists(tmp_p
 def test_evaluation_scores_every_listed_pair_and_the_positives_rank_in_its_list():
     logits = np.array([[2.0, -1.0, 0.5], [-1.0, 3.0, 0.0], [1.0, 0.2, 9.0], [0.0, 0.0, 0.0]])
     labels = np.array([[1.0, 0.0, 0.0], [1.0, 0.0, -1.0], [1.0, 0.0, 0.0], [IGNORE_LABEL] * 3])
-    metrics, _ = LISTWISE.evaluate(logits, labels, ["relevance"], 0.5)
-    pairwise, _ = tasks.get(tasks.RERANKER).evaluate(
+    metrics, _ = LISTWISE.evaluation.evaluate(logits, labels, ["relevance"], 0.5)
+    pairwise, _ = tasks.get(tasks.RERANKER).evaluation.evaluate(
         np.array([[2.0], [-1.0], [0.5], [-1.0], [3.0], [1.0], [0.2], [9.0]]),
         np.array([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0]),
         ["relevance"],
@@ -86,7 +86,7 @@ def test_evaluation_scores_every_listed_pair_and_the_positives_rank_in_its_list(
     )
     assert {k: metrics[k] for k in pairwise} == pytest.approx(pairwise)
     assert metrics["mrr_at_10"] == pytest.approx((1 + 1 / 2 + 1 / 2) / 3)  # the padded negative is no competitor
-    alike, _ = LISTWISE.evaluate(np.zeros((2, 3)), labels[:2], ["relevance"], 0.5)
+    alike, _ = LISTWISE.evaluation.evaluate(np.zeros((2, 3)), labels[:2], ["relevance"], 0.5)
     assert alike["mrr_at_10"] == pytest.approx((1 / 3 + 1 / 2) / 2)  # a tie counts against the positive
 
 
@@ -110,7 +110,7 @@ def test_scored_pairs_are_refused_saying_what_a_list_is():
 
     table = datasets.Dataset.from_dict({"text": ["q"], "text_pair": ["d"], "label": [0.7]})
     with pytest.raises(BadParameter, match="a listwise reranker learns from lists"):
-        LISTWISE.pairs_of_rows(table, "train")
+        LISTWISE.rows.pairs_of_rows(table, "train")
 
 
 @pytest.mark.integration

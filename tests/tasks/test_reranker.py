@@ -37,7 +37,7 @@ def rows(negatives: bool) -> datasets.Dataset:
 
 
 def test_each_row_gives_a_relevant_pair_and_an_irrelevant_one_per_negative():
-    pairs = RERANKER.pairs_of_rows(rows(negatives=True), "train")
+    pairs = RERANKER.rows.pairs_of_rows(rows(negatives=True), "train")
     assert list(zip(pairs["text"], pairs["text_pair"], pairs["label"])) == [
         ("q1", "p1", 1.0),
         ("q1", "n1", 0.0),
@@ -45,17 +45,17 @@ def test_each_row_gives_a_relevant_pair_and_an_irrelevant_one_per_negative():
         ("q2", "n2", 0.0),
     ]
     # An eval split may have no negative: its positive pairs are still scored.
-    assert RERANKER.pairs_of_rows(rows(negatives=False), "eval")["label"] == [1.0, 1.0]
+    assert RERANKER.rows.pairs_of_rows(rows(negatives=False), "eval")["label"] == [1.0, 1.0]
     with pytest.raises(BadParameter, match="no negative, and a reranker learns from negatives: set mine_hard_neg"):
-        RERANKER.pairs_of_rows(rows(negatives=False), "train")
+        RERANKER.rows.pairs_of_rows(rows(negatives=False), "train")
 
 
 def test_scored_pairs_are_kept_where_the_scores_are_relevances():
     scored = datasets.Dataset.from_dict({"text": ["a", "b"], "text_pair": ["c", "d"], "label": [0.0, 0.75]})
-    assert RERANKER.pairs_of_rows(scored, "train") is scored
+    assert RERANKER.rows.pairs_of_rows(scored, "train") is scored
     out_of_range = datasets.Dataset.from_dict({"text": ["a", "b"], "text_pair": ["c", "d"], "label": [1.0, 5.0]})
     with pytest.raises(BadParameter, match=r"scores run 1..5, and a reranker learns a relevance from 0 to 1"):
-        RERANKER.pairs_of_rows(out_of_range, "train")
+        RERANKER.rows.pairs_of_rows(out_of_range, "train")
 
 
 def test_the_loss_is_sentence_transformers_binary_cross_entropy(tmp_path):
@@ -88,7 +88,7 @@ def test_evaluation_is_accuracy_f1_and_average_precision_at_a_probability_of_a_h
 
     logits = np.array([[2.0], [-1.0], [0.5], [-3.0], [1.0]])
     labels = np.array([1.0, 1.0, 0.0, 0.0, 1.0])
-    metrics, _ = RERANKER.evaluate(logits, labels, ["relevance"], 0.5)
+    metrics, _ = RERANKER.evaluation.evaluate(logits, labels, ["relevance"], 0.5)
     predicted = logits.reshape(-1) >= 0
     assert metrics["accuracy"] == pytest.approx(accuracy_score(labels, predicted))
     assert metrics["f1"] == pytest.approx(f1_score(labels, predicted))
@@ -172,4 +172,4 @@ def test_an_eval_splits_negatives_are_kept_for_a_reranker_where_train_has_none(t
 
 def test_a_two_label_model_served_as_a_reranker_is_refused_rather_than_scored_by_its_first_logit():
     with pytest.raises(BadParameter, match="one output .* this model has 2: serve it without BYOC_TASK"):
-        RERANKER.check_rerank({"id2label": {0: "irrelevant", 1: "relevant"}, "pairs": True})
+        RERANKER.head.check_rerank({"id2label": {0: "irrelevant", 1: "relevant"}, "pairs": True})

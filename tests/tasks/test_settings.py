@@ -20,7 +20,9 @@ TRAINING = Path(__file__).resolve().parents[2] / "container" / "byoc" / "trainin
 def test_each_setting_is_declared_by_its_tasks_and_named_nowhere_in_the_training_room():
     settings = tasks.recipe_settings()
     assert set(settings) == {"matryoshka_dims", "mini_batch_size", "inference_free", "lora_r", "listwise_loss"}
-    takers = {name: {t.name for t in tasks.TASKS.values() if s in t.recipe_settings} for name, s in settings.items()}
+    takers = {
+        name: {t.name for t in tasks.TASKS.values() if s in t.recipe.recipe_settings} for name, s in settings.items()
+    }
     assert takers["lora_r"] == {"embedding", "generative_reranker"}  # (one declaration, two recipes)
     assert takers["mini_batch_size"] == {"embedding", "multi_vector"}
     for path in TRAINING.rglob("*.py"):

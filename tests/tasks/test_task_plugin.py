@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration  # a real job and a server in processes
 TASK = '''
 from byoc.sdk_values import Bound
 from byoc.tasks.settings import RecipeSetting
-from byoc.tasks.single_label import SingleLabel
+from byoc.tasks.single_label import SingleLabel, SingleLabelHead, SingleLabelRecipe
 
 NEUTRAL_BAND = RecipeSetting(
     "neutral_band",
@@ -30,18 +30,10 @@ NEUTRAL_BAND = RecipeSetting(
 )
 
 
-class Polarity(SingleLabel):
-    """How positive a text is, from -1 to 1: a two-label classifier's head and recipe, its own answer and its
-    own hyperparameter (saved in config.json by its recipe, read back by its head)."""
+class PolarityHead(SingleLabelHead):
+    """Its own answer, from what its folder says."""
 
-    name = "sentiment_polarity"
-    aliases = ("polarity",)
-    described = "a polarity model"
     parameters = ()
-    recipe_settings = (NEUTRAL_BAND,)
-
-    def apply_recipe(self, model, settings):
-        model.config.polarity_neutral_band = settings.get("neutral_band") or 0.0
 
     def serving_facts(self, model_dir, config):
         return {"neutral_band": float(config.get("polarity_neutral_band") or 0.0)}
@@ -50,6 +42,26 @@ class Polarity(SingleLabel):
         positive = [name for _, name in sorted(id2label.items())].index("positive")
         polarity = [2 * float(row[positive]) - 1 for row in scores]
         return [{"polarity": round(p if abs(p) >= model["neutral_band"] else 0.0, 6)} for p in polarity]
+
+
+class PolarityRecipe(SingleLabelRecipe):
+    """A two-label classifier's recipe, with a hyperparameter of its own, saved in config.json."""
+
+    recipe_settings = (NEUTRAL_BAND,)
+
+    def apply_recipe(self, model, settings):
+        model.config.polarity_neutral_band = settings.get("neutral_band") or 0.0
+
+
+class Polarity(SingleLabel):
+    """How positive a text is, from -1 to 1: a two-label classifier's rows and evaluation, its own head and
+    recipe."""
+
+    name = "sentiment_polarity"
+    aliases = ("polarity",)
+    described = "a polarity model"
+    head_class = PolarityHead
+    recipe_class = PolarityRecipe
 '''
 
 

@@ -249,7 +249,7 @@ def test_a_tasks_own_defaults_apply_where_the_job_gives_none():
     from byoc import tasks
     from byoc.training.hyperparameters import given_names
 
-    own = dict(tasks.get("embedding").training_defaults(0))
+    own = dict(tasks.get("embedding").recipe.training_defaults(0))
     assert own  # embedding rows train at other defaults than a classifier (docs/benchmarks.md)
     raw = {"epochs": "1"}
     args = parse_hyperparameters(raw).for_task("embedding", 5_000, given_names(raw))

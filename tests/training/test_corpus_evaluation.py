@@ -72,7 +72,7 @@ def evaluated(kind: str, folder, found) -> dict[str, float]:
     else:
         model_class = compat.sparse_encoder_api()[0] if kind == "sparse" else compat.sentence_transformers_api()[0]
     task = tasks.get({"sparse": "sparse_embedding", "maxsim": "multi_vector"}.get(kind, "embedding"))
-    scoring = corpus_evaluation.evaluator(found, task.corpus_evaluator())  # (the task's own evaluator)
+    scoring = corpus_evaluation.evaluator(found, task.evaluation.corpus_evaluator())  # (the task's own evaluator)
     results = scoring(model_class(str(folder), device="cpu"))
     prefix = scoring.primary_metric.removesuffix("ndcg@10")
     return {name: results[prefix + key] for key, name in REPORTED.items()}

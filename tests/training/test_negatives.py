@@ -177,7 +177,7 @@ def test_a_rerankers_rows_get_several_negatives_each_the_hardest_first_and_each_
         own = [row[column] for column in columns if row[column] is not None]
         if (row["text"], row["text_pair"]) in by_row:
             assert own == by_row[(row["text"], row["text_pair"])][:3]
-    pairs = tasks.get(tasks.RERANKER).pairs_of_rows(mined.train, "train")
+    pairs = tasks.get(tasks.RERANKER).rows.pairs_of_rows(mined.train, "train")
     negatives = sum(row[column] is not None for row in mined.train for column in columns)
     assert len(pairs) == len(ROWS) + negatives > 2 * len(ROWS)
     assert sum(label == 0.0 for label in pairs["label"]) == negatives

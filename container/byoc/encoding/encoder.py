@@ -118,7 +118,7 @@ def load(job: RankJob) -> tuple[Any, dict[str, Any]]:
     model.max_answer_values = None  # (a request's limit: a corpus has none)
     task = tasks.TASKS[model["task"]]
     parameters = _parameters(job.settings, task, job.model_dir)
-    kind = task.kind_of(parameters)
+    kind = task.head.kind_of(parameters)
     if kind not in columns.ENCODED and kind != Kind.OUTPUTS:
         raise EncodeError(
             f"the model in {job.model_dir.name} is {task.described}, which answers {kind.described}: byoc encode "
@@ -142,15 +142,15 @@ def _parameters(settings: EncodeSettings, task: Any, model_dir: Path) -> dict[st
     }
     parameters = {name: value for name, value in asked.items() if value is not None}
     for name in parameters:
-        if name not in task.parameters:
+        if name not in task.head.parameters:
             raise EncodeError(
                 f"hyperparameter {name} does not apply to {task.described} "
-                f"(of byoc encode's, it takes {', '.join(n for n in asked if n in task.parameters) or 'none'})"
+                f"(of byoc encode's, it takes {', '.join(n for n in asked if n in task.head.parameters) or 'none'})"
             )
-    if "normalize" in task.parameters and settings.normalize is None:
+    if "normalize" in task.head.parameters and settings.normalize is None:
         as_folder = {**parameters, "normalize": "Normalize" in sentence_folder.module_kinds(model_dir)}
         try:
-            task.check_values(as_folder)
+            task.head.check_values(as_folder)
             parameters = as_folder
         except tasks.BadParameter:  # (a model whose vectors are always unit length: as it gives them)
             pass
@@ -189,10 +189,10 @@ def encode_shard(
 def kinds_of(answers: Any, parameters: dict[str, Any], model: Any) -> dict[str | None, Kind]:
     """Each output's kind, by name (one output: named None)."""
     task = tasks.TASKS[model["task"]]
-    kind = getattr(answers, "kind", None) or task.kind_of(parameters)
+    kind = getattr(answers, "kind", None) or task.head.kind_of(parameters)
     if kind != Kind.OUTPUTS:
         return {None: kind}
-    return {name: task.kind_of({"output": name}) for name in (answers[0] if answers else {})}
+    return {name: task.head.kind_of({"output": name}) for name in (answers[0] if answers else {})}
 
 
 def facts(model: Any, settings: EncodeSettings) -> dict[str, Any]:

@@ -209,7 +209,7 @@ def _normalise(inputs: Any, key: str = "inputs") -> list[str | tuple[str, str]]:
 
 
 def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
-    """Each input's answer, in the shape of the model's task (byoc.tasks: `Task.answer`): the best
+    """Each input's answer, in the shape of the model's task (byoc.tasks: `Head.answer`): the best
     {"label", "score"} or the top_k of them; a multi-label model's labels at or above the threshold; a
     regression model's {"score": value}; a token classifier's entities. For a rerank body ("shape":
     "rerank") each pair's relevance, a number; for an OpenAI body ("shape": "openai") each text's
@@ -223,12 +223,12 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
         raise ValueError(f"the model dict names no task byoc knows: {model.get('task')!r} (byoc.tasks.NAMES)")
     try:
         if shape == RERANK:
-            task.check_rerank(model)  # before the model runs: a model of single texts, an embedding model...
+            task.head.check_rerank(model)  # before the model runs: a model of single texts, an embedding model...
     except tasks.BadParameter as err:
         raise task_parameters.refused(err) from None
     direction = str(parameters.get("truncation_direction") or "right").lower()
     try:
-        windowed = task.windows(inputs, parameters, model)  # a task that reads each text whole (NER)
+        windowed = task.head.windows(inputs, parameters, model)  # a task that reads each text whole (NER)
         if direction == "left" and (windowed is not None or not isinstance(model, LoadedModel)):
             raise InputError(
                 f'"truncation_direction": "left" does not apply to {task.described}: it cuts its texts its own way'
@@ -241,8 +241,8 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
             answers = windowed.answers(passes.run(windowed.feeds, model, task.scores))
             if shape == OPENAI:  # (a hybrid model's dense vectors: each text its own feed, prompt none)
                 return [outputs.Embedded(vector, len(f["input_ids"])) for vector, f in zip(answers, windowed.feeds)]
-            return outputs.Answers(answers, task.kind_of(parameters))
-        inputs = task.prepare(inputs, parameters, model)
+            return outputs.Answers(answers, task.head.kind_of(parameters))
+        inputs = task.head.prepare(inputs, parameters, model)
     except tasks.BadParameter as err:
         raise task_parameters.refused(err) from None
     try:
@@ -252,7 +252,7 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
         _normalise(inputs)  # raises InputError naming it, if that is the cause
         raise
     try:
-        encoded = task.encoded(encoded, parameters, model)  # (a generative reranker's template tail, where cut)
+        encoded = task.head.encoded(encoded, parameters, model)  # (a generative reranker's template tail, where cut)
     except tasks.BadParameter as err:
         raise task_parameters.refused(err) from None
     # Shortest first, cut into batches of a bounded padded size: each batch pads only to its own
@@ -262,13 +262,13 @@ def predict_fn(data: dict[str, Any], model: dict[str, Any]) -> list[Any]:
     try:
         if shape == RERANK:  # each pair's relevance: the request's list is built once its answers are back
             raw = bool(parameters.get("raw_scores"))
-            return outputs.Answers([task.relevance(row, raw, model) for row in scores], Kind.RELEVANCE)
-        answers = task.answer(scores, model["id2label"], parameters, model)
+            return outputs.Answers([task.head.relevance(row, raw, model) for row in scores], Kind.RELEVANCE)
+        answers = task.head.answer(scores, model["id2label"], parameters, model)
     except tasks.BadParameter as err:
         raise task_parameters.refused(err) from None
     if shape == OPENAI:  # OpenAI's usage: the tokens each text ran, counted where they were made
         return [outputs.Embedded(vector, len(e["input_ids"])) for vector, e in zip(answers, encoded)]
-    return outputs.Answers(answers, task.kind_of(parameters))  # (output_fn writes them by their kind)
+    return outputs.Answers(answers, task.head.kind_of(parameters))  # (output_fn writes them by their kind)
 
 
 # The server may merge concurrent requests into one call: this predict_fn takes

@@ -142,7 +142,7 @@ ACTIVATIONS = ("Sigmoid", "Identity", "Tanh", "Softmax")
 def recipe_settings() -> dict[str, RecipeSetting]:
     """Every task's training recipe settings by name, in the registry's order (one a name: a setting two tasks
     take, lora_r, is declared once)."""
-    return {setting.name: setting for task in TASKS.values() for setting in task.recipe_settings}
+    return {setting.name: setting for task in TASKS.values() for setting in task.recipe.recipe_settings}
 
 
 def recipe_eager(given: Mapping[str, Any]) -> str | None:

@@ -1,10 +1,11 @@
-"""What every task provides (`Task`), with the defaults of a classifier of whole texts.
+"""What every task is (`Task`), with the defaults of a classifier of whole texts.
 
 A task is the kind of answer a model gives for a text: a class, several labels, a number, a tag per
-token. Each is one module of this package holding one `Task`: its names, how its head is made and
-saved, the loss where transformers' own cannot skip filler rows, its metrics, the answer `byoc serve`
-gives and the parameters that answer takes. The rooms ask the task, never compare its name: adding a
-task is a new module here (and its registry line in `byoc.tasks`), plus its tests.
+token. Each is one module of this package holding one `Task`: its identity (its names, how messages name
+it, the transformers class its folder loads as, its graph's outputs) and its four parts, each an interface
+of its own: the serving head (`task.head`: byoc.tasks.head), and the training rows, recipe and evaluation
+(`task.rows`, `task.recipe`, `task.evaluation`). The rooms ask the task's parts, never compare its name:
+adding a task is a new module here (and its registry line in `byoc.tasks`), plus its tests.
 
 Only NumPy is imported at the top: serving imports every task, also in the slim image, which has no
 torch, transformers or pandas; the training-only parts import them where they run.
@@ -29,14 +30,16 @@ from byoc.tasks.common import (  # noqa: F401  (re-exported: the tasks import th
     softmax,
     trained_on_pairs,
 )
+from byoc.tasks.evaluation import Evaluation
 from byoc.tasks.head import Head
 from byoc.tasks.recipe import Recipe
+from byoc.tasks.rows import Rows
 
 
-class Task(Head, Recipe):
-    """One task: its identity and model folder here, its serving head (byoc.tasks.head.Head) and its training
-    recipe (byoc.tasks.recipe.Recipe) each an interface of its own. The class attributes are its facts; the
-    methods have a whole-text classifier's defaults."""
+class Task:
+    """One task: its identity and model folder here, its parts each an interface of its own, made with it from
+    the classes it names (a family's own, or the defaults). The class attributes are its facts; the methods
+    have a whole-text classifier's defaults."""
 
     name: str = ""  # canonical, as config.json's problem_type holds it (transformers' names)
     aliases: tuple[str, ...] = ()  # what users may write for `task`
@@ -48,6 +51,28 @@ class Task(Head, Recipe):
     output_axes: Mapping[int, str] = {0: "batch"}  # the graph's output's dynamic axes (model.onnx's "logits")
     sentence_model_type: str | None = None  # the sentence-transformers folders it serves (their model_type)
     sentence_module: str | None = None  # a module type (class name) that makes a sentence-transformers folder its
+    head_class: type[Head] = Head  # what byoc serve computes from the model's outputs
+    rows_class: type[Rows] = Rows  # the training data's rows, tokens and negatives
+    recipe_class: type[Recipe] = Recipe  # the model, loss, collator and hyperparameters a job trains with
+    evaluation_class: type[Evaluation] = Evaluation  # metrics, predictions, corpus ranking
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A member of a part defined on the task itself is refused: no room would ask the task for it."""
+        super().__init_subclass__(**kwargs)
+        for name in vars(cls):
+            part = next((p for p in (Head, Rows, Recipe, Evaluation) if name in vars(p) and name != "task"), None)
+            if part is not None and not name.startswith("__"):
+                raise TypeError(
+                    f"{cls.__name__} defines {name} on the task: it is the {part.__name__.lower()}'s "
+                    f"({part.__module__}.{part.__name__}); define it on a subclass of {part.__name__} that the task "
+                    f"names as its {part.__name__.lower()}_class"
+                )
+
+    def __init__(self) -> None:
+        self.head = self.head_class(self)
+        self.rows = self.rows_class(self)
+        self.recipe = self.recipe_class(self)
+        self.evaluation = self.evaluation_class(self)
 
     def load_torch(self, model_dir: Path, **kwargs: Any) -> tuple[Any, list[str]]:
         """(the transformers model saved in `model_dir`, the weights it lacks: a head initialised at random)."""

@@ -1,10 +1,10 @@
-"""What the tasks' heads and recipes share: a task's identity, the error a request's parameter raises, the label
-filler rows carry, and the NumPy functions both sides apply to a model's outputs."""
+"""What a task's parts share: their base (`Part`, which reads the task's identity), the error a request's parameter
+raises, the label filler rows carry, and the NumPy functions both sides apply to a model's outputs."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -14,16 +14,28 @@ TRANSFORMERS_PROBLEM_TYPES = ("regression", "single_label_classification", "mult
 IGNORE_LABEL = -100  # what the classification loss ignores; marks filler rows and untagged sub-tokens
 
 
-class Identity:
-    """What a task is, which its head and its recipe both read and byoc.tasks.base.Task gives: its name, how
-    messages name it, the transformers class its folder loads as, its scores from a batch's outputs."""
+class Identity(Protocol):
+    """What a part reads of its task (byoc.tasks.base.Task, which imports the parts: named here by its shape)."""
 
-    if TYPE_CHECKING:
-        name: str
-        described: str
-        auto_class: str
+    name: str
+    described: str
+    auto_class: str
+    head: Any
+    rows: Any
+    recipe: Any
+    evaluation: Any
 
-        def scores(self, logits: np.ndarray) -> np.ndarray: ...
+    def scores(self, logits: np.ndarray) -> np.ndarray: ...
+
+
+class Part:
+    """One of a task's interfaces: its serving head (byoc.tasks.head), training rows (byoc.tasks.rows), training
+    recipe (byoc.tasks.recipe) or evaluation (byoc.tasks.evaluation). Made by its task (byoc.tasks.base.Task),
+    whose identity it reads through `task`: its name, how messages name it, the transformers class its folder
+    loads as, its scores from a batch's outputs, and its other parts."""
+
+    def __init__(self, task: Identity) -> None:
+        self.task = task
 
 
 class BadParameter(ValueError):

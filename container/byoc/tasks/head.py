@@ -1,6 +1,6 @@
 """A task's serving head: what byoc serve computes from the backend's outputs for it, NumPy only (the request
 parameters it takes, the kinds of answer it gives, long texts in windows, the answer itself). byoc.serving reads
-a task through these members alone (tests/test_architecture.py)."""
+a task's head through these members alone (tests/test_architecture.py)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from byoc.tasks.common import (
-    BadParameter,
-    Identity,
-)
+from byoc.tasks.common import BadParameter, Part
 from byoc.tasks.kinds import Kind
 
 
-class Head(Identity):
-    """The serving half of a `Task` (byoc.tasks.base), with a whole-text classifier's defaults."""
+class Head(Part):
+    """The serving head of a `Task` (byoc.tasks.base), with a whole-text classifier's defaults."""
 
     parameters: tuple[str, ...] = ()  # the request parameters byoc's predict_fn takes for it
     rerank_parameters: tuple[str, ...] = ()  # those of them a rerank body may carry (in its "parameters")
@@ -41,12 +38,12 @@ class Head(Identity):
     def relevance(self, row: np.ndarray, raw: bool, model: Mapping) -> float:
         """A (query, text) pair's relevance for a rerank request, from its `scores` row (`raw`: before the
         activation that makes it a probability)."""
-        raise BadParameter(f"{self.described} does not rerank: a reranker has one output or two labels")
+        raise BadParameter(f"{self.task.described} does not rerank: a reranker has one output or two labels")
 
     def check_rerank(self, model: Mapping) -> None:
         """BadParameter where the loaded `model` answers no rerank request (checked before it runs)."""
         raise BadParameter(
-            f'{self.described} does not rerank: a rerank request ({{"query", "texts"}}) needs a cross-encoder '
+            f'{self.task.described} does not rerank: a rerank request ({{"query", "texts"}}) needs a cross-encoder '
             "(a pair classifier with one output or two labels)"
         )
 
@@ -54,7 +51,7 @@ class Head(Identity):
         """BadParameter where the task answers no body of this form (byoc.serving.protocol.bodies: "rerank" is
         checked against the loaded model by `check_rerank`; "openai", an OpenAI embeddings body, needs vectors)."""
         if shape == "openai":
-            raise BadParameter(f"an OpenAI embeddings request needs an embedding model; this is {self.described}")
+            raise BadParameter(f"an OpenAI embeddings request needs an embedding model; this is {self.task.described}")
 
     def check_values(self, parameters: Mapping[str, Any]) -> None:
         """BadParameter for a value of one of the task's `parameters` that no model of it takes (checked when

@@ -1,7 +1,7 @@
 """What an answer is, whatever task gave it: the closed set of output kinds on the wire.
 
-A task's head says which kinds it answers and which request parameters ask for each (`Task.kinds`), and which
-kind a request's answer has (`Task.kind_of`); the server writes an answer by its kind
+A task's head says which kinds it answers and which request parameters ask for each (`Head.kinds`), and which
+kind a request's answer has (`Head.kind_of`); the server writes an answer by its kind
 (byoc.serving.protocol.outputs: CSV rows, the client routes' answers), never by the task's name, and maps each
 client route to the kinds it answers (`ROUTE_KINDS`). A user's own predict_fn may say its answer's kind too
 (byoc.serving.protocol.outputs.Answers).

@@ -11,70 +11,22 @@ import numpy as np
 
 from byoc import model_folder
 from byoc.tasks.base import IGNORE_LABEL, Task, kept_rows, sigmoid
+from byoc.tasks.evaluation import Evaluation
+from byoc.tasks.head import Head
+from byoc.tasks.recipe import Recipe
+from byoc.tasks.rows import Rows
 
 NAME = "multi_label_classification"
 
 
-class MultiLabel(Task):
-    name = NAME
-    aliases = ("multi_label", "multilabel", "multi")
-    described = "a multi-label classifier"
-    parameters = ("threshold", "top_k")
-    masks_rows = True
-    tunes_thresholds = True
-    # 1 epoch, micro / macro F1: 10,667 rows of joined emotion tweets 0.652 / 0.426 at batch 32 (rare labels never
-    # predicted; a plain Trainer 0.703 / 0.400), 0.856 / 0.683 at 16; semeval2018-ec 0.613 / 0.400 -> 0.628 / 0.419.
-    small_batches = True
-    metrics = ("f1_micro", "f1_macro", "f1_samples", "exact_match", "jaccard")
-    metric_notes = {
-        "f1_samples": "each row's F1, averaged; a row with no true label predicted none counts 1 (SemEval's "
-        "convention; scikit-learn's f1_score(average='samples') counts it 0)",
-        "f1_macro": "averaged over the labels present in the data or the predictions",
-    }
+class MultiLabelHead(Head):
+    """The serving head of a multi-label classifier."""
 
-    def configure(self, config: Any, args: Any) -> None:
-        """The decision threshold (unset: 0.5 until chosen on eval data); a byoc model trained again forgets
-        its old labels' own thresholds."""
-        threshold = model_folder.DEFAULT_THRESHOLD if args.threshold is None else args.threshold
-        setattr(config, model_folder.THRESHOLD_KEY, threshold)
-        vars(config).pop(model_folder.THRESHOLDS_KEY, None)
+    parameters = ("threshold", "top_k")
 
     def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
         """The decision thresholds training chose (config.json's byoc_threshold and byoc_thresholds)."""
         return {"threshold": model_folder.threshold_of(config), "thresholds": model_folder.thresholds_of(config)}
-
-    def row_loss(self, logits: Any, labels: Any) -> Any:
-        import torch  # training's: the slim serving image has no torch
-
-        return torch.nn.functional.binary_cross_entropy_with_logits(
-            logits.float(), labels.float().clamp(min=0), reduction="none"
-        ).mean(dim=1)
-
-    def with_labels(self, collate: Any, num_labels: int) -> Any:
-        return MultiHot(collate, num_labels)
-
-    def label_summary(self, labels: np.ndarray) -> str:
-        per_row = np.array([len(row) for row in labels])  # each row's label ids
-        used = len(np.unique(np.concatenate([*labels, np.array([], dtype=np.int32)])))
-        return f"multi-label, {used} labels used, {per_row.mean() if len(per_row) else 0:.2f} per row"
-
-    def evaluate(
-        self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
-    ) -> tuple[dict[str, float], dict[str, Any]]:
-        logits, labels = kept_rows(logits, labels)
-        metrics, per_label = multilabel_metrics(logits, labels, cut, names)
-        return metrics, {"f1_per_label": per_label}
-
-    def scores(self, logits: np.ndarray) -> np.ndarray:
-        return sigmoid(logits)
-
-    def prediction(self, row: np.ndarray, label: np.ndarray, names: list[str], cuts: np.ndarray) -> dict[str, Any]:
-        cuts = np.broadcast_to(cuts, row.shape)  # one threshold, or each label's own
-        return {
-            "labels": [names[j] for j in np.flatnonzero(label >= 0.5)],
-            "predicted": [names[j] for j in np.argsort(-row, kind="stable") if row[j] >= cuts[j]],
-            "scores": {name: round(float(v), 6) for name, v in zip(names, row)},
-        }
 
     def answer(
         self, scores: list[np.ndarray], id2label: Mapping[int, str], parameters: Mapping[str, Any], model: Mapping
@@ -90,6 +42,81 @@ class MultiLabel(Task):
                 best = best[row[best] >= np.broadcast_to(cuts, row.shape)[best]]
             results.append([{"label": id2label[int(j)], "score": float(row[j])} for j in best[:top_k]])
         return results
+
+
+class MultiLabelRows(Rows):
+    """The training rows of a multi-label classifier."""
+
+    def label_summary(self, labels: np.ndarray) -> str:
+        per_row = np.array([len(row) for row in labels])  # each row's label ids
+        used = len(np.unique(np.concatenate([*labels, np.array([], dtype=np.int32)])))
+        return f"multi-label, {used} labels used, {per_row.mean() if len(per_row) else 0:.2f} per row"
+
+
+class MultiLabelRecipe(Recipe):
+    """The training recipe of a multi-label classifier."""
+
+    masks_rows = True
+    # 1 epoch, micro / macro F1: 10,667 rows of joined emotion tweets 0.652 / 0.426 at batch 32 (rare labels never
+    # predicted; a plain Trainer 0.703 / 0.400), 0.856 / 0.683 at 16; semeval2018-ec 0.613 / 0.400 -> 0.628 / 0.419.
+    small_batches = True
+
+    def configure(self, config: Any, args: Any) -> None:
+        """The decision threshold (unset: 0.5 until chosen on eval data); a byoc model trained again forgets
+        its old labels' own thresholds."""
+        threshold = model_folder.DEFAULT_THRESHOLD if args.threshold is None else args.threshold
+        setattr(config, model_folder.THRESHOLD_KEY, threshold)
+        vars(config).pop(model_folder.THRESHOLDS_KEY, None)
+
+    def row_loss(self, logits: Any, labels: Any) -> Any:
+        import torch  # training's: the slim serving image has no torch
+
+        return torch.nn.functional.binary_cross_entropy_with_logits(
+            logits.float(), labels.float().clamp(min=0), reduction="none"
+        ).mean(dim=1)
+
+    def with_labels(self, collate: Any, num_labels: int) -> Any:
+        return MultiHot(collate, num_labels)
+
+
+class MultiLabelEvaluation(Evaluation):
+    """The evaluation of a multi-label classifier."""
+
+    tunes_thresholds = True
+    metrics = ("f1_micro", "f1_macro", "f1_samples", "exact_match", "jaccard")
+    metric_notes = {
+        "f1_samples": "each row's F1, averaged; a row with no true label predicted none counts 1 (SemEval's "
+        "convention; scikit-learn's f1_score(average='samples') counts it 0)",
+        "f1_macro": "averaged over the labels present in the data or the predictions",
+    }
+
+    def evaluate(
+        self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        logits, labels = kept_rows(logits, labels)
+        metrics, per_label = multilabel_metrics(logits, labels, cut, names)
+        return metrics, {"f1_per_label": per_label}
+
+    def prediction(self, row: np.ndarray, label: np.ndarray, names: list[str], cuts: np.ndarray) -> dict[str, Any]:
+        cuts = np.broadcast_to(cuts, row.shape)  # one threshold, or each label's own
+        return {
+            "labels": [names[j] for j in np.flatnonzero(label >= 0.5)],
+            "predicted": [names[j] for j in np.argsort(-row, kind="stable") if row[j] >= cuts[j]],
+            "scores": {name: round(float(v), 6) for name, v in zip(names, row)},
+        }
+
+
+class MultiLabel(Task):
+    name = NAME
+    aliases = ("multi_label", "multilabel", "multi")
+    described = "a multi-label classifier"
+    head_class = MultiLabelHead
+    rows_class = MultiLabelRows
+    recipe_class = MultiLabelRecipe
+    evaluation_class = MultiLabelEvaluation
+
+    def scores(self, logits: np.ndarray) -> np.ndarray:
+        return sigmoid(logits)
 
 
 def label_cuts(model: Mapping, threshold: float | None) -> float | np.ndarray:

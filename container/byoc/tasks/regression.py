@@ -9,39 +9,19 @@ from typing import Any
 import numpy as np
 
 from byoc.tasks.base import Task, activated, check_pairs, kept_rows, trained_on_pairs
+from byoc.tasks.evaluation import Evaluation
+from byoc.tasks.head import Head
 from byoc.tasks.kinds import Kind
+from byoc.tasks.recipe import Recipe
+from byoc.tasks.rows import Rows
 
 NAME = "regression"
 
 
-class Regression(Task):
-    name = NAME
-    aliases: tuple[str, ...] = ("regress",)
-    described = "a regression model"
-    masks_rows = True
-    metrics: tuple[str, ...] = ("pearson", "spearmanr", "mse", "mae")
+class RegressionHead(Head):
+    """The serving head of a regression model."""
+
     kinds: Mapping[Kind, Mapping[str, Any]] = {Kind.NUMBER: {}}
-
-    def head(self, num_labels: int) -> str:
-        return "one output (regression)"
-
-    def row_loss(self, logits: Any, labels: Any) -> Any:
-        rows = labels.shape[0]
-        return (logits.float().reshape(rows) - labels.float().reshape(rows)) ** 2
-
-    def label_summary(self, labels: np.ndarray) -> str:
-        return f"regression targets {labels.min():g}..{labels.max():g} (mean {labels.mean():.4g})"
-
-    def evaluate(
-        self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
-    ) -> tuple[dict[str, float], dict[str, Any]]:
-        return regression_metrics(*kept_rows(logits, labels)), {}
-
-    def scores(self, logits: np.ndarray) -> np.ndarray:
-        return np.asarray(logits, dtype=np.float64)
-
-    def prediction(self, row: np.ndarray, label: np.ndarray, names: list[str], cuts: np.ndarray) -> dict[str, Any]:
-        return {"label": round(float(label.reshape(-1)[0]), 6), "predicted": round(float(row.reshape(-1)[0]), 6)}
 
     def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
         """Whether the model says it is a regression (byoc's pair regression does): a cross-encoder's one
@@ -49,7 +29,7 @@ class Regression(Task):
         return {"stated_regression": config.get("problem_type") == NAME, "pairs": trained_on_pairs(config)}
 
     def check_rerank(self, model: Mapping) -> None:
-        check_pairs(self, model)
+        check_pairs(self.task, model)
 
     def relevance(self, row: np.ndarray, raw: bool, model: Mapping) -> float:
         """The logit through the cross-encoder's activation (its folder's, as CrossEncoder.predict applies
@@ -66,6 +46,53 @@ class Regression(Task):
         name = id2label.get(0)
         named = {"label": name} if name and name != "LABEL_0" else {}
         return [{**named, "score": float(row.reshape(-1)[0])} for row in scores]
+
+
+class RegressionRows(Rows):
+    """The training rows of a regression model."""
+
+    def label_summary(self, labels: np.ndarray) -> str:
+        return f"regression targets {labels.min():g}..{labels.max():g} (mean {labels.mean():.4g})"
+
+
+class RegressionRecipe(Recipe):
+    """The training recipe of a regression model."""
+
+    masks_rows = True
+
+    def head_summary(self, num_labels: int) -> str:
+        return "one output (regression)"
+
+    def row_loss(self, logits: Any, labels: Any) -> Any:
+        rows = labels.shape[0]
+        return (logits.float().reshape(rows) - labels.float().reshape(rows)) ** 2
+
+
+class RegressionEvaluation(Evaluation):
+    """The evaluation of a regression model."""
+
+    metrics: tuple[str, ...] = ("pearson", "spearmanr", "mse", "mae")
+
+    def evaluate(
+        self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        return regression_metrics(*kept_rows(logits, labels)), {}
+
+    def prediction(self, row: np.ndarray, label: np.ndarray, names: list[str], cuts: np.ndarray) -> dict[str, Any]:
+        return {"label": round(float(label.reshape(-1)[0]), 6), "predicted": round(float(row.reshape(-1)[0]), 6)}
+
+
+class Regression(Task):
+    name = NAME
+    aliases: tuple[str, ...] = ("regress",)
+    described = "a regression model"
+    head_class = RegressionHead
+    rows_class = RegressionRows
+    recipe_class = RegressionRecipe
+    evaluation_class = RegressionEvaluation
+
+    def scores(self, logits: np.ndarray) -> np.ndarray:
+        return np.asarray(logits, dtype=np.float64)
 
 
 def regression_metrics(predictions: np.ndarray, targets: np.ndarray) -> dict[str, float]:

@@ -22,53 +22,13 @@ import numpy as np
 
 from byoc import sentence_folder
 from byoc.tasks.base import BadParameter, kept_rows
-from byoc.tasks.regression import Regression
+from byoc.tasks.regression import Regression, RegressionEvaluation, RegressionHead, RegressionRecipe, RegressionRows
 
 NAME = "reranker"
 
 
-class Reranker(Regression):
-    name = NAME
-    aliases: tuple[str, ...] = ("cross_encoder", "rerank", "reranking")
-    described = "a reranker (cross-encoder)"
-    row_unit = "(query, document) pairs"
-    in_metric_definitions = False  # metric_definitions("reranker") gives them
-    metrics: tuple[str, ...] = ("accuracy", "f1", "average_precision")
-    evaluates_negatives = True  # an eval row's negative is an irrelevant pair
-    ranks_corpus = True  # an embedding model's top 100 (byoc.training.corpus_evaluation: corpus_evaluator is None)
-    several_negatives = True  # each becomes a pair of its own (num_negatives)
-    mined_by = "embedding"  # an embedding model mines its negatives (a cross-encoder cannot index a corpus)
-
-    def head(self, num_labels: int) -> str:
-        return "one relevance logit (binary cross-entropy)"
-
-    def row_loss(self, logits: Any, labels: Any) -> Any:
-        """sentence-transformers' BinaryCrossEntropyLoss for a cross-encoder, a loss a row."""
-        import torch  # training's: serving imports tasks without torch on the slim image
-
-        rows = labels.shape[0]
-        return torch.nn.functional.binary_cross_entropy_with_logits(
-            logits.float().reshape(rows), labels.float().reshape(rows).clamp(0, 1), reduction="none"
-        )
-
-    def training_model(
-        self,
-        path: str,
-        label_names: list[str],
-        kwargs: dict[str, Any],
-        overrides: dict[str, Any],
-        trust_remote_code: bool,
-        max_length: int,
-        world_size: int,
-    ) -> Any:
-        """A sequence classifier's; a generative reranker's folder is refused (a fresh classification head would
-        replace the yes/no logits it was trained to give)."""
-        if sentence_folder.LOGIT_SCORE in sentence_folder.module_kinds(Path(path)):
-            raise BadParameter(
-                f"{path} is a generative reranker (a decoder scored by its {sentence_folder.LOGIT_SCORE}): train it "
-                "with task=generative_reranker, which keeps its yes/no head (lora_r for adapters)"
-            )
-        return super().training_model(path, label_names, kwargs, overrides, trust_remote_code, max_length, world_size)
+class RerankerHead(RegressionHead):
+    """The serving head of a reranker (cross-encoder)."""
 
     def check_rerank(self, model: Mapping) -> None:
         """One output: a model of more (a two-label pair classifier, served with BYOC_TASK naming this task) is
@@ -76,16 +36,19 @@ class Reranker(Regression):
         outputs = len(model.get("id2label") or {}) or 1
         if outputs != 1:
             raise BadParameter(
-                f"{self.described} has one output (a relevance logit); this model has {outputs}: serve it without "
+                f"{self.task.described} has one output (a relevance logit); this model has {outputs}: serve it without "
                 "BYOC_TASK (a two-label pair classifier reranks by its second label's probability)"
             )
         super().check_rerank(model)
 
-    def corpus_evaluator(self) -> Any:
-        return None  # it reorders an embedding model's top documents (byoc.training.corpus_evaluation)
 
-    def retriever_of(self, model: Any) -> Any:
-        return model  # the cross-encoder itself: it scores the pairs an embedding model retrieved
+class RerankerRows(RegressionRows):
+    """The training rows of a reranker (cross-encoder)."""
+
+    row_unit = "(query, document) pairs"
+    evaluates_negatives = True  # an eval row's negative is an irrelevant pair
+    several_negatives = True  # each becomes a pair of its own (num_negatives)
+    mined_by = "embedding"  # an embedding model mines its negatives (a cross-encoder cannot index a corpus)
 
     def takes_mined_negatives(self, columns: list[str], labelled: bool) -> bool:
         return not labelled and "text_negative" not in columns
@@ -130,6 +93,55 @@ class Reranker(Regression):
         values = np.asarray(labels, dtype=np.float64).reshape(-1)
         return f"{int((values >= 0.5).sum())} relevant and {int((values < 0.5).sum())} irrelevant pairs"
 
+
+class RerankerRecipe(RegressionRecipe):
+    """The training recipe of a reranker (cross-encoder)."""
+
+    def head_summary(self, num_labels: int) -> str:
+        return "one relevance logit (binary cross-entropy)"
+
+    def row_loss(self, logits: Any, labels: Any) -> Any:
+        """sentence-transformers' BinaryCrossEntropyLoss for a cross-encoder, a loss a row."""
+        import torch  # training's: serving imports tasks without torch on the slim image
+
+        rows = labels.shape[0]
+        return torch.nn.functional.binary_cross_entropy_with_logits(
+            logits.float().reshape(rows), labels.float().reshape(rows).clamp(0, 1), reduction="none"
+        )
+
+    def training_model(
+        self,
+        path: str,
+        label_names: list[str],
+        kwargs: dict[str, Any],
+        overrides: dict[str, Any],
+        trust_remote_code: bool,
+        max_length: int,
+        world_size: int,
+    ) -> Any:
+        """A sequence classifier's; a generative reranker's folder is refused (a fresh classification head would
+        replace the yes/no logits it was trained to give)."""
+        if sentence_folder.LOGIT_SCORE in sentence_folder.module_kinds(Path(path)):
+            raise BadParameter(
+                f"{path} is a generative reranker (a decoder scored by its {sentence_folder.LOGIT_SCORE}): train it "
+                "with task=generative_reranker, which keeps its yes/no head (lora_r for adapters)"
+            )
+        return super().training_model(path, label_names, kwargs, overrides, trust_remote_code, max_length, world_size)
+
+
+class RerankerEvaluation(RegressionEvaluation):
+    """The evaluation of a reranker (cross-encoder)."""
+
+    in_metric_definitions = False  # metric_definitions("reranker") gives them
+    metrics: tuple[str, ...] = ("accuracy", "f1", "average_precision")
+    ranks_corpus = True  # an embedding model's top 100 (byoc.training.corpus_evaluation: corpus_evaluator is None)
+
+    def corpus_evaluator(self) -> Any:
+        return None  # it reorders an embedding model's top documents (byoc.training.corpus_evaluation)
+
+    def retriever_of(self, model: Any) -> Any:
+        return model  # the cross-encoder itself: it scores the pairs an embedding model retrieved
+
     def evaluate(
         self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
     ) -> tuple[dict[str, float], dict[str, Any]]:
@@ -152,3 +164,13 @@ class Reranker(Regression):
     def prediction(self, row: np.ndarray, label: np.ndarray, names: list[str], cuts: np.ndarray) -> dict[str, Any]:
         logit = float(row.reshape(-1)[0])
         return {"label": round(float(label.reshape(-1)[0]), 6), "score": round(float(1 / (1 + np.exp(-logit))), 6)}
+
+
+class Reranker(Regression):
+    name = NAME
+    aliases: tuple[str, ...] = ("cross_encoder", "rerank", "reranking")
+    described = "a reranker (cross-encoder)"
+    head_class = RerankerHead
+    rows_class = RerankerRows
+    recipe_class = RerankerRecipe
+    evaluation_class = RerankerEvaluation

@@ -1,4 +1,4 @@
-"""A training recipe's own hyperparameters, declared by the task that trains with them (`Task.recipe_settings`).
+"""A training recipe's own hyperparameters, declared by the task that trains with them (`Recipe.recipe_settings`).
 
 byoc.training reads them as it reads its own (byoc.training.hyperparameters: the same decoding, ranges and
 messages), keeps those a job gives in `TrainArguments.recipe`, and hands them to the task's `apply_recipe`;

@@ -9,23 +9,17 @@ from typing import Any
 import numpy as np
 
 from byoc.tasks.base import Task, check_pairs, kept_rows, trained_on_pairs
+from byoc.tasks.evaluation import Evaluation
+from byoc.tasks.head import Head
+from byoc.tasks.recipe import Recipe
 
 NAME = "single_label_classification"
 
 
-class SingleLabel(Task):
-    name = NAME
-    aliases = ("single_label", "single", "classification")
-    described = "a single-label classifier"
-    parameters = ("top_k",)
-    smooths_labels = True
-    metrics = ("accuracy", "f1", "f1_weighted", "precision", "recall")
+class SingleLabelHead(Head):
+    """The serving head of a single-label classifier."""
 
-    def evaluate(
-        self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
-    ) -> tuple[dict[str, float], dict[str, Any]]:
-        logits, labels = kept_rows(logits, labels)
-        return classification_metrics(np.argmax(logits, axis=-1), labels, len(names)), {}
+    parameters = ("top_k",)
 
     def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
         return {"pairs": trained_on_pairs(config)}
@@ -33,7 +27,7 @@ class SingleLabel(Task):
     def check_rerank(self, model: Mapping) -> None:
         if len(model.get("id2label") or {}) != 2:
             super().check_rerank(model)
-        check_pairs(self, model)
+        check_pairs(self.task, model)
 
     def relevance(self, row: np.ndarray, raw: bool, model: Mapping) -> float:
         """Two labels: the probability of the second (the relevant one: label 1), or its logit odds."""
@@ -54,6 +48,33 @@ class SingleLabel(Task):
             entries = [{"label": id2label[int(j)], "score": float(row[j])} for j in best[: top_k or 1]]
             results.append(entries if top_k else entries[0])
         return results
+
+
+class SingleLabelRecipe(Recipe):
+    """The training recipe of a single-label classifier."""
+
+    smooths_labels = True
+
+
+class SingleLabelEvaluation(Evaluation):
+    """The evaluation of a single-label classifier."""
+
+    metrics = ("accuracy", "f1", "f1_weighted", "precision", "recall")
+
+    def evaluate(
+        self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        logits, labels = kept_rows(logits, labels)
+        return classification_metrics(np.argmax(logits, axis=-1), labels, len(names)), {}
+
+
+class SingleLabel(Task):
+    name = NAME
+    aliases = ("single_label", "single", "classification")
+    described = "a single-label classifier"
+    head_class = SingleLabelHead
+    recipe_class = SingleLabelRecipe
+    evaluation_class = SingleLabelEvaluation
 
 
 def classification_metrics(predictions: np.ndarray, labels: np.ndarray, num_labels: int) -> dict[str, float]:

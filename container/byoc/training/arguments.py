@@ -284,9 +284,9 @@ class TrainArguments:
         """With the task's and the data's defaults where the user gave none (measured: docs/training.md): the batch
         size, and the task's own `training_defaults` (for data of `num_labels` labels) for those not `given`."""
         kind = tasks.get(task)
-        small = kind.small_batches or self.run_rows(train_rows) < SMALL_RUN
+        small = kind.recipe.small_batches or self.run_rows(train_rows) < SMALL_RUN
         size = self.per_device_train_batch_size or (SMALL_BATCH_SIZE if small else DEFAULT_BATCH_SIZE)
-        own = {name: value for name, value in kind.training_defaults(num_labels).items() if name not in given}
+        own = {name: value for name, value in kind.recipe.training_defaults(num_labels).items() if name not in given}
         return dataclasses.replace(self, per_device_train_batch_size=size, **own)
 
 

@@ -100,11 +100,13 @@ def write_predictions(
     threshold: float | list[float] = DEFAULT_THRESHOLD,
 ) -> None:
     """output/data/test_predictions.jsonl: each test row's label(s) and prediction, in the data's order
-    (byoc.tasks: `Task.predictions`): the best label and its score; the labels at or above `threshold`
+    (byoc.tasks: `Evaluation.predictions`): the best label and its score; the labels at or above `threshold`
     (one, or one per label) with every label's score (multi-label); the predicted value (regression);
     a sentence's tags (token classification)."""
     logits = output.predictions[0] if isinstance(output.predictions, tuple) else output.predictions
-    lines = tasks.get(task).predictions(logits, np.asarray(output.label_ids), label_names, np.asarray(threshold))
+    lines = tasks.get(task).evaluation.predictions(
+        logits, np.asarray(output.label_ids), label_names, np.asarray(threshold)
+    )
     output_data_dir.mkdir(parents=True, exist_ok=True)
     path = output_data_dir / "test_predictions.jsonl"
     with path.open("w", encoding="utf-8") as f:

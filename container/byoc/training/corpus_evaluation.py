@@ -55,14 +55,16 @@ def check_sets(sets: dict[str, RetrievalSet], task: str, miner_dir: Path | None 
     """Refuse, before training, a retrieval set for a model that ranks nothing; for a reranker, the embedding
     model that retrieves what it reranks (byoc.training.model.embedder_path), else None."""
     kind = tasks.get(task)
-    if sets and not kind.ranks_corpus:
+    if sets and not kind.evaluation.ranks_corpus:
         channels = " and ".join(f"the {'test' if role == 'test' else 'validation'} channel" for role in sets)
         raise HyperparameterError(
             f"{channels} holds a BEIR retrieval set (corpus.jsonl, queries.jsonl, qrels), which evaluates a retrieval "
             f"model (task=embedding, sparse_embedding, multi_vector or reranker); this job trains {kind.described}. "
             "Give rows to evaluate it on instead (the same columns as the train data), or train a retrieval model"
         )
-    if sets and kind.corpus_evaluator() is None:  # a reranker: it reorders an embedding model's top documents
+    if (
+        sets and kind.evaluation.corpus_evaluator() is None
+    ):  # a reranker: it reorders an embedding model's top documents
         return embedder_path(miner_dir, f"retrieving the retrieval set's top {RERANKED} for the reranker")
     return None
 
@@ -83,12 +85,12 @@ def evaluate_sets(
     metrics: dict[str, float] = {}
     for role, found in sets.items():
         logger.info("evaluating on the %s retrieval set: %s", role, found.describe())
-        ranks_with = kind.corpus_evaluator()
+        ranks_with = kind.evaluation.corpus_evaluator()
         if ranks_with is None:  # a reranker
-            reranker = kind.retriever_of(model)
+            reranker = kind.evaluation.retriever_of(model)
             ranked = reranked_scores(found, reranker, tokenizer, retriever or "", batch_size, max_length, kind)
         else:
-            ranked = {"corpus": model_scores(found, ranks_with, kind.retriever_of(model), batch_size)}
+            ranked = {"corpus": model_scores(found, ranks_with, kind.evaluation.retriever_of(model), batch_size)}
         baseline = bm25_or_none(found)
         if baseline is not None:
             ranked["bm25"] = baseline
@@ -189,7 +191,9 @@ def _pair_logits(
         with torch.no_grad():
             for start in range(0, len(order), batch_size):
                 batch = [pairs[i] for i in order[start : start + batch_size]]
-                encoded = tokenizer.pad(kind.pair_encoding(tokenizer, batch, max_length), return_tensors="pt").to(host)
+                encoded = tokenizer.pad(kind.rows.pair_encoding(tokenizer, batch, max_length), return_tensors="pt").to(
+                    host
+                )
                 scores = model(**encoded).logits.float().reshape(-1).tolist()
                 for i, score in zip(order[start : start + batch_size], scores):
                     logits[i] = score

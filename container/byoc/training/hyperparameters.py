@@ -112,9 +112,9 @@ def _check_mining(args: TrainArguments) -> None:
     if not args.mine_hard_negatives or args.task not in tasks.TASKS:
         return
     task = tasks.get(args.task)
-    if not tasks.get(task.mined_by or task.name).mines_negatives:
+    if not tasks.get(task.rows.mined_by or task.name).rows.mines_negatives:
         try:
-            task.mine_negatives(None, [], [], 0, 1, 0.0)  # (its refusal, which says why)
+            task.rows.mine_negatives(None, [], [], 0, 1, 0.0)  # (its refusal, which says why)
         except tasks.BadParameter as err:
             raise HyperparameterError(f"hyperparameters task={args.task} and mine_hard_negatives=true: {err}") from None
 

@@ -158,7 +158,7 @@ def prepare(contract: TrainingContract, args: TrainArguments, settings: Training
                 len(data.train),
                 resolved.run_rows(len(data.train)),
             )
-        for name in sorted(set(tasks.get(data.task).training_defaults(len(data.label_names))) - given):
+        for name in sorted(set(tasks.get(data.task).recipe.training_defaults(len(data.label_names))) - given):
             logger.info("%s: %s (the default for %s)", name, getattr(resolved, name), data.task)
         args = resolved
         data = mine_hard_negatives(data, source.path, args, contract.channel_dirs.get("miner"))  # (when asked)
@@ -350,7 +350,7 @@ def _job_summary(job: Job, trainer: TaskTrainer) -> dict[str, Any]:
         }
     return {
         "task": job.data.task,
-        **({"metric_notes": dict(notes)} if (notes := tasks.get(job.data.task).metric_notes) else {}),
+        **({"metric_notes": dict(notes)} if (notes := tasks.get(job.data.task).evaluation.metric_notes) else {}),
         "num_labels": len(job.label_names),
         "labels": job.label_names,
         "train_samples": len(job.tokenized["train"]),

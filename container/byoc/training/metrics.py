@@ -26,8 +26,8 @@ from byoc.training.corpus_evaluation import DEFINED as CORPUS_DEFINED
 logger = logging.getLogger(__name__)
 
 _NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
-# Every metric an evaluation can report: the loss, and each task's (byoc.tasks: `Task.metrics`).
-EVALUATED = ("loss", *dict.fromkeys(name for task in tasks.TASKS.values() for name in task.metrics))
+# Every metric an evaluation can report: the loss, and each task's (byoc.tasks: `Evaluation.metrics`).
+EVALUATED = ("loss", *dict.fromkeys(name for task in tasks.TASKS.values() for name in task.evaluation.metrics))
 # Multi-label metrics also reported at the thresholds chosen on the eval data (byoc.tasks.thresholds),
 # as `eval_f1_micro_tuned`...; the others at those thresholds go to metrics.json only.
 TUNED = ("f1_micro", "f1_macro")
@@ -44,11 +44,15 @@ def metric_definitions(task: str | None = None) -> list[dict[str, str]]:
     """For `Estimator(metric_definitions=...)`: each regex reads one `[metrics]` log line field. SageMaker
     takes at most 40 a job: `task` (a byoc.tasks name) gives one task's; None every classifier's and
     regression's (38: `METRIC_DEFINITIONS`). An embedding model's: metric_definitions("embedding")."""
-    kinds = [tasks.get(task)] if task else [kind for kind in tasks.TASKS.values() if kind.in_metric_definitions]
-    names = ("loss", *dict.fromkeys(name for kind in kinds for name in kind.metrics))
-    if any(kind.ranks_corpus for kind in kinds):  # a BEIR set's headline figures (byoc.training.corpus_evaluation)
+    kinds = (
+        [tasks.get(task)] if task else [kind for kind in tasks.TASKS.values() if kind.evaluation.in_metric_definitions]
+    )
+    names = ("loss", *dict.fromkeys(name for kind in kinds for name in kind.evaluation.metrics))
+    if any(
+        kind.evaluation.ranks_corpus for kind in kinds
+    ):  # a BEIR set's headline figures (byoc.training.corpus_evaluation)
         names = (*names, *CORPUS_DEFINED)
-    tuned = TUNED if any(kind.tunes_thresholds for kind in kinds) else ()
+    tuned = TUNED if any(kind.evaluation.tunes_thresholds for kind in kinds) else ()
     return _TRAINING + [
         {"Name": f"{split}:{name}", "Regex": rf"\[metrics\].* {split}_{name}={_NUMBER}"}
         for split in SPLITS
@@ -70,7 +74,7 @@ class TaskMetrics:
     def __init__(self, task: str, names: list[str], threshold: float | None = 0.5, choosing: bool = False) -> None:
         self.task, self.names = tasks.get(task), names
         self.threshold = DEFAULT_THRESHOLD if threshold is None else threshold
-        self.choosing = choosing and self.task.tunes_thresholds and threshold is None
+        self.choosing = choosing and self.task.evaluation.tunes_thresholds and threshold is None
         self.tuned: thresholds.Thresholds | None = None
         self.details: dict[str, Any] = {}
 
@@ -83,7 +87,9 @@ class TaskMetrics:
         logits, labels = np.asarray(logits), np.asarray(prediction.label_ids)
         # sigmoid(x) >= t exactly where x >= logit(t): multi-label logits are compared as they are, with no
         # float64 copy of a (rows, labels) matrix.
-        metrics, self.details = self.task.evaluate(logits, labels, self.names, float(thresholds.logit(self.threshold)))
+        metrics, self.details = self.task.evaluation.evaluate(
+            logits, labels, self.names, float(thresholds.logit(self.threshold))
+        )
         if not (self.choosing or self.tuned):
             return metrics
         logits, labels = kept_rows(logits, labels)
@@ -95,7 +101,7 @@ class TaskMetrics:
         """The metrics at the chosen thresholds: TUNED for the log line, the rest in `details`."""
         if self.tuned is None:
             return {}
-        metrics, details = self.task.evaluate(logits, labels, self.names, self.tuned.cuts(self.names))
+        metrics, details = self.task.evaluation.evaluate(logits, labels, self.names, self.tuned.cuts(self.names))
         rest = {key: value for key, value in metrics.items() if key not in TUNED}
         self.details["tuned"] = {**rest, **details}
         return {f"{key}_tuned": metrics[key] for key in TUNED}

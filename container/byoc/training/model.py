@@ -158,11 +158,11 @@ def load_model(
         raise ModelError(f"{source.path} ({source.origin}): {unsupported}")
     kind = tasks.get(task)
     recipe = recipe_settings(args, kind, use_xla)
-    kwargs = {**compat.fp32_weights(), **kind.model_kwargs()}
+    kwargs = {**compat.fp32_weights(), **kind.recipe.model_kwargs()}
     if args.attn_implementation or use_xla:
         kwargs["attn_implementation"] = args.attn_implementation or "eager"
     try:
-        model = kind.training_model(
+        model = kind.recipe.training_model(
             source.path,
             label_names,
             kwargs,
@@ -174,11 +174,11 @@ def load_model(
     except Exception as err:
         raise ModelError(f"cannot load the model from {source.path} ({source.origin}): {brief(err)}") from None
     try:
-        kind.apply_recipe(model, recipe)
+        kind.recipe.apply_recipe(model, recipe)
     except tasks.BadParameter as err:
         raise HyperparameterError(str(err)) from None
-    kind.describe(model, args, pairs)  # what serving needs of the job's settings, in config.json
-    freeze_bottom(kind.encoder_of(model), args.freeze_embeddings, args.freeze_layers)
+    kind.recipe.describe(model, args, pairs)  # what serving needs of the job's settings, in config.json
+    freeze_bottom(kind.recipe.encoder_of(model), args.freeze_embeddings, args.freeze_layers)
     total, trainable = parameter_millions(model)
     logger.info(
         "model %s (%s): %.1fM parameters, %.1fM trained, %s",
@@ -186,21 +186,21 @@ def load_model(
         source.origin,
         total,
         trainable,
-        kind.head(len(label_names)),
+        kind.recipe.head_summary(len(label_names)),
     )
     return cast(PreTrainedModel, model)  # an embedding model: an nn.Module the Trainer trains alike
 
 
 def recipe_settings(args: TrainArguments, kind: tasks.Task, use_xla: bool = False) -> dict[str, Any]:
-    """The settings of a task's own training recipe the job gives (`Task.recipe_settings`, as the recipe reads
+    """The settings of a task's own training recipe the job gives (`Recipe.recipe_settings`, as the recipe reads
     them); refused, before the model loads, for a task whose recipe has none of them, or where a setting keeps a
     job to one process on a CPU or a GPU and this one is not."""
     settings = tasks.recipe_settings()
     given = {name: settings[name].given(value) for name, value in args.recipe.items()}
     given = {name: value for name, value in given.items() if value}
     for name in given:
-        if settings[name] not in kind.recipe_settings:
-            takers = [task.described for task in tasks.TASKS.values() if settings[name] in task.recipe_settings]
+        if settings[name] not in kind.recipe.recipe_settings:
+            takers = [task.described for task in tasks.TASKS.values() if settings[name] in task.recipe.recipe_settings]
             raise HyperparameterError(
                 f"hyperparameter {name} is a setting of {' and '.join(takers)}; this job trains {kind.described}: "
                 f"drop {name}"

@@ -31,7 +31,7 @@ NEGATIVE = "text_negative"  # the rows' negative column (byoc.tasks.embedding.TE
 def check_in_batch_negatives(data: TaskData, batch_size: int, world_size: int) -> None:
     """Refuse (anchor, positive) rows no batch can train: without a negative column an anchor's negatives are the
     other positives of its batch (every rank's, gathered), and a batch of one row has none: a loss of 0."""
-    if not tasks.get(data.task).in_batch_negatives(data.train.column_names, bool(data.label_names)):
+    if not tasks.get(data.task).rows.in_batch_negatives(data.train.column_names, bool(data.label_names)):
         return  # scored pairs (CoSENT), each row's own hard negative, or no negatives at all: any batch size trains
     why = "each anchor is trained against the other positives of its batch (in-batch negatives)"
     other = "or add a negative column (for each row a hard negative: a text close to the anchor, but wrong)"
@@ -52,7 +52,7 @@ def mine_hard_negatives(
     data: TaskData, source_path: str, args: TrainArguments, miner_dir: Path | None = None
 ) -> TaskData:
     """`data` with a negative for each train row, mined where the job asks (`mine_hard_negatives=true`) with the
-    model the task mines with (`Task.mined_by`: the job's own model for an embedding model; for a reranker an
+    model the task mines with (`Rows.mined_by`: the job's own model for an embedding model; for a reranker an
     embedding model: the `miner` channel's, else the bundled one); as given otherwise."""
     if not args.mine_hard_negatives:
         if args.num_negatives != 1:
@@ -62,12 +62,12 @@ def mine_hard_negatives(
             )
         return data
     task = tasks.get(data.task)
-    if args.num_negatives > 1 and not task.several_negatives:
+    if args.num_negatives > 1 and not task.rows.several_negatives:
         raise HyperparameterError(
             f"num_negatives={args.num_negatives}: {task.described} trains on one negative a row (its in-batch "
             "negatives add the rest); several train a reranker (task=reranker). Drop num_negatives"
         )
-    if not task.takes_mined_negatives(data.train.column_names, bool(data.label_names)):
+    if not task.rows.takes_mined_negatives(data.train.column_names, bool(data.label_names)):
         raise HyperparameterError(
             "mine_hard_negatives=true mines a negative for each (anchor, positive) row of a retrieval model's "
             f"(embedding, reranker, multi-vector) train data; this job's train data are {_described(data)}: drop "
@@ -77,15 +77,15 @@ def mine_hard_negatives(
         raise DataError(
             f"mine_hard_negatives=true needs two train rows at least (a corpus); the train data has {len(data.train)}"
         )
-    miner_task = tasks.get(task.mined_by) if task.mined_by else task
+    miner_task = tasks.get(task.rows.mined_by) if task.rows.mined_by else task
     purpose = f"mining the {task.name.replace('_', '-')}'s hard negatives"  # ("the reranker's", "the multi-vector's")
     path = source_path if miner_task is task else embedder_path(miner_dir, purpose)
-    kwargs = {**compat.fp32_weights(), **miner_task.model_kwargs()}
+    kwargs = {**compat.fp32_weights(), **miner_task.recipe.model_kwargs()}
     labels = data.label_names if miner_task is task else []
-    miner = miner_task.training_model(path, labels, kwargs, {}, args.trust_remote_code, args.max_length, 1)
+    miner = miner_task.recipe.training_model(path, labels, kwargs, {}, args.trust_remote_code, args.max_length, 1)
     anchors, positives = list(data.train["text"]), list(data.train["text_pair"])
     try:
-        mined = miner_task.mine_negatives(
+        mined = miner_task.rows.mine_negatives(
             miner,
             anchors,
             positives,
@@ -150,13 +150,13 @@ def negative_column(n: int) -> str:
 
 
 def as_pairs(data: TaskData) -> TaskData:
-    """Each split as the task trains on it (`Task.pairs_of_rows`: a reranker's (query, document, label) pairs from
+    """Each split as the task trains on it (`Rows.pairs_of_rows`: a reranker's (query, document, label) pairs from
     an embedding model's rows); as it is for every other task."""
     task = tasks.get(data.task)
     try:
-        train = task.pairs_of_rows(data.train, "train")
+        train = task.rows.pairs_of_rows(data.train, "train")
         held = [
-            None if table is None else task.pairs_of_rows(table, split)
+            None if table is None else task.rows.pairs_of_rows(table, split)
             for split, table in (("eval", data.eval), ("test", data.test))
         ]
     except tasks.BadParameter as err:
@@ -164,7 +164,7 @@ def as_pairs(data: TaskData) -> TaskData:
         raise DataError(message[0].upper() + message[1:]) from None
     if train is data.train and held[0] is data.eval and held[1] is data.test:
         return data
-    logger.info("train: %d pairs; %s", len(train), task.label_summary(np.asarray(train["label"])))
+    logger.info("train: %d pairs; %s", len(train), task.rows.label_summary(np.asarray(train["label"])))
     # Rows name no output; the pairs' one output is each pair's relevance.
     return dataclasses.replace(
         data, train=train, eval=held[0], test=held[1], label_names=data.label_names or ["relevance"]

@@ -102,7 +102,7 @@ def choose(args: TrainArguments, hardware: Hardware, steps: int | None = None) -
     eager = tasks.recipe_eager(args.recipe)  # a recipe setting whose loss runs the model itself (cached negatives)
     if chosen.compile and eager:
         chosen = dataclasses.replace(chosen, compile=False, reason=f"{chosen.reason}; eager: {eager}")
-    if chosen.compile and args.task in tasks.TASKS and tasks.get(args.task).loss_runs_model:
+    if chosen.compile and args.task in tasks.TASKS and tasks.get(args.task).recipe.loss_runs_model:
         chosen = dataclasses.replace(chosen, compile=False, reason=f"{chosen.reason}; eager: the {args.task} loss")
     if hardware.device == "cpu":
         return chosen
@@ -181,7 +181,7 @@ def _compile_blocker(asked: str, args: TrainArguments, hw: Hardware, steps: int 
     eager = tasks.recipe_eager(args.recipe)
     if eager:
         return eager
-    if args.task in tasks.TASKS and tasks.get(args.task).loss_runs_model:
+    if args.task in tasks.TASKS and tasks.get(args.task).recipe.loss_runs_model:
         return f"the {args.task} loss runs the model itself, which is not compiled"
     needed = pays_after(args)
     if steps is None:

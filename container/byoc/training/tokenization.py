@@ -38,7 +38,7 @@ def tokenize_splits(
         raise ModelError(f"{problem}; {type(tokenizer).__name__} is not one: use a model folder with a tokenizer.json")
     padding = "max_length" if args.pad_to_max_length else False
     tokenizer_id = hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()[:12]
-    encoding = f"{task.name}:{task.encoding_key(tokenizer)}"  # the same rows tokenize otherwise for another task
+    encoding = f"{task.name}:{task.rows.encoding_key(tokenizer)}"  # the same rows tokenize otherwise for another task
     out = {}
     for name, ds in splits.items():
         key = hashlib.sha256(
@@ -47,7 +47,9 @@ def tokenize_splits(
         ).hexdigest()[:16]
         cache_file = cache_dir / "tokenized" / f"{name}-{key}.arrow"
         cache_file.parent.mkdir(parents=True, exist_ok=True)
-        encode = task.encoder(tokenizer, max_length, padding, data.label_names, args.label_all_tokens, name == "train")
+        encode = task.rows.encoder(
+            tokenizer, max_length, padding, data.label_names, args.label_all_tokens, name == "train"
+        )
         out[name] = ds.map(
             encode,
             batched=True,
@@ -56,13 +58,13 @@ def tokenize_splits(
             cache_file_name=str(cache_file),
             desc=f"tokenizing {name}",
         )
-        if "cut" in out[name].column_names:  # rows of words, some past max_length (Task.encoder)
+        if "cut" in out[name].column_names:  # rows of words, some past max_length (Rows.encoder)
             out[name] = _report_words(out[name], name, len(ds), max_length)
     lengths = np.asarray(out["train"]["length"])
     logger.info(
         "tokenized: train %d %s, %.1f tokens on average (max %d, truncated at %d)",
         len(lengths),
-        task.row_unit,
+        task.rows.row_unit,
         lengths.mean(),
         lengths.max(),
         max_length,

@@ -139,7 +139,7 @@ class TaskTrainer(Trainer):
         """Multi-label and regression: the model's own loss (binary cross-entropy, mean squared error)
         over the rows that are not filler rows of a fixed-shape batch (labelled IGNORE_LABEL), which
         their losses, unlike cross-entropy, cannot skip. A mask, not a selection: shapes stay fixed."""
-        if not self.task.masks_rows or "labels" not in inputs:  # cross-entropy skips -100 itself
+        if not self.task.recipe.masks_rows or "labels" not in inputs:  # cross-entropy skips -100 itself
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         labels = inputs["labels"]
         outputs = model(**{k: v for k, v in inputs.items() if k != "labels"})
@@ -191,7 +191,7 @@ def masked_loss(logits: torch.Tensor, labels: torch.Tensor, task: tasks.Task) ->
     as a mean over the rows whose label is not IGNORE_LABEL; the same number where no row is filler."""
     rows = labels.shape[0]
     keep = (labels.reshape(rows, -1)[:, 0] != IGNORE_LABEL).to(torch.float32)
-    per_row = task.row_loss(logits, labels)
+    per_row = task.recipe.row_loss(logits, labels)
     return (per_row * keep).sum() / keep.sum().clamp(min=1.0)
 
 
@@ -284,7 +284,7 @@ def build_trainer(
     `task`: what the labels are (a byoc.tasks name), which picks the loss, the collator and the metrics;
     `run`: the job's MLflow run, which then gets every log the Trainer reports."""
     kind = tasks.get(task)
-    if not kind.smooths_labels and args.label_smoothing:
+    if not kind.recipe.smooths_labels and args.label_smoothing:
         raise HyperparameterError(
             f"hyperparameter label_smoothing smooths one class per text; task {task} has no classes to smooth: "
             "remove label_smoothing"
@@ -294,11 +294,12 @@ def build_trainer(
     if chosen is None:
         chosen = precision.choose(args, precision.detect(use_xla, distributed.world_size()))
     compiling = chosen.compile and not use_xla
-    packing_report = packing.prepare(kind.encoder_of(model), args, use_xla, cuda, compiling)  # (before compiling)
+    encoder = kind.recipe.encoder_of(model)
+    packing_report = packing.prepare(encoder, args, use_xla, cuda, compiling)  # (before compiling)
     if buckets is not None and compiling and args.compile_scope == "model":
         compiled_steps.static_graphs_per_bucket(buckets)
     elif compiling:  # (compile_scope=layers: the job compiles them; the Trainer compiles nothing)
-        compiled_steps.compile_layers(kind.encoder_of(model), compiled_steps.compile_mode(args, cuda))
+        compiled_steps.compile_layers(kind.recipe.encoder_of(model), compiled_steps.compile_mode(args, cuda))
     eval_ds = tokenized.get("eval", tokenized.get("test"))
     has_eval = eval_ds is not None
     strategy = _eval_strategy(args, has_eval)
@@ -327,7 +328,7 @@ def build_trainer(
         average_tokens_across_devices=False,
         ddp_find_unused_parameters=False,  # every trainable parameter of a classifier is used
         # (the Trainer would keep only the columns its model's forward names: a listwise reranker's takes any)
-        remove_unused_columns=not kind.any_columns,
+        remove_unused_columns=not kind.rows.any_columns,
         **compat.sampling_arguments(
             args.group_by_length and not args.pad_to_max_length and not use_xla,
             args.warmup_steps,
@@ -346,15 +347,15 @@ def build_trainer(
         # rows; training batches are always full, and filling them up to the evaluation's 64 rows would
         # spend the compute of 64 rows on every step (and give in-batch negatives filler rows as negatives).
         collator = FixedShapeCollator(tokenizer.pad_token_id or 0, buckets, args.per_device_eval_batch_size)
-        train_collator = kind.with_labels(
+        train_collator = kind.recipe.with_labels(
             FixedShapeCollator(tokenizer.pad_token_id or 0, buckets, args.train_batch_size),
             len(label_names),
         )
     else:
         # On a GPU, lengths padded to a multiple of 8: tensor-core-aligned matrices in bf16/fp16/TF32,
         # and fewer distinct shapes for the kernel and allocator caches. (On CPU, padding is pure cost.)
-        collator = kind.collator(tokenizer, pad_to_multiple_of=8 if cuda else None)
-    collator = kind.with_labels(collator, len(label_names))
+        collator = kind.recipe.collator(tokenizer, pad_to_multiple_of=8 if cuda else None)
+    collator = kind.recipe.with_labels(collator, len(label_names))
     trainer = TaskTrainer(
         model=model,
         args=training_args,

@@ -55,15 +55,15 @@ def test_a_users_model_fn_may_change_a_fact_or_a_field_but_not_remove_a_field():
 
 
 def test_each_task_keeps_its_own_facts():
-    """What a folder's config.json says reaches only the task it concerns (Task.serving_facts)."""
+    """What a folder's config.json says reaches only the task it concerns (Head.serving_facts)."""
     config = {"byoc_threshold": 0.3, "byoc_word_tags": "all", "byoc_pairs": True, "problem_type": "regression"}
-    assert tasks.get(tasks.MULTI_LABEL).serving_facts(None, config) == {"threshold": 0.3, "thresholds": None}
-    assert tasks.get(tasks.TOKEN_CLASSIFICATION).serving_facts(None, config) == {
+    assert tasks.get(tasks.MULTI_LABEL).head.serving_facts(None, config) == {"threshold": 0.3, "thresholds": None}
+    assert tasks.get(tasks.TOKEN_CLASSIFICATION).head.serving_facts(None, config) == {
         "aggregation": "whitespace-words:average"
     }
-    assert tasks.get(tasks.SINGLE_LABEL).serving_facts(None, config) == {"pairs": True}
-    assert tasks.get(tasks.REGRESSION).serving_facts(None, config) == {"stated_regression": True, "pairs": True}
-    assert tasks.get(tasks.SINGLE_LABEL).serving_facts(None, {"byoc_pairs": "yes"}) == {"pairs": None}
+    assert tasks.get(tasks.SINGLE_LABEL).head.serving_facts(None, config) == {"pairs": True}
+    assert tasks.get(tasks.REGRESSION).head.serving_facts(None, config) == {"stated_regression": True, "pairs": True}
+    assert tasks.get(tasks.SINGLE_LABEL).head.serving_facts(None, {"byoc_pairs": "yes"}) == {"pairs": None}
 
 
 def test_the_model_loaded_in_the_background_takes_over_its_runtime_once_loaded_and_keeps_the_facts():

@@ -283,7 +283,7 @@ def test_retrieval_metrics_are_sentence_transformers_evaluators_on_texts_identic
 
 def test_metrics_json_notes_only_the_metrics_it_reports(tmp_path):
     """An embedding model evaluated on scored pairs reports no mrr_at_10: metrics.json has no note on it."""
-    notes = dict(tasks.get(tasks.EMBEDDING).metric_notes)
+    notes = dict(tasks.get(tasks.EMBEDDING).evaluation.metric_notes)
     scored = {"task": EMBEDDING, "metric_notes": notes, "eval_spearman_cosine": 0.5, "eval_pearson_cosine": 0.4}
     assert "metric_notes" not in json.loads(write_report(tmp_path / "a", scored, []).read_text())
     rows = {"task": EMBEDDING, "metric_notes": notes, "test_mrr_at_10": 0.5, "test_recall_at_1": 0.4}

@@ -4,7 +4,7 @@ backends (byoc.serving.backends.runtimes).
 It is what every default handler and a user's own code receive as `model`. Users' code has always read it
 as a dict (`model["encode"]`, `model.get("threshold")`) and may set a value on it (a model_fn of its own
 that raises the threshold), so it is a mutable mapping too: its fields by name, then the task's facts
-(`Task.serving_facts`: a multi-label model's thresholds, an embedding model's prompts...).
+(`Head.serving_facts`: a multi-label model's thresholds, an embedding model's prompts...).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class LoadedModel(MutableMapping[str, Any]):
     passes: Any  # how predict_fn cuts and pads a batch (byoc.serving.backends.passes)
     device: str
     precision: str
-    facts: dict[str, Any] = field(default_factory=dict)  # the task's (Task.serving_facts)
+    facts: dict[str, Any] = field(default_factory=dict)  # the task's (Head.serving_facts)
     # The numbers one answer may hold (the server's BYOC_MAX_ANSWER_VALUES; None: unbounded): a head whose answer
     # grows with the tokens (token vectors) checks it before building the answer (byoc.tasks.base.check_answer).
     max_answer_values: int | None = None

@@ -6,7 +6,7 @@ docs/serving.md): `backend`, `model`, `tokenizer`, `encode(inputs)`, `logits(fee
 numpy arrays -> fp32 numpy logits), `windows`, `id2label`, `task`, `activation` (a cross-encoder's, which
 CrossEncoder.predict applies to its logits: byoc.tasks.cross_encoder_activation; None for any other
 model), `max_length`, `pad_id`, `passes` (how predict_fn cuts and pads a batch: byoc.serving.backends.passes),
-`device`, `precision`, and the task's own facts (`Task.serving_facts`: a multi-label model's `threshold`
+`device`, `precision`, and the task's own facts (`Head.serving_facts`: a multi-label model's `threshold`
 and `thresholds`, a token classifier's `aggregation`, a pair model's `pairs`...).
 
 torch and transformers are imported only inside `load_torch`: the ONNX Runtime path never pays
@@ -99,7 +99,7 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None =
     files = model_folder.weights_dir(model_dir)  # (an inference-free sparse model's document transformer)
     config = json.loads((files / "config.json").read_text(encoding="utf-8"))
     task = tasks.of_folder(model_dir, config, task_name)
-    facts = task.serving_facts(model_dir, config)
+    facts = task.head.serving_facts(model_dir, config)
     tokenizer_config_path = files / "tokenizer_config.json"
     tokenizer_config = (
         json.loads(tokenizer_config_path.read_text(encoding="utf-8")) if tokenizer_config_path.exists() else {}
@@ -150,7 +150,7 @@ def load_onnx(model_dir: Path, plan: Plan, threads: int, task_name: str | None =
         tokenizer=tokenizer,
         encode=encode,
         logits=session.logits,
-        windows=task.window_encoder(tokenizer, limit, session.inputs),
+        windows=task.head.window_encoder(tokenizer, limit, session.inputs),
         id2label=labels_of(config),
         activation=tasks.cross_encoder_activation(model_dir, config),
         max_length=limit,
@@ -202,7 +202,7 @@ def load_torch(
     if unsupported:
         raise BackendError(unsupported)
     task = tasks.of_folder(model_dir, config, task_name)
-    facts = task.serving_facts(model_dir, config)
+    facts = task.head.serving_facts(model_dir, config)
     activation = tasks.cross_encoder_activation(model_dir, config)
     model, missing = task.load_torch(
         files, use_safetensors=True, trust_remote_code=trust_remote_code, **compat.fp32_weights()
@@ -226,7 +226,7 @@ def load_torch(
     limit = min(limit, plan.max_length or limit)
     names = [n for n in tokenizer.model_input_names if n in ("input_ids", "attention_mask", "token_type_ids")]
     backend = getattr(tokenizer, "backend_tokenizer", None)  # (a slow tokenizer has none: no task windows it)
-    windows = task.window_encoder(backend, limit, names) if backend is not None else None
+    windows = task.head.window_encoder(backend, limit, names) if backend is not None else None
     shapes = passes.gpu(limit) if device.type == "cuda" else passes.CPU
     forward: Any = module
     if compiled:

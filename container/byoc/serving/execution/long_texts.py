@@ -1,7 +1,7 @@
 """Long texts a task reads whole (a token classifier's), run a few windows at a time so that other requests
 run in between.
 
-Every window of such a text runs (`Task.windows`: byoc.tasks.token_classification.head): a text of 50,000
+Every window of such a text runs (`Head.windows`: byoc.tasks.token_classification.head): a text of 50,000
 characters is seconds of work on a small model and tens of seconds on BERT-base. Run as one call it would hold
 the inference thread all that time, every other request waiting behind it. Instead the request runs in steps on
 the inference thread: its texts' windows first (the tokenizer), then the windows a few at a time, then the
@@ -31,7 +31,7 @@ def reads_whole(model: Any) -> bool:
     """Whether the model (as the default model_fn loads it) reads each text whole, in windows (its task's
     `whole_texts`: a token classifier): one whole text an input."""
     task = tasks.TASKS.get(model.get("task", "")) if isinstance(model, Mapping) else None
-    return task is not None and task.whole_texts
+    return task is not None and task.head.whole_texts
 
 
 def whole_text_chars(model: Any, data: Any) -> int:
@@ -61,7 +61,7 @@ class Stepwise:
         self.task = tasks.TASKS[model["task"]]
         task_parameters.check_task(self.task, parameters)  # (as the default predict_fn checks them)
         try:
-            self.request = self.task.windows(inputs, parameters, model)
+            self.request = self.task.head.windows(inputs, parameters, model)
         except tasks.BadParameter as err:
             raise task_parameters.refused(err) from None
         self.texts: list[Any] = inputs

@@ -12,7 +12,7 @@ them over the same path: slots, timeouts, batching, errors):
 
 The answers are written by byoc.serving.protocol.outputs, beside every other writer.
 
-Which routes a model answers follows from the kinds of answer its task gives (`Task.kinds`) and the kinds each
+Which routes a model answers follows from the kinds of answer its task gives (`Head.kinds`) and the kinds each
 route answers (byoc.tasks.kinds.ROUTE_KINDS; any task that reranks answers a rerank): a route the model does not
 answer is a 400 naming those it does, never another kind of answer. A model loaded by its own code (no byoc
 task) takes every route, its code deciding what to answer.
@@ -87,16 +87,16 @@ def _route_parameters(task: tasks.Task | None, route: str, model: Any, asked: st
     route the client called (`asked`, by default `/<route>`) and those the model answers, where it gives none."""
     if task is None:
         return {}
-    kind = next((kind for kind in ROUTE_KINDS[route] if kind in task.kinds), None)
+    kind = next((kind for kind in ROUTE_KINDS[route] if kind in task.head.kinds), None)
     if kind is None:
         raise InputError(f"{asked or '/' + route} is not answered by {task.described}: {_routes_of(task, model)}")
-    return task.kinds[kind]
+    return task.head.kinds[kind]
 
 
 def _routes_of(task: tasks.Task, model: Any) -> str:
     """The client routes the loaded model answers, for a message: those of the kinds it gives, and the rerank
     routes where it reranks (a cross-encoder, a multi-vector model's MaxSim...)."""
-    answered = [f"/{route}" for route, kinds in ROUTE_KINDS.items() if set(kinds) & set(task.kinds)]
+    answered = [f"/{route}" for route, kinds in ROUTE_KINDS.items() if set(kinds) & set(task.head.kinds)]
     if _reranks(task, model):
         answered += ["/rerank", "/v1/rerank", "/v2/rerank"]
     return f"its routes are {', '.join(answered)} (and /invocations)" if answered else "it answers /invocations"
@@ -120,13 +120,13 @@ def _predict(inputs: Any, parameters: dict[str, Any], task: tasks.Task | None, m
         raise InputError('/predict takes "inputs": a text, a pair ["text", "text pair"], or a list of them')
     batch = [item[0] if isinstance(item, list) and len(item) == 1 else item for item in batch]  # (TEI's [["a"]])
     labels = len(model.get("id2label") or {}) if isinstance(model, Mapping) else 0
-    if task is not None and "top_k" in task.parameters and labels:
+    if task is not None and "top_k" in task.head.parameters and labels:
         parameters["top_k"] = labels  # every label, best first
 
     def reshape(answers: Any) -> Any:
         if relevance and not raw:  # the logit through the model's activation, as TEI's /predict and /rerank give it
             assert task is not None
-            answers = [{**a, "score": task.relevance(np.asarray([a["score"]]), False, model)} for a in answers]
+            answers = [{**a, "score": task.head.relevance(np.asarray([a["score"]]), False, model)} for a in answers]
         return outputs.tei_predict(answers, single)
 
     return Rewrite({"inputs": batch, "parameters": parameters}, reshape)
@@ -231,7 +231,7 @@ def info(model: Any, model_id: str, settings: Any) -> dict[str, Any]:
     task = task_of(model)
     labels = {str(index): label for index, label in sorted((model.get("id2label") or {}).items())} if task else {}
     kind = "custom" if task is None else task.name
-    gives = set(task.kinds) if task is not None else set()
+    gives = set(task.head.kinds) if task is not None else set()
     if Kind.VECTOR in gives:
         model_type: dict[str, Any] = {"embedding": {"pooling": str(model.get("pooling") or "mean")}}
     elif gives & {Kind.SPARSE_TERMS, Kind.TOKEN_VECTORS}:
@@ -260,7 +260,7 @@ def info(model: Any, model_id: str, settings: Any) -> dict[str, Any]:
 
 def _reranks(task: tasks.Task, model: Any) -> bool:
     try:
-        task.check_rerank(model)
+        task.head.check_rerank(model)
     except tasks.BadParameter:
         return False
     return True

@@ -13,16 +13,16 @@ from typing import Any
 from byoc import tasks
 from byoc.serving.protocol.request_errors import InputError, PayloadTooLarge
 
-KNOWN = tuple(dict.fromkeys(name for task in tasks.TASKS.values() for name in task.parameters))  # tasks' own
+KNOWN = tuple(dict.fromkeys(name for task in tasks.TASKS.values() for name in task.head.parameters))  # tasks' own
 # A rerank request's (TEI's {"query", "texts"}: the body's form makes its shape "rerank",
-# byoc.serving.protocol.bodies), for any task that reranks (`Task.relevance`). TEI's "truncate" is read and
+# byoc.serving.protocol.bodies), for any task that reranks (`Head.relevance`). TEI's "truncate" is read and
 # needs nothing: byoc always truncates an input at the model's limit, on the right unless the request's
 # "truncation_direction" says "left" (predict_fn: a task that reads texts in windows refuses it).
 RERANK = ("raw_scores", "return_text", "top_n")
 
 
 def check_values(parameters: dict[str, Any]) -> None:
-    """Each parameter byoc knows, whatever the task. A task's own values (`Task.check_values`) are checked by
+    """Each parameter byoc knows, whatever the task. A task's own values (`Head.check_values`) are checked by
     `check_task` once the model's task is known: the same name may take other values in another task (a
     multi-vector model's "prompt_name" is "query" or "document"; an embedding model's, any of its prompts)."""
     threshold = parameters.get("threshold")
@@ -49,24 +49,24 @@ def check_values(parameters: dict[str, Any]) -> None:
 
 def check_task(task: tasks.Task | None, parameters: dict[str, Any], shape: str | None = None) -> None:
     """A 400 for a parameter of byoc's that `task` does not take (null counts as not sent) or a value of one
-    it does not take (`Task.check_values`), for a rerank parameter outside a rerank request, and for a body's
+    it does not take (`Head.check_values`), for a rerank parameter outside a rerank request, and for a body's
     form (`shape`: the request's, from byoc.serving.protocol.bodies) the task cannot answer. No task: a model of
     the user's own making, whose parameters are its code's business."""
     if task is None:
         return
     reranking = shape == "rerank"
     try:
-        task.check_shape(shape)
+        task.head.check_shape(shape)
     except tasks.BadParameter as err:
         raise InputError(str(err)) from None
-    takes = task.rerank_parameters if reranking else task.parameters
+    takes = task.head.rerank_parameters if reranking else task.head.parameters
     for name in KNOWN:
         if parameters.get(name) is not None and name not in takes:
             accepted = f"its parameters are {', '.join(takes)}" if takes else "it takes no parameters"
             raise InputError(
                 f'"{name}" does not apply to {"a rerank request" if reranking else task.described}: {accepted}'
             )
-    if str(parameters.get("truncation_direction") or "").lower() == "left" and task.whole_texts:
+    if str(parameters.get("truncation_direction") or "").lower() == "left" and task.head.whole_texts:
         raise InputError(
             f'"truncation_direction": "left" does not apply to {task.described}: it reads every text whole, in '
             "windows, and cuts none: drop it"
@@ -75,7 +75,7 @@ def check_task(task: tasks.Task | None, parameters: dict[str, Any], shape: str |
         if parameters.get(name) is not None and not reranking:
             raise InputError(f'"{name}" applies to rerank requests ({{"query": ..., "texts": [...]}}) only')
     try:
-        task.check_values(parameters)
+        task.head.check_values(parameters)
     except tasks.BadParameter as err:
         raise InputError(str(err)) from None
 

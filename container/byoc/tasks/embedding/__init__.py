@@ -25,8 +25,12 @@ from byoc import compat, sentence_folder
 from byoc.tasks.base import BadParameter, Task, kept_rows
 from byoc.tasks.embedding.collator import TEXT_GROUPS, GroupCollator
 from byoc.tasks.embedding.ranking import rank_metrics, retrieval_metrics  # noqa: F401  (rank_metrics: the families')
+from byoc.tasks.evaluation import Evaluation
+from byoc.tasks.head import Head
 from byoc.tasks.kinds import Kind
+from byoc.tasks.recipe import Recipe
 from byoc.tasks.regression import regression_metrics
+from byoc.tasks.rows import Rows
 from byoc.tasks.settings import COUNT, LORA_R, RecipeSetting, sizes
 
 NAME = "embedding"
@@ -48,60 +52,67 @@ MINI_BATCH_SIZE = RecipeSetting(
 )
 
 
-class Embedding(Task):
-    name = NAME
+class EmbeddingHead(Head):
+    """The serving head of an embedding model."""
+
+    output_names: tuple[str, ...] = ("dense", "sentence_embedding", "dense_vecs")  # what "output" may name
     kinds: Mapping[Kind, Mapping[str, Any]] = {Kind.VECTOR: {}}
-    aliases = ("embeddings", "sentence_embedding", "sentence_embeddings", "feature_extraction")
-    described = "an embedding model"
     parameters: tuple[str, ...] = ("normalize", "dimensions", "prompt_name", "output")
-    # The names a request's "output" may give the one output the model answers (a client naming it gets it):
-    # byoc's, sentence-transformers' output_value and FlagEmbedding's result key.
-    output_names: tuple[str, ...] = ("dense", "sentence_embedding", "dense_vecs")
-    mines_negatives = True
-    auto_class = "AutoModel"
-    sentence_model_type = "SentenceTransformer"  # (also where an older folder's config leaves model_type out)
-    in_metric_definitions = False  # retrieval metrics: metric_definitions("embedding") gives them
-    ranks_corpus = True
-    mined_by: str | None = NAME  # by the model the job trains, as loaded
-    recipe_settings: tuple[RecipeSetting, ...] = (MATRYOSHKA_DIMS, MINI_BATCH_SIZE, LORA_R)
-    small_batches = True  # in-batch negatives and CoSENT's pairs of pairs: batch 16, sentence-transformers' default
-    metrics: tuple[str, ...] = (
-        "spearman_cosine",
-        "pearson_cosine",
-        "mrr_at_10",
-        "ndcg_at_10",
-        "recall_at_1",
-        "recall_at_10",
-    )
-    metric_notes = {
-        "mrr_at_10": "each eval row's anchor ranks every row's positive by cosine; its own is the one relevant; "
-        "equal scores rank in the order the rows are evaluated (shortest anchor first), as "
-        "sentence-transformers' InformationRetrievalEvaluator ranks them by corpus id",
-    }
 
     def check_values(self, parameters: Mapping[str, Any]) -> None:
         output = parameters.get("output")
         if output is not None and output not in self.output_names:
             raise BadParameter(
-                f'"output": {self.described} answers one output, "{self.output_names[0]}" (or '
+                f'"output": {self.task.described} answers one output, "{self.output_names[0]}" (or '
                 f"{', '.join(repr(name) for name in self.output_names[1:])}); got {output!r}"
             )
 
-    def training_defaults(self, num_labels: int) -> Mapping[str, Any]:
-        """Measured on SICK against sentence-transformers' own training (docs/benchmarks.md). Rows (in-batch
-        negatives) train at its recipe, its learning rate and the model's own dropout: byoc's classifier
-        defaults (1e-4, dropout 0) ended 0.032 Spearman below it. Scored pairs (CoSENT, a score per pair as
-        in regression) keep the classifier defaults: 0.0037 above it on average over four seeds (never more than
-        0.0003 below), where its recipe was 0.006 below.
-        The embeddings and bottom layer stay frozen as for every task: training them too gained 0.003 on
-        scored pairs at 0.70x the speed."""
-        return {} if num_labels else ROWS_DEFAULTS
+    def check_shape(self, shape: str | None) -> None:
+        """Every body's form: an OpenAI embeddings body too (a rerank body: `check_rerank`)."""
 
-    def model_kwargs(self) -> dict[str, Any]:
-        return {}
+    def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
+        folder = sentence_folder.read(model_dir)
+        return {
+            "prompts": folder.prompts,
+            "default_prompt_name": folder.default_prompt_name,
+            "max_seq_length": folder.max_seq_length,
+        }
 
-    def head(self, num_labels: int) -> str:
-        return "sentence embeddings, " + ("scored pairs" if num_labels else "(anchor, positive) rows")
+    def prepare(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> list[Any]:
+        """The texts, each after the request's prompt (`prompt_name`) or the folder's default one."""
+        if any(not isinstance(text, str) for text in inputs):
+            raise BadParameter("an embedding model embeds single texts: send texts, not pairs")
+        prompts = model.get("prompts") or {}
+        name = parameters.get("prompt_name") or model.get("default_prompt_name")
+        if name is None:
+            return inputs
+        if name not in prompts:
+            known = ", ".join(sorted(prompts)) if prompts else "none"
+            raise BadParameter(f'"prompt_name" {name!r} is not one of the model\'s prompts ({known})')
+        return [prompts[name] + text for text in inputs]
+
+    def answer(
+        self, scores: list[np.ndarray], id2label: Mapping[int, str], parameters: Mapping[str, Any], model: Mapping
+    ) -> list[Any]:
+        """Each text's vector: its first `dimensions` components, unit length unless `normalize` is false."""
+        dimensions, normalize = parameters.get("dimensions"), parameters.get("normalize", True)
+        width = len(scores[0]) if scores else 0
+        if dimensions is not None and dimensions > width:
+            raise BadParameter(f'"dimensions" is {dimensions}, more than the model\'s {width}')
+        out = []
+        for row in scores:
+            vector = row[:dimensions] if dimensions else row
+            if normalize:
+                vector = vector / max(float(np.linalg.norm(vector)), NORM_EPS)
+            out.append(vector.astype(np.float32).tolist())
+        return out
+
+
+class EmbeddingRows(Rows):
+    """The training rows of an embedding model."""
+
+    mines_negatives = True
+    mined_by: str | None = NAME  # by the model the job trains, as loaded
 
     def encoder(
         self, tokenizer: Any, max_length: int, padding: Any, label_names: list[str], label_all_tokens: bool, train: bool
@@ -122,6 +133,57 @@ class Embedding(Task):
             return out
 
         return encode
+
+    def mine_negatives(
+        self,
+        model: Any,
+        anchors: list[str],
+        positives: list[str],
+        range_min: int,
+        range_max: int,
+        margin: float,
+        count: int = 1,
+    ) -> list[list[str]]:
+        """Each row's hard negatives (`count` at most, hardest first) among the rows' positives, mined with `model`
+        (the training model, as loaded): sentence-transformers' util.mine_hard_negatives; none where none is in
+        range and margin."""
+        from byoc.tasks.embedding.model import mine_negatives  # (as training_model)
+
+        return mine_negatives(model, anchors, positives, range_min, range_max, margin, count)
+
+    def in_batch_negatives(self, columns: list[str], labelled: bool) -> bool:
+        """(anchor, positive) rows without a negative column: an anchor's negatives are the other positives of
+        its batch (every rank's, gathered). Scored pairs (CoSENT) and rows with their own negative do not."""
+        return not labelled and "text_negative" not in columns
+
+    def label_summary(self, labels: np.ndarray) -> str:
+        scores = np.asarray(labels, dtype=np.float64)
+        if not np.isfinite(scores).any():
+            return "rows without scores (the other rows' positives are each anchor's negatives)"
+        return f"pair scores {np.nanmin(scores):g}..{np.nanmax(scores):g}"
+
+
+class EmbeddingRecipe(Recipe):
+    """The training recipe of an embedding model."""
+
+    recipe_settings: tuple[RecipeSetting, ...] = (MATRYOSHKA_DIMS, MINI_BATCH_SIZE, LORA_R)
+    small_batches = True  # in-batch negatives and CoSENT's pairs of pairs: batch 16, sentence-transformers' default
+
+    def training_defaults(self, num_labels: int) -> Mapping[str, Any]:
+        """Measured on SICK against sentence-transformers' own training (docs/benchmarks.md). Rows (in-batch
+        negatives) train at its recipe, its learning rate and the model's own dropout: byoc's classifier
+        defaults (1e-4, dropout 0) ended 0.032 Spearman below it. Scored pairs (CoSENT, a score per pair as
+        in regression) keep the classifier defaults: 0.0037 above it on average over four seeds (never more than
+        0.0003 below), where its recipe was 0.006 below.
+        The embeddings and bottom layer stay frozen as for every task: training them too gained 0.003 on
+        scored pairs at 0.70x the speed."""
+        return {} if num_labels else ROWS_DEFAULTS
+
+    def model_kwargs(self) -> dict[str, Any]:
+        return {}
+
+    def head_summary(self, num_labels: int) -> str:
+        return "sentence embeddings, " + ("scored pairs" if num_labels else "(anchor, positive) rows")
 
     def training_model(
         self,
@@ -167,45 +229,34 @@ class Embedding(Task):
         if settings.get("mini_batch_size"):
             recipe.cache_negatives(model, settings["mini_batch_size"])
 
+    def collator(self, tokenizer: Any, pad_to_multiple_of: int | None) -> Any:
+        return GroupCollator(tokenizer, pad_to_multiple_of)
+
+
+class EmbeddingEvaluation(Evaluation):
+    """The evaluation of an embedding model."""
+
+    in_metric_definitions = False  # retrieval metrics: metric_definitions("embedding") gives them
+    ranks_corpus = True
+    metrics: tuple[str, ...] = (
+        "spearman_cosine",
+        "pearson_cosine",
+        "mrr_at_10",
+        "ndcg_at_10",
+        "recall_at_1",
+        "recall_at_10",
+    )
+    metric_notes = {
+        "mrr_at_10": "each eval row's anchor ranks every row's positive by cosine; its own is the one relevant; "
+        "equal scores rank in the order the rows are evaluated (shortest anchor first), as "
+        "sentence-transformers' InformationRetrievalEvaluator ranks them by corpus id",
+    }
+
     def corpus_evaluator(self) -> Any:
         return compat.dense_retrieval_evaluator()  # (its import path moved in sentence-transformers 6)
 
     def retriever_of(self, model: Any) -> Any:
         return model.model  # byoc.tasks.embedding.model.EmbeddingModel's SentenceTransformer (or SparseEncoder)
-
-    def mine_negatives(
-        self,
-        model: Any,
-        anchors: list[str],
-        positives: list[str],
-        range_min: int,
-        range_max: int,
-        margin: float,
-        count: int = 1,
-    ) -> list[list[str]]:
-        """Each row's hard negatives (`count` at most, hardest first) among the rows' positives, mined with `model`
-        (the training model, as loaded): sentence-transformers' util.mine_hard_negatives; none where none is in
-        range and margin."""
-        from byoc.tasks.embedding.model import mine_negatives  # (as training_model)
-
-        return mine_negatives(model, anchors, positives, range_min, range_max, margin, count)
-
-    def in_batch_negatives(self, columns: list[str], labelled: bool) -> bool:
-        """(anchor, positive) rows without a negative column: an anchor's negatives are the other positives of
-        its batch (every rank's, gathered). Scored pairs (CoSENT) and rows with their own negative do not."""
-        return not labelled and "text_negative" not in columns
-
-    def check_shape(self, shape: str | None) -> None:
-        """Every body's form: an OpenAI embeddings body too (a rerank body: `check_rerank`)."""
-
-    def collator(self, tokenizer: Any, pad_to_multiple_of: int | None) -> Any:
-        return GroupCollator(tokenizer, pad_to_multiple_of)
-
-    def label_summary(self, labels: np.ndarray) -> str:
-        scores = np.asarray(labels, dtype=np.float64)
-        if not np.isfinite(scores).any():
-            return "rows without scores (the other rows' positives are each anchor's negatives)"
-        return f"pair scores {np.nanmin(scores):g}..{np.nanmax(scores):g}"
 
     def evaluate(
         self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
@@ -232,13 +283,19 @@ class Embedding(Task):
             lines.append({"label": round(float(label), 6), **line} if np.isfinite(label) else line)
         return lines
 
-    def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
-        folder = sentence_folder.read(model_dir)
-        return {
-            "prompts": folder.prompts,
-            "default_prompt_name": folder.default_prompt_name,
-            "max_seq_length": folder.max_seq_length,
-        }
+
+class Embedding(Task):
+    name = NAME
+    aliases = ("embeddings", "sentence_embedding", "sentence_embeddings", "feature_extraction")
+    described = "an embedding model"
+    # The names a request's "output" may give the one output the model answers (a client naming it gets it):
+    # byoc's, sentence-transformers' output_value and FlagEmbedding's result key.
+    auto_class = "AutoModel"
+    sentence_model_type = "SentenceTransformer"  # (also where an older folder's config leaves model_type out)
+    head_class = EmbeddingHead
+    rows_class = EmbeddingRows
+    recipe_class = EmbeddingRecipe
+    evaluation_class = EmbeddingEvaluation
 
     def load_torch(self, model_dir: Path, **kwargs: Any) -> tuple[Any, list[str]]:
         """The encoder; a pooler its checkpoint lacks is not missing (embeddings never use it)."""
@@ -248,37 +305,8 @@ class Embedding(Task):
     def output_module(self, model: Any, model_dir: Path) -> Any:
         return pooled(model, sentence_folder.read(model_dir))
 
-    def prepare(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> list[Any]:
-        """The texts, each after the request's prompt (`prompt_name`) or the folder's default one."""
-        if any(not isinstance(text, str) for text in inputs):
-            raise BadParameter("an embedding model embeds single texts: send texts, not pairs")
-        prompts = model.get("prompts") or {}
-        name = parameters.get("prompt_name") or model.get("default_prompt_name")
-        if name is None:
-            return inputs
-        if name not in prompts:
-            known = ", ".join(sorted(prompts)) if prompts else "none"
-            raise BadParameter(f'"prompt_name" {name!r} is not one of the model\'s prompts ({known})')
-        return [prompts[name] + text for text in inputs]
-
     def scores(self, logits: np.ndarray) -> np.ndarray:
         return np.asarray(logits, dtype=np.float32)
-
-    def answer(
-        self, scores: list[np.ndarray], id2label: Mapping[int, str], parameters: Mapping[str, Any], model: Mapping
-    ) -> list[Any]:
-        """Each text's vector: its first `dimensions` components, unit length unless `normalize` is false."""
-        dimensions, normalize = parameters.get("dimensions"), parameters.get("normalize", True)
-        width = len(scores[0]) if scores else 0
-        if dimensions is not None and dimensions > width:
-            raise BadParameter(f'"dimensions" is {dimensions}, more than the model\'s {width}')
-        out = []
-        for row in scores:
-            vector = row[:dimensions] if dimensions else row
-            if normalize:
-                vector = vector / max(float(np.linalg.norm(vector)), NORM_EPS)
-            out.append(vector.astype(np.float32).tolist())
-        return out
 
 
 def _halves(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

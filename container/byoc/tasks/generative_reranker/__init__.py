@@ -21,25 +21,18 @@ from byoc.tasks.base import BadParameter
 from byoc.tasks.generative_reranker import template
 from byoc.tasks.generative_reranker.template import Renderer, TemplateError, restored, template_of, variables_of
 from byoc.tasks.limits import cut_text
-from byoc.tasks.reranker import Reranker
+from byoc.tasks.reranker import Reranker, RerankerHead, RerankerRecipe, RerankerRows
 from byoc.tasks.settings import LORA_R
 
 NAME = "generative_reranker"
 LOGIT_SCORE = sentence_folder.LOGIT_SCORE
 
 
-class GenerativeReranker(Reranker):
-    name = NAME
-    aliases = ("llm_reranker", "causal_reranker", "decoder_reranker")
-    described = "a generative reranker (a decoder's yes/no logit)"
-    auto_class = "AutoModel"  # the decoder without its head: the two rows LogitScore reads are taken apart
+class GenerativeRerankerHead(RerankerHead):
+    """The serving head of a generative reranker (a decoder's yes/no logit)."""
+
     parameters = ("prompt_name",)
     rerank_parameters = ("prompt_name",)
-    sentence_module = LOGIT_SCORE
-    recipe_settings = (LORA_R,)
-
-    def head(self, num_labels: int) -> str:
-        return "the decoder's next-token logits, true against false token (LogitScore)"
 
     def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
         """The LogitScore's tokens, the chat template (compiled), its prompts; tokens without the tokenizer's own
@@ -65,16 +58,46 @@ class GenerativeReranker(Reranker):
             **sentence_folder.prompts_of(model_dir),
         }
 
-    def output_module(self, model: Any, model_dir: Path) -> Any:
-        from byoc.tasks.generative_reranker.model import score_head  # (torch: serving's torch path and the export)
+    def check_rerank(self, model: Mapping) -> None:
+        """Always reranks: one relevance a pair, whatever config.json's labels say (a causal model names none)."""
 
-        true_id, false_id = logit_score(Path(model_dir))
-        return score_head(model, model_folder.weights_dir(Path(model_dir)), true_id, false_id)
+    def prepare(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> list[Any]:
+        """Each pair rendered by the template, its prompt (`prompt_name`, else the folder's default) as the
+        system message."""
+        if str(parameters.get("truncation_direction") or "right").lower() == "left":
+            raise BadParameter(
+                f'"truncation_direction": "left" does not apply to {self.task.described}: it cuts the document\'s end '
+                "and keeps its template's, which the answer is read after"
+            )
+        singles = [i for i, x in enumerate(inputs) if isinstance(x, str)]
+        if singles:
+            raise BadParameter(
+                f"{self.task.described} scores (query, document) pairs: input {singles[0]} is a single text "
+                '(send [query, document] pairs, or a rerank body {"query": ..., "texts": [...]})'
+            )
+        system = _prompt(parameters, model)
+        renderer = model["renderer"]
+        # Each side cut to what the model can read before it is rendered, as a cross-encoder's texts are cut: a
+        # 5.4 MB query was rendered whole once a document (810 MB for 128 of them) before the tokenizer cut it.
+        limit = int(model["max_length"])
+        return [renderer.render(cut_text(q, limit), cut_text(d, limit), system) for q, d in inputs]
 
-    # -- training ----------------------------------------------------------------------------------------
+    def encoded(
+        self, encoded: list[dict[str, list[int]]], parameters: Mapping[str, Any], model: Mapping
+    ) -> list[dict[str, list[int]]]:
+        """Rows cut at the model's length get the template's tail back over their last tokens, as
+        sentence-transformers restores it."""
+        limit = int(model["max_length"])
+        if not model.get("restore_suffix", True) or all(len(e["input_ids"]) < limit for e in encoded):
+            return encoded
+        suffix = model["renderer"].suffix(
+            lambda texts: [e["input_ids"] for e in model["encode"](texts)], _prompt(parameters, model)
+        )
+        return [{**e, "input_ids": restored(e["input_ids"], limit, suffix)} for e in encoded]
 
-    def tokenizer_problem(self, fast: bool) -> str | None:
-        return None if fast else "a generative reranker trains with a fast tokenizer (tokenizer.json)"
+
+class GenerativeRerankerRows(RerankerRows):
+    """The training rows of a generative reranker (a decoder's yes/no logit)."""
 
     def encoder(
         self, tokenizer: Any, max_length: int, padding: Any, label_names: list[str], label_all_tokens: bool, train: bool
@@ -99,6 +122,15 @@ class GenerativeReranker(Reranker):
         import hashlib  # (the tokenized data's cache key alone)
 
         return hashlib.sha256(str(getattr(tokenizer, "chat_template", "")).encode()).hexdigest()[:12]
+
+
+class GenerativeRerankerRecipe(RerankerRecipe):
+    """The training recipe of a generative reranker (a decoder's yes/no logit)."""
+
+    recipe_settings = (LORA_R,)
+
+    def head_summary(self, num_labels: int) -> str:
+        return "the decoder's next-token logits, true against false token (LogitScore)"
 
     def training_model(
         self,
@@ -142,42 +174,25 @@ class GenerativeReranker(Reranker):
     def encoder_of(self, model: Any) -> Any:
         return model.causal
 
-    def check_rerank(self, model: Mapping) -> None:
-        """Always reranks: one relevance a pair, whatever config.json's labels say (a causal model names none)."""
 
-    def prepare(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> list[Any]:
-        """Each pair rendered by the template, its prompt (`prompt_name`, else the folder's default) as the
-        system message."""
-        if str(parameters.get("truncation_direction") or "right").lower() == "left":
-            raise BadParameter(
-                f'"truncation_direction": "left" does not apply to {self.described}: it cuts the document\'s end '
-                "and keeps its template's, which the answer is read after"
-            )
-        singles = [i for i, x in enumerate(inputs) if isinstance(x, str)]
-        if singles:
-            raise BadParameter(
-                f"{self.described} scores (query, document) pairs: input {singles[0]} is a single text "
-                '(send [query, document] pairs, or a rerank body {"query": ..., "texts": [...]})'
-            )
-        system = _prompt(parameters, model)
-        renderer = model["renderer"]
-        # Each side cut to what the model can read before it is rendered, as a cross-encoder's texts are cut: a
-        # 5.4 MB query was rendered whole once a document (810 MB for 128 of them) before the tokenizer cut it.
-        limit = int(model["max_length"])
-        return [renderer.render(cut_text(q, limit), cut_text(d, limit), system) for q, d in inputs]
+class GenerativeReranker(Reranker):
+    name = NAME
+    aliases = ("llm_reranker", "causal_reranker", "decoder_reranker")
+    described = "a generative reranker (a decoder's yes/no logit)"
+    auto_class = "AutoModel"  # the decoder without its head: the two rows LogitScore reads are taken apart
+    sentence_module = LOGIT_SCORE
+    head_class = GenerativeRerankerHead
+    rows_class = GenerativeRerankerRows
+    recipe_class = GenerativeRerankerRecipe
 
-    def encoded(
-        self, encoded: list[dict[str, list[int]]], parameters: Mapping[str, Any], model: Mapping
-    ) -> list[dict[str, list[int]]]:
-        """Rows cut at the model's length get the template's tail back over their last tokens, as
-        sentence-transformers restores it."""
-        limit = int(model["max_length"])
-        if not model.get("restore_suffix", True) or all(len(e["input_ids"]) < limit for e in encoded):
-            return encoded
-        suffix = model["renderer"].suffix(
-            lambda texts: [e["input_ids"] for e in model["encode"](texts)], _prompt(parameters, model)
-        )
-        return [{**e, "input_ids": restored(e["input_ids"], limit, suffix)} for e in encoded]
+    def output_module(self, model: Any, model_dir: Path) -> Any:
+        from byoc.tasks.generative_reranker.model import score_head  # (torch: serving's torch path and the export)
+
+        true_id, false_id = logit_score(Path(model_dir))
+        return score_head(model, model_folder.weights_dir(Path(model_dir)), true_id, false_id)
+
+    def tokenizer_problem(self, fast: bool) -> str | None:
+        return None if fast else "a generative reranker trains with a fast tokenizer (tokenizer.json)"
 
 
 def logit_score(model_dir: Path) -> tuple[int, int | None]:

@@ -25,9 +25,11 @@ import numpy as np
 
 from byoc import sentence_folder
 from byoc.tasks.base import BadParameter, Task
+from byoc.tasks.head import Head
 from byoc.tasks.hybrid.head import OFFSET, HybridRequest, outputs_of, weights_of
 from byoc.tasks.kinds import Kind
 from byoc.tasks.multi_vector.head import TokenEncoder
+from byoc.tasks.recipe import Recipe
 
 NAME = "hybrid"
 COLBERT, SPARSE = "colbert_linear.pt", "sparse_linear.pt"  # FlagEmbedding's heads, beside the encoder's weights
@@ -35,29 +37,16 @@ COLBERT, SPARSE = "colbert_linear.pt", "sparse_linear.pt"  # FlagEmbedding's hea
 UNUSED_TOKENS = ("cls_token", "eos_token", "pad_token", "unk_token")
 
 
-class Hybrid(Task):
-    name = NAME
+class HybridHead(Head):
+    """The serving head of a hybrid (dense, sparse and multi-vector) model."""
+
     kinds: Mapping[Kind, Mapping[str, Any]] = {
         Kind.VECTOR: {"output": "dense"},
         Kind.SPARSE_TERMS: {"output": "sparse"},
         Kind.TOKEN_VECTORS: {"output": "colbert"},
     }
-    aliases = ("bge_m3", "m3", "hybrid_embedding")
-    described = "a hybrid (dense, sparse and multi-vector) model"
     parameters = ("output", "return_tokens", "weights", "normalize")
     rerank_parameters = ("weights",)
-    folder_files = (COLBERT, SPARSE)
-    auto_class = "AutoModel"
-    output_axes = {0: "batch", 1: "length"}  # a row per token
-    trains = False
-
-    def head(self, num_labels: int) -> str:
-        return "dense, sparse and multi-vector outputs (bge-m3)"
-
-    def load_torch(self, model_dir: Path, **kwargs: Any) -> tuple[Any, list[str]]:
-        """The encoder; a pooler its checkpoint lacks is not missing (the heads read the token states)."""
-        model, missing = super().load_torch(model_dir, **kwargs)
-        return model, [key for key in missing if not key.startswith("pooler.")]
 
     def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
         """The encoder's width (the dense columns), the tokens a text's terms leave out, and the length the
@@ -66,34 +55,6 @@ class Hybrid(Task):
             "hybrid": {"dense_width": int(config["hidden_size"]), "unused_ids": unused_ids(Path(model_dir))},
             "max_seq_length": sentence_folder.max_seq_length_of(Path(model_dir)),
         }
-
-    def output_module(self, model: Any, model_dir: Path) -> Any:
-        """The encoder's token states through the two heads, packed a row per token (byoc.tasks.hybrid.head):
-        the term weight first, then the dense vector (first token) or the ColBERT vector (the others)."""
-        import torch  # serving's torch path and the export: the slim image never calls this
-
-        colbert, sparse = (linear(Path(model_dir) / name) for name in (COLBERT, SPARSE))
-
-        class Rows(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.model, self.colbert, self.sparse = model, colbert, sparse
-                self.config = model.config
-
-            def forward(
-                self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **rest: torch.Tensor
-            ) -> torch.Tensor:
-                states = self.model(input_ids=input_ids, attention_mask=attention_mask, **rest).last_hidden_state
-                dense = torch.nn.functional.normalize(states[:, :1], dim=-1)
-                tokens = torch.nn.functional.normalize(self.colbert(states[:, 1:]), dim=-1)
-                dense = torch.nn.functional.pad(dense, (0, tokens.shape[-1]))  # (ColBERT columns: 0)
-                tokens = torch.nn.functional.pad(tokens, (states.shape[-1], 0))  # (dense columns: 0)
-                return torch.cat([torch.relu(self.sparse(states)), torch.cat([dense, tokens], dim=1)], dim=-1)
-
-        return Rows().eval()
-
-    def scores(self, logits: np.ndarray) -> np.ndarray:
-        return np.asarray(logits, dtype=np.float32)  # the rows as the model gives them (the head cuts them up)
 
     def check_shape(self, shape: str | None) -> None:
         """Every body's form: an OpenAI embeddings body gets the dense vectors (TEI's and OpenAI's clients send
@@ -122,6 +83,58 @@ class Hybrid(Task):
 
     def windows(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> Any:
         return HybridRequest(inputs, parameters, model)
+
+
+class HybridRecipe(Recipe):
+    """The training recipe of a hybrid (dense, sparse and multi-vector) model."""
+
+    def head_summary(self, num_labels: int) -> str:
+        return "dense, sparse and multi-vector outputs (bge-m3)"
+
+
+class Hybrid(Task):
+    name = NAME
+    aliases = ("bge_m3", "m3", "hybrid_embedding")
+    described = "a hybrid (dense, sparse and multi-vector) model"
+    folder_files = (COLBERT, SPARSE)
+    auto_class = "AutoModel"
+    output_axes = {0: "batch", 1: "length"}  # a row per token
+    trains = False
+    head_class = HybridHead
+    recipe_class = HybridRecipe
+
+    def load_torch(self, model_dir: Path, **kwargs: Any) -> tuple[Any, list[str]]:
+        """The encoder; a pooler its checkpoint lacks is not missing (the heads read the token states)."""
+        model, missing = super().load_torch(model_dir, **kwargs)
+        return model, [key for key in missing if not key.startswith("pooler.")]
+
+    def output_module(self, model: Any, model_dir: Path) -> Any:
+        """The encoder's token states through the two heads, packed a row per token (byoc.tasks.hybrid.head):
+        the term weight first, then the dense vector (first token) or the ColBERT vector (the others)."""
+        import torch  # serving's torch path and the export: the slim image never calls this
+
+        colbert, sparse = (linear(Path(model_dir) / name) for name in (COLBERT, SPARSE))
+
+        class Rows(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model, self.colbert, self.sparse = model, colbert, sparse
+                self.config = model.config
+
+            def forward(
+                self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **rest: torch.Tensor
+            ) -> torch.Tensor:
+                states = self.model(input_ids=input_ids, attention_mask=attention_mask, **rest).last_hidden_state
+                dense = torch.nn.functional.normalize(states[:, :1], dim=-1)
+                tokens = torch.nn.functional.normalize(self.colbert(states[:, 1:]), dim=-1)
+                dense = torch.nn.functional.pad(dense, (0, tokens.shape[-1]))  # (ColBERT columns: 0)
+                tokens = torch.nn.functional.pad(tokens, (states.shape[-1], 0))  # (dense columns: 0)
+                return torch.cat([torch.relu(self.sparse(states)), torch.cat([dense, tokens], dim=1)], dim=-1)
+
+        return Rows().eval()
+
+    def scores(self, logits: np.ndarray) -> np.ndarray:
+        return np.asarray(logits, dtype=np.float32)  # the rows as the model gives them (the head cuts them up)
 
 
 def linear(path: Path) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from byoc.tasks.base import IGNORE_LABEL, BadParameter
-from byoc.tasks.reranker import Reranker
+from byoc.tasks.reranker import Reranker, RerankerEvaluation, RerankerRecipe, RerankerRows
 from byoc.tasks.settings import RecipeSetting
 
 NAME = "listwise_reranker"
@@ -34,19 +34,11 @@ LISTWISE_LOSS = RecipeSetting(
 )
 
 
-class ListwiseReranker(Reranker):
-    name = NAME
-    aliases = ("reranker_listwise", "listwise_cross_encoder")
-    described = "a listwise reranker (cross-encoder)"
-    row_unit = "(query, documents) lists"
-    masks_rows = False  # its model computes the loss, filler rows left out there
-    loss_runs_model = True  # its lists' lengths are read in Python: the step is never compiled
-    any_columns = True  # a group of token columns a document: as many as the widest row's list
-    recipe_settings = (LISTWISE_LOSS,)
-    metrics = (*Reranker.metrics, "mrr_at_10")
+class ListwiseRerankerRows(RerankerRows):
+    """The training rows of a listwise reranker (cross-encoder)."""
 
-    def head(self, num_labels: int) -> str:
-        return "one relevance logit, a list a row (listwise loss)"
+    row_unit = "(query, documents) lists"
+    any_columns = True  # a group of token columns a document: as many as the widest row's list
 
     def pairs_of_rows(self, table: Any, split: str) -> Any:
         """The rows as they are (a list a row: its positive, then its negatives); scored pairs are refused: a
@@ -70,6 +62,22 @@ class ListwiseReranker(Reranker):
         from byoc.tasks.listwise_reranker import model  # (training's: torch)
 
         return model.list_encoder(tokenizer, max_length, padding)
+
+    def label_summary(self, labels: np.ndarray) -> str:
+        values = np.asarray(labels, dtype=np.float64)
+        documents = int((values >= 0).sum())
+        return f"{len(values)} lists of {documents} documents, {int((values >= 0.5).sum())} of them relevant"
+
+
+class ListwiseRerankerRecipe(RerankerRecipe):
+    """The training recipe of a listwise reranker (cross-encoder)."""
+
+    masks_rows = False  # its model computes the loss, filler rows left out there
+    loss_runs_model = True  # its lists' lengths are read in Python: the step is never compiled
+    recipe_settings = (LISTWISE_LOSS,)
+
+    def head_summary(self, num_labels: int) -> str:
+        return "one relevance logit, a list a row (listwise loss)"
 
     def collator(self, tokenizer: Any, pad_to_multiple_of: int | None) -> Any:
         from byoc.tasks.listwise_reranker import model  # (as encoder)
@@ -104,16 +112,17 @@ class ListwiseReranker(Reranker):
     def encoder_of(self, model: Any) -> Any:
         return model.classifier
 
-    def retriever_of(self, model: Any) -> Any:
-        return model.classifier  # the cross-encoder: it scores the pairs an embedding model retrieved
-
     def describe(self, model: Any, args: Any, pairs: bool | None) -> None:
         super().describe(model.classifier, args, True)  # (the folder written is the classifier's: it reads pairs)
 
-    def label_summary(self, labels: np.ndarray) -> str:
-        values = np.asarray(labels, dtype=np.float64)
-        documents = int((values >= 0).sum())
-        return f"{len(values)} lists of {documents} documents, {int((values >= 0.5).sum())} of them relevant"
+
+class ListwiseRerankerEvaluation(RerankerEvaluation):
+    """The evaluation of a listwise reranker (cross-encoder)."""
+
+    metrics = (*RerankerEvaluation.metrics, "mrr_at_10")
+
+    def retriever_of(self, model: Any) -> Any:
+        return model.classifier  # the cross-encoder: it scores the pairs an embedding model retrieved
 
     def evaluate(
         self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
@@ -140,6 +149,15 @@ class ListwiseReranker(Reranker):
             scores = 1 / (1 + np.exp(-row[listed].astype(np.float64)))
             lines.append({"labels": label[listed].round(6).tolist(), "scores": scores.round(6).tolist()})
         return lines
+
+
+class ListwiseReranker(Reranker):
+    name = NAME
+    aliases = ("reranker_listwise", "listwise_cross_encoder")
+    described = "a listwise reranker (cross-encoder)"
+    rows_class = ListwiseRerankerRows
+    recipe_class = ListwiseRerankerRecipe
+    evaluation_class = ListwiseRerankerEvaluation
 
 
 def _lists(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -25,9 +25,18 @@ from typing import Any
 import numpy as np
 
 from byoc import model_folder, sentence_folder
-from byoc.tasks.base import BadParameter, Task
-from byoc.tasks.embedding import MINI_BATCH_SIZE, Embedding, dense_stack
+from byoc.tasks.base import BadParameter
+from byoc.tasks.embedding import (
+    MINI_BATCH_SIZE,
+    Embedding,
+    EmbeddingEvaluation,
+    EmbeddingHead,
+    EmbeddingRecipe,
+    EmbeddingRows,
+    dense_stack,
+)
 from byoc.tasks.embedding import NAME as EMBEDDING
+from byoc.tasks.head import Head
 from byoc.tasks.kinds import Kind
 from byoc.tasks.multi_vector import rows
 from byoc.tasks.multi_vector.folder import MODEL_TYPE, projection, settings, transformer_config
@@ -37,37 +46,54 @@ NAME = "multi_vector"
 OUTPUTS = ("token_embeddings",)  # a request's "output": what MultiVectorEncoder.encode's output_value takes
 
 
-class MultiVector(Embedding):
-    """Trained as the embedding model is (its rows, batches, mined negatives and metrics), each row as a query
-    and its documents; served as MultiVectorEncoder encodes."""
+class MultiVectorHead(EmbeddingHead):
+    """The serving head of a multi-vector (ColBERT) model."""
 
-    name = NAME
     kinds: Mapping[Kind, Mapping[str, Any]] = {Kind.TOKEN_VECTORS: {}}
-    aliases = ("colbert", "multi_vector_embedding", "multivector", "late_interaction")
-    described = "a multi-vector (ColBERT) model"
     parameters = ("prompt_name", "output")
-    auto_class = "AutoModel"
-    output_axes = {0: "batch", 1: "length"}  # a vector per token
-    sentence_model_type = MODEL_TYPE
+
+    def check_shape(self, shape: str | None) -> None:
+        Head.check_shape(self, shape)  # no OpenAI embeddings body: a text has many vectors
+
+    def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
+        """How the folder encodes a query and a document (`settings`), and the length its Transformer reads. A query
+        expansion longer than the model's positions is refused here, naming the file: every query would fail."""
+        found = settings(Path(model_dir))
+        expansion, held = found["query_expansion"], model_folder.positions(config)
+        if expansion is not None and held is not None and expansion["length"] > held:
+            raise sentence_folder.FolderError(
+                f"{Path(model_dir) / 'sentence_bert_config.json'}: query_expansion pads each query to "
+                f"{expansion['length']} tokens, past the {held} positions the model holds (config.json): set its "
+                f"length to {held} or less"
+            )
+        return {"multi_vector": found, "max_seq_length": transformer_config(model_dir)[0]}
+
+    def check_rerank(self, model: Mapping) -> None:
+        """A rerank body is scored by MaxSim: nothing to refuse."""
+
+    def check_values(self, parameters: Mapping[str, Any]) -> None:
+        side = parameters.get("prompt_name")
+        if side is not None and side not in SIDES:
+            raise BadParameter(
+                f'"prompt_name" is the side a text is encoded as, one of {", ".join(SIDES)}; got {side!r}'
+            )
+        output = parameters.get("output")
+        if output is not None and output not in OUTPUTS:
+            raise BadParameter(f'a multi-vector model answers "output": "token_embeddings" only; got {output!r}')
+
+    def window_encoder(self, tokenizer: Any, limit: int, names: list[str]) -> Any:
+        """The tokenizer, for the request to encode each text as a query or a document (head.TokenEncoder)."""
+        return TokenEncoder(tokenizer, limit, names)
+
+    def windows(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> Any:
+        return LateInteraction(inputs, parameters, model)
+
+
+class MultiVectorRows(EmbeddingRows):
+    """The training rows of a multi-vector (ColBERT) model."""
+
     row_unit = "(query, document) rows"
-    metrics = ("mrr_at_10", "ndcg_at_10", "recall_at_1", "recall_at_10")
-    metric_notes = {
-        "mrr_at_10": "each eval row's query ranks every row's document by MaxSim; its own is the relevant one"
-    }
     mined_by = EMBEDDING  # a dense model mines (sentence-transformers' miner takes one): the bundled one, or `miner`
-    recipe_settings = (MINI_BATCH_SIZE,)  # (no Matryoshka: sentence-transformers has none for token vectors)
-    ranks_corpus = True  # a BEIR set: MultiVectorInformationRetrievalEvaluator (MaxSim)
-    loss_runs_model = True  # sentence-transformers' multi-vector loss embeds the query and document columns
-
-    def corpus_evaluator(self) -> Any:
-        from sentence_transformers.multi_vector_encoder.evaluation import (  # (training's; 6.2 on, as the model)
-            MultiVectorInformationRetrievalEvaluator,
-        )
-
-        return MultiVectorInformationRetrievalEvaluator
-
-    def head(self, num_labels: int) -> str:
-        return "a vector per token (late interaction), (query, positive) rows"
 
     def encoder(
         self, tokenizer: Any, max_length: int, padding: Any, label_names: list[str], label_all_tokens: bool, train: bool
@@ -78,6 +104,16 @@ class MultiVector(Embedding):
     def encoding_key(self, tokenizer: Any) -> str:
         """The folder's prompts, lengths and query expansion: a change re-tokenizes the rows."""
         return json.dumps(rows.folder_settings(tokenizer), sort_keys=True)
+
+
+class MultiVectorRecipe(EmbeddingRecipe):
+    """The training recipe of a multi-vector (ColBERT) model."""
+
+    recipe_settings = (MINI_BATCH_SIZE,)  # (no Matryoshka: sentence-transformers has none for token vectors)
+    loss_runs_model = True  # sentence-transformers' multi-vector loss embeds the query and document columns
+
+    def head_summary(self, num_labels: int) -> str:
+        return "a vector per token (late interaction), (query, positive) rows"
 
     def training_model(
         self,
@@ -112,6 +148,23 @@ class MultiVector(Embedding):
     def collator(self, tokenizer: Any, pad_to_multiple_of: int | None) -> Any:
         return rows.RowCollator(tokenizer, pad_to_multiple_of)
 
+
+class MultiVectorEvaluation(EmbeddingEvaluation):
+    """The evaluation of a multi-vector (ColBERT) model."""
+
+    metrics = ("mrr_at_10", "ndcg_at_10", "recall_at_1", "recall_at_10")
+    metric_notes = {
+        "mrr_at_10": "each eval row's query ranks every row's document by MaxSim; its own is the relevant one"
+    }
+    ranks_corpus = True  # a BEIR set: MultiVectorInformationRetrievalEvaluator (MaxSim)
+
+    def corpus_evaluator(self) -> Any:
+        from sentence_transformers.multi_vector_encoder.evaluation import (  # (training's; 6.2 on, as the model)
+            MultiVectorInformationRetrievalEvaluator,
+        )
+
+        return MultiVectorInformationRetrievalEvaluator
+
     def evaluate(
         self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
     ) -> tuple[dict[str, float], dict[str, Any]]:
@@ -124,21 +177,21 @@ class MultiVector(Embedding):
         """Each test row's MaxSim between its query and its document."""
         return [{"maxsim": round(float(score), 6)} for score in rows.own_scores(logits, labels)]
 
-    def check_shape(self, shape: str | None) -> None:
-        Task.check_shape(self, shape)  # no OpenAI embeddings body: a text has many vectors
 
-    def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
-        """How the folder encodes a query and a document (`settings`), and the length its Transformer reads. A query
-        expansion longer than the model's positions is refused here, naming the file: every query would fail."""
-        found = settings(Path(model_dir))
-        expansion, held = found["query_expansion"], model_folder.positions(config)
-        if expansion is not None and held is not None and expansion["length"] > held:
-            raise sentence_folder.FolderError(
-                f"{Path(model_dir) / 'sentence_bert_config.json'}: query_expansion pads each query to "
-                f"{expansion['length']} tokens, past the {held} positions the model holds (config.json): set its "
-                f"length to {held} or less"
-            )
-        return {"multi_vector": found, "max_seq_length": transformer_config(model_dir)[0]}
+class MultiVector(Embedding):
+    """Trained as the embedding model is (its rows, batches, mined negatives and metrics), each row as a query
+    and its documents; served as MultiVectorEncoder encodes."""
+
+    name = NAME
+    aliases = ("colbert", "multi_vector_embedding", "multivector", "late_interaction")
+    described = "a multi-vector (ColBERT) model"
+    auto_class = "AutoModel"
+    output_axes = {0: "batch", 1: "length"}  # a vector per token
+    sentence_model_type = MODEL_TYPE
+    head_class = MultiVectorHead
+    rows_class = MultiVectorRows
+    recipe_class = MultiVectorRecipe
+    evaluation_class = MultiVectorEvaluation
 
     def output_module(self, model: Any, model_dir: Path) -> Any:
         """Each token's state through the folder's Dense projections, then normalised where it ends in Normalize."""
@@ -162,23 +215,3 @@ class MultiVector(Embedding):
                 return torch.nn.functional.normalize(vectors, p=2, dim=-1) if normalize else vectors
 
         return TokenVectors().eval()
-
-    def check_rerank(self, model: Mapping) -> None:
-        """A rerank body is scored by MaxSim: nothing to refuse."""
-
-    def check_values(self, parameters: Mapping[str, Any]) -> None:
-        side = parameters.get("prompt_name")
-        if side is not None and side not in SIDES:
-            raise BadParameter(
-                f'"prompt_name" is the side a text is encoded as, one of {", ".join(SIDES)}; got {side!r}'
-            )
-        output = parameters.get("output")
-        if output is not None and output not in OUTPUTS:
-            raise BadParameter(f'a multi-vector model answers "output": "token_embeddings" only; got {output!r}')
-
-    def window_encoder(self, tokenizer: Any, limit: int, names: list[str]) -> Any:
-        """The tokenizer, for the request to encode each text as a query or a document (head.TokenEncoder)."""
-        return TokenEncoder(tokenizer, limit, names)
-
-    def windows(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> Any:
-        return LateInteraction(inputs, parameters, model)

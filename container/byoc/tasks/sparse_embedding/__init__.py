@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 
 from byoc import model_folder, sentence_folder
-from byoc.tasks.base import BadParameter, Task, kept_rows
-from byoc.tasks.embedding import Embedding
+from byoc.tasks.base import BadParameter, kept_rows
+from byoc.tasks.common import Identity
+from byoc.tasks.embedding import Embedding, EmbeddingEvaluation, EmbeddingHead, EmbeddingRecipe, EmbeddingRows
+from byoc.tasks.head import Head
 from byoc.tasks.kinds import Kind
 from byoc.tasks.settings import RecipeSetting
 from byoc.tasks.sparse_embedding.folder import QUERY, query_table, splade_settings
@@ -33,29 +35,96 @@ INFERENCE_FREE = RecipeSetting(
 )
 
 
-class SparseEmbedding(Embedding):
-    """Trained as the embedding model is (its rows, batches and metrics); served as TEI serves SPLADE."""
+class SparseEmbeddingHead(EmbeddingHead):
+    """The serving head of a sparse embedding model."""
 
-    name = NAME
-    kinds: Mapping[Kind, Mapping[str, Any]] = {Kind.SPARSE_TERMS: {}}
-    aliases = ("sparse", "splade", "sparse_embeddings", "sparse_encoder")
-    described = "a sparse embedding model"
-    parameters = ("return_tokens", "prompt_name", "output")
     output_names = ("sparse", "sparse_embedding", "lexical_weights")
-    auto_class = "AutoModelForMaskedLM"
-    sentence_model_type = MODEL_TYPE
-    metrics = (*Embedding.metrics, "active_dims")
-    ranks_corpus = True
+    kinds: Mapping[Kind, Mapping[str, Any]] = {Kind.SPARSE_TERMS: {}}
+    parameters = ("return_tokens", "prompt_name", "output")
+
+    def check_shape(self, shape: str | None) -> None:
+        Head.check_shape(self, shape)  # no OpenAI embeddings body: its vectors are dense
+
+    def check_values(self, parameters: Mapping[str, Any]) -> None:
+        super().check_values(parameters)  # ("output": its own)
+        if parameters.get("return_tokens") is not None and not isinstance(parameters["return_tokens"], bool):
+            raise BadParameter('"return_tokens" must be true or false')
+
+    def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
+        """The pooling the folder's SpladePooling module applies, the length its MLMTransformer reads, its
+        prompts, and an inference-free model's query side (byoc.tasks.sparse_embedding.folder)."""
+        model_dir = Path(model_dir)
+        settings = splade_settings(model_dir)  # (first: it checks a Router's modules before its table is read)
+        table = query_table(model_dir)
+        return {
+            **settings,
+            **sentence_folder.prompts_of(model_dir),
+            "max_seq_length": sentence_folder.max_seq_length_of(model_folder.weights_dir(model_dir)),
+            "queries": StaticQueries.encoder(table) if table is not None else None,
+        }
+
+    def prepare(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> list[Any]:
+        """The texts, each after the request's prompt (`prompt_name`) or the folder's default one."""
+        if any(not isinstance(text, str) for text in inputs):
+            raise BadParameter("a sparse embedding model embeds single texts: send texts, not pairs")
+        return super().prepare(inputs, parameters, model)
+
+    def windows(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> Any:
+        """An inference-free model's queries (`"prompt_name": "query"`): no model runs, each token weighs its
+        term's weight in the query side's table. Anything else runs the model (None)."""
+        if parameters.get("prompt_name") != QUERY or model.get("queries") is None:
+            return None
+        if any(not isinstance(text, str) for text in inputs):
+            raise BadParameter("a sparse embedding model embeds single texts: send texts, not pairs")
+        prompt = (model.get("prompts") or {}).get(QUERY, "")  # (the route is the query's, prompt or not)
+        return StaticQueries([prompt + text for text in inputs], parameters, model, self.task)
+
+    def answer(
+        self, scores: list[np.ndarray], id2label: Mapping[int, str], parameters: Mapping[str, Any], model: Mapping
+    ) -> list[Any]:
+        """Each text's active terms, `{"index", "value"}` in vocabulary order (`"token"` too with return_tokens)."""
+        vocabulary = vocabulary_of(model) if parameters.get("return_tokens") else None
+        out = []
+        for row in scores:
+            terms: list[dict[str, Any]] = []
+            for i in np.flatnonzero(row):
+                term: dict[str, Any] = {"index": int(i), "value": float(row[i])}
+                if vocabulary is not None:
+                    term["token"] = vocabulary.get(int(i), "")
+                terms.append(term)
+            out.append(terms)
+        return out
+
+
+class SparseEmbeddingRows(EmbeddingRows):
+    """The training rows of a sparse embedding model."""
+
     mined_by = None  # (its own: sentence-transformers' miner takes dense models, so mine_negatives refuses)
     mines_negatives = False
+
+    def mine_negatives(
+        self,
+        model: Any,
+        anchors: list[str],
+        positives: list[str],
+        range_min: int,
+        range_max: int,
+        margin: float,
+        count: int = 1,
+    ) -> list[list[str]]:
+        raise BadParameter(
+            "mine_hard_negatives=true mines with a dense embedding model (sentence-transformers' util."
+            "mine_hard_negatives does not take a SparseEncoder): mine the negatives beforehand (with a dense "
+            "model, or a sparse one's index) and give them as a negative column"
+        )
+
+
+class SparseEmbeddingRecipe(EmbeddingRecipe):
+    """The training recipe of a sparse embedding model."""
+
     recipe_settings = (INFERENCE_FREE,)  # (no Matryoshka: a sparse vector's dimensions are the vocabulary's terms)
 
-    def corpus_evaluator(self) -> Any:
-        from sentence_transformers.sparse_encoder.evaluation import SparseInformationRetrievalEvaluator  # (training's)
-
-        return SparseInformationRetrievalEvaluator
-
-    def head(self, num_labels: int) -> str:
+    def head_summary(self, num_labels: int) -> str:
         return "sparse embeddings, " + ("scored pairs" if num_labels else "(anchor, positive) rows")
 
     def training_model(
@@ -93,6 +162,18 @@ class SparseEmbedding(Embedding):
         if settings.get("inference_free"):
             make_inference_free(model)
 
+
+class SparseEmbeddingEvaluation(EmbeddingEvaluation):
+    """The evaluation of a sparse embedding model."""
+
+    metrics = (*EmbeddingEvaluation.metrics, "active_dims")
+    ranks_corpus = True
+
+    def corpus_evaluator(self) -> Any:
+        from sentence_transformers.sparse_encoder.evaluation import SparseInformationRetrievalEvaluator  # (training's)
+
+        return SparseInformationRetrievalEvaluator
+
     def evaluate(
         self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
     ) -> tuple[dict[str, float], dict[str, Any]]:
@@ -102,42 +183,19 @@ class SparseEmbedding(Embedding):
         metrics["active_dims"] = float(np.count_nonzero(kept, axis=1).mean() / 2) if len(kept) else 0.0
         return metrics, details
 
-    def mine_negatives(
-        self,
-        model: Any,
-        anchors: list[str],
-        positives: list[str],
-        range_min: int,
-        range_max: int,
-        margin: float,
-        count: int = 1,
-    ) -> list[list[str]]:
-        raise BadParameter(
-            "mine_hard_negatives=true mines with a dense embedding model (sentence-transformers' util."
-            "mine_hard_negatives does not take a SparseEncoder): mine the negatives beforehand (with a dense "
-            "model, or a sparse one's index) and give them as a negative column"
-        )
 
-    def check_shape(self, shape: str | None) -> None:
-        Task.check_shape(self, shape)  # no OpenAI embeddings body: its vectors are dense
+class SparseEmbedding(Embedding):
+    """Trained as the embedding model is (its rows, batches and metrics); served as TEI serves SPLADE."""
 
-    def check_values(self, parameters: Mapping[str, Any]) -> None:
-        super().check_values(parameters)  # ("output": its own)
-        if parameters.get("return_tokens") is not None and not isinstance(parameters["return_tokens"], bool):
-            raise BadParameter('"return_tokens" must be true or false')
-
-    def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
-        """The pooling the folder's SpladePooling module applies, the length its MLMTransformer reads, its
-        prompts, and an inference-free model's query side (byoc.tasks.sparse_embedding.folder)."""
-        model_dir = Path(model_dir)
-        settings = splade_settings(model_dir)  # (first: it checks a Router's modules before its table is read)
-        table = query_table(model_dir)
-        return {
-            **settings,
-            **sentence_folder.prompts_of(model_dir),
-            "max_seq_length": sentence_folder.max_seq_length_of(model_folder.weights_dir(model_dir)),
-            "queries": StaticQueries.encoder(table) if table is not None else None,
-        }
+    name = NAME
+    aliases = ("sparse", "splade", "sparse_embeddings", "sparse_encoder")
+    described = "a sparse embedding model"
+    auto_class = "AutoModelForMaskedLM"
+    sentence_model_type = MODEL_TYPE
+    head_class = SparseEmbeddingHead
+    rows_class = SparseEmbeddingRows
+    recipe_class = SparseEmbeddingRecipe
+    evaluation_class = SparseEmbeddingEvaluation
 
     def load_torch(self, model_dir: Path, **kwargs: Any) -> tuple[Any, list[str]]:
         """The masked language model; a pooler its checkpoint lacks is not missing (SPLADE never uses it)."""
@@ -177,44 +235,12 @@ class SparseEmbedding(Embedding):
     def scores(self, logits: np.ndarray) -> np.ndarray:
         return np.asarray(logits, dtype=np.float32)
 
-    def prepare(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> list[Any]:
-        """The texts, each after the request's prompt (`prompt_name`) or the folder's default one."""
-        if any(not isinstance(text, str) for text in inputs):
-            raise BadParameter("a sparse embedding model embeds single texts: send texts, not pairs")
-        return super().prepare(inputs, parameters, model)
-
-    def windows(self, inputs: list[Any], parameters: Mapping[str, Any], model: Mapping) -> Any:
-        """An inference-free model's queries (`"prompt_name": "query"`): no model runs, each token weighs its
-        term's weight in the query side's table. Anything else runs the model (None)."""
-        if parameters.get("prompt_name") != QUERY or model.get("queries") is None:
-            return None
-        if any(not isinstance(text, str) for text in inputs):
-            raise BadParameter("a sparse embedding model embeds single texts: send texts, not pairs")
-        prompt = (model.get("prompts") or {}).get(QUERY, "")  # (the route is the query's, prompt or not)
-        return StaticQueries([prompt + text for text in inputs], parameters, model, self)
-
-    def answer(
-        self, scores: list[np.ndarray], id2label: Mapping[int, str], parameters: Mapping[str, Any], model: Mapping
-    ) -> list[Any]:
-        """Each text's active terms, `{"index", "value"}` in vocabulary order (`"token"` too with return_tokens)."""
-        vocabulary = vocabulary_of(model) if parameters.get("return_tokens") else None
-        out = []
-        for row in scores:
-            terms: list[dict[str, Any]] = []
-            for i in np.flatnonzero(row):
-                term: dict[str, Any] = {"index": int(i), "value": float(row[i])}
-                if vocabulary is not None:
-                    term["token"] = vocabulary.get(int(i), "")
-                terms.append(term)
-            out.append(terms)
-        return out
-
 
 class StaticQueries:
     """An inference-free model's queries, as its SparseStaticEmbedding encodes them: the query's tokens (no
     special tokens, cut at the table's length), each distinct token's weight, the zero ones left out."""
 
-    def __init__(self, texts: list[str], parameters: Mapping[str, Any], model: Mapping, task: SparseEmbedding) -> None:
+    def __init__(self, texts: list[str], parameters: Mapping[str, Any], model: Mapping, task: Identity) -> None:
         self.texts, self.parameters, self.model, self.task = texts, parameters, model, task
         self.rows: list[np.ndarray] = []
         self.feeds: list[dict[str, list[int]]] = []  # (no model runs)
@@ -239,7 +265,7 @@ class StaticQueries:
             self.rows.append(row)
 
     def answers(self, scores: list[np.ndarray]) -> list[Any]:
-        return self.task.answer(self.rows, {}, self.parameters, self.model)
+        return self.task.head.answer(self.rows, {}, self.parameters, self.model)
 
 
 def vocabulary_of(model: Mapping) -> dict[int, str]:

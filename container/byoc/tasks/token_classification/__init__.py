@@ -13,50 +13,27 @@ import numpy as np
 
 from byoc import model_folder
 from byoc.tasks.base import IGNORE_LABEL, Task
+from byoc.tasks.evaluation import Evaluation
+from byoc.tasks.head import Head
 from byoc.tasks.kinds import Kind
+from byoc.tasks.recipe import Recipe
+from byoc.tasks.rows import Rows
 from byoc.tasks.token_classification import head
 from byoc.tasks.token_classification.head import DEFAULT_STRATEGY, default_strategy  # noqa: F401
 
 NAME = "token_classification"
 
 
-class TokenClassification(Task):
-    name = NAME
+class TokenClassificationHead(Head):
+    """The serving head of a token classifier."""
+
     kinds: Mapping[Kind, Mapping[str, Any]] = {Kind.ENTITIES: {}}  # (no client route answers entities)
-    aliases = ("token", "ner")
-    described = "a token classifier"
     parameters = ("aggregation_strategy",)
-    auto_class = "AutoModelForTokenClassification"
-    row_unit = "sentences"
     whole_texts = True
-    output_axes = {0: "batch", 1: "length"}  # a row of tag logits per token
-    metrics = ("precision", "recall", "f1", "accuracy")  # over entities (accuracy: over tokens)
-    small_batches = True  # wnut17, 1 epoch: entity F1 0.014 at batch 32, 0.271 at 16
 
     def serving_facts(self, model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
         """The entities' grouping where a request names none, from how training tagged words' sub-tokens."""
         return {"aggregation": default_strategy(model_folder.word_tags_of(config))}
-
-    def model_kwargs(self) -> dict[str, Any]:
-        return {}  # transformers' problem_type names sequence tasks only; a token classifier is its own class
-
-    def configure(self, config: Any, args: Any) -> None:
-        """Which sub-tokens learned a word's tag: serving groups words the same way."""
-        setattr(config, model_folder.WORD_TAGS_KEY, "all" if args.label_all_tokens else "first")
-
-    def tokenizer_problem(self, fast: bool) -> str | None:
-        if fast:
-            return None
-        return "a token classifier needs a fast tokenizer (tokenizer.json) to put each word's tag on its sub-tokens"
-
-    def encoder(
-        self, tokenizer: Any, max_length: int, padding: Any, label_names: list[str], label_all_tokens: bool, train: bool
-    ) -> Any:
-        """Words -> tags on their sub-tokens. Training covers a long sentence in windows (no word goes unlearned);
-        evaluation cuts it, as the predictions are one row per sentence, and says how much was cut."""
-        from byoc.tasks.token_classification.tagging import tag_encoder  # (kept apart: training's alone)
-
-        return tag_encoder(tokenizer, max_length, padding, label_names, label_all_tokens, windows=train)
 
     def check_values(self, parameters: Mapping[str, Any]) -> None:
         head.check_strategy(parameters.get("aggregation_strategy"))
@@ -68,10 +45,44 @@ class TokenClassification(Task):
         """Every window of every text: a long text is covered whole, never cut (.entities)."""
         return head.Windowed(inputs, parameters, model)
 
+
+class TokenClassificationRows(Rows):
+    """The training rows of a token classifier."""
+
+    row_unit = "sentences"
+
+    def encoder(
+        self, tokenizer: Any, max_length: int, padding: Any, label_names: list[str], label_all_tokens: bool, train: bool
+    ) -> Any:
+        """Words -> tags on their sub-tokens. Training covers a long sentence in windows (no word goes unlearned);
+        evaluation cuts it, as the predictions are one row per sentence, and says how much was cut."""
+        from byoc.tasks.token_classification.tagging import tag_encoder  # (kept apart: training's alone)
+
+        return tag_encoder(tokenizer, max_length, padding, label_names, label_all_tokens, windows=train)
+
+
+class TokenClassificationRecipe(Recipe):
+    """The training recipe of a token classifier."""
+
+    small_batches = True  # wnut17, 1 epoch: entity F1 0.014 at batch 32, 0.271 at 16
+
+    def model_kwargs(self) -> dict[str, Any]:
+        return {}  # transformers' problem_type names sequence tasks only; a token classifier is its own class
+
+    def configure(self, config: Any, args: Any) -> None:
+        """Which sub-tokens learned a word's tag: serving groups words the same way."""
+        setattr(config, model_folder.WORD_TAGS_KEY, "all" if args.label_all_tokens else "first")
+
     def collator(self, tokenizer: Any, pad_to_multiple_of: int | None) -> Any:
         from transformers import DataCollatorForTokenClassification  # training's: serving has no transformers
 
         return DataCollatorForTokenClassification(tokenizer, pad_to_multiple_of=pad_to_multiple_of)  # labels: -100
+
+
+class TokenClassificationEvaluation(Evaluation):
+    """The evaluation of a token classifier."""
+
+    metrics = ("precision", "recall", "f1", "accuracy")  # over entities (accuracy: over tokens)
 
     def evaluate(
         self, logits: np.ndarray, labels: np.ndarray, names: list[str], cut: float | np.ndarray
@@ -86,6 +97,23 @@ class TokenClassification(Task):
         """Each sentence's tags and predicted tags, one per word (as far as max_length reached)."""
         true, predicted = tag_sequences(np.asarray(logits), np.asarray(labels), names)
         return [{"tags": t, "predicted": p} for t, p in zip(true, predicted)]
+
+
+class TokenClassification(Task):
+    name = NAME
+    aliases = ("token", "ner")
+    described = "a token classifier"
+    auto_class = "AutoModelForTokenClassification"
+    output_axes = {0: "batch", 1: "length"}  # a row of tag logits per token
+    head_class = TokenClassificationHead
+    rows_class = TokenClassificationRows
+    recipe_class = TokenClassificationRecipe
+    evaluation_class = TokenClassificationEvaluation
+
+    def tokenizer_problem(self, fast: bool) -> str | None:
+        if fast:
+            return None
+        return "a token classifier needs a fast tokenizer (tokenizer.json) to put each word's tag on its sub-tokens"
 
 
 def entities(tags: list[str]) -> set[tuple[str, int, int]]:

@@ -109,7 +109,7 @@ def load_task_data(channels: Mapping[str, Path], spec: DataSpec, cache_dir: Path
         len(splits["train"]),
         len(splits["eval"]) if "eval" in splits else "no",
         len(splits["test"]) if "test" in splits else "no",
-        tasks.get(task).head(len(label_names)),
+        tasks.get(task).recipe.head_summary(len(label_names)),
         f": {shown}" if shown else "",  # rows without labels (anchor, positive) name none
     )
     return TaskData(

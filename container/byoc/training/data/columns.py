@@ -63,7 +63,7 @@ def build_text(
             len(frame),
             describe_sources(sources[role]),
             ps[0].described,
-            tasks.get(task).label_summary(labels),
+            tasks.get(task).rows.label_summary(labels),
         )
     return splits, codec.names, train_labels, task
 

@@ -64,7 +64,7 @@ def build_embedding(
     negatives = layout(sources["train"][0])[2] is not None  # type: ignore[index]
     # An evaluation's negatives: dropped where train has none (an embedding model ranks every row's positive),
     # kept where the task evaluates them (a reranker's pairs).
-    evaluated = spec.task != tasks.AUTO and tasks.get(spec.task).evaluates_negatives
+    evaluated = spec.task != tasks.AUTO and tasks.get(spec.task).rows.evaluates_negatives
     splits = {
         role: _rows(srcs, role, negatives or (evaluated and role != "train"))
         if role in rows
