@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -167,26 +168,30 @@ def main() -> int:
     ours, theirs = fixtures.model_folder(), optimum_folders(opts.competitors)
     first, second, _ = fixtures.sick_pairs()
     texts = list(dict.fromkeys(first + second))
-    runs: dict[str, list[dict[str, float]]] = {}
-    for round_ in range(opts.rounds):
-        for precision in ("fp32", "int8"):
-            for server in ("byoc", "infinity-emb"):
-                port = servers.free_port()
-                if server == "byoc":
-                    settings = {"BYOC_INFERENCE_BACKEND": "onnxruntime", "BYOC_INFERENCE_PRECISION": precision}
-                    proc, started = servers.start_byoc(ours, port, settings)
-                    reference_stack.wait_ready(port, timeout=300, since=started, proc=proc)
-                    model = None
-                else:
-                    proc, started = start_infinity(opts.competitors, theirs[precision], port)
-                    model = SERVED
-                try:
-                    rates = measure(port, texts, opts, model)
-                finally:
-                    stop(proc)
-                runs.setdefault(f"{server} {precision}", []).append(rates)
-                shown = ", ".join(f"{shape} {rate:7.1f}" for shape, rate in rates.items())
-                print(f"round {round_ + 1} {server:12s} {precision}: {shown} sentences/s", flush=True)
+
+    def scenario(server: str, precision: str) -> Callable[[], dict[str, float]]:
+        def run() -> dict[str, float]:
+            port = servers.free_port()
+            if server == "byoc":
+                settings = {"BYOC_INFERENCE_BACKEND": "onnxruntime", "BYOC_INFERENCE_PRECISION": precision}
+                proc, started = servers.start_byoc(ours, port, settings)
+                reference_stack.wait_ready(port, timeout=300, since=started, proc=proc)
+                model = None
+            else:
+                proc, started = start_infinity(opts.competitors, theirs[precision], port)
+                model = SERVED
+            try:
+                rates = measure(port, texts, opts, model)
+            finally:
+                stop(proc)
+            shown = ", ".join(f"{shape} {rate:7.1f}" for shape, rate in rates.items())
+            print(f"{server:12s} {precision}: {shown} sentences/s", flush=True)
+            return rates
+
+        return run
+
+    names = [(server, precision) for precision in ("fp32", "int8") for server in ("byoc", "infinity-emb")]
+    runs = harness.alternate({f"{s} {p}": scenario(s, p) for s, p in names}, opts.rounds)
     results: dict = {"medians": {}, "runs": runs, "fastembed": {}}
     for name, rounds in runs.items():
         results["medians"][name] = {shape: statistics.median(r[shape] for r in rounds) for shape in rounds[0]}

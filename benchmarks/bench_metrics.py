@@ -43,10 +43,15 @@ def serving_overhead(model: Path, texts: list[str], rounds: int, seconds: float,
             reference_stack.wait_ready(port, timeout=300, since=started, proc=proc)
         results: dict = {}
         for per_request in (1, 16):
-            runs: dict[str, list[dict]] = {name: [] for name in running}
-            for _ in range(rounds):
-                for name, (port, _) in running.items():
-                    runs[name].append(servers.run_load(port, texts, per_request, 8, warmup, seconds))
+            scenarios = {
+                name: (
+                    lambda port=port, per_request=per_request: servers.run_load(
+                        port, texts, per_request, 8, warmup, seconds
+                    )
+                )
+                for name, (port, _) in running.items()
+            }
+            runs = harness.alternate(scenarios, rounds)  # (the servers loaded in turns)
             key = f"{per_request}x8"
             results[key] = {
                 name: {

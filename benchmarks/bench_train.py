@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import harness  # (benchmarks/: every results file with its provenance)
@@ -211,9 +212,9 @@ def main() -> int:
     if opts.one:
         print("RESULT " + json.dumps(run_one(opts.one, opts.steps, opts.warmup)))
         return 0
-    results: dict[str, list[dict]] = {r: [] for r in opts.recipes.split(",")}
-    for round_ in range(opts.rounds):
-        for recipe in results:  # alternated, so drifting machine load hits every recipe alike
+
+    def scenario(recipe: str) -> Callable[[], dict]:
+        def run() -> dict:  # (a process of its own: each recipe's imports, threads and memory alike)
             out = subprocess.run(
                 [sys.executable, __file__, "--one", recipe, "--steps", str(opts.steps), "--warmup", str(opts.warmup)],
                 capture_output=True,
@@ -222,15 +223,19 @@ def main() -> int:
             )
             line = [row for row in out.stdout.splitlines() if row.startswith("RESULT ")]
             if out.returncode or not line:
-                print(out.stdout[-2000:], out.stderr[-3000:])
-                return 1
+                raise RuntimeError(f"{recipe} failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
             result = json.loads(line[0][7:])
-            results[recipe].append(result)
             print(
-                f"round {round_ + 1} {recipe:9s} {result['samples_per_second']:7.1f} samples/s  "
+                f"{recipe:9s} {result['samples_per_second']:7.1f} samples/s  "
                 f"{result['tokens_per_sample']:6.1f} tokens/sample  {result['gflops']:6.1f} GFLOP/s",
                 flush=True,
             )
+            return result
+
+        return run
+
+    # Alternated (harness.alternate), so drifting machine load hits every recipe alike.
+    results = harness.alternate({r: scenario(r) for r in opts.recipes.split(",")}, opts.rounds)
     summary = {
         r: {k: statistics.median(x[k] for x in runs) for k in ("samples_per_second", "tokens_per_sample", "gflops")}
         for r, runs in results.items()

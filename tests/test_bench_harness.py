@@ -86,3 +86,11 @@ def test_scenario_scripts_share_the_harness_modules_never_each_other():
                 imported.add(node.module)
         scripts = {name for name in imported if name.startswith("bench_")}
         assert scripts <= SCRIPT_PARTS.get(path.name, set()), (path.name, scripts)
+
+
+def test_a_script_of_rounds_declares_its_scenarios_to_the_harness():
+    """A script that runs `--rounds` rounds hands its scenarios to harness.alternate (whose order rotates each
+    round), instead of a loop of its own."""
+    rounded = [path for path in sorted((REPO / "benchmarks").glob("bench_*.py")) if '"--rounds"' in path.read_text()]
+    assert len(rounded) >= 5
+    assert [path.name for path in rounded if "harness.alternate(" not in path.read_text()] == []
