@@ -60,7 +60,7 @@ class Task:
         """A member of a part defined on the task itself is refused: no room would ask the task for it."""
         super().__init_subclass__(**kwargs)
         for name in vars(cls):
-            part = next((p for p in (Head, Rows, Recipe, Evaluation) if name in vars(p) and name != "task"), None)
+            part = next((p for p in (Head, Rows, Recipe, Evaluation) if name in vars(p)), None)
             if part is not None and not name.startswith("__"):
                 raise TypeError(
                     f"{cls.__name__} defines {name} on the task: it is the {part.__name__.lower()}'s "

@@ -299,7 +299,7 @@ def build_trainer(
     if buckets is not None and compiling and args.compile_scope == "model":
         compiled_steps.static_graphs_per_bucket(buckets)
     elif compiling:  # (compile_scope=layers: the job compiles them; the Trainer compiles nothing)
-        compiled_steps.compile_layers(kind.recipe.encoder_of(model), compiled_steps.compile_mode(args, cuda))
+        compiled_steps.compile_layers(encoder, compiled_steps.compile_mode(args, cuda))
     eval_ds = tokenized.get("eval", tokenized.get("test"))
     has_eval = eval_ds is not None
     strategy = _eval_strategy(args, has_eval)
