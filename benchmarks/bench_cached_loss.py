@@ -111,13 +111,16 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--model", choices=["minilm", "bert-base"], default="minilm")
     parser.add_argument("--one", help=argparse.SUPPRESS)
+    harness.add_rounds(parser)
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "cached_loss.json")
     options = parser.parse_args()
     if options.one:
         print(json.dumps(one(options.one, options.steps, options.device, options.model)))
         return 0
     results = {"mini_batch_size": MINI_BATCH, "steps": options.steps, "device": options.device, "model": options.model}
-    for config in options.configs.split(","):
+    results["rounds"] = options.rounds
+
+    def measured(config: str) -> dict:
         child = ["--one", config, "--steps", str(options.steps), "--device", options.device, "--model", options.model]
         done = subprocess.run(
             [sys.executable, __file__, *child],
@@ -127,16 +130,20 @@ def main() -> int:
         )
         if done.returncode:
             raise SystemExit(f"{config} failed:\n{done.stderr[-3000:]}")
-        results[config] = json.loads(done.stdout.strip().splitlines()[-1])
-        figures = results[config]
+        figures = results[config] = json.loads(done.stdout.strip().splitlines()[-1])
         # Written after each configuration: a run stopped at a time limit keeps what it measured.
         harness.write_results(options.json, results)
         if figures.get("out_of_memory"):
             print(f"{config:14s} does not fit", flush=True)
-            continue
-        rate, peak = figures["samples_per_second"], figures["peak_rss_mib"]
-        gpu = f"  GPU peak {figures['peak_gpu_mib']} MiB" if "peak_gpu_mib" in figures else ""
-        print(f"{config:14s} {rate:8.1f} samples/s  peak {peak} MiB{gpu}", flush=True)
+        else:
+            rate, peak = figures["samples_per_second"], figures["peak_rss_mib"]
+            gpu = f"  GPU peak {figures['peak_gpu_mib']} MiB" if "peak_gpu_mib" in figures else ""
+            print(f"{config:14s} {rate:8.1f} samples/s  peak {peak} MiB{gpu}", flush=True)
+        return figures
+
+    declared = {config: lambda config=config: measured(config) for config in options.configs.split(",")}
+    results.update(harness.scenarios(declared, options.rounds))
+    harness.write_results(options.json, results)
     print(f"written to {options.json}")
     return 0
 

@@ -10,7 +10,7 @@ Same machine, same run, 127.0.0.1 only; SICK's sentences (../shared/data/sick):
   between the cosine of SICK's test pairs and their human relatedness scores (an STS-B-like check),
   beside sentence-transformers' own encode.
 
-    .venv/bin/python benchmarks/bench_embed.py [--seconds 10] [--warmup 3] [--json benchmarks/results/embed.json]
+    .venv/bin/python benchmarks/bench_embed.py [--seconds 10] [--warmup 3] [--rounds 1] [--json ...]
 """
 
 from __future__ import annotations
@@ -59,38 +59,47 @@ def quality(folder: Path) -> dict:
     return result
 
 
+def served(folder: Path, precision: str, texts: list[str], opts: argparse.Namespace) -> dict:
+    """One precision: the model alone (the ceiling), then byoc serve on it at the issue's two shapes."""
+    result: dict = {"ceiling": fixtures.ceiling(fixtures.load(folder, precision), texts)}
+    print(f"model alone, {precision}: {result['ceiling']:.1f} sentences/s", flush=True)
+    port = servers.free_port()
+    settings = {"BYOC_INFERENCE_BACKEND": "onnxruntime", "BYOC_INFERENCE_PRECISION": precision}
+    proc, started = servers.start_byoc(folder, port, settings)
+    try:
+        reference_stack.wait_ready(port, timeout=300, since=started, proc=proc)
+        for per_request, concurrency in fixtures.SHAPES:
+            r = servers.run_load(port, texts, per_request, concurrency, opts.warmup, opts.seconds)
+            result[f"{per_request}x{concurrency}"] = r
+            print(
+                f"byoc {precision} {per_request:2d}/request, concurrency {concurrency:2d}: "
+                f"{r['sentences_per_second']:7.1f} sentences/s p50 {r['p50_ms']:6.0f} ms p99 {r['p99_ms']:6.0f} ms"
+                f"{'  errors ' + str(r['errors']) if r['errors'] else ''}",
+                flush=True,
+            )
+        result["rss_mib"] = servers.rss_tree_mib(proc.pid)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server and its workers (a session of their own)
+        proc.wait(60)
+    return result
+
+
 def main() -> int:
     exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="measured window per phase")
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--json", type=Path)
+    harness.add_rounds(parser)
     opts = parser.parse_args()
     folder = fixtures.model_folder()
     first, second, _ = fixtures.sick_pairs()
     texts = list(dict.fromkeys(first + second))
-    results: dict = {"quality": quality(folder), "serve": {}, "ceiling": {}}
-    for precision in ("fp32", "int8"):
-        results["ceiling"][precision] = fixtures.ceiling(fixtures.load(folder, precision), texts)
-        print(f"model alone, {precision}: {results['ceiling'][precision]:.1f} sentences/s", flush=True)
-        port = servers.free_port()
-        settings = {"BYOC_INFERENCE_BACKEND": "onnxruntime", "BYOC_INFERENCE_PRECISION": precision}
-        proc, started = servers.start_byoc(folder, port, settings)
-        try:
-            reference_stack.wait_ready(port, timeout=300, since=started, proc=proc)
-            for per_request, concurrency in fixtures.SHAPES:
-                r = servers.run_load(port, texts, per_request, concurrency, opts.warmup, opts.seconds)
-                results["serve"][f"{precision} {per_request}x{concurrency}"] = r
-                print(
-                    f"byoc {precision} {per_request:2d}/request, concurrency {concurrency:2d}: "
-                    f"{r['sentences_per_second']:7.1f} sentences/s p50 {r['p50_ms']:6.0f} ms p99 {r['p99_ms']:6.0f} ms"
-                    f"{'  errors ' + str(r['errors']) if r['errors'] else ''}",
-                    flush=True,
-                )
-            results["serve"][f"{precision} rss_mib"] = servers.rss_tree_mib(proc.pid)
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server and its workers (a session of their own)
-            proc.wait(60)
+    results: dict = {"quality": quality(folder), "rounds": opts.rounds}
+    precisions = ("fp32", "int8")
+    runs = harness.scenarios({p: lambda p=p: served(folder, p, texts, opts) for p in precisions}, opts.rounds)
+    results["ceiling"] = {p: runs[p].pop("ceiling") for p in precisions}
+    results["serve"] = {f"{p} {phase}": figures for p in precisions for phase, figures in runs[p].items()}
     if opts.json:
         opts.json.parent.mkdir(parents=True, exist_ok=True)
         harness.write_results(opts.json, results)

@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import fixtures  # benchmarks/, beside this script (the shared models and data)
@@ -126,6 +127,16 @@ def scores(folder: Path) -> dict[str, float]:
     }
 
 
+def trained(run: Callable, shape: str, epochs: float, recipe: str) -> dict:
+    """One recipe trained on one shape of SICK in a folder of its own, then scored."""
+    with tempfile.TemporaryDirectory(prefix="bench-embed-train-") as tmp:
+        folder, seconds = run(shape, epochs, Path(tmp) / recipe)
+        figures = scores(folder)
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in figures.items())
+    print(f"{shape:7s} {epochs:g} epoch(s) {recipe:22s} {shown}  ({seconds:.0f} s)", flush=True)
+    return {**figures, "train_seconds": round(seconds, 1)}
+
+
 def main() -> int:
     exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -134,6 +145,7 @@ def main() -> int:
     parser.add_argument("--byoc", default="", help="byoc hyperparameters beyond its defaults: key=value,...")
     parser.add_argument("--recipes", default="byoc,sentence-transformers")
     parser.add_argument("--seed", type=int, default=42)
+    harness.add_rounds(parser)
     options = parser.parse_args()
     SEED[0] = options.seed
     BYOC_EXTRA.update(dict(kv.split("=", 1) for kv in options.byoc.split(",") if kv))
@@ -143,17 +155,17 @@ def main() -> int:
         results["pretrained"] = scores(bundled_model_dir())
         shown = json.dumps({k: round(v, 4) for k, v in results["pretrained"].items()})
         print(f"pretrained all-MiniLM-L6-v2: {shown}", flush=True)
-    for shape in options.shapes.split(","):
-        for epochs in (float(e) for e in options.epochs.split(",")):
-            with tempfile.TemporaryDirectory(prefix="bench-embed-train-") as tmp:
-                recipes = {"byoc": run_byoc, "sentence-transformers": run_reference}
-                for recipe in options.recipes.split(","):
-                    run = recipes[recipe]
-                    folder, seconds = run(shape, epochs, Path(tmp) / recipe)
-                    figures = scores(folder)
-                    results[f"{shape}/{epochs:g}/{recipe}"] = {**figures, "train_seconds": round(seconds, 1)}
-                    shown = ", ".join(f"{k} {v:.4f}" for k, v in figures.items())
-                    print(f"{shape:7s} {epochs:g} epoch(s) {recipe:22s} {shown}  ({seconds:.0f} s)", flush=True)
+    recipes = {"byoc": run_byoc, "sentence-transformers": run_reference}
+    declared = {
+        f"{shape}/{epochs:g}/{recipe}": lambda shape=shape, epochs=epochs, recipe=recipe: trained(
+            recipes[recipe], shape, epochs, recipe
+        )
+        for shape in options.shapes.split(",")
+        for epochs in (float(e) for e in options.epochs.split(","))
+        for recipe in options.recipes.split(",")
+    }
+    results.update(harness.scenarios(declared, options.rounds))
+    results["rounds"] = options.rounds
     if experiment:
         return 0  # the recorded results stay the defaults'
     out = REPO / "benchmarks" / "results" / "embed_train.json"

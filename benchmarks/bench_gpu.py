@@ -181,7 +181,9 @@ def run_byoc(work: Path, model: Path, texts, labels, recipe: str, steps: int, de
         hp["compile_scope"] = kind.removeprefix("byoc-")
     if kind in ("byoc-random", "byoc-packed"):
         hp.update(group_by_length="false", packing="true" if kind == "byoc-packed" else "false")
-    root = write_job(work / recipe.replace(":", "-") / "opt-ml", model, texts, labels, hp)
+    work.mkdir(parents=True, exist_ok=True)  # a job folder of its own each round (a used one would resume)
+    job = Path(tempfile.mkdtemp(dir=work, prefix=recipe.replace(":", "-") + "-"))
+    root = write_job(job / "opt-ml", model, texts, labels, hp)
     env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "BYOC_CACHE_DIR": str(work / "cache")}
     started = time.perf_counter()
     done = byoc_train(env, capture_output=True, text=True)
@@ -390,6 +392,24 @@ def training_checks(results: dict) -> dict:
     return checks
 
 
+def trained(work: Path, size: str, model: Path, texts, labels, recipe: str, opts: argparse.Namespace) -> dict:
+    """One recipe on one model size: a byoc job, or a plain loop in a worker process."""
+    if recipe.startswith("byoc"):
+        r = run_byoc(work / size, model, texts, labels, recipe, opts.steps, opts.device, opts.epochs)
+    else:
+        r = run_worker(recipe, model, opts.steps, opts.device, opts.epochs if recipe.startswith("plain") else 0)
+    print(
+        f"{size:10s} {recipe:24s} "
+        + (
+            f"{r['samples_per_second']:9.1f} samples/s" + whole_job(r)
+            if "samples_per_second" in r
+            else f"failed: {r.get('error', '')[-300:]}"
+        ),
+        flush=True,
+    )
+    return r
+
+
 def main() -> int:
     exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -403,6 +423,7 @@ def main() -> int:
     parser.add_argument("--serve-backends", default="", help=f"some of {','.join(SERVE_BACKENDS)} (default: all)")
     parser.add_argument("--accuracy", action="store_true", help="also the pretrained MiniLM's 1-epoch accuracy")
     parser.add_argument("--tiny", action="store_true", help="a smoke run: the tiny model, a few steps")
+    harness.add_rounds(parser)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     opts = parser.parse_args()
@@ -424,26 +445,16 @@ def main() -> int:
         "batch": BATCH,
         "steps": opts.steps,
         "epochs": opts.epochs,
+        "rounds": opts.rounds,
         "train": {},
     }
     for size in opts.models.split(","):
         model = build_model(work / f"model-{size}", size, texts, labels)
-        results["train"][size] = {}
-        for recipe in opts.recipes.split(","):
-            if recipe.startswith("byoc"):
-                r = run_byoc(work / size, model, texts, labels, recipe, opts.steps, opts.device, opts.epochs)
-            else:
-                r = run_worker(recipe, model, opts.steps, opts.device, opts.epochs if recipe.startswith("plain") else 0)
-            results["train"][size][recipe] = r
-            print(
-                f"{size:10s} {recipe:24s} "
-                + (
-                    f"{r['samples_per_second']:9.1f} samples/s" + whole_job(r)
-                    if "samples_per_second" in r
-                    else f"failed: {r.get('error', '')[-300:]}"
-                ),
-                flush=True,
-            )
+        declared = {
+            recipe: lambda r=recipe, s=size, m=model: trained(work, s, m, texts, labels, r, opts)
+            for recipe in opts.recipes.split(",")
+        }
+        results["train"][size] = harness.scenarios(declared, opts.rounds)
         served = next((r["model_dir"] for r in results["train"][size].values() if "model_dir" in r), None)
         if opts.serve_seconds > 0 and served and "serving" not in results:
             backends = SERVE_BACKENDS if opts.device == "cuda" else CPU_SERVE_BACKENDS

@@ -140,6 +140,20 @@ def measure(port: int, pid: int, tokens: int) -> dict:
     }
 
 
+def served(model: Path, backend: str, opts: argparse.Namespace) -> dict:
+    """One backend's server: the long request measured, as a row."""
+    port = servers.free_port()
+    proc = serve(model, port, backend)
+    try:
+        reference_stack.wait_ready(port, timeout=600, since=time.monotonic(), proc=proc)
+        row = {"shape": opts.shape, "backend": backend, **measure(port, proc.pid, opts.tokens)}
+        print(json.dumps(row), flush=True)
+        return row
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+
+
 def main() -> int:
     exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -147,20 +161,11 @@ def main() -> int:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="base")
     parser.add_argument("--backends", nargs="+", default=["onnxruntime", "torch"])
     parser.add_argument("--json", type=Path)
+    harness.add_rounds(parser)
     opts = parser.parse_args()
     model = build_model(opts.shape, max(8192, opts.tokens))
-    results = []
-    for backend in opts.backends:
-        port = servers.free_port()
-        proc = serve(model, port, backend)
-        try:
-            reference_stack.wait_ready(port, timeout=600, since=time.monotonic(), proc=proc)
-            row = {"shape": opts.shape, "backend": backend, **measure(port, proc.pid, opts.tokens)}
-            print(json.dumps(row), flush=True)
-            results.append(row)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=120)
+    declared = {backend: lambda b=backend: served(model, b, opts) for backend in opts.backends}
+    results = list(harness.scenarios(declared, opts.rounds).values())
     if opts.json:
         opts.json.parent.mkdir(parents=True, exist_ok=True)
         harness.write_results(opts.json, results)

@@ -130,6 +130,22 @@ def serve(model: Path, port: int, container: Path | None, env: dict[str, str]) -
     )
 
 
+def served(model: Path, container: Path | None, opts: argparse.Namespace) -> dict[str, dict]:
+    """One checkout's server: each text length measured beside the small requests, {chars: its row}."""
+    port = servers.free_port()
+    proc = serve(model, port, container, {"BYOC_MAX_TEXT_CHARS_PER_REQUEST": opts.limit})
+    rows = {}
+    try:
+        reference_stack.wait_ready(port, timeout=300, since=time.monotonic(), proc=proc)
+        for chars in opts.chars:
+            rows[str(chars)] = {"byoc": str(container or "this checkout"), **measure(port, proc.pid, chars)}
+            print(json.dumps(rows[str(chars)]), flush=True)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    return rows
+
+
 def main() -> int:
     exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -137,21 +153,12 @@ def main() -> int:
     parser.add_argument("--container", type=Path, help="another checkout's container/ (byoc before a change)")
     parser.add_argument("--limit", default="10000000", help="BYOC_MAX_TEXT_CHARS_PER_REQUEST for the run")
     parser.add_argument("--json", type=Path)
+    harness.add_rounds(parser)
     opts = parser.parse_args()
     model = build_model()
-    results = []
-    for container in ([opts.container] if opts.container else []) + [None]:
-        port = servers.free_port()
-        proc = serve(model, port, container, {"BYOC_MAX_TEXT_CHARS_PER_REQUEST": opts.limit})
-        try:
-            reference_stack.wait_ready(port, timeout=300, since=time.monotonic(), proc=proc)
-            for chars in opts.chars:
-                row = {"byoc": str(container or "this checkout"), **measure(port, proc.pid, chars)}
-                print(json.dumps(row), flush=True)
-                results.append(row)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+    checkouts = {str(c or "this checkout"): c for c in ([opts.container] if opts.container else []) + [None]}
+    declared = {name: lambda c=c: served(model, c, opts) for name, c in checkouts.items()}
+    results = [row for rows in harness.scenarios(declared, opts.rounds).values() for row in rows.values()]
     # The issue's text: 5.8 MB, inside the 6 MB payload limit, at the default BYOC_MAX_TEXT_CHARS_PER_REQUEST.
     port = servers.free_port()
     proc = serve(model, port, None, {})

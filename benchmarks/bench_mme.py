@@ -143,12 +143,15 @@ def main() -> int:
     parser.add_argument("--models", type=int, default=50)
     parser.add_argument("--churn", type=int, default=200, help="load/unload cycles of a model with code")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    harness.add_rounds(parser)
     opts = parser.parse_args()
     if fixtures.EMOTION is None:
         sys.exit(shared_data.missing("emotion"))
     texts = fixtures.sentences()
     model = fixtures.train_model()
-    results = run(model, opts.models, texts, opts.churn)
+    # One scenario (the server's life: models loaded, answered, unloaded, then churned), repeated over rounds.
+    declared = {"many_models": lambda: run(model, opts.models, texts, opts.churn)}
+    results = {**harness.scenarios(declared, opts.rounds)["many_models"], "rounds": opts.rounds}
     print(
         f"{results['models']} models of {results['model_files_mib']:.0f} MiB on disk: load p50 "
         f"{results['load_s']['p50'] * 1000:.0f} ms, p99 {results['load_s']['p99'] * 1000:.0f} ms; "

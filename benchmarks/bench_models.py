@@ -8,7 +8,7 @@ reranker: its sentence pairs), 32 a call, in this process: sentence-transformers
 predict_fn on the graph `byoc export-onnx` writes, fp32 and int8. The ratios are the figures to read (these
 machines are noisy). Run it alone.
 
-    .venv/bin/python benchmarks/bench_models.py [--seconds 30] [--layers 28] [--json FILE]
+    .venv/bin/python benchmarks/bench_models.py [--seconds 30] [--layers 28] [--rounds 1] [--json FILE]
 """
 
 from __future__ import annotations
@@ -141,29 +141,46 @@ def compared(folder: Path, inputs: list, theirs: float, seconds: float, unit: st
     return results
 
 
+def embedder(layers: int, seconds: float) -> dict:
+    """The decoder embedder: sentence-transformers' encode, then byoc's fp32 and int8, on SICK's sentences."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = build(layers)
+    texts = list(dict.fromkeys(sick_pairs()[0]))
+    theirs = reference_rate(SentenceTransformer(str(folder), device="cpu"), texts, seconds)
+    print(f"embedder: sentence-transformers encode: {theirs:.1f} sentences/s", flush=True)
+    return compared(folder, texts, theirs, seconds, "sentences/s")
+
+
+def generative_reranker(layers: int, seconds: float) -> dict:
+    """The generative reranker: sentence-transformers' CrossEncoder.predict, then byoc's, on SICK's pairs."""
+    from sentence_transformers import CrossEncoder
+
+    folder = build_reranker(layers)
+    pairs = list(dict.fromkeys(zip(*sick_pairs()[:2])))
+    theirs = reranker_rate(CrossEncoder(str(folder), device="cpu"), pairs, seconds)
+    print(f"generative reranker: sentence-transformers CrossEncoder.predict: {theirs:.1f} pairs/s", flush=True)
+    return compared(folder, pairs, theirs, seconds, "pairs/s")
+
+
 def main() -> int:
     exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--json", type=Path)
+    harness.add_rounds(parser)
     opts = parser.parse_args()
     import torch
-    from sentence_transformers import CrossEncoder, SentenceTransformer
 
     threads = torch.get_num_threads()
     results: dict = {"model": f"Qwen3-0.6B-shaped, {opts.layers} layers", "threads": threads, "batch": 32}
-    folder = build(opts.layers)
-    texts = list(dict.fromkeys(sick_pairs()[0]))
-    theirs = reference_rate(SentenceTransformer(str(folder), device="cpu"), texts, opts.seconds)
-    print(f"embedder: sentence-transformers encode: {theirs:.1f} sentences/s", flush=True)
-    results["embedder"] = compared(folder, texts, theirs, opts.seconds, "sentences/s")
-    del folder, texts
-    folder = build_reranker(opts.layers)
-    pairs = list(dict.fromkeys(zip(*sick_pairs()[:2])))
-    theirs = reranker_rate(CrossEncoder(str(folder), device="cpu"), pairs, opts.seconds)
-    print(f"generative reranker: sentence-transformers CrossEncoder.predict: {theirs:.1f} pairs/s", flush=True)
-    results["generative_reranker"] = compared(folder, pairs, theirs, opts.seconds, "pairs/s")
+    declared = {
+        "embedder": lambda: embedder(opts.layers, opts.seconds),
+        "generative_reranker": lambda: generative_reranker(opts.layers, opts.seconds),
+    }
+    results.update(harness.scenarios(declared, opts.rounds))
+    results["rounds"] = opts.rounds
     if opts.json:
         opts.json.parent.mkdir(parents=True, exist_ok=True)
         harness.write_results(opts.json, results)

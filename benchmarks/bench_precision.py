@@ -7,7 +7,7 @@ moves), and sentences/s of `predict_fn` over all of them (no HTTP). The model is
 trained by `byoc train` for an epoch on the emotion train split (trained on first use, ~5 min here).
 Run it alone.
 
-    .venv/bin/python benchmarks/bench_precision.py [--model DIR] [--json FILE]
+    .venv/bin/python benchmarks/bench_precision.py [--model DIR] [--rounds 1] [--json FILE]
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, help="a model folder from byoc train (default: train one)")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    harness.add_rounds(parser)
     opts = parser.parse_args()
     if DATA is None:
         sys.exit(shared_data.missing("emotion"))
@@ -84,16 +85,16 @@ def main() -> int:
     rows = [line.rsplit(";", 1) for line in lines if line.strip()]
     texts, labels = [r[0] for r in rows], [r[1].strip() for r in rows]
     model_dir = opts.model or trained_model()
-    results, exact = {}, None
-    for name, settings in (
-        ("onnxruntime fp32 (default)", {}),
-        ("onnxruntime int8", {"BYOC_INFERENCE_PRECISION": "int8"}),
-        ("torch fp32", {"BYOC_INFERENCE_BACKEND": "torch"}),
-    ):
-        r = results[name] = measure(model_dir, settings, texts, labels)
-        answers = r.pop("answers")
-        exact = exact or answers  # the first runtime, ONNX Runtime fp32, is the yardstick
-        r.update(agreement(answers, exact))
+    runtimes = {
+        "onnxruntime fp32 (default)": {},
+        "onnxruntime int8": {"BYOC_INFERENCE_PRECISION": "int8"},
+        "torch fp32": {"BYOC_INFERENCE_BACKEND": "torch"},
+    }
+    declared = {name: lambda s=settings: measure(model_dir, s, texts, labels) for name, settings in runtimes.items()}
+    results = harness.scenarios(declared, opts.rounds)
+    exact = results["onnxruntime fp32 (default)"]["answers"]  # ONNX Runtime fp32 is the yardstick
+    for name, r in results.items():
+        r.update(agreement(r.pop("answers"), exact))
         print(
             f"{name:28s} accuracy {r['accuracy']:.4f}  {r['sentences_per_second']:6.0f} sentences/s  "
             f"model_fn {r['load_s']:.1f} s  same label as fp32 {r['agreement_with_fp32']:.2%} "

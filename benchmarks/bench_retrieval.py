@@ -196,6 +196,71 @@ def shown(figures: dict[str, float]) -> str:
     return ", ".join(f"{name} {figures[name]:.4f}" for name in FIGURES)
 
 
+# --- the runs: each trains (or serves) one family and returns its figures, keyed as the results file has them
+
+
+def corpus_figures(metrics: dict, seconds: float) -> dict:
+    figures = {n: metrics[f"test_corpus_{n}"] for n in corpus_evaluation.REPORTED.values()}
+    return {**figures, "job_seconds": round(seconds, 1)}
+
+
+def dense(epochs: float, test_set: Path, found, tmp: Path) -> dict:
+    metrics, seconds = run_byoc("embedding", epochs, test_set, tmp / "dense-byoc")
+    out = {"dense/byoc": corpus_figures(metrics, seconds)}
+    print(f"dense/byoc          {shown(out['dense/byoc'])}  ({seconds:.0f} s, the whole job)", flush=True)
+    folder, seconds = run_reference(epochs, tmp / "dense-st")
+    out["dense/st"] = {**evaluated(folder, test_set), "train_seconds": round(seconds, 1)}
+    print(f"dense/st            {shown(out['dense/st'])}  ({seconds:.0f} s, mining, training)", flush=True)
+    return out
+
+
+def int8(epochs: float, test_set: Path, found, tmp: Path) -> dict:
+    out = {}
+    for precision in ("fp32", "int8"):
+        out[f"served/{precision}"] = served(precision, found, tmp)
+        print(f"served/{precision:5s}       {shown(out[f'served/{precision}'])}", flush=True)
+    drop = out["served/fp32"]["recall_at_10"] - out["served/int8"]["recall_at_10"]
+    out["int8_recall_at_10_drop"] = round(drop, 4)
+    print(f"int8 recall@10 below fp32's by {drop:.4f}", flush=True)
+    return out
+
+
+def multi_vector(epochs: float, test_set: Path, found, tmp: Path) -> dict:
+    metrics, seconds = run_byoc("multi_vector", epochs, test_set, tmp / "multi-vector-byoc")
+    out = {"multi_vector/byoc": corpus_figures(metrics, seconds)}
+    print(f"multi_vector/byoc   {shown(out['multi_vector/byoc'])}  ({seconds:.0f} s)", flush=True)
+    return out
+
+
+def sparse(epochs: float, test_set: Path, found, tmp: Path) -> dict:
+    metrics, seconds = run_byoc("sparse_embedding", epochs, test_set, tmp / "sparse", mine=False)
+    out = {"sparse/byoc": {**corpus_figures(metrics, seconds), "eval_active_dims": metrics.get("eval_active_dims")}}
+    print(f"sparse/byoc         {shown(out['sparse/byoc'])}  ({seconds:.0f} s)", flush=True)
+    return out
+
+
+def rankers(name: str, metrics: dict, seconds: float) -> dict:
+    """A reranker's figures: reranking the retriever's candidates (corpus), and that retriever alone."""
+    out = {
+        f"{name}/byoc/{ranker}": {n: metrics[f"test_{ranker}_{n}"] for n in corpus_evaluation.REPORTED.values()}
+        for ranker in ("corpus", "retriever")
+    }
+    print(f"{name + '/byoc':20s}{shown(out[f'{name}/byoc/corpus'])}  ({seconds:.0f} s)", flush=True)
+    print(f"  its retriever     {shown(out[f'{name}/byoc/retriever'])}", flush=True)
+    return out
+
+
+def listwise(epochs: float, test_set: Path, found, tmp: Path) -> dict:
+    extra = {"num_negatives": "5"}
+    metrics, seconds = run_byoc("listwise_reranker", epochs, test_set, tmp / "listwise", extra=extra)
+    return rankers("listwise", metrics, seconds)
+
+
+def reranker(epochs: float, test_set: Path, found, tmp: Path) -> dict:
+    metrics, seconds = run_byoc("reranker", epochs, test_set, tmp / "reranker-byoc")
+    return rankers("reranker", metrics, seconds)
+
+
 def main() -> int:
     exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -203,6 +268,7 @@ def main() -> int:
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "retrieval.json")
     parser.add_argument("--byoc", default="", help="byoc hyperparameters beyond its defaults: key=value,...")
+    harness.add_rounds(parser)
     options = parser.parse_args()
     BYOC_EXTRA.update(dict(kv.split("=", 1) for kv in options.byoc.split(",") if kv))
     results: dict = {"epochs": options.epochs, "byoc": BYOC_EXTRA}
@@ -215,50 +281,18 @@ def main() -> int:
         print(f"bm25                {shown(results['bm25'])}", flush=True)
         results["pretrained"] = evaluated(bundled_model_dir(), test_set)
         print(f"pretrained          {shown(results['pretrained'])}", flush=True)
-        if "dense" in options.runs:
-            metrics, seconds = run_byoc("embedding", options.epochs, test_set, Path(tmp) / "dense-byoc")
-            results["dense/byoc"] = {n: metrics[f"test_corpus_{n}"] for n in corpus_evaluation.REPORTED.values()}
-            results["dense/byoc"]["job_seconds"] = round(seconds, 1)
-            print(f"dense/byoc          {shown(results['dense/byoc'])}  ({seconds:.0f} s, the whole job)", flush=True)
-            folder, seconds = run_reference(options.epochs, Path(tmp) / "dense-st")
-            results["dense/st"] = {**evaluated(folder, test_set), "train_seconds": round(seconds, 1)}
-            print(f"dense/st            {shown(results['dense/st'])}  ({seconds:.0f} s, mining, training)", flush=True)
-        if "int8" in options.runs:
-            for precision in ("fp32", "int8"):
-                results[f"served/{precision}"] = served(precision, found, Path(tmp))
-                print(f"served/{precision:5s}       {shown(results[f'served/{precision}'])}", flush=True)
-            drop = results["served/fp32"]["recall_at_10"] - results["served/int8"]["recall_at_10"]
-            results["int8_recall_at_10_drop"] = round(drop, 4)
-            print(f"int8 recall@10 below fp32's by {drop:.4f}", flush=True)
-        if "multi_vector" in options.runs:
-            metrics, seconds = run_byoc("multi_vector", options.epochs, test_set, Path(tmp) / "multi-vector-byoc")
-            results["multi_vector/byoc"] = {n: metrics[f"test_corpus_{n}"] for n in corpus_evaluation.REPORTED.values()}
-            results["multi_vector/byoc"]["job_seconds"] = round(seconds, 1)
-            print(f"multi_vector/byoc   {shown(results['multi_vector/byoc'])}  ({seconds:.0f} s)", flush=True)
-        if "sparse" in options.runs:
-            metrics, seconds = run_byoc("sparse_embedding", options.epochs, test_set, Path(tmp) / "sparse", mine=False)
-            results["sparse/byoc"] = {n: metrics[f"test_corpus_{n}"] for n in corpus_evaluation.REPORTED.values()}
-            results["sparse/byoc"]["job_seconds"] = round(seconds, 1)
-            results["sparse/byoc"]["eval_active_dims"] = metrics.get("eval_active_dims")
-            print(f"sparse/byoc         {shown(results['sparse/byoc'])}  ({seconds:.0f} s)", flush=True)
-        if "listwise" in options.runs:
-            metrics, seconds = run_byoc(
-                "listwise_reranker", options.epochs, test_set, Path(tmp) / "listwise", extra={"num_negatives": "5"}
-            )
-            for ranker in ("corpus", "retriever"):
-                results[f"listwise/byoc/{ranker}"] = {
-                    n: metrics[f"test_{ranker}_{n}"] for n in corpus_evaluation.REPORTED.values()
-                }
-            print(f"listwise/byoc       {shown(results['listwise/byoc/corpus'])}  ({seconds:.0f} s)", flush=True)
-            print(f"  its retriever     {shown(results['listwise/byoc/retriever'])}", flush=True)
-        if "reranker" in options.runs:
-            metrics, seconds = run_byoc("reranker", options.epochs, test_set, Path(tmp) / "reranker-byoc")
-            for ranker in ("corpus", "retriever"):
-                results[f"reranker/byoc/{ranker}"] = {
-                    n: metrics[f"test_{ranker}_{n}"] for n in corpus_evaluation.REPORTED.values()
-                }
-            print(f"reranker/byoc       {shown(results['reranker/byoc/corpus'])}  ({seconds:.0f} s)", flush=True)
-            print(f"  its retriever     {shown(results['reranker/byoc/retriever'])}", flush=True)
+        runs = {"dense": dense, "int8": int8, "multi_vector": multi_vector, "sparse": sparse}
+        runs.update({"listwise": listwise, "reranker": reranker})
+        declared = {
+            name: lambda run=run: run(
+                options.epochs, test_set, found, Path(tempfile.mkdtemp(dir=tmp))
+            )  # (a round's own)
+            for name, run in runs.items()
+            if name in options.runs.split(",")
+        }
+        for figures in harness.scenarios(declared, options.rounds).values():
+            results.update(figures)
+    results["rounds"] = options.rounds
     options.json.parent.mkdir(exist_ok=True)
     harness.write_results(options.json, results)
     return 0

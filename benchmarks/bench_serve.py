@@ -14,7 +14,7 @@ tweets), 127.0.0.1 only. For each server:
 The load generator is a small asyncio HTTP/1.1 client on keep-alive connections, cheap enough
 not to starve the servers on these 2 cores. Run it alone.
 
-    .venv/bin/python benchmarks/bench_serve.py [--seconds 12] [--warmup 3]
+    .venv/bin/python benchmarks/bench_serve.py [--seconds 12] [--warmup 3] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -94,6 +94,31 @@ def measure(name: str, port: int, proc, started: float, texts: list[str], opts) 
     return result
 
 
+def ceiling(name: str, model: Path, texts: list[str], settings: dict) -> float:
+    rate = model_ceiling(model, texts, settings)
+    print(f"the model alone ({name}, in process, 32 sentences per call): {rate:.0f} sentences/s", flush=True)
+    return rate
+
+
+def byoc(name: str, model: Path, settings: dict, texts: list[str], opts: argparse.Namespace) -> dict:
+    port = servers.free_port()
+    proc, started = servers.start_byoc(model, port, settings)
+    try:
+        return measure(name, port, proc, started, texts, opts)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+
+
+def reference(model: Path, texts: list[str], opts: argparse.Namespace) -> dict:
+    port = servers.free_port()
+    ref = reference_stack.start(model, port, log_path=fixtures.SERVE_WORK / "reference.log")
+    try:
+        return measure("reference", port, ref, ref.started_at, texts, opts)
+    finally:
+        reference_stack.stop(ref)
+
+
 def main() -> int:
     exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -108,45 +133,30 @@ def main() -> int:
         choices=("torch", "int8"),
         help="leave out byoc serve on torch, or its int8 mode",
     )
+    harness.add_rounds(parser)
     opts = parser.parse_args()
     if fixtures.EMOTION is None:
         sys.exit(shared_data.missing("emotion"))
     texts = fixtures.sentences()
     model = fixtures.train_model()
-    results = {}
-
-    results["ceiling"] = {}
+    declared = {}
     for name, settings in (("fp32", {}), ("int8", {"BYOC_INFERENCE_PRECISION": "int8"})):
-        results["ceiling"][name] = model_ceiling(model, texts, settings)
-        print(
-            f"the model alone ({name}, in process, 32 sentences per call): {results['ceiling'][name]:.0f} sentences/s",
-            flush=True,
-        )
-
+        declared[f"ceiling {name}"] = lambda name=name, settings=settings: ceiling(name, model, texts, settings)
     # The default (ONNX Runtime on the model's serving graph), the same server on torch, and int8.
     for name, settings in (
         ("byoc", {}),
         ("byoc-torch", {"BYOC_INFERENCE_BACKEND": "torch"}),
         ("byoc-int8", {"BYOC_INFERENCE_PRECISION": "int8"}),
     ):
-        if name != "byoc" and name.split("-")[1] in opts.skip:
-            continue
-        port = servers.free_port()
-        proc, started = servers.start_byoc(model, port, settings)
-        try:
-            results[name] = measure(name, port, proc, started, texts, opts)
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(60)
-
+        if name == "byoc" or name.split("-")[1] not in opts.skip:
+            declared[name] = lambda name=name, settings=settings: byoc(name, model, settings, texts, opts)
     if not opts.skip_reference:
         reference_stack.setup()
-        port = servers.free_port()
-        ref = reference_stack.start(model, port, log_path=fixtures.SERVE_WORK / "reference.log")
-        try:
-            results["reference"] = measure("reference", port, ref, ref.started_at, texts, opts)
-        finally:
-            reference_stack.stop(ref)
+        declared["reference"] = lambda: reference(model, texts, opts)
+    results: dict = harness.scenarios(declared, opts.rounds)
+    results["ceiling"] = {name: results.pop(f"ceiling {name}") for name in ("fp32", "int8")}
+    results["rounds"] = opts.rounds
+    if "reference" in results:
         print_table(results)
     if opts.json:
         harness.write_results(opts.json, results)

@@ -143,6 +143,7 @@ def main() -> int:
     parser.add_argument("--memory", help="docker run --memory (e.g. 1024m)")
     parser.add_argument("--no-build", action="store_true", help="measure the image as it is")
     parser.add_argument("--json", type=Path, help="write the results here")
+    harness.add_rounds(parser)
     args = parser.parse_args()
     if error := images.engine_error():
         sys.exit(error)
@@ -158,7 +159,9 @@ def main() -> int:
         "environment_mb": environment_mb(images.SERVE),
         "image_mb": images.size_mb(images.SERVE),
         "base_mb": images.size_mb(images.SLIM_BASE),
-        **measure(images.SERVE, model, args),
+        "rounds": args.rounds,
+        # One scenario (the image: cold starts, load, a large request), repeated over rounds.
+        **harness.scenarios({"image": lambda: measure(images.SERVE, model, args)}, args.rounds)["image"],
     }
     report(results)
     if args.json:

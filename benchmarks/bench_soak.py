@@ -208,6 +208,26 @@ async def _under_siege(port: int, texts: list[str], concurrency: int, seconds: f
     return {**soak, **harassed}
 
 
+def phases(model: Path, texts: list[str], opts: argparse.Namespace) -> dict:
+    """A fresh server through the three phases, its resident memory read after each."""
+    port = servers.free_port()
+    proc, started = servers.start_byoc(model, port, {})
+    try:
+        reference_stack.wait_ready(port, timeout=300, since=started, proc=proc)
+        asyncio.run(_soak(port, texts, opts.concurrency, opts.warmup, 0.0, opts.seed))  # warm-up, not measured
+        ran = {"baseline": asyncio.run(_soak(port, texts, opts.concurrency, opts.seconds, 0.0, opts.seed))}
+        ran["rss_mib_start"] = servers.rss_tree_mib(proc.pid)
+        ran["soak"] = asyncio.run(_soak(port, texts, opts.concurrency, opts.seconds, opts.hostile, opts.seed))
+        ran["rss_mib_end"] = servers.rss_tree_mib(proc.pid)
+        ran["connections"] = asyncio.run(_under_siege(port, texts, opts.concurrency, opts.seconds, opts.seed))
+        ran["rss_mib_after_connections"] = servers.rss_tree_mib(proc.pid)
+        ran["alive"] = proc.poll() is None
+        return ran
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+
+
 def main() -> int:
     exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -217,26 +237,18 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    harness.add_rounds(parser)
     opts = parser.parse_args()
     if fixtures.EMOTION is None:
         sys.exit(shared_data.missing("emotion"))
     texts = fixtures.sentences()
     model = fixtures.train_model()
-    port = servers.free_port()
-    proc, started = servers.start_byoc(model, port, {})
-    try:
-        reference_stack.wait_ready(port, timeout=300, since=started, proc=proc)
-        asyncio.run(_soak(port, texts, opts.concurrency, opts.warmup, 0.0, opts.seed))  # warm-up, not measured
-        baseline = asyncio.run(_soak(port, texts, opts.concurrency, opts.seconds, 0.0, opts.seed))
-        rss_start = servers.rss_tree_mib(proc.pid)
-        soak = asyncio.run(_soak(port, texts, opts.concurrency, opts.seconds, opts.hostile, opts.seed))
-        rss_end = servers.rss_tree_mib(proc.pid)
-        siege = asyncio.run(_under_siege(port, texts, opts.concurrency, opts.seconds, opts.seed))
-        rss_siege = servers.rss_tree_mib(proc.pid)
-        alive = proc.poll() is None
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
+    # One scenario (a server's life: baseline, the soak, then held connections, in that order: memory carries
+    # over from phase to phase), repeated over rounds.
+    rounds = harness.alternate({"soak": lambda: phases(model, texts, opts)}, opts.rounds)["soak"]
+    ran = harness.median_of(rounds)  # the figures; a failure in any round fails the run (below)
+    baseline, soak, siege, alive = ran["baseline"], ran["soak"], ran["connections"], ran["alive"]
+    rss_start, rss_end, rss_siege = ran["rss_mib_start"], ran["rss_mib_end"], ran["rss_mib_after_connections"]
     results = {
         "seconds": opts.seconds,
         "concurrency": opts.concurrency,
@@ -252,6 +264,7 @@ def main() -> int:
         "rss_mib_end": rss_end,
         "rss_mib_after_connections": rss_siege,
         "server_alive_at_end": alive,
+        "rounds": opts.rounds,
     }
     print(
         f"baseline: {baseline['innocent_requests']} requests, {baseline['innocent_failed']} failed, "
@@ -272,8 +285,15 @@ def main() -> int:
     )
     if opts.json:
         harness.write_results(opts.json, results)
-    clean = not soak["innocent_failed"] and not soak["hostile_unexpected"] and not siege["innocent_failed"]
-    return 0 if alive and clean and set(siege["long_text_statuses"]) == {"200"} else 1
+    clean = [
+        r["alive"]
+        and not r["soak"]["innocent_failed"]
+        and not r["soak"]["hostile_unexpected"]
+        and not r["connections"]["innocent_failed"]
+        and set(r["connections"]["long_text_statuses"]) == {"200"}
+        for r in rounds
+    ]
+    return 0 if all(clean) else 1
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ For each task:
 Reports each task's byoc throughput against single-label's (issue 29: within 20%) and against its
 pipeline (at least 2x). Run it alone: it measures throughput on these 2 cores.
 
-    .venv/bin/python benchmarks/bench_task_serve.py [--seconds 10] [--warmup 3]
+    .venv/bin/python benchmarks/bench_task_serve.py [--seconds 10] [--warmup 3] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -108,24 +108,28 @@ def pipeline_rate(model: Path, task: str, texts: list[str], seconds: float) -> f
     return done / (time.perf_counter() - start)
 
 
+def rates(model: Path, task: str, texts: list[str], opts: argparse.Namespace) -> dict[str, float]:
+    """One task: byoc serve's rate, then the transformers pipeline's on the same model."""
+    rate = {"byoc": byoc_rate(model, texts, opts), "pipeline": pipeline_rate(model, task, texts, opts.seconds)}
+    print(f"{task:28s} byoc {rate['byoc']:7.1f}  pipeline {rate['pipeline']:7.1f} sentences/s", flush=True)
+    return rate
+
+
 def main() -> int:
     exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--json", type=Path)
+    harness.add_rounds(parser)
     opts = parser.parse_args()
     if fixtures.EMOTION is None:
         sys.exit(shared_data.missing("emotion"))
     texts = fixtures.sentences()
-    results = {}
-    for task in TASKS:
-        model = build_model(task)
-        results[task] = {
-            "byoc": byoc_rate(model, texts, opts),
-            "pipeline": pipeline_rate(model, task, texts, opts.seconds),
-        }
-        print(f"{task:28s} byoc {results[task]['byoc']:7.1f}  pipeline {results[task]['pipeline']:7.1f} sentences/s")
+    models = {task: build_model(task) for task in TASKS}
+    results = harness.scenarios(
+        {task: lambda task=task: rates(models[task], task, texts, opts) for task in TASKS}, opts.rounds
+    )
     single = results["single_label_classification"]["byoc"]
     print("\n| task | byoc serve, sentences/s | vs single-label | pipeline, sentences/s | byoc / pipeline |")
     print("|---|---|---|---|---|")

@@ -381,6 +381,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--byoc-hp", default="", help="more byoc hyperparameters, k=v,k=v (trying other defaults)")
     parser.add_argument("--recipes", default="byoc,reference")
+    harness.add_rounds(parser)
     opts = parser.parse_args()
     extra = dict(kv.split("=", 1) for kv in opts.byoc_hp.split(",") if kv)
     exit_on_sigterm()  # killed by its pid, it still stops its children and removes its temporary folders
@@ -397,28 +398,42 @@ def main() -> int:
         opts.tasks = ",".join(task for task in TASKS if shared_data.find(TASKS[task][0]))
         for task in (task for task in TASKS if not shared_data.find(TASKS[task][0])):
             print(f"{task}: left out, {missing(TASKS[task][0])}", flush=True)
+    for task in opts.tasks.split(","):
+        if shared_data.find(TASKS[task][0]) is None:
+            sys.exit(missing(TASKS[task][0]))
     results: dict[str, dict] = {}
-    for epochs in opts.epochs.split(","):
-        for task in opts.tasks.split(","):
-            if shared_data.find(TASKS[task][0]) is None:
-                sys.exit(missing(TASKS[task][0]))
-            runs = results.setdefault(epochs, {}).setdefault(task, {})
-            for recipe in opts.recipes.split(","):
-                out = subprocess.run(
-                    [sys.executable, __file__, "--one", recipe, task, "--epochs", epochs, "--seed", str(opts.seed)]
-                    + ["--byoc-hp", opts.byoc_hp],
-                    capture_output=True,
-                    text=True,
-                    preexec_fn=dies_with_parent,
-                )
-                line = [row for row in out.stdout.splitlines() if row.startswith("RESULT ")]
-                if out.returncode or not line:
-                    print(out.stdout[-2000:], out.stderr[-3000:])
-                    return 1
-                runs[recipe] = json.loads(line[0][7:])
-                print(f"epochs {epochs} {task:12s} {recipe:9s} {summary(task, runs[recipe])}", flush=True)
-            if opts.json:  # after every task: a long run keeps what it measured
-                harness.write_results(opts.json, {"seed": opts.seed, "results": results})
+
+    def trained(recipe: str, task: str, epochs: str) -> dict:
+        """One recipe trained on one task in a process of its own; the results so far written after it (a long
+        run keeps what it measured)."""
+        out = subprocess.run(
+            [sys.executable, __file__, "--one", recipe, task, "--epochs", epochs, "--seed", str(opts.seed)]
+            + ["--byoc-hp", opts.byoc_hp],
+            capture_output=True,
+            text=True,
+            preexec_fn=dies_with_parent,
+        )
+        line = [row for row in out.stdout.splitlines() if row.startswith("RESULT ")]
+        if out.returncode or not line:
+            print(out.stdout[-2000:], out.stderr[-3000:])
+            raise SystemExit(1)
+        run = results.setdefault(epochs, {}).setdefault(task, {})[recipe] = json.loads(line[0][7:])
+        print(f"epochs {epochs} {task:12s} {recipe:9s} {summary(task, run)}", flush=True)
+        if opts.json:
+            harness.write_results(opts.json, {"seed": opts.seed, "rounds": opts.rounds, "results": results})
+        return run
+
+    declared = {
+        f"{epochs}/{task}/{recipe}": lambda e=epochs, t=task, r=recipe: trained(r, t, e)
+        for epochs in opts.epochs.split(",")
+        for task in opts.tasks.split(",")
+        for recipe in opts.recipes.split(",")
+    }
+    for name, run in harness.scenarios(declared, opts.rounds).items():
+        epochs, task, recipe = name.split("/")
+        results[epochs][task][recipe] = run
+    if opts.json:
+        harness.write_results(opts.json, {"seed": opts.seed, "rounds": opts.rounds, "results": results})
     print("\n| epochs | task | data | metric | job's own test score | served | plain Trainer | served - plain |")
     print("|---|---|---|---|---|---|---|---|")
     for epochs, tasks in results.items():

@@ -107,12 +107,25 @@ def run_job(name: str, buckets: str, rows: int, epochs: int) -> dict:
     }
 
 
+def job(name: str, buckets: str, opts: argparse.Namespace) -> dict:
+    r = run_job(name, buckets, opts.rows, opts.epochs)
+    print(
+        f"{name:8s} buckets {r['buckets']}: {r['graphs']} graphs compiled (per epoch {r['graphs_per_epoch']}, "
+        f"per evaluation {r['graphs_per_evaluation']}; {r['compile_seconds']:.0f} s compiling), steady "
+        f"{r['steady_samples_per_second']:.1f} samples/s, eval accuracy {r['eval_accuracy']:.3f}, "
+        f"{r['wall_seconds']:.0f} s in all",
+        flush=True,
+    )
+    return r
+
+
 def main() -> int:
     exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=384, help="training rows (the test channel gets half)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--json", type=Path)
+    harness.add_rounds(parser)
     opts = parser.parse_args()
     if DATA is None:
         sys.exit(shared_data.missing("emotion"))
@@ -124,15 +137,9 @@ def main() -> int:
         f"{pad['tutorial_512']:.3f}",
         flush=True,
     )
-    for name, buckets in RECIPES.items():
-        r = results[name] = run_job(name, buckets, opts.rows, opts.epochs)
-        print(
-            f"{name:8s} buckets {r['buckets']}: {r['graphs']} graphs compiled (per epoch {r['graphs_per_epoch']}, "
-            f"per evaluation {r['graphs_per_evaluation']}; {r['compile_seconds']:.0f} s compiling), steady "
-            f"{r['steady_samples_per_second']:.1f} samples/s, eval accuracy {r['eval_accuracy']:.3f}, "
-            f"{r['wall_seconds']:.0f} s in all",
-            flush=True,
-        )
+    declared = {name: lambda n=name, b=buckets: job(n, b, opts) for name, buckets in RECIPES.items()}
+    results.update(harness.scenarios(declared, opts.rounds))
+    results["rounds"] = opts.rounds
     ratio = results["byoc"]["steady_samples_per_second"] / results["tutorial"]["steady_samples_per_second"]
     results["speedup"] = ratio
     print(f"byoc / tutorial steady training samples/s on XLA CPU: {ratio:.2f}x")

@@ -7,8 +7,9 @@ alternated in rounds.
   without anyone copying it by hand. No absolute path of the machine goes into a results file (they are
   tracked): each is written as its last part, and the run's output says where (the figures are kept).
 - `alternate(scenarios, rounds)` runs each declared scenario once a round, in an order that rotates from round
-  to round, so a machine that slows down hits every scenario alike; `medians` reduces the rounds. Ratios
-  between scenarios of one run are the figures to read: these machines are noisy.
+  to round, so a machine that slows down hits every scenario alike; `medians` reduces the rounds, and
+  `scenarios(declared, rounds)` does both for nested figures (every script takes `--rounds`: `add_rounds`).
+  Ratios between scenarios of one run are the figures to read: these machines are noisy.
 
 Only the standard library here: the harness runs in every venv a benchmark uses (the competitors' included).
 """
@@ -195,6 +196,37 @@ def alternate(scenarios: Mapping[str, Callable[[], Any]], rounds: int) -> dict[s
         for name in names[r % len(names) :] + names[: r % len(names)]:
             runs[name].append(scenarios[name]())
     return runs
+
+
+def add_rounds(parser: Any, default: int = 1) -> None:
+    """The `--rounds` option every script takes: how many times its scenarios run, alternated."""
+    parser.add_argument(
+        "--rounds", type=int, default=default, help=f"rounds of the scenarios, alternated (default {default})"
+    )
+
+
+def scenarios(declared: Mapping[str, Callable[[], Any]], rounds: int) -> dict[str, Any]:
+    """The declared scenarios run over `rounds` alternated rounds: {name: its figures}, each number the median of
+    its rounds (one round: the figures as they came)."""
+    if rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1 (got {rounds})")
+    return {name: median_of(runs) for name, runs in alternate(declared, rounds).items()}
+
+
+def median_of(rounds: list[Any]) -> Any:
+    """One figure from its rounds: numbers by their median (whole numbers by the lower middle one, a round's
+    own), mappings key by key (the first round's keys), and anything else (text, lists, answers) as the first
+    round had it."""
+    first = rounds[0]
+    if len(rounds) == 1 or all(r == first for r in rounds):
+        return first
+    if all(isinstance(r, int) and not isinstance(r, bool) for r in rounds):
+        return statistics.median_low(rounds)  # (a count stays a count: the lower middle of an even number)
+    if all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in rounds):
+        return statistics.median(rounds)
+    if all(isinstance(r, Mapping) for r in rounds):
+        return {key: median_of([r[key] for r in rounds if key in r]) for key in first}
+    return first
 
 
 def medians(runs: Mapping[str, list[Mapping[str, float]]]) -> dict[str, dict[str, float]]:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -88,9 +90,36 @@ def test_scenario_scripts_share_the_harness_modules_never_each_other():
         assert scripts <= SCRIPT_PARTS.get(path.name, set()), (path.name, scripts)
 
 
-def test_a_script_of_rounds_declares_its_scenarios_to_the_harness():
-    """A script that runs `--rounds` rounds hands its scenarios to harness.alternate (whose order rotates each
-    round), instead of a loop of its own."""
-    rounded = [path for path in sorted((REPO / "benchmarks").glob("bench_*.py")) if '"--rounds"' in path.read_text()]
-    assert len(rounded) >= 5
-    assert [path.name for path in rounded if "harness.alternate(" not in path.read_text()] == []
+def test_every_script_declares_its_scenarios_to_the_harness_and_takes_rounds():
+    """Every benchmark hands its scenarios to the harness (harness.scenarios, or harness.alternate), whose order
+    rotates each round, and takes --rounds: none runs its measurements in a sequence of its own. bench_gpu.py's
+    serving half is a part of bench_gpu.py (its scenarios declared there)."""
+    scripts = sorted(
+        p for p in (REPO / "benchmarks").glob("bench_*.py") if p.stem not in set().union(*SCRIPT_PARTS.values())
+    )
+    assert len(scripts) >= 20
+    undeclared = [
+        path.name
+        for path in scripts
+        if not any(f"harness.{call}(" in path.read_text() for call in ("scenarios", "alternate"))
+        or not any(flag in path.read_text() for flag in ('"--rounds"', "harness.add_rounds(parser"))
+    ]
+    assert undeclared == []
+
+
+def test_scenarios_give_each_figure_the_median_of_its_rounds_and_one_round_as_it_came():
+    calls = iter(
+        [
+            {"rate": 10.0, "load": {"p50": 5, "ok": True}, "rows": [1]},
+            {"rate": 30.0, "load": {"p50": 7}},
+            {"rate": 20.0, "load": {"p50": 6, "ok": False}, "rows": [3]},
+        ]
+    )
+    figures = harness.scenarios({"a": lambda: next(calls)}, 3)
+    assert figures == {"a": {"rate": 20.0, "load": {"p50": 6, "ok": True}, "rows": [1]}}
+    counts = iter([{"requests": 7, "status": 200}, {"requests": 4, "status": 200}])
+    assert harness.scenarios({"a": lambda: next(counts)}, 2) == {"a": {"requests": 4, "status": 200}}
+    once = {"rate": 12.345678, "answers": [{"label": "joy"}]}
+    assert harness.scenarios({"a": lambda: once}, 1) == {"a": once}  # (not rounded, not copied)
+    with pytest.raises(SystemExit, match="--rounds must be at least 1"):
+        harness.scenarios({"a": lambda: once}, 0)
