@@ -123,3 +123,36 @@ def test_scenarios_give_each_figure_the_median_of_its_rounds_and_one_round_as_it
     assert harness.scenarios({"a": lambda: once}, 1) == {"a": once}  # (not rounded, not copied)
     with pytest.raises(SystemExit, match="--rounds must be at least 1"):
         harness.scenarios({"a": lambda: once}, 0)
+
+
+# The day results files began to carry their provenance: a file recorded before it may hold a stamp rebuilt from
+# git log (the commit that recorded it, and its date); one recorded since carries the harness's own.
+HARNESS_DAY = "2026-11-29"
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+
+def test_every_results_file_is_stamped_with_its_provenance():
+    """Each tracked results file says where its figures come from: the harness's stamp (commit, date, machine,
+    versions, command), or, for one written before the harness, the commit that recorded it (a commit of the
+    file's own history) and its date. No file holds the figures alone."""
+    files = sorted((REPO / "benchmarks" / "results").glob("*.json"))
+    assert len(files) >= 30
+    history_known = _git("rev-parse", "--is-shallow-repository") == "false"
+    unstamped, wrong = [], []
+    for path in files:
+        written = json.loads(path.read_text())
+        stamp = written.get("provenance") if isinstance(written, dict) else None
+        if not stamp or "results" not in written:
+            unstamped.append(path.name)
+        elif "reconstructed" in stamp:
+            recorded = stamp["recorded_in"]
+            if not stamp["date"] < HARNESS_DAY or not stamp["date"].endswith("+00:00"):
+                wrong.append(f"{path.name}: a rebuilt stamp is for files recorded before {HARNESS_DAY}")
+            elif history_known and recorded not in _git("log", "--format=%H", "--", str(path.relative_to(REPO))):
+                wrong.append(f"{path.name}: {recorded} is not in the file's history")
+        elif not (stamp["commit"] and stamp["date"] >= HARNESS_DAY and stamp["machine"]["cpu"] and stamp["versions"]):
+            wrong.append(f"{path.name}: {stamp}")
+    assert unstamped == [] and wrong == []
