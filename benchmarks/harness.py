@@ -189,7 +189,9 @@ def write_results(path: Path, results: Any, argv: list[str] | None = None) -> Pa
 
 def alternate(scenarios: Mapping[str, Callable[[], Any]], rounds: int) -> dict[str, list[Any]]:
     """Each scenario run once a round, the order rotating each round (round r starts at the r-th scenario):
-    {name: [its result in each round]}."""
+    {name: [its result in each round]}. Fewer than one round is refused: no figure could be reduced from it."""
+    if rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1 (got {rounds})")
     names = list(scenarios)
     runs: dict[str, list[Any]] = {name: [] for name in names}
     for r in range(rounds):
@@ -208,8 +210,6 @@ def add_rounds(parser: Any, default: int = 1) -> None:
 def scenarios(declared: Mapping[str, Callable[[], Any]], rounds: int) -> dict[str, Any]:
     """The declared scenarios run over `rounds` alternated rounds: {name: its figures}, each number the median of
     its rounds (one round: the figures as they came)."""
-    if rounds < 1:
-        raise SystemExit(f"--rounds must be at least 1 (got {rounds})")
     return {name: median_of(runs) for name, runs in alternate(declared, rounds).items()}
 
 
