@@ -16,6 +16,11 @@ Scenarios (alternated over `--rounds`, benchmarks/harness.py; the medians report
   st_encode        SentenceTransformer.encode(corpus, batch_size=BATCH) on the whole corpus in one call (sorted by
                    length throughout, as users call it), in this process, model loaded before
   serve_pass       byoc serve's predict_fn, BATCH texts a call, in this process, model loaded before
+  matmul_ceiling   the machine's ceiling for this model: the encoder's matrix products alone (every layer's
+                   query-key-value, output and feed-forward projections, torch's GEMM at this process's threads)
+                   on the corpus's own tokens, no padding, in batches of BATCH documents, in fp32 and in bf16, as
+                   documents/s. No encoder can pass it in that precision: each document costs at least those
+                   products. `fp32_target_of_ceiling` says what share of it 1.5x sentence-transformers would take.
 Then, once: peak resident memory of `byoc encode` on SMALL documents and on 10 times as many; recall@10 of the
 int8 corpus and queries against fp32's.
 
@@ -115,6 +120,44 @@ def recall_at_10(ids: list[str], documents: np.ndarray, queries: np.ndarray, rel
     return float(np.mean([relevant[q] in {ids[i] for i in row} for q, row in enumerate(top)]))
 
 
+def of_ceiling(results: dict[str, Any]) -> dict[str, float]:
+    """Each rate as a share of the machine's ceiling in its precision, and the share 1.5x sentence-transformers'
+    rate would take of the fp32 one (over 1: no fp32 encoder reaches it on this machine)."""
+    fp32, bf16 = (results["matmul_ceiling"][name] for name in ("fp32", "bf16"))
+    st = results["st_encode"]["documents_per_s"]
+    return {
+        "st_encode_of_fp32_ceiling": st / fp32,
+        "byoc_encode_of_fp32_ceiling": results["byoc_encode"]["documents_per_s"] / fp32,
+        "byoc_encode_bf16_of_bf16_ceiling": results["byoc_encode_bf16"]["documents_per_s"] / bf16,
+        "fp32_target_of_ceiling": 1.5 * st / fp32,
+    }
+
+
+def matmul_ceiling(reference: Any, texts: list[str], dtype: Any) -> float:
+    """Documents/s of the encoder's matrix products alone on `texts`' tokens (module docstring), in `dtype`."""
+    import torch
+
+    config = reference[0].auto_model.config
+    hidden, inner = config.hidden_size, config.intermediate_size
+    tokens = reference.tokenizer(texts, truncation=True, max_length=reference.max_seq_length)["input_ids"]
+    rows = [sum(len(ids) for ids in tokens[start : start + BATCH]) for start in range(0, len(tokens), BATCH)]
+    generator = torch.Generator().manual_seed(0)
+    # (query, key and value as one product: the fastest way to do their arithmetic, so still a ceiling)
+    shapes = ((3 * hidden, hidden), (hidden, hidden), (inner, hidden), (hidden, inner))
+    qkv, out, up, down = (torch.randn(shape, generator=generator).to(dtype) for shape in shapes)
+    inputs = {n: torch.randn(n, hidden, generator=generator).to(dtype) for n in set(rows)}
+    with torch.inference_mode():
+        torch.nn.functional.linear(inputs[rows[0]], qkv)  # (the first product allocates the GEMM's buffers)
+        started = time.monotonic()
+        for n in rows:
+            states = inputs[n]
+            for _ in range(config.num_hidden_layers):
+                torch.nn.functional.linear(states, qkv)
+                torch.nn.functional.linear(states, out)
+                torch.nn.functional.linear(torch.nn.functional.linear(states, up), down)
+    return len(texts) / (time.monotonic() - started)
+
+
 def main() -> int:
     exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -152,7 +195,16 @@ def main() -> int:
     def byoc_encode_bf16() -> dict[str, float]:
         return run_job(job_tree(WORK / "job", folder, documents, {"batch_size": str(BATCH), "precision": "bf16"}))
 
+    def ceiling() -> dict[str, float]:
+        import torch
+
+        return {
+            name: matmul_ceiling(reference, texts, dtype)
+            for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
+        }
+
     scenarios = {
+        "matmul_ceiling": ceiling,
         "byoc_encode": byoc_encode,
         "byoc_encode_int8": byoc_encode_int8,
         "byoc_encode_bf16": byoc_encode_bf16,
@@ -173,6 +225,7 @@ def main() -> int:
     results["byoc_encode_int8_over_st_encode"] = int8 / results["st_encode"]["documents_per_s"]
     bf16 = results["byoc_encode_bf16"]["documents_per_s"]
     results["byoc_encode_bf16_over_st_encode"] = bf16 / results["st_encode"]["documents_per_s"]
+    results.update(of_ceiling(results))
 
     small = dict(list(documents.items())[:SMALL])
     large = {f"{doc_id}-{copy}": text for copy in range(10) for doc_id, text in small.items()}

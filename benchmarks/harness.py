@@ -2,7 +2,8 @@
 alternated in rounds.
 
 - `write_results(path, results)` writes `{"provenance": ..., "results": results}`: the commit measured (and
-  whether the work tree held changes), the date, the machine (CPU model, cores, memory, GPUs) and the versions
+  whether the work tree held changes), the date, the machine (CPU model, its vector instructions, cores, memory,
+  GPUs) and the versions
   of the libraries that decide the figures. A figure in README.md or docs/ then names where it comes from
   without anyone copying it by hand. No absolute path of the machine goes into a results file (they are
   tracked): each is written as its last part, and the run's output says where (the figures are kept).
@@ -81,9 +82,11 @@ def _now() -> str:
 
 
 def machine() -> dict[str, Any]:
-    """CPU model, cores (the machine's and those this process may use), memory and GPUs, read without torch."""
+    """CPU model and vector instructions, cores (the machine's and those this process may use), memory and GPUs,
+    read without torch."""
     return {
         "cpu": _cpu_model(),
+        "cpu_features": cpu_features(),
         "cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "memory_gib": _memory_gib(),
@@ -100,6 +103,23 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+# The CPU flags that decide a CPU benchmark's figures: the widths of its vector arithmetic, and the bf16 and
+# int8 instructions torch and ONNX Runtime pick kernels by. One cloud "2-core AMD EPYC" is not another: the same
+# model ran 2-2.7x apart on two days (docs/benchmarks.md), and a file that names these can say why.
+_FEATURES = re.compile(r"avx2|fma|avx512(f|bw|vl|_bf16|_fp16|_vnni)|avx_vnni|amx_\w+")
+
+
+def cpu_features() -> list[str]:
+    """The vector-arithmetic flags of the first CPU in /proc/cpuinfo (_FEATURES), sorted; none where unreadable."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return sorted(flag for flag in line.split(":", 1)[1].split() if _FEATURES.fullmatch(flag))
+    except OSError:
+        pass
+    return []
 
 
 def _memory_gib() -> float | None:

@@ -32,6 +32,34 @@ def test_a_results_file_names_its_commit_date_machine_and_versions(tmp_path):
     assert stamp["command"] == "benchmarks/bench_x.py --json=r.json --n 3"  # (no path of this machine)
 
 
+def test_the_machine_names_its_vector_instructions_as_proc_cpuinfo_lists_them(monkeypatch, tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: AMD EPYC\n"
+        "flags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw avx512_bf16 avx512_vnni avx512ifma amx_tile amx_bf16\n"
+        "processor\t: 1\nflags\t\t: fpu\n"
+    )
+    real = Path
+
+    def read(path, *args, **kwargs):  # (only /proc/cpuinfo is this fake's)
+        return real(cpuinfo if str(path) == "/proc/cpuinfo" else path)
+
+    monkeypatch.setattr(harness, "Path", read)
+    assert harness.cpu_features() == [
+        "amx_bf16",
+        "amx_tile",
+        "avx2",
+        "avx512_bf16",
+        "avx512_vnni",
+        "avx512bw",
+        "avx512f",
+        "fma",
+    ]
+    assert harness.machine()["cpu_features"] == harness.cpu_features()
+    cpuinfo.unlink()
+    assert harness.cpu_features() == []  # (no /proc/cpuinfo: a Mac)
+
+
 def test_a_machine_path_in_the_results_is_written_as_its_last_part_and_reported(tmp_path, capsys):
     results = {
         "runs": [{"model_dir": str(tmp_path / "model"), "note": f"see {tmp_path}/docs/a.md"}],
