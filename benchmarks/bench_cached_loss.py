@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -97,7 +96,7 @@ def one(config: str, steps: int, device: str, model_name: str) -> dict:
     except torch.cuda.OutOfMemoryError:
         return {"out_of_memory": True}
     seconds = time.perf_counter() - start
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mib = harness.peak_rss_mib()
     figures = {"samples_per_second": round(batch_size * steps / seconds, 1), "peak_rss_mib": round(peak_mib)}
     if device.startswith("cuda"):
         figures["peak_gpu_mib"] = round(torch.cuda.max_memory_allocated() / 2**20)

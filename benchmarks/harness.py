@@ -207,6 +207,21 @@ def write_results(path: Path, results: Any, argv: list[str] | None = None) -> Pa
     return path
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident memory since its program started, in MiB: VmHWM, which exec resets. Not
+    getrusage's ru_maxrss: Linux keeps that across fork and exec, so a job a benchmark starts reads at least the
+    benchmark's own peak (bench-encode's jobs read 733 MiB, the benchmark's, where their own was 385 MiB)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource  # (no /proc: a Mac's ru_maxrss is in bytes, elsewhere in KiB)
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+
+
 def alternate(scenarios: Mapping[str, Callable[[], Any]], rounds: int) -> dict[str, list[Any]]:
     """Each scenario run once a round, the order rotating each round (round r starts at the r-th scenario):
     {name: [its result in each round]}. Fewer than one round is refused: no figure could be reduced from it."""

@@ -184,3 +184,19 @@ def test_every_results_file_is_stamped_with_its_provenance():
         elif not (stamp["commit"] and stamp["date"] >= HARNESS_DAY and stamp["machine"]["cpu"] and stamp["versions"]):
             wrong.append(f"{path.name}: {stamp}")
     assert unstamped == [] and wrong == []
+
+
+def test_a_process_a_benchmark_starts_reads_its_own_peak_memory_not_the_benchmarks():
+    """Linux keeps ru_maxrss across fork and exec: bench-encode's jobs read the benchmark's peak (733 MiB) as theirs."""
+    ballast = bytearray(400 * 2**20)
+    ballast[:: 2**12] = b"\1" * len(range(0, len(ballast), 2**12))  # (every page touched: resident)
+    assert harness.peak_rss_mib() > 400
+    child = subprocess.run(
+        [sys.executable, "-c", "import harness; print(harness.peak_rss_mib())"],
+        cwd=REPO / "benchmarks",
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert 0 < float(child.stdout) < 200, child.stdout  # a bare interpreter: tens of MiB
+    del ballast
