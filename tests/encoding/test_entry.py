@@ -235,6 +235,28 @@ def test_a_job_stopped_mid_way_keeps_its_finished_shards_and_the_restart_encodes
 
 
 @pytest.mark.cpu
+def test_a_corpus_file_that_shrinks_while_it_is_encoded_fails_the_job_and_no_short_shard_is_kept(
+    trained, tmp_path, monkeypatch
+):
+    job = encode_job(tmp_path / "opt-ml", trained["dense"], {"shard_size": "10", "batch_size": "4"})
+    corpus_of(job.channel("corpus"), files=1)  # (23 documents: shards of 10, 10 and 3)
+    loaded = encoder.load
+
+    def then_shrink(rank_job):  # (the file cut to 15 documents after the job counted 23)
+        model = loaded(rank_job)
+        part = job.channel("corpus") / "part-0.jsonl"
+        part.write_text("".join(part.read_text().splitlines(keepends=True)[:15]))
+        return model
+
+    monkeypatch.setattr(encoder, "load", then_shrink)
+    assert run(job, monkeypatch) != 0
+    assert "part-0.jsonl ended before the end of its shard part-0-00001.parquet (23 document(s)" in job.failure
+    state = job.root / "checkpoints" / "encode"
+    assert sorted(p.name for p in state.glob("*.parquet")) == ["part-0-00000.parquet"]  # (the whole one only)
+    assert sorted(p.name for p in (job.model_dir / "shards").glob("*.parquet")) == ["part-0-00000.parquet"]
+
+
+@pytest.mark.cpu
 @pytest.mark.parametrize("processes", ["1", "2"])
 def test_sigterm_stops_the_byoc_encode_command_between_batches_and_a_rerun_finishes(
     trained, tmp_path, monkeypatch, processes

@@ -98,10 +98,10 @@ def documents(path: Path, fields: Fields) -> Iterator[tuple[str, str]]:
 
 
 def id_hashes(path: Path, fields: Fields) -> tuple[int, np.ndarray]:
-    """The file's document count and a 64-bit hash of each id (8 bytes a document: duplicates are found without
-    holding the ids)."""
-    hashes = [id_hash(doc_id) for doc_id, _ in documents(path, fields)]
-    return len(hashes), np.asarray(hashes, dtype=np.uint64)
+    """The file's document count and a 64-bit hash of each id (8 bytes a document, no list of them on the way:
+    duplicates are found without holding the ids)."""
+    hashes = np.fromiter((id_hash(doc_id) for doc_id, _ in documents(path, fields)), dtype=np.uint64)
+    return len(hashes), hashes
 
 
 def id_hash(doc_id: str) -> int:

@@ -8,6 +8,7 @@ skipped. A SIGTERM stops the rank between two batches; the shard at hand is drop
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -159,7 +160,7 @@ def _parameters(settings: EncodeSettings, task: Any, model_dir: Path) -> dict[st
 
 def encode_shard(
     shard: Shard,
-    documents: list[tuple[str, str]],
+    documents: Iterator[tuple[str, str]],
     model: Any,
     parameters: dict[str, Any],
     job: RankJob,
@@ -167,10 +168,13 @@ def encode_shard(
 ) -> None:
     """Encode one shard batch by batch, each batch written as a row group as it comes (memory holds a batch)."""
     writer = columns.ShardWriter(job.state_dir / shard.name, {"byoc": facts(model, job.settings)})
+    written = 0
     try:
-        for start in range(0, len(documents), job.settings.batch_size):
+        while True:
             check_stop(f"in shard {shard.name}")
-            batch = documents[start : start + job.settings.batch_size]
+            batch = list(itertools.islice(documents, job.settings.batch_size))
+            if not batch:
+                break
             request = {"inputs": [text for _, text in batch], "parameters": parameters}
             try:
                 answers = default_pipeline.predict_fn(request, model)
@@ -181,6 +185,9 @@ def encode_shard(
                 writer.metadata["vocabulary"] = vocabulary(model)
             writer.write(columns.table([doc_id for doc_id, _ in batch], answers, kinds, job.settings.dtype))
             progress.advance(len(batch))
+            written += len(batch)
+        if written < shard.documents:  # (a short shard is never kept: a restart would take it as whole)
+            raise changed(shard)
         writer.close()
     finally:
         writer.abort()
@@ -230,24 +237,42 @@ def publish(path: Path, output_dir: Path) -> None:
     os.replace(partial, target)
 
 
-def shard_documents(shards: list[Shard], shard_size: int) -> Iterator[tuple[Shard, list[tuple[str, str]]]]:
-    """Each shard's documents. A file is read once, from its start: its shards are consecutive runs of
-    `shard_size` documents; those of other ranks, or finished before, are read past and never held."""
+def shard_documents(
+    shards: list[Shard], shard_size: int
+) -> Iterator[tuple[Shard, Iterator[tuple[str, str]]]]:
+    """Each shard with its documents as a stream, read from the file as they are encoded (memory holds a batch,
+    never a shard). A file is read once, from its start: its shards are consecutive runs of `shard_size`
+    documents; those of other ranks, or finished before, are read past and never held. A shard's documents must
+    be read before the next shard is asked for (what is left of them is read past then)."""
     by_file: dict[Path, dict[int, Shard]] = {}
     for shard in shards:
         by_file.setdefault(shard.file.path, {})[shard.index] = shard
     for wanted in by_file.values():
         file: CorpusFile = next(iter(wanted.values())).file
-        held: list[tuple[str, str]] = []
-        for number, document in enumerate(corpus.documents(file.path, file.fields)):
-            index = number // shard_size
-            if index > max(wanted):
-                break
-            if index in wanted:
-                held.append(document)
-                if len(held) == wanted[index].documents:
-                    yield wanted[index], held
-                    held = []
+        stream = corpus.documents(file.path, file.fields)
+        position = 0
+        for index in sorted(wanted):
+            shard, start = wanted[index], index * shard_size
+            if _read_past(stream, start - position) < start - position:
+                raise changed(shard)
+            documents = itertools.islice(stream, shard.documents)
+            yield shard, documents
+            _read_past(documents, shard.documents)  # (what the caller left: nothing, unless it stopped)
+            position = start + shard.documents
+
+
+def _read_past(documents: Iterator[Any], count: int) -> int:
+    """Read up to `count` documents without holding them; how many there were."""
+    return sum(1 for _ in itertools.islice(documents, max(count, 0)))
+
+
+def changed(shard: Shard) -> EncodeError:
+    """A file that ended before a shard the job planned from it did: it changed since the job counted it."""
+    return EncodeError(
+        f"{shard.file.source} ended before the end of its shard {shard.name} ({shard.file.documents} document(s) "
+        "when the job read it first): the file changed while the job ran; run the job again on a corpus that does "
+        "not change while it is encoded"
+    )
 
 
 class Progress:
