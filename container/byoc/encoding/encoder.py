@@ -237,9 +237,7 @@ def publish(path: Path, output_dir: Path) -> None:
     os.replace(partial, target)
 
 
-def shard_documents(
-    shards: list[Shard], shard_size: int
-) -> Iterator[tuple[Shard, Iterator[tuple[str, str]]]]:
+def shard_documents(shards: list[Shard], shard_size: int) -> Iterator[tuple[Shard, Iterator[tuple[str, str]]]]:
     """Each shard with its documents as a stream, read from the file as they are encoded (memory holds a batch,
     never a shard). A file is read once, from its start: its shards are consecutive runs of `shard_size`
     documents; those of other ranks, or finished before, are read past and never held. A shard's documents must
