@@ -17,10 +17,12 @@ Scenarios (alternated over `--rounds`, benchmarks/harness.py; the medians report
                    length throughout, as users call it), in this process, model loaded before
   serve_pass       byoc serve's predict_fn, BATCH texts a call, in this process, model loaded before
   matmul_ceiling   the machine's ceiling for this model: the encoder's matrix products alone (every layer's
-                   query-key-value, output and feed-forward projections, torch's GEMM at this process's threads)
-                   on the corpus's own tokens, no padding, in batches of BATCH documents, in fp32 and in bf16, as
-                   documents/s. No encoder can pass it in that precision: each document costs at least those
-                   products. `fp32_target_of_ceiling` says what share of it 1.5x sentence-transformers would take.
+                   query-key-value, output and feed-forward projections) on the corpus's own tokens, no padding, in
+                   batches of BATCH documents, as documents/s, through each engine at this process's threads:
+                   torch's GEMM in fp32 and in bf16, ONNX Runtime's MatMul in fp32 (its MLAS kernels can outrun
+                   torch's MKL on an AMD CPU). The fp32 ceiling is the faster engine's. An encoder that passes it
+                   in that precision would have to skip arithmetic the model does; `fp32_target_of_ceiling` says
+                   what share of it 1.5x sentence-transformers' rate would take.
 Then, once: peak resident memory of `byoc encode` on SMALL documents and on 10 times as many; recall@10 of the
 int8 corpus and queries against fp32's.
 
@@ -123,11 +125,14 @@ def recall_at_10(ids: list[str], documents: np.ndarray, queries: np.ndarray, rel
 
 
 def of_ceiling(results: dict[str, Any]) -> dict[str, float]:
-    """Each rate as a share of the machine's ceiling in its precision, and the share 1.5x sentence-transformers'
-    rate would take of the fp32 one (over 1: no fp32 encoder reaches it on this machine)."""
-    fp32, bf16 = (results["matmul_ceiling"][name] for name in ("fp32", "bf16"))
+    """The fp32 ceiling (the faster engine's) and the bf16 one; each rate as a share of the ceiling in its
+    precision, and the share 1.5x sentence-transformers' rate would take of the fp32 one."""
+    engines = results["matmul_ceiling"]
+    fp32, bf16 = max(engines["torch_fp32"], engines["onnxruntime_fp32"]), engines["torch_bf16"]
     st = results["st_encode"]["documents_per_s"]
     return {
+        "fp32_ceiling": fp32,
+        "bf16_ceiling": bf16,
         "st_encode_of_fp32_ceiling": st / fp32,
         "byoc_encode_of_fp32_ceiling": results["byoc_encode"]["documents_per_s"] / fp32,
         "byoc_encode_bf16_of_bf16_ceiling": results["byoc_encode_bf16"]["documents_per_s"] / bf16,
@@ -135,19 +140,32 @@ def of_ceiling(results: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def token_rows(reference: Any, texts: list[str]) -> list[int]:
+    """Each batch of BATCH documents' tokens, as the reference's tokenizer cuts them (no padding)."""
+    tokens = reference.tokenizer(texts, truncation=True, max_length=reference.max_seq_length)["input_ids"]
+    return [sum(len(ids) for ids in tokens[start : start + BATCH]) for start in range(0, len(tokens), BATCH)]
+
+
+def layer_weights(config: Any, seed: int = 0) -> list[np.ndarray]:
+    """One layer's four projections as (in, out) fp32 matrices: query-key-value as one (the fastest way to do
+    their arithmetic, so still a ceiling), output, feed-forward up and down."""
+    hidden, inner = config.hidden_size, config.intermediate_size
+    rng = np.random.default_rng(seed)
+    shapes = ((hidden, 3 * hidden), (hidden, hidden), (hidden, inner), (inner, hidden))
+    return [rng.standard_normal(shape, dtype=np.float32) for shape in shapes]
+
+
 def matmul_ceiling(reference: Any, texts: list[str], dtype: Any) -> float:
-    """Documents/s of the encoder's matrix products alone on `texts`' tokens (module docstring), in `dtype`."""
+    """Documents/s of the encoder's matrix products alone on `texts`' tokens through torch, in `dtype`."""
     import torch
 
     config = reference[0].auto_model.config
-    hidden, inner = config.hidden_size, config.intermediate_size
-    tokens = reference.tokenizer(texts, truncation=True, max_length=reference.max_seq_length)["input_ids"]
-    rows = [sum(len(ids) for ids in tokens[start : start + BATCH]) for start in range(0, len(tokens), BATCH)]
-    generator = torch.Generator().manual_seed(0)
-    # (query, key and value as one product: the fastest way to do their arithmetic, so still a ceiling)
-    shapes = ((3 * hidden, hidden), (hidden, hidden), (inner, hidden), (hidden, inner))
-    qkv, out, up, down = (torch.randn(shape, generator=generator).to(dtype) for shape in shapes)
-    inputs = {n: torch.randn(n, hidden, generator=generator).to(dtype) for n in set(rows)}
+    rows = token_rows(reference, texts)
+    qkv, out, up, down = (torch.from_numpy(w.T.copy()).to(dtype) for w in layer_weights(config))
+    rng = np.random.default_rng(1)
+    inputs = {
+        n: torch.from_numpy(rng.standard_normal((n, config.hidden_size), dtype=np.float32)).to(dtype) for n in set(rows)
+    }
     with torch.inference_mode():
         torch.nn.functional.linear(inputs[rows[0]], qkv)  # (the first product allocates the GEMM's buffers)
         started = time.monotonic()
@@ -157,6 +175,43 @@ def matmul_ceiling(reference: Any, texts: list[str], dtype: Any) -> float:
                 torch.nn.functional.linear(states, qkv)
                 torch.nn.functional.linear(states, out)
                 torch.nn.functional.linear(torch.nn.functional.linear(states, up), down)
+    return len(texts) / (time.monotonic() - started)
+
+
+def onnxruntime_ceiling(reference: Any, texts: list[str], threads: int) -> float:
+    """The same products through ONNX Runtime's MatMul in fp32 (a graph of one layer, run once a layer)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    config = reference[0].auto_model.config
+    rows = token_rows(reference, texts)
+    weights = [numpy_helper.from_array(w, name) for w, name in zip(layer_weights(config), ("qkv", "out", "up", "down"))]
+    nodes = [
+        helper.make_node("MatMul", ["states", "qkv"], ["mixed"]),
+        helper.make_node("MatMul", ["states", "out"], ["projected"]),
+        helper.make_node("MatMul", ["states", "up"], ["inner"]),
+        helper.make_node("MatMul", ["inner", "down"], ["down_out"]),
+    ]
+    io = lambda name, width: helper.make_tensor_value_info(name, TensorProto.FLOAT, [None, width])  # noqa: E731
+    hidden = config.hidden_size
+    graph = helper.make_graph(
+        nodes,
+        "layer",
+        [io("states", hidden)],
+        [io("mixed", 3 * hidden), io("projected", hidden), io("down_out", hidden)],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    inputs = {n: rng.standard_normal((n, hidden), dtype=np.float32) for n in set(rows)}
+    session.run(None, {"states": inputs[rows[0]]})  # (the first run allocates its buffers)
+    started = time.monotonic()
+    for n in rows:
+        for _ in range(config.num_hidden_layers):
+            session.run(None, {"states": inputs[n]})
     return len(texts) / (time.monotonic() - started)
 
 
@@ -201,8 +256,9 @@ def main() -> int:
         import torch
 
         return {
-            name: matmul_ceiling(reference, texts, dtype)
-            for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
+            "torch_fp32": matmul_ceiling(reference, texts, torch.float32),
+            "torch_bf16": matmul_ceiling(reference, texts, torch.bfloat16),
+            "onnxruntime_fp32": onnxruntime_ceiling(reference, texts, os.cpu_count() or 1),
         }
 
     scenarios = {

@@ -1,5 +1,6 @@
 """The corpus-encoding benchmark's ceiling (benchmarks/bench_encode.py): the encoder's matrix products alone, on
-the corpus's own tokens, as the model's layers do them; each rate read as its share of it."""
+the corpus's own tokens, as the model's layers do them, through torch and ONNX Runtime; each rate read as its
+share of the faster engine's."""
 
 from __future__ import annotations
 
@@ -51,15 +52,22 @@ def test_the_ceiling_does_every_layers_products_on_the_corpus_tokens_and_no_padd
     assert timed == [(rows, weight, torch.bfloat16) for rows in (7, 4) for _ in range(3) for weight in layer]
 
 
-def test_each_rate_is_read_as_its_share_of_the_ceiling_in_its_precision():
+def test_onnx_runtime_does_the_same_products_in_fp32(monkeypatch):
+    monkeypatch.setattr(bench_encode, "BATCH", 2)
+    assert bench_encode.onnxruntime_ceiling(Reference(), ["a b", "a b c d e f g", "a", "a b c"], threads=1) > 0
+
+
+def test_the_fp32_ceiling_is_the_faster_engines_and_each_rate_is_read_as_its_share_of_its_precisions():
     results = {
-        "matmul_ceiling": {"fp32": 800.0, "bf16": 1600.0},
+        "matmul_ceiling": {"torch_fp32": 700.0, "onnxruntime_fp32": 800.0, "torch_bf16": 1600.0},
         "st_encode": {"documents_per_s": 400.0},
         "byoc_encode": {"documents_per_s": 600.0},
         "byoc_encode_bf16": {"documents_per_s": 800.0},
     }
     assert bench_encode.of_ceiling(results) == pytest.approx(
         {
+            "fp32_ceiling": 800.0,
+            "bf16_ceiling": 1600.0,
             "st_encode_of_fp32_ceiling": 0.5,
             "byoc_encode_of_fp32_ceiling": 0.75,
             "byoc_encode_bf16_of_bf16_ceiling": 0.5,
