@@ -54,15 +54,16 @@ sys.path.insert(0, str(REPO / "container"))
 WORK = Path("/tmp/byoc-bench-encode")
 BATCH = 64
 SMALL = 2_000  # documents of the memory check's small corpus (the large one: 10 times as many)
-# The job's own peak: VmHWM, which exec resets (ru_maxrss would start at this benchmark's peak: harness.peak_rss_mib).
+# The job's own peak, read as every benchmark reads it (harness.peak_rss_mib: VmHWM, not ru_maxrss, which would
+# start at this benchmark's peak).
 RUN = (
     "import sys\n"
     "from byoc.logs import configure_logging\n"
     "from byoc.encoding.entry import encode\n"
     "configure_logging()\n"
     "code = encode()\n"
-    "peak = [line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM:')]\n"
-    "print('PEAK_KIB', peak[0], flush=True)\n"
+    "import harness\n"  # (after the job: its import asks git for the commit, no part of the job's time)
+    "print('PEAK_MIB', harness.peak_rss_mib(), flush=True)\n"
     "sys.exit(code)\n"
 )
 
@@ -95,7 +96,7 @@ def job_tree(root: Path, model: Path, documents: dict[str, str], hyperparameters
 def run_job(root: Path) -> dict[str, float]:
     """`byoc encode` in a process of its own: its rank's documents/s, its whole time, its peak memory."""
     started = time.monotonic()
-    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "PYTHONPATH": str(REPO / "container")}
+    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "PYTHONPATH": f"{REPO / 'container'}:{REPO / 'benchmarks'}"}
     done = subprocess.run(
         [sys.executable, "-c", RUN], env=env, capture_output=True, text=True, preexec_fn=dies_with_parent
     )
@@ -103,11 +104,11 @@ def run_job(root: Path) -> dict[str, float]:
     if done.returncode:
         raise RuntimeError(f"byoc encode failed ({done.returncode}):\n{output[-3000:]}")
     rate_found = re.findall(r"documents_per_second=([0-9.]+)", output)
-    peak = re.search(r"PEAK_KIB (\d+)", output)
+    peak = re.search(r"PEAK_MIB ([0-9.]+)", output)
     return {
         "documents_per_s": float(rate_found[-1]),
         "job_s": time.monotonic() - started,
-        "peak_mib": int(peak.group(1)) / 1024 if peak else float("nan"),
+        "peak_mib": float(peak.group(1)) if peak else float("nan"),
     }
 
 

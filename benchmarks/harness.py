@@ -3,10 +3,10 @@ alternated in rounds.
 
 - `write_results(path, results)` writes `{"provenance": ..., "results": results}`: the commit measured (and
   whether the work tree held changes), the date, the machine (CPU model, its vector instructions, cores, memory,
-  GPUs) and the versions
-  of the libraries that decide the figures. A figure in README.md or docs/ then names where it comes from
-  without anyone copying it by hand. No absolute path of the machine goes into a results file (they are
-  tracked): each is written as its last part, and the run's output says where (the figures are kept).
+  GPUs) and the versions of the libraries that decide the figures. A figure in README.md or docs/ then names
+  where it comes from without anyone copying it by hand. No absolute path of the machine goes into a results
+  file (they are tracked): each is written as its last part, and the run's output says where (the figures are
+  kept).
 - `alternate(scenarios, rounds)` runs each declared scenario once a round, in an order that rotates from round
   to round, so a machine that slows down hits every scenario alike; `medians` reduces the rounds, and
   `scenarios(declared, rounds)` does both for nested figures (every script takes `--rounds`: `add_rounds`).
